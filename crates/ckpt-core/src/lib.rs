@@ -1,0 +1,1 @@
+//! `ckpt-core`: the pure domain model of pod-checkpointer.

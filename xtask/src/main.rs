@@ -1,0 +1,53 @@
+//! See <https://github.com/matklad/cargo-xtask/>.
+//!
+//! Developer and operator tasks for pod-checkpointer, run as `cargo xtask <task>`:
+//! `test` runs everything CI runs. One module per subcommand; each is a struct with a
+//! `run` method.
+
+mod test;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "pod-checkpointer developer and operator tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Formatting, lints, unit, integration and end-to-end tests: what CI runs.
+    Test(test::Test),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.task {
+        Task::Test(cmd) => cmd.run(),
+    }
+}
+
+/// The workspace root, from xtask's own manifest directory.
+fn project_root() -> PathBuf {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    PathBuf::from(dir).parent().map(PathBuf::from).unwrap_or_default()
+}
+
+/// Runs `program args…` in the project root, echoing it first; fails on a non-zero exit.
+fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    eprintln!("$ {program} {}", args.join(" "));
+    let status = std::process::Command::new(program)
+        .args(args)
+        .current_dir(project_root())
+        .status()
+        .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
+    anyhow::ensure!(
+        status.success(),
+        "`{program} {}` failed: {status}",
+        args.join(" ")
+    );
+    Ok(())
+}
