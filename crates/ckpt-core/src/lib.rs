@@ -1,1 +1,32 @@
-//! `ckpt-core`: the pure domain model of pod-checkpointer.
+//! `ckpt-core`: the pure domain model of pod-checkpointer. No I/O, no async.
+//!
+//! - [`identity`]: [`PodId`], the annotations, what is a parent, a checkpoint, the agent
+//!   itself ([`SelfIdentity`]) and a controller owner ([`ControllerOwner`]).
+//! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
+//!   [`MaterializedDir`]s it mounts.
+//! - [`gc`]: what a GC strategy is asked ([`Orphan`]) and answers ([`GcDecision`]).
+//! - [`time`]: [`Timestamp`], the planner's clock.
+//!
+//! ```
+//! use ckpt_core::PodId;
+//!
+//! let id = PodId::new("kube-system", "kube-apiserver-abc");
+//! assert_eq!(id.manifest_file_name(), "kube-system_kube-apiserver-abc.json");
+//! ```
+
+pub mod checkpoint;
+pub mod gc;
+pub mod identity;
+pub mod time;
+
+#[doc(inline)]
+pub use checkpoint::{
+    Checkpoint, CheckpointMeta, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, manifest_bytes,
+    sha256_hex,
+};
+#[doc(inline)]
+pub use gc::{GcDecision, GcVerdict, Orphan};
+#[doc(inline)]
+pub use identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_parent};
+#[doc(inline)]
+pub use time::Timestamp;

@@ -1,0 +1,421 @@
+//! Who is who: pod identity, parents, checkpoints, the agent itself, controller owners.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
+
+/// Marks a parent: a pod that asks to be checkpointed (value exactly `"true"`).
+pub const ANNOTATION_CHECKPOINT: &str = "checkpointer.alpha.coreos.com/checkpoint";
+/// Marks a checkpoint; the value is the parent's name (bootkube's format).
+pub const ANNOTATION_CHECKPOINT_OF: &str = "checkpointer.alpha.coreos.com/checkpoint-of";
+/// Our addition: the parent's UID.
+pub const ANNOTATION_PARENT_UID: &str = "checkpointer.alpha.coreos.com/parent-uid";
+/// Our addition: the parent's controller owner as `apiVersion/kind/name/uid`.
+pub const ANNOTATION_OWNER: &str = "checkpointer.alpha.coreos.com/owner";
+/// Our addition: hash of the sanitized manifest and its materialized files.
+pub const ANNOTATION_SPEC_HASH: &str = "checkpointer.alpha.coreos.com/spec-hash";
+/// Our addition: when this content was first checkpointed (RFC 3339, UTC).
+pub const ANNOTATION_CHECKPOINTED_AT: &str = "checkpointer.alpha.coreos.com/checkpointed-at";
+/// Set by the kubelet on pods it read from a file (static pods).
+pub const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
+/// Set by the kubelet on the API mirror of a static pod.
+pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
+
+/// A pod's identity: namespace and name. Ordered, so every list we emit is sorted.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PodId {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+}
+
+impl PodId {
+    /// A pod id from namespace and name.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The id of a pod object, if it has a name (a namespace defaults to `default`).
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let name = pod.metadata.name.as_deref().filter(|n| !n.is_empty())?;
+        let namespace = pod
+            .metadata
+            .namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or("default");
+        Some(Self::new(namespace, name))
+    }
+
+    /// The file name of this pod's checkpoint manifest: `<namespace>_<name>.json`.
+    ///
+    /// Collision-free because `_` can appear neither in a namespace (a DNS label) nor in
+    /// a pod name (a DNS subdomain); bootkube's `<namespace>-<name>.json` collides for
+    /// `a-b/c` and `a/b-c`.
+    pub fn manifest_file_name(&self) -> String {
+        format!("{}_{}.json", self.namespace, self.name)
+    }
+
+    /// The file name the original bootkube checkpointer used (`<namespace>-<name>.json`),
+    /// recognised when adopting its checkpoints.
+    pub fn legacy_manifest_file_name(&self) -> String {
+        format!("{}-{}.json", self.namespace, self.name)
+    }
+}
+
+impl fmt::Display for PodId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The controller owner of a pod (the DaemonSet, ReplicaSet, … that manages it).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ControllerOwner {
+    /// The owner's `apiVersion`, e.g. `apps/v1`.
+    pub api_version: String,
+    /// The owner's kind, e.g. `DaemonSet`.
+    pub kind: String,
+    /// The owner's name (in the pod's namespace).
+    pub name: String,
+    /// The owner's UID.
+    pub uid: String,
+}
+
+impl ControllerOwner {
+    /// The controller owner reference of a pod, if any.
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let refs = pod.metadata.owner_references.as_ref()?;
+        let owner = refs.iter().find(|r| r.controller == Some(true))?;
+        Some(Self {
+            api_version: owner.api_version.clone(),
+            kind: owner.kind.clone(),
+            name: owner.name.clone(),
+            uid: owner.uid.clone(),
+        })
+    }
+
+    /// The owner as stored in [`ANNOTATION_OWNER`]: `apiVersion/kind/name/uid`.
+    pub fn to_annotation(&self) -> String {
+        format!("{}/{}/{}/{}", self.api_version, self.kind, self.name, self.uid)
+    }
+
+    /// Parses [`ANNOTATION_OWNER`]; `None` for anything malformed.
+    pub fn from_annotation(value: &str) -> Option<Self> {
+        // apiVersion may itself contain one `/` (`apps/v1`), so split from the right.
+        let mut parts = value.rsplitn(4, '/');
+        let uid = parts.next()?;
+        let name = parts.next()?;
+        let kind = parts.next()?;
+        let api_version = parts.next()?;
+        [api_version, kind, name, uid]
+            .iter()
+            .all(|p| !p.is_empty())
+            .then(|| Self {
+                api_version: api_version.to_owned(),
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+            })
+    }
+
+    /// Same controller, across a rolling update: same kind and name. (A controller that
+    /// was deleted and re-created under the same name manages the same workload.)
+    pub fn same_controller(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.name == other.name
+    }
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// Whether a pod is a checkpoint (it carries [`ANNOTATION_CHECKPOINT_OF`], any value).
+pub fn is_checkpoint(pod: &Pod) -> bool {
+    annotation(pod, ANNOTATION_CHECKPOINT_OF).is_some()
+}
+
+/// Whether a pod is a static pod or the API mirror of one.
+pub fn is_static_or_mirror(pod: &Pod) -> bool {
+    annotation(pod, ANNOTATION_CONFIG_SOURCE) == Some("file")
+        || annotation(pod, ANNOTATION_CONFIG_MIRROR).is_some()
+}
+
+/// Which namespaces the agent may checkpoint pods from (`--namespaces`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceAllowList(BTreeSet<String>);
+
+impl NamespaceAllowList {
+    /// An allow-list of these namespaces.
+    pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(namespaces: I) -> Self {
+        Self(namespaces.into_iter().map(Into::into).collect())
+    }
+
+    /// Whether the namespace is allowed.
+    pub fn allows(&self, namespace: &str) -> bool {
+        self.0.contains(namespace)
+    }
+
+    /// The allowed namespaces, sorted.
+    pub fn namespaces(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+}
+
+/// Whether a pod is a parent: annotated with exactly `"true"`, not static or mirror, not
+/// itself a checkpoint, in an allowed namespace. Pods outside the allow-list are never
+/// parents, whatever told us about them (this ends bootkube's resurrection loop).
+pub fn is_parent(pod: &Pod, allowed: &NamespaceAllowList) -> bool {
+    annotation(pod, ANNOTATION_CHECKPOINT) == Some("true")
+        && !is_static_or_mirror(pod)
+        && !is_checkpoint(pod)
+        && PodId::of(pod).is_some_and(|id| allowed.allows(&id.namespace))
+}
+
+/// The agent's own identity, valid for both its DaemonSet copy and its static copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelfIdentity {
+    /// The agent's namespace (`POD_NAMESPACE`).
+    pub namespace: String,
+    /// The agent's parent pod name: `POD_NAME`, with the static copy's `-<node>` suffix removed.
+    pub parent_name: String,
+    /// The node (`NODE_NAME`).
+    pub node: String,
+    /// The agent's controller owner (its DaemonSet), once known from the API or from its
+    /// own checkpoint; it recognises the agent's parent across rolling updates.
+    pub owner: Option<ControllerOwner>,
+}
+
+impl SelfIdentity {
+    /// The identity from the downward-API values. The kubelet names a static pod
+    /// `<name>-<node>`, so the static copy strips that suffix to find its parent.
+    pub fn new(namespace: &str, pod_name: &str, node: &str) -> Self {
+        let suffix = format!("-{node}");
+        let parent_name = pod_name
+            .strip_suffix(&suffix)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(pod_name);
+        Self {
+            namespace: namespace.to_owned(),
+            parent_name: parent_name.to_owned(),
+            node: node.to_owned(),
+            owner: None,
+        }
+    }
+
+    /// The same identity with a known controller owner.
+    pub fn with_owner(mut self, owner: Option<ControllerOwner>) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    /// The id of the agent's own parent pod as it was started.
+    pub fn parent_id(&self) -> PodId {
+        PodId::new(&self.namespace, &self.parent_name)
+    }
+
+    /// Whether a pod (parent or checkpoint, by id and controller owner) is one of the
+    /// agent's own pods: its own name, or another pod of its own controller (a rolled
+    /// DaemonSet pod gets a new name but keeps the owner).
+    pub fn is_self(&self, id: &PodId, owner: Option<&ControllerOwner>) -> bool {
+        if id.namespace != self.namespace {
+            return false;
+        }
+        if id.name == self.parent_name {
+            return true;
+        }
+        match (owner, &self.owner) {
+            (Some(theirs), Some(ours)) => theirs.same_controller(ours),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    use super::*;
+
+    fn pod(ns: &str, name: &str, annotations: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn parent_predicate() {
+        let allowed = NamespaceAllowList::new(["kube-system"]);
+        let check = |p: Pod, expected: bool| assert_eq!(is_parent(&p, &allowed), expected, "{p:?}");
+        let cases: &[(&str, &str, &[(&str, &str)], bool)] = &[
+            ("kube-system", "api", &[(ANNOTATION_CHECKPOINT, "true")], true),
+            ("kube-system", "api", &[(ANNOTATION_CHECKPOINT, "True")], false),
+            ("kube-system", "api", &[(ANNOTATION_CHECKPOINT, "")], false),
+            ("kube-system", "api", &[], false),
+            ("default", "api", &[(ANNOTATION_CHECKPOINT, "true")], false),
+            (
+                "kube-system",
+                "api",
+                &[
+                    (ANNOTATION_CHECKPOINT, "true"),
+                    (ANNOTATION_CONFIG_SOURCE, "file"),
+                ],
+                false,
+            ),
+            (
+                "kube-system",
+                "api",
+                &[(ANNOTATION_CHECKPOINT, "true"), (ANNOTATION_CONFIG_SOURCE, "api")],
+                true,
+            ),
+            (
+                "kube-system",
+                "api",
+                &[(ANNOTATION_CHECKPOINT, "true"), (ANNOTATION_CONFIG_MIRROR, "abc")],
+                false,
+            ),
+            (
+                "kube-system",
+                "api",
+                &[(ANNOTATION_CHECKPOINT, "true"), (ANNOTATION_CHECKPOINT_OF, "")],
+                false,
+            ),
+        ];
+        for (ns, name, ann, expected) in cases {
+            check(pod(ns, name, ann), *expected);
+        }
+        assert!(
+            !is_parent(&Pod::default(), &allowed),
+            "a pod without a name is never a parent"
+        );
+    }
+
+    #[test]
+    fn checkpoint_predicate() {
+        assert!(is_checkpoint(&pod("a", "b", &[(ANNOTATION_CHECKPOINT_OF, "")])));
+        assert!(is_checkpoint(&pod("a", "b", &[(ANNOTATION_CHECKPOINT_OF, "b")])));
+        assert!(!is_checkpoint(&pod("a", "b", &[(ANNOTATION_CHECKPOINT, "true")])));
+        assert!(!is_checkpoint(&Pod::default()));
+    }
+
+    #[test]
+    fn self_identity() {
+        let owner = ControllerOwner {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            name: "pod-checkpointer".into(),
+            uid: "u1".into(),
+        };
+        let rolled_owner = ControllerOwner {
+            uid: "u2".into(),
+            ..owner.clone()
+        };
+        let other_owner = ControllerOwner {
+            name: "other".into(),
+            ..owner.clone()
+        };
+        let check = |pod_name: &str, id: PodId, their_owner: Option<&ControllerOwner>, expected: bool| {
+            let me = SelfIdentity::new("kube-system", pod_name, "node-1").with_owner(Some(owner.clone()));
+            assert_eq!(me.is_self(&id, their_owner), expected, "{pod_name} vs {id}");
+        };
+        // DaemonSet copy and static copy name the same parent.
+        check("pc-abc", PodId::new("kube-system", "pc-abc"), None, true);
+        check("pc-abc-node-1", PodId::new("kube-system", "pc-abc"), None, true);
+        // A suffix for another node is part of the name.
+        check("pc-abc-node-2", PodId::new("kube-system", "pc-abc"), None, false);
+        check("pc-abc", PodId::new("default", "pc-abc"), None, false);
+        // Rolled pod of the same DaemonSet.
+        check("pc-abc", PodId::new("kube-system", "pc-xyz"), Some(&owner), true);
+        check(
+            "pc-abc",
+            PodId::new("kube-system", "pc-xyz"),
+            Some(&rolled_owner),
+            true,
+        );
+        check(
+            "pc-abc",
+            PodId::new("kube-system", "pc-xyz"),
+            Some(&other_owner),
+            false,
+        );
+        check("pc-abc", PodId::new("kube-system", "pc-xyz"), None, false);
+        // A pod named exactly like the node suffix keeps its name.
+        assert_eq!(
+            SelfIdentity::new("ns", "-node-1", "node-1").parent_name,
+            "-node-1"
+        );
+    }
+
+    #[test]
+    fn owner_extraction_and_annotation_round_trip() {
+        let mut p = pod("kube-system", "pc-abc", &[]);
+        assert_eq!(ControllerOwner::of(&p), None);
+        let reference = |controller: Option<bool>, name: &str| OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            controller,
+            ..Default::default()
+        };
+        p.metadata.owner_references = Some(vec![
+            reference(None, "a"),
+            reference(Some(false), "b"),
+            reference(Some(true), "c"),
+        ]);
+        let owner = ControllerOwner::of(&p).expect("controller owner");
+        assert_eq!(owner.name, "c");
+        assert_eq!(owner.to_annotation(), "apps/v1/DaemonSet/c/uid-c");
+        assert_eq!(
+            ControllerOwner::from_annotation(&owner.to_annotation()),
+            Some(owner)
+        );
+        let core = ControllerOwner::from_annotation("v1/Node/n/u").expect("core group");
+        assert_eq!((core.api_version.as_str(), core.kind.as_str()), ("v1", "Node"));
+        for bad in ["", "a/b/c", "apps/v1//n/u", "/////"] {
+            assert_eq!(ControllerOwner::from_annotation(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bug9_file_names_do_not_collide() {
+        // bootkube: `a-b/c` and `a/b-c` both became `a-b-c.json`.
+        let x = PodId::new("a-b", "c");
+        let y = PodId::new("a", "b-c");
+        assert_eq!(x.legacy_manifest_file_name(), y.legacy_manifest_file_name());
+        assert_ne!(x.manifest_file_name(), y.manifest_file_name());
+        let names: BTreeMap<String, PodId> = [x, y]
+            .into_iter()
+            .map(|id| (id.manifest_file_name(), id))
+            .collect();
+        assert_eq!(names.len(), 2);
+    }
+
+    #[test]
+    fn pod_id_of_defaults_namespace() {
+        let mut p = pod("", "x", &[]);
+        assert_eq!(PodId::of(&p), Some(PodId::new("default", "x")));
+        p.metadata.name = None;
+        assert_eq!(PodId::of(&p), None);
+        assert_eq!(PodId::new("a", "b").to_string(), "a/b");
+    }
+}
