@@ -266,7 +266,8 @@ mod tests {
     fn parent_predicate() {
         let allowed = NamespaceAllowList::new(["kube-system"]);
         let check = |p: Pod, expected: bool| assert_eq!(is_parent(&p, &allowed), expected, "{p:?}");
-        let cases: &[(&str, &str, &[(&str, &str)], bool)] = &[
+        type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], bool);
+        let cases: &[Case<'_>] = &[
             ("kube-system", "api", &[(ANNOTATION_CHECKPOINT, "true")], true),
             ("kube-system", "api", &[(ANNOTATION_CHECKPOINT, "True")], false),
             ("kube-system", "api", &[(ANNOTATION_CHECKPOINT, "")], false),
