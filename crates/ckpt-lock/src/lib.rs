@@ -1,4 +1,63 @@
 //! `ckpt-lock`: the `flock(2)` lock that makes exactly one copy of pod-checkpointer active.
 //!
 //! Both the DaemonSet copy and the static copy take the same exclusive lock before they
-//! create any client; the waiting copy takes over when the holder exits.
+//! create any client; the waiting copy takes over when the holder exits — also when it is
+//! SIGKILLed, because the kernel drops a `flock` when its file is closed. Nothing here is
+//! specific to pod-checkpointer: any set of processes that must have one active member can
+//! use it.
+//!
+//! - [`LockFile`]: a lock path plus the identity of whoever takes it. Acquire it with
+//!   [`acquire`](LockFile::acquire) (async, cancel-safe, does not block the runtime),
+//!   [`acquire_blocking`](LockFile::acquire_blocking) or
+//!   [`try_acquire`](LockFile::try_acquire) (returns [`TryAcquire::Busy`] with the holder
+//!   when the lock is taken).
+//! - [`LockGuard`]: holds the lock; dropping it releases the lock.
+//! - [`LockHolder`] and [`read_holder`]: the holder writes its pid, identity and start time
+//!   into the lock file, so a waiter (or an operator) can tell who is active. This is
+//!   diagnostics only; files without a record (bootkube's lock files are empty) read as
+//!   `None`.
+//! - [`Error`] and [`Result`].
+//!
+//! The lock is `flock(2)` via [`std::fs::File::lock`], not `fcntl` record locks: it belongs
+//! to the open file (so two opens in one process exclude each other) and interoperates with
+//! bootkube's checkpointer and `flock(1)`. The library only emits `tracing` events.
+//!
+//! # Example
+//!
+//! ```
+//! use ckpt_lock::{LockFile, TryAcquire};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> ckpt_lock::Result<()> {
+//! # let dir = std::env::temp_dir().join(format!("ckpt-lock-doc-{}", std::process::id()));
+//! # let lock_path = dir.join("my-agent.lock");
+//! // In production, e.g. "/var/run/lock/my-agent.lock".
+//! let lock = LockFile::new(&lock_path, "my-agent node=node-1");
+//!
+//! // Waits until no other process holds the lock, without blocking the runtime.
+//! let guard = lock.acquire().await?;
+//! assert_eq!(guard.holder().pid, std::process::id());
+//!
+//! // A second contender (another process, or another open file in this one) sees the
+//! // holder's record.
+//! let contender = LockFile::new(&lock_path, "another copy");
+//! match contender.try_acquire()? {
+//!     TryAcquire::Busy { holder: Some(holder) } => println!("standby: lock held by {holder}"),
+//!     TryAcquire::Busy { holder: None } => println!("standby: held by an unknown process"),
+//!     TryAcquire::Acquired(_) => unreachable!("the lock is held"),
+//! }
+//!
+//! drop(guard); // released; the contender could take it now
+//! assert!(contender.try_acquire()?.into_guard().is_some());
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! # Ok(())
+//! # }
+//! ```
+
+mod error;
+mod holder;
+mod lock;
+
+pub use error::{Error, Result};
+pub use holder::{LockHolder, read_holder};
+pub use lock::{DEFAULT_POLL_INTERVAL, LockFile, LockGuard, TryAcquire};

@@ -1,0 +1,553 @@
+//! Taking and releasing the `flock(2)`.
+
+use std::fs::{self, DirBuilder, File, FileType, OpenOptions, TryLockError};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::holder::{LockHolder, read_holder_from, write_holder_to};
+
+/// Default upper bound of the async waiter's poll interval: a standby copy takes over at
+/// most this long after the holder exits, at a cost of a few syscalls per second.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The async waiter's first poll interval; it doubles up to the configured bound.
+const FIRST_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Shortest allowed poll interval, so a zero interval cannot become a busy loop.
+const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+/// How often we reopen after the file at the path turned out not to be the one we opened
+/// (deleted or replaced in between) before giving up.
+const MAX_OPEN_ATTEMPTS: u32 = 16;
+
+const LOCK_FILE_MODE: u32 = 0o600;
+const LOCK_DIR_MODE: u32 = 0o755;
+
+/// An exclusive `flock(2)` lock on a file path, taken on behalf of an identity.
+///
+/// Creating a `LockFile` touches nothing; the file (mode 0600, and its parent directory,
+/// mode 0755) is created on the first acquire. The lock belongs to the open file, so two
+/// `LockFile`s on the same path exclude each other even within one process, and any other
+/// `flock(LOCK_EX)` user on the same file (bootkube's checkpointer, `flock(1)`) takes part.
+///
+/// The file is never deleted: unlinking a lock file lets a waiter that still holds the old
+/// file lock it while a newcomer locks a new one.
+#[derive(Debug, Clone)]
+pub struct LockFile {
+    path: PathBuf,
+    identity: String,
+    poll_interval: Duration,
+}
+
+/// The outcome of [`LockFile::try_acquire`].
+#[derive(Debug)]
+#[must_use = "dropping an `Acquired` outcome releases the lock at once"]
+pub enum TryAcquire {
+    /// We hold the lock until the guard is dropped.
+    Acquired(LockGuard),
+    /// Another open file holds the lock.
+    Busy {
+        /// What the holder recorded in the file; `None` if it recorded nothing (bootkube,
+        /// `flock(1)`), the record was unreadable, or the holder has not written it yet.
+        holder: Option<LockHolder>,
+    },
+}
+
+impl TryAcquire {
+    /// The guard if the lock was acquired.
+    pub fn into_guard(self) -> Option<LockGuard> {
+        match self {
+            Self::Acquired(guard) => Some(guard),
+            Self::Busy { .. } => None,
+        }
+    }
+}
+
+/// Proof that this process holds the lock. Dropping it clears the holder record and
+/// releases the lock; so does the process exiting or being killed (the kernel closes the
+/// file).
+#[derive(Debug)]
+#[must_use = "the lock is released when the guard is dropped"]
+pub struct LockGuard {
+    file: File,
+    path: PathBuf,
+    holder: LockHolder,
+}
+
+impl LockGuard {
+    /// The locked file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The record this process wrote into the lock file.
+    pub fn holder(&self) -> &LockHolder {
+        &self.holder
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        // Cleared while still locked, so no new holder's record can be wiped: a record in
+        // an unlocked file is then known to be left over from a crash.
+        if let Err(error) = self.file.set_len(0) {
+            tracing::debug!(path = %self.path.display(), %error, "cannot clear lock holder record");
+        }
+        // Explicit, so the lock goes even if the descriptor was duplicated.
+        if let Err(error) = self.file.unlock() {
+            tracing::warn!(path = %self.path.display(), %error, "cannot unlock lock file; it is released when the file is closed");
+        }
+        tracing::info!(path = %self.path.display(), "released lock");
+    }
+}
+
+impl LockFile {
+    /// A lock on `path`, recorded as held by `identity` (free-form, one line, e.g.
+    /// `"pod-checkpointer pod=kube-system/pod-checkpointer-abc node=node-1"`).
+    pub fn new(path: impl Into<PathBuf>, identity: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            identity: identity.into(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+        }
+    }
+
+    /// Sets the longest interval between two attempts of [`acquire`](Self::acquire)
+    /// (default [`DEFAULT_POLL_INTERVAL`], at least 1 ms).
+    pub fn with_poll_interval(mut self, poll_interval: Duration) -> Self {
+        self.poll_interval = poll_interval.max(MIN_POLL_INTERVAL);
+        self
+    }
+
+    /// The lock file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The identity written into the lock file when we hold it.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Takes the lock if it is free, without waiting.
+    ///
+    /// # Errors
+    ///
+    /// If the file cannot be created, opened or locked, or is not a regular file. A busy
+    /// lock is [`TryAcquire::Busy`], not an error.
+    pub fn try_acquire(&self) -> Result<TryAcquire> {
+        let started = Instant::now();
+        for _ in 0..MAX_OPEN_ATTEMPTS {
+            let file = open_lock_file(&self.path)?;
+            if !self.try_lock(&file)? {
+                return Ok(TryAcquire::Busy {
+                    holder: self.holder_of(&file),
+                });
+            }
+            if let Some(guard) = self.guard_if_current(file, started)? {
+                return Ok(TryAcquire::Acquired(guard));
+            }
+        }
+        Err(self.kept_changing())
+    }
+
+    /// Takes the lock, blocking the calling thread until it is free.
+    ///
+    /// Logs who holds the lock if it has to wait. Do not call it on an async runtime
+    /// thread; use [`acquire`](Self::acquire) there.
+    ///
+    /// # Errors
+    ///
+    /// If the file cannot be created, opened or locked, or is not a regular file.
+    pub fn acquire_blocking(&self) -> Result<LockGuard> {
+        let started = Instant::now();
+        let mut logged_wait = false;
+        for _ in 0..MAX_OPEN_ATTEMPTS {
+            let file = open_lock_file(&self.path)?;
+            if !self.try_lock(&file)? {
+                if !logged_wait {
+                    self.log_waiting(self.holder_of(&file).as_ref());
+                    logged_wait = true;
+                }
+                self.lock_blocking(&file)?;
+            }
+            if let Some(guard) = self.guard_if_current(file, started)? {
+                return Ok(guard);
+            }
+        }
+        Err(self.kept_changing())
+    }
+
+    /// Takes the lock, waiting without blocking the async runtime.
+    ///
+    /// Polls with a non-blocking `flock` at a growing interval (10 ms up to the
+    /// [poll interval](Self::with_poll_interval)). Logs who holds the lock when it starts
+    /// waiting and whenever the recorded holder changes. Cancel-safe: the lock is only
+    /// taken inside a poll that then returns the guard, so dropping the future never
+    /// leaves the lock held. A blocking `flock` waiter in another process is woken by the
+    /// kernel and usually wins a race against this poller.
+    ///
+    /// # Errors
+    ///
+    /// If the file cannot be created, opened or locked, or is not a regular file.
+    pub async fn acquire(&self) -> Result<LockGuard> {
+        let started = Instant::now();
+        let mut interval = FIRST_POLL_INTERVAL.min(self.poll_interval);
+        let mut logged_holder: Option<Option<LockHolder>> = None;
+        let mut open_file: Option<File> = None;
+        let mut open_attempts = 0;
+        loop {
+            let file = match open_file.take() {
+                Some(file) => file,
+                None => open_lock_file(&self.path)?,
+            };
+            if self.try_lock(&file)? {
+                if let Some(guard) = self.guard_if_current(file, started)? {
+                    return Ok(guard);
+                }
+                open_attempts += 1;
+                if open_attempts >= MAX_OPEN_ATTEMPTS {
+                    return Err(self.kept_changing());
+                }
+                continue;
+            }
+            let holder = self.holder_of(&file);
+            if logged_holder.as_ref() != Some(&holder) {
+                self.log_waiting(holder.as_ref());
+                logged_holder = Some(holder);
+            }
+            // Kept open across polls; if it is replaced meanwhile, the identity check after
+            // locking notices and we reopen.
+            open_file = Some(file);
+            tokio::time::sleep(interval).await;
+            interval = (interval * 2).min(self.poll_interval);
+        }
+    }
+
+    /// `flock(LOCK_EX | LOCK_NB)`: `true` if we got it, `false` if it is busy.
+    fn try_lock(&self, file: &File) -> Result<bool> {
+        match file.try_lock() {
+            Ok(()) => Ok(true),
+            Err(TryLockError::WouldBlock) => Ok(false),
+            Err(TryLockError::Error(source)) => Err(Error::Lock {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    fn lock_blocking(&self, file: &File) -> Result<()> {
+        loop {
+            match file.lock() {
+                Ok(()) => return Ok(()),
+                // A signal handler without SA_RESTART interrupts flock; keep waiting.
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(Error::Lock {
+                        path: self.path.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Turns a locked `file` into a guard if it is still the file at our path; otherwise
+    /// (it was deleted or replaced after we opened it) drops it, releasing its lock.
+    fn guard_if_current(&self, file: File, started: Instant) -> Result<Option<LockGuard>> {
+        if !is_file_at_path(&file, &self.path).map_err(|source| Error::Lock {
+            path: self.path.clone(),
+            source,
+        })? {
+            tracing::debug!(path = %self.path.display(), "locked a lock file that was replaced meanwhile; reopening");
+            return Ok(None);
+        }
+        let holder = LockHolder::current(self.identity.clone());
+        // The record is diagnostics; failing to write it must not cost us the lock.
+        if let Err(error) = write_holder_to(&file, &holder) {
+            tracing::warn!(path = %self.path.display(), %error, "cannot write lock holder record");
+        }
+        tracing::info!(
+            path = %self.path.display(),
+            identity = %self.identity,
+            waited_ms = started.elapsed().as_millis() as u64,
+            "acquired lock"
+        );
+        Ok(Some(LockGuard {
+            file,
+            path: self.path.clone(),
+            holder,
+        }))
+    }
+
+    fn holder_of(&self, file: &File) -> Option<LockHolder> {
+        read_holder_from(file).unwrap_or_else(|error| {
+            tracing::debug!(path = %self.path.display(), %error, "cannot read lock holder record");
+            None
+        })
+    }
+
+    fn log_waiting(&self, holder: Option<&LockHolder>) {
+        match holder {
+            Some(holder) => tracing::info!(
+                path = %self.path.display(),
+                holder.pid = holder.pid,
+                holder.identity = %holder.identity,
+                holder.held_for_s = holder.held_for().map(|held| held.as_secs()),
+                "lock is held by another process; waiting"
+            ),
+            None => tracing::info!(
+                path = %self.path.display(),
+                "lock is held by a process that left no holder record (e.g. bootkube's checkpointer); waiting"
+            ),
+        }
+    }
+
+    fn kept_changing(&self) -> Error {
+        Error::KeptChanging {
+            path: self.path.clone(),
+            attempts: MAX_OPEN_ATTEMPTS,
+        }
+    }
+}
+
+/// Opens the lock file read-write without truncating it, creating it (0600) and its parent
+/// directory (0755) if missing. A path that is not a regular file — a symlink in
+/// particular — is refused, because the holder writes into the file.
+fn open_lock_file(path: &Path) -> Result<File> {
+    let open_error = |source| Error::Open {
+        path: path.to_owned(),
+        source,
+    };
+    for _ in 0..MAX_OPEN_ATTEMPTS {
+        match fs::symlink_metadata(path) {
+            Ok(metadata) if metadata.file_type().is_file() => {
+                // No create here: had a symlink been swapped in since the check, creating
+                // would follow it. Such a swap is caught by `is_file_at_path` after locking.
+                match OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(false)
+                    .truncate(false)
+                    .open(path)
+                {
+                    Ok(file) => return Ok(file),
+                    Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+                    Err(error) => return Err(open_error(error)),
+                }
+            }
+            Ok(metadata) => {
+                return Err(Error::NotRegularFile {
+                    path: path.to_owned(),
+                    file_type: describe_file_type(metadata.file_type()),
+                });
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                create_parent_dir(path)?;
+                // O_CREAT|O_EXCL never follows a symlink, even a dangling one.
+                match OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(LOCK_FILE_MODE)
+                    .open(path)
+                {
+                    Ok(file) => {
+                        tracing::debug!(path = %path.display(), "created lock file");
+                        return Ok(file);
+                    }
+                    Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+                    Err(error) => return Err(open_error(error)),
+                }
+            }
+            Err(error) => return Err(open_error(error)),
+        }
+    }
+    Err(Error::KeptChanging {
+        path: path.to_owned(),
+        attempts: MAX_OPEN_ATTEMPTS,
+    })
+}
+
+fn create_parent_dir(path: &Path) -> Result<()> {
+    let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    DirBuilder::new()
+        .recursive(true)
+        .mode(LOCK_DIR_MODE)
+        .create(parent)
+        .map_err(|source| Error::CreateDir {
+            path: parent.to_owned(),
+            source,
+        })
+}
+
+/// Whether the open `file` is the file currently at `path` (not a symlink to it).
+fn is_file_at_path(file: &File, path: &Path) -> io::Result<bool> {
+    let opened = file.metadata()?;
+    match fs::symlink_metadata(path) {
+        Ok(at_path) => Ok(at_path.dev() == opened.dev() && at_path.ino() == opened.ino()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+pub(crate) fn describe_file_type(file_type: FileType) -> &'static str {
+    if file_type.is_symlink() {
+        "symlink"
+    } else if file_type.is_dir() {
+        "directory"
+    } else if file_type.is_fifo() {
+        "fifo"
+    } else if file_type.is_socket() {
+        "socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "device"
+    } else if file_type.is_file() {
+        "regular file"
+    } else {
+        "special file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn creates_file_0600_and_missing_parents_0755() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/lock/agent.lock");
+        let guard = LockFile::new(&path, "me").acquire_blocking().unwrap();
+        // The umask may only clear bits.
+        assert_eq!(mode(&path) & !LOCK_FILE_MODE, 0);
+        assert_eq!(mode(&path) & 0o600, 0o600);
+        for parent in [dir.path().join("run"), dir.path().join("run/lock")] {
+            assert_eq!(mode(&parent) & !LOCK_DIR_MODE, 0, "{}", parent.display());
+            assert_eq!(mode(&parent) & 0o700, 0o700, "{}", parent.display());
+        }
+        assert_eq!(guard.path(), path);
+    }
+
+    #[test]
+    fn existing_content_is_not_truncated_by_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        fs::write(&path, "pid=1\nidentity=someone\n").unwrap();
+        let _file = open_lock_file(&path).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "pid=1\nidentity=someone\n");
+    }
+
+    #[test]
+    fn relative_path_without_parent_works() {
+        // A bare file name has an empty parent, which must not be "created".
+        assert!(create_parent_dir(Path::new("agent.lock")).is_ok());
+    }
+
+    #[test]
+    fn symlink_is_refused_and_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("precious");
+        fs::write(&target, "keep me").unwrap();
+        let path = dir.path().join("lock");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let error = LockFile::new(&path, "me").try_acquire().unwrap_err();
+        assert!(
+            matches!(
+                error,
+                Error::NotRegularFile {
+                    file_type: "symlink",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert_eq!(fs::read_to_string(&target).unwrap(), "keep me");
+    }
+
+    #[test]
+    fn dangling_symlink_does_not_create_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("would-be-created");
+        let path = dir.path().join("lock");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let error = LockFile::new(&path, "me").acquire_blocking().unwrap_err();
+        assert!(
+            matches!(
+                error,
+                Error::NotRegularFile {
+                    file_type: "symlink",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(!target.exists());
+    }
+
+    #[test]
+    fn directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = LockFile::new(dir.path(), "me").try_acquire().unwrap_err();
+        assert!(
+            matches!(
+                error,
+                Error::NotRegularFile {
+                    file_type: "directory",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(error.to_string().contains(&dir.path().display().to_string()));
+    }
+
+    #[test]
+    fn parent_that_is_a_file_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("file");
+        fs::write(&blocker, "").unwrap();
+        let path = blocker.join("sub/lock");
+        let error = LockFile::new(&path, "me").try_acquire().unwrap_err();
+        assert!(matches!(error, Error::Open { .. }), "{error}");
+        let error = create_parent_dir(&path).unwrap_err();
+        assert!(
+            matches!(&error, Error::CreateDir { path, .. } if *path == blocker.join("sub")),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn file_at_path_check_sees_replacement() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let file = open_lock_file(&path).unwrap();
+        assert!(is_file_at_path(&file, &path).unwrap());
+        fs::remove_file(&path).unwrap();
+        assert!(!is_file_at_path(&file, &path).unwrap());
+        fs::write(&path, "").unwrap();
+        assert!(!is_file_at_path(&file, &path).unwrap());
+    }
+
+    #[test]
+    fn zero_poll_interval_is_clamped() {
+        let lock = LockFile::new("x", "me").with_poll_interval(Duration::ZERO);
+        assert_eq!(lock.poll_interval, MIN_POLL_INTERVAL);
+    }
+
+    #[test]
+    fn acquire_future_is_send() {
+        fn assert_send<T: Send>(_: &T) {}
+        let lock = LockFile::new("x", "me");
+        assert_send(&lock.acquire());
+    }
+}
