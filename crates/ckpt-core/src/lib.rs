@@ -15,8 +15,11 @@
 //! ```
 
 pub mod checkpoint;
+mod error;
 pub mod gc;
 pub mod identity;
+pub mod references;
+pub mod sanitize;
 pub mod time;
 
 #[doc(inline)]
@@ -25,8 +28,14 @@ pub use checkpoint::{
     sha256_hex,
 };
 #[doc(inline)]
+pub use error::{Error, Result};
+#[doc(inline)]
 pub use gc::{GcDecision, GcVerdict, Orphan};
 #[doc(inline)]
 pub use identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_parent};
+#[doc(inline)]
+pub use references::{RequiredObjects, references_api_objects, required_objects};
+#[doc(inline)]
+pub use sanitize::{ApiObjects, SanitizeOptions, Sanitized, sanitize};
 #[doc(inline)]
 pub use time::Timestamp;
