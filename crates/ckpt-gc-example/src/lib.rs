@@ -1,0 +1,72 @@
+//! An example of a GC strategy defined outside `ckpt-gc`: `keep-forever`.
+//!
+//! Nothing here is public except through the registry: the crate only `submit!`s. That is
+//! exactly the kind of crate the linking rule ([inventory#7]) is about: a program that
+//! wants `keep-forever` must reference the crate, or it is not linked and the strategy is
+//! silently missing, even with the crate in `[dependencies]`:
+//!
+//! ```
+//! use ckpt_gc_example as _; // inventory#7: link the crate so its strategy registers
+//!
+//! assert!(ckpt_gc::names().contains(&"keep-forever"));
+//! ```
+//!
+//! Settings (`gc.keep-forever` in the agent's config file):
+//!
+//! ```yaml
+//! gc-strategy: keep-forever
+//! gc:
+//!   keep-forever:
+//!     except-self: true   # the agent's own checkpoint follows grace-period (default false)
+//! ```
+//!
+//! [inventory#7]: https://github.com/dtolnay/inventory/issues/7
+
+use ckpt_core::{GcDecision, GcVerdict, Orphan};
+use ckpt_gc::{
+    GcContext, GcPolicy, GcStrategyRegistration, GracePeriod, StrategyConfig, async_trait, inventory,
+};
+use serde::Deserialize;
+
+const NAME: &str = "keep-forever";
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+struct Settings {
+    /// Let the agent's own checkpoint go after the grace period, so that unscheduling the
+    /// agent from a node still cleans the node up (self-GC), while everything else stays.
+    except_self: bool,
+}
+
+/// Keeps every checkpoint; removing them is left to `pod-checkpointer drain`.
+#[derive(Debug)]
+struct KeepForever {
+    /// Set with `except-self`: the policy for the agent's own checkpoint.
+    for_self: Option<GracePeriod>,
+}
+
+#[async_trait]
+impl GcPolicy for KeepForever {
+    async fn decide(&self, orphan: &Orphan, ctx: &dyn GcContext) -> GcDecision {
+        match &self.for_self {
+            Some(grace) if orphan.is_self => grace.decide(orphan, ctx).await,
+            _ => GcDecision::new(GcVerdict::Keep, "kept forever (keep-forever)"),
+        }
+    }
+}
+
+fn build(config: &StrategyConfig) -> ckpt_gc::Result<Box<dyn GcPolicy>> {
+    let settings: Settings = config.parse_settings(NAME)?;
+    let for_self = settings
+        .except_self
+        .then(|| GracePeriod::new(config.grace_period));
+    Ok(Box::new(KeepForever { for_self }))
+}
+
+inventory::submit! {
+    GcStrategyRegistration {
+        name: NAME,
+        summary: "never remove a checkpoint (optionally except the agent's own)",
+        build,
+    }
+}
