@@ -1,4 +1,95 @@
 //! `ckpt-store`: crash-safe on-disk storage of pod checkpoints.
 //!
-//! Inactive and active manifests, the Secrets and ConfigMaps they mount, and the state
-//! journal, written atomically under the configured checkpoint and manifests directories.
+//! The store keeps, under a [`Layout`] (`--checkpoint-dir`, `--manifests-dir`):
+//! inactive checkpoint manifests, active ones (in the kubelet's static pod directory),
+//! the Secret/ConfigMap/projected data they mount, and a state journal. Main types:
+//!
+//! - [`Layout`]: where everything lives (bootkube's paths by default).
+//! - [`Store`]: [`Store::read_all`] → [`StoredCheckpoint`]s, [`Store::write_inactive`],
+//!   [`Store::activate`], [`Store::deactivate`], [`Store::remove`],
+//!   [`Store::read_journal`]/[`Store::write_journal`].
+//! - [`Error`]: one error type; a full disk or read-only filesystem is
+//!   [`Error::NoSpace`]/[`Error::ReadOnlyFilesystem`] and leaves the previous file intact.
+//!
+//! Guarantees:
+//!
+//! - Every file is written atomically: a dot-prefixed temp file in the same directory
+//!   (the kubelet ignores dotfiles) → write → chmod/chown → fsync → rename → fsync the
+//!   directory. A file already holding the same bytes, mode and owner is not rewritten.
+//! - Nothing below the two configured directories is ever followed through a symlink:
+//!   all operations are relative to directory handles opened with `O_NOFOLLOW`
+//!   (the leaf data directories belong to the pod's uid, which could otherwise race us).
+//! - Names that become paths are validated as Kubernetes names; data paths cannot
+//!   escape their directory.
+//! - Files in the manifests dir that are not our checkpoints are never touched; an
+//!   unreadable file in our own inactive dir is moved to a quarantine dir, never
+//!   deleted silently. Checkpoints left by bootkube (`<ns>-<name>.json`) are adopted.
+//! - Directories are 0700, data files have the checkpoint's modes and owner, manifests
+//!   are 0644 (0600 when they hold secret values).
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//!
+//! use ckpt_core::identity::ANNOTATION_CHECKPOINT_OF;
+//! use ckpt_core::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, PodId};
+//! use ckpt_store::{Layout, Store};
+//! use k8s_openapi::api::core::v1::Pod;
+//! use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let tmp = tempfile::tempdir()?;
+//! let layout = Layout::new(tmp.path().join("kubernetes"), tmp.path().join("kubernetes/manifests"));
+//! let store = Store::open(layout)?;
+//!
+//! // A checkpoint as ckpt-core's sanitizer makes it.
+//! let id = PodId::new("kube-system", "kube-apiserver-x7k2p");
+//! let manifest = Pod {
+//!     metadata: ObjectMeta {
+//!         name: Some(id.name.clone()),
+//!         namespace: Some(id.namespace.clone()),
+//!         annotations: Some(BTreeMap::from([(ANNOTATION_CHECKPOINT_OF.into(), id.name.clone())])),
+//!         ..Default::default()
+//!     },
+//!     ..Default::default()
+//! };
+//! let tls = MaterializedDir {
+//!     dir: DataDir { kind: DataKind::Secret, namespace: id.namespace.clone(), pod: id.name.clone(), name: "tls".into() },
+//!     files: vec![DataFile { path: "tls.key".into(), bytes: b"secret".to_vec(), mode: 0o600 }],
+//! };
+//! let checkpoint = Checkpoint {
+//!     parent: id.clone(),
+//!     manifest,
+//!     dirs: vec![tls],
+//!     owner: FileOwner::default(),
+//!     manifest_holds_secrets: false,
+//!     spec_hash: "example".into(),
+//! };
+//!
+//! assert!(store.write_inactive(&checkpoint)?.changed());
+//! assert!(!store.write_inactive(&checkpoint)?.changed(), "unchanged: nothing written");
+//! assert!(store.activate(&id)?);
+//!
+//! let on_disk = store.read_all()?;
+//! assert!(on_disk[&id].active_matches_inactive());
+//! let key = store.layout().data_dir(&checkpoint.dirs[0].dir).join("tls.key");
+//! assert_eq!(std::fs::read(key)?, b"secret");
+//!
+//! store.remove(&id)?; // data, inactive, then active last
+//! assert!(store.read_all()?.is_empty());
+//! # Ok(())
+//! # }
+//! ```
+
+mod error;
+mod fsops;
+mod journal;
+mod layout;
+mod names;
+mod store;
+#[cfg(test)]
+mod testutil;
+
+pub use error::{Error, Result};
+pub use journal::JOURNAL_FORMAT_VERSION;
+pub use layout::Layout;
+pub use store::{RemoveSummary, Store, StoredCheckpoint, StoredManifest, WriteSummary};

@@ -1,0 +1,2 @@
+// Placeholder so the workspace parses until the store bench lands.
+fn main() {}

@@ -1,0 +1,1717 @@
+//! The [`Store`]: reading checkpoints back, writing, activating, deactivating and
+//! removing them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use ckpt_core::{
+    Checkpoint, CheckpointMeta, DataFile, DataKind, FileOwner, MaterializedDir, PodId, sha256_hex,
+};
+use k8s_openapi::api::core::v1::Pod;
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result};
+use crate::fsops::{Contents, Dir, Entry, Kind, ReadOutcome};
+use crate::layout::Layout;
+use crate::names::{check_namespace, check_pod_id, check_subdomain, data_path_components};
+
+/// Largest manifest we read. etcd refuses objects above 1.5 MiB, so anything larger
+/// cannot be a checkpoint of a real pod.
+const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+/// Directories created below the roots: nothing outside the owner may look inside.
+const DIR_MODE: u32 = 0o700;
+/// The kubelet's static pod directory, when we have to create it.
+const MANIFESTS_DIR_MODE: u32 = 0o755;
+/// Data file modes are limited to permission bits: never setuid/setgid/sticky.
+const DATA_MODE_MASK: u32 = 0o777;
+/// Subdirectory levels below a data root searched for stale temp files
+/// (`<ns>/<pod>/<name>/<items path…>`).
+const DATA_TREE_DEPTH: usize = 8;
+
+/// One checkpoint manifest file found on disk.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredManifest {
+    /// What the manifest says about itself (parent id, UID, owner, spec hash, time).
+    pub meta: CheckpointMeta,
+    /// The parsed manifest.
+    pub pod: Pod,
+    /// Where the file is.
+    pub path: PathBuf,
+    /// The file's name: ours (`<ns>_<name>.json`) or bootkube's (`<ns>-<name>.json`).
+    pub file_name: String,
+    /// Whether `file_name` is bootkube's legacy name (an adopted checkpoint).
+    pub legacy_name: bool,
+    /// SHA-256 of the file's bytes, lowercase hex: equal digests, equal content.
+    pub digest: String,
+    /// The file's permission bits.
+    pub mode: u32,
+}
+
+/// Everything on disk for one checkpoint.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoredCheckpoint {
+    /// The inactive manifest, if any.
+    pub inactive: Option<StoredManifest>,
+    /// The active manifest (in the kubelet's static pod dir), if any.
+    pub active: Option<StoredManifest>,
+    /// Further files holding the same checkpoint that were left in place: a second
+    /// active copy under the other name (both are ours; [`Store::deactivate`] and
+    /// [`Store::remove`] remove both), or, in a read-only store, a second inactive one.
+    pub duplicates: Vec<PathBuf>,
+}
+
+impl StoredCheckpoint {
+    /// Whether the active manifest has the same content as the inactive one.
+    pub fn active_matches_inactive(&self) -> bool {
+        match (&self.inactive, &self.active) {
+            (Some(inactive), Some(active)) => inactive.digest == active.digest,
+            _ => false,
+        }
+    }
+
+    /// The checkpoint's metadata, from the inactive manifest if there is one.
+    pub fn meta(&self) -> Option<&CheckpointMeta> {
+        self.inactive.as_ref().or(self.active.as_ref()).map(|m| &m.meta)
+    }
+}
+
+/// What [`Store::write_inactive`] changed; all zero when the checkpoint was on disk
+/// already (steady state writes nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteSummary {
+    /// The inactive manifest was (re)written.
+    pub manifest_written: bool,
+    /// Data files (re)written.
+    pub files_written: usize,
+    /// Stale data entries removed (keys, item subdirectories, volume directories).
+    pub entries_removed: usize,
+    /// An adopted bootkube inactive manifest was replaced by ours.
+    pub legacy_removed: bool,
+}
+
+impl WriteSummary {
+    /// Whether anything on disk changed.
+    pub fn changed(&self) -> bool {
+        self.manifest_written || self.files_written > 0 || self.entries_removed > 0 || self.legacy_removed
+    }
+}
+
+/// What [`Store::remove`] removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemoveSummary {
+    /// Per-pod data directories removed (secrets, configmaps, projected).
+    pub data_dirs_removed: usize,
+    /// An inactive manifest was removed.
+    pub inactive_removed: bool,
+    /// An active manifest was removed (the static pod stops).
+    pub active_removed: bool,
+}
+
+impl RemoveSummary {
+    /// Whether anything existed.
+    pub fn removed_anything(&self) -> bool {
+        self.data_dirs_removed > 0 || self.inactive_removed || self.active_removed
+    }
+}
+
+/// Which of the two manifest directories.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Inactive,
+    Active,
+}
+
+/// What a manifest-dir file turned out to be.
+enum Loaded {
+    Checkpoint(Box<StoredManifest>),
+    /// Not usable; `checkpoint` says whether it at least parsed as a checkpoint.
+    Invalid {
+        reason: String,
+        checkpoint: bool,
+    },
+    /// Vanished or unreadable this time: skipped.
+    Skipped,
+}
+
+/// One manifest directory read back.
+struct Scanned {
+    found: BTreeMap<PodId, StoredManifest>,
+    /// Second copies left in place.
+    duplicates: Vec<(PodId, PathBuf)>,
+}
+
+/// What sits at one of the two names a checkpoint file can have.
+enum Slot {
+    Empty,
+    /// A checkpoint of the pod asked about.
+    Ours(Box<(Contents, Pod)>),
+    /// Anything else: never touched.
+    Foreign,
+}
+
+/// A checkpoint's data files as a tree, so nested `items[].path`s become directories.
+#[derive(Debug)]
+enum Node<'a> {
+    File(&'a DataFile),
+    Dir(BTreeMap<&'a str, Node<'a>>),
+}
+
+/// Crash-safe storage of checkpoints under a [`Layout`].
+///
+/// The store keeps no state between calls: every operation reads the disk, so a crash
+/// at any point leaves nothing to reconcile but what is on disk. A writable store (from
+/// [`Store::open`]) must be used by one process at a time: the lock holder.
+#[derive(Clone, Debug)]
+pub struct Store {
+    layout: Layout,
+    writable: bool,
+}
+
+impl Store {
+    /// Opens the store for writing: creates the checkpoint and manifests dirs if missing
+    /// (0755: the kubelet's dir; bootkube crashed instead), our own dirs (0700), and
+    /// removes temporary files a killed writer left behind. Call it while holding the
+    /// agent's lock: another writer's in-flight temp files would be removed.
+    pub fn open(layout: Layout) -> Result<Self> {
+        check_layout(&layout)?;
+        let store = Self {
+            layout,
+            writable: true,
+        };
+        let checkpoint_dir = store.checkpoint_dir()?;
+        Dir::open_or_create_trusted(store.layout.manifests_dir(), MANIFESTS_DIR_MODE)?;
+        checkpoint_dir.ensure_child(Layout::INACTIVE_DIR_NAME, DIR_MODE, None, false)?;
+        checkpoint_dir.ensure_child(Layout::QUARANTINE_DIR_NAME, DIR_MODE, None, false)?;
+        let removed = store.clean_stale_temp_files()?;
+        if removed > 0 {
+            info!(
+                count = removed,
+                "removed temporary files left by an interrupted write"
+            );
+        }
+        Ok(store)
+    }
+
+    /// Opens the store for reading only (`inspect`): creates, moves and removes nothing;
+    /// files [`Store::open`] would quarantine are skipped with a warning instead.
+    pub fn open_read_only(layout: Layout) -> Result<Self> {
+        check_layout(&layout)?;
+        Ok(Self {
+            layout,
+            writable: false,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub(crate) fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    pub(crate) fn require_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(Error::ReadOnlyStore {
+                checkpoint_dir: self.layout.checkpoint_dir().to_path_buf(),
+            })
+        }
+    }
+
+    /// The checkpoint dir, created if missing (writable store).
+    pub(crate) fn checkpoint_dir(&self) -> Result<Dir> {
+        Dir::open_or_create_trusted(self.layout.checkpoint_dir(), MANIFESTS_DIR_MODE)
+    }
+
+    fn existing_checkpoint_dir(&self) -> Result<Option<Dir>> {
+        Dir::open_trusted(self.layout.checkpoint_dir())
+    }
+
+    fn existing_manifests_dir(&self) -> Result<Option<Dir>> {
+        Dir::open_trusted(self.layout.manifests_dir())
+    }
+
+    /// Removes temporary files left by a killed writer: ours only (our prefix, another
+    /// process's tag), in the manifests dir, the checkpoint dir and everything below our
+    /// own dirs. Returns how many. [`Store::open`] and [`Store::read_all`] call it.
+    pub fn clean_stale_temp_files(&self) -> Result<usize> {
+        self.require_writable()?;
+        let mut removed = 0;
+        if let Some(manifests) = self.existing_manifests_dir()? {
+            removed += manifests.remove_stale_temp_files(0)?;
+        }
+        let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
+            return Ok(removed);
+        };
+        removed += checkpoint_dir.remove_stale_temp_files(0)?;
+        let mut owned = vec![(Layout::INACTIVE_DIR_NAME, 0)];
+        owned.extend(
+            DataKind::ALL
+                .iter()
+                .map(|kind| (kind.root_dir_name(), DATA_TREE_DEPTH)),
+        );
+        for (name, depth) in owned {
+            match checkpoint_dir.open_child(name) {
+                Ok(Some(dir)) => removed += dir.remove_stale_temp_files(depth)?,
+                Ok(None) => {}
+                // Not ours to descend into; write_inactive reports it.
+                Err(Error::Symlink { .. } | Error::NotADirectory { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Every checkpoint on disk, inactive and active, by pod id (sorted).
+    ///
+    /// - Identity comes from the file's content; a file counts only under our name or
+    ///   bootkube's legacy name for that content (adoption).
+    /// - In the inactive dir (ours alone), anything unusable is moved to the
+    ///   quarantine dir with a warning: an unparseable file, a non-checkpoint, a
+    ///   symlink, a file under a name not matching its content, and the legacy-named
+    ///   copy when both names hold the same pod.
+    /// - In the manifests dir, files that are not our checkpoints are someone else's
+    ///   static pods: skipped, never touched. Two active files of one pod are both
+    ///   ours: the one under our name is reported, the other in `duplicates`.
+    /// - Our stale temporary files are removed (writable store).
+    pub fn read_all(&self) -> Result<BTreeMap<PodId, StoredCheckpoint>> {
+        let mut all: BTreeMap<PodId, StoredCheckpoint> = BTreeMap::new();
+        let checkpoint_dir = self.existing_checkpoint_dir()?;
+        let inactive_dir = match &checkpoint_dir {
+            Some(dir) => dir.open_child(Layout::INACTIVE_DIR_NAME)?,
+            None => None,
+        };
+        if let (Some(checkpoint_dir), Some(inactive_dir)) = (&checkpoint_dir, &inactive_dir) {
+            let Scanned { found, duplicates } =
+                self.scan(Some(checkpoint_dir), inactive_dir, Place::Inactive)?;
+            for (id, manifest) in found {
+                all.entry(id).or_default().inactive = Some(manifest);
+            }
+            for (id, path) in duplicates {
+                all.entry(id).or_default().duplicates.push(path);
+            }
+        }
+        if let Some(manifests_dir) = self.existing_manifests_dir()? {
+            // No quarantine there: files in the kubelet's dir that are not ours stay.
+            let Scanned { found, duplicates } = self.scan(None, &manifests_dir, Place::Active)?;
+            for (id, manifest) in found {
+                all.entry(id).or_default().active = Some(manifest);
+            }
+            for (id, path) in duplicates {
+                all.entry(id).or_default().duplicates.push(path);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Reads one manifest directory. Returns the checkpoints found and the duplicates
+    /// left in place.
+    fn scan(&self, checkpoint_dir: Option<&Dir>, dir: &Dir, place: Place) -> Result<Scanned> {
+        let mut found: BTreeMap<PodId, StoredManifest> = BTreeMap::new();
+        let mut duplicates = Vec::new();
+        if self.writable {
+            // Only our own stale temp files; bootkube deleted every dotfile, even
+            // foreign ones in the kubelet's dir.
+            dir.remove_stale_temp_files(0)?;
+        }
+        for Entry { name, kind } in dir.entries()? {
+            let path = dir.child_path(&name);
+            if name.as_encoded_bytes().starts_with(b".") {
+                // Dotfiles are invisible to the kubelet: temp files, ours or not.
+                continue;
+            }
+            let Some(name_str) = name.to_str() else {
+                self.reject(
+                    checkpoint_dir,
+                    dir,
+                    place,
+                    &name,
+                    "the file name is not UTF-8",
+                    false,
+                );
+                continue;
+            };
+            if place == Place::Active && (kind != Kind::File || !name_str.ends_with(".json")) {
+                debug!(path = %path.display(), "not a checkpoint file; leaving it alone");
+                continue;
+            }
+            let manifest = match load(dir, name_str) {
+                Loaded::Checkpoint(manifest) => *manifest,
+                Loaded::Invalid { reason, checkpoint } => {
+                    self.reject(checkpoint_dir, dir, place, &name, &reason, checkpoint);
+                    continue;
+                }
+                Loaded::Skipped => continue,
+            };
+            let id = manifest.meta.parent.clone();
+            let (keep, other) = match found.remove(&id) {
+                None => (manifest, None),
+                // Our name wins over the legacy name (the only two possible).
+                Some(previous) if previous.legacy_name => (manifest, Some(previous)),
+                Some(previous) => (previous, Some(manifest)),
+            };
+            if let Some(other) = other {
+                let reason = format!("a second copy of the checkpoint in {}", keep.path.display());
+                if place == Place::Inactive && self.writable {
+                    self.reject(
+                        checkpoint_dir,
+                        dir,
+                        place,
+                        OsStr::new(&other.file_name),
+                        &reason,
+                        true,
+                    );
+                } else {
+                    warn!(path = %other.path.display(), %reason, "duplicate checkpoint file");
+                    duplicates.push((id.clone(), other.path));
+                }
+            }
+            found.insert(id, keep);
+        }
+        Ok(Scanned { found, duplicates })
+    }
+
+    /// Deals with an unusable file: in the inactive dir it is quarantined (writable
+    /// store) or skipped with a warning; in the manifests dir it is not ours and left
+    /// alone (a warning if it claims to be a checkpoint).
+    fn reject(
+        &self,
+        checkpoint_dir: Option<&Dir>,
+        dir: &Dir,
+        place: Place,
+        name: &OsStr,
+        reason: &str,
+        checkpoint: bool,
+    ) {
+        let path = dir.child_path(name);
+        match (place, checkpoint_dir) {
+            (Place::Inactive, Some(checkpoint_dir)) if self.writable => {
+                quarantine_file(checkpoint_dir, dir, name, reason)
+            }
+            (Place::Inactive, _) => {
+                warn!(path = %path.display(), reason, "skipping an unusable inactive checkpoint")
+            }
+            (Place::Active, _) if checkpoint => {
+                warn!(path = %path.display(), reason, "a checkpoint we do not manage; leaving it alone")
+            }
+            (Place::Active, _) => {
+                debug!(path = %path.display(), reason, "not one of our checkpoints; leaving it alone")
+            }
+        }
+    }
+
+    /// Every pod that has data directories (`<kind root>/<ns>/<pod>`) on disk, whether
+    /// or not it has a manifest: the executor removes the orphans.
+    pub fn data_pods(&self) -> Result<BTreeSet<PodId>> {
+        let mut pods = BTreeSet::new();
+        let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
+            return Ok(pods);
+        };
+        for kind in DataKind::ALL {
+            let root = match checkpoint_dir.open_child(kind.root_dir_name()) {
+                Ok(Some(root)) => root,
+                Ok(None) | Err(Error::Symlink { .. } | Error::NotADirectory { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            for ns in root.entries()? {
+                let Some(namespace) = ns.name.to_str() else {
+                    continue;
+                };
+                if ns.kind != Kind::Dir || check_namespace(namespace).is_err() {
+                    continue;
+                }
+                let Some(ns_dir) = root.open_child(&ns.name).ok().flatten() else {
+                    continue;
+                };
+                for pod in ns_dir.entries()? {
+                    let Some(name) = pod.name.to_str() else { continue };
+                    let id = PodId::new(namespace, name);
+                    if pod.kind == Kind::Dir && check_pod_id(&id).is_ok() {
+                        pods.insert(id);
+                    }
+                }
+            }
+        }
+        Ok(pods)
+    }
+
+    /// Writes a checkpoint as inactive: first every data directory (stale keys, item
+    /// subdirectories and volume directories removed), then the manifest, so a manifest
+    /// on disk never mounts a directory that is not there yet. Files whose bytes, mode
+    /// and owner are already right are not rewritten.
+    ///
+    /// A volume directory the currently *active* manifest still mounts is kept even when
+    /// the new version no longer has it (the running static pod needs it); it goes with
+    /// the next write after deactivation, or with [`Store::remove`].
+    ///
+    /// An adopted bootkube file (`<ns>-<name>.json`) holding this pod is removed once
+    /// ours is durable.
+    pub fn write_inactive(&self, checkpoint: &Checkpoint) -> Result<WriteSummary> {
+        self.require_writable()?;
+        let trees = validate(checkpoint)?;
+        let id = &checkpoint.parent;
+        let checkpoint_dir = self.checkpoint_dir()?;
+        let mounted = self.active_host_paths(id)?;
+        let mut summary = WriteSummary::default();
+        for kind in DataKind::ALL {
+            let wanted: Vec<(&MaterializedDir, &Node<'_>)> = checkpoint
+                .dirs
+                .iter()
+                .zip(&trees)
+                .filter(|(dir, _)| dir.dir.kind == kind)
+                .collect();
+            if wanted.is_empty() {
+                summary.entries_removed += self.remove_pod_data(&checkpoint_dir, kind, id, &mounted)?;
+                continue;
+            }
+            let root = checkpoint_dir.ensure_child(kind.root_dir_name(), DIR_MODE, None, false)?;
+            let ns_dir = root.ensure_child(&id.namespace, DIR_MODE, None, true)?;
+            let pod_dir = ns_dir.ensure_child(&id.name, DIR_MODE, None, true)?;
+            let mut pod_dir_changed = false;
+            for (dir, tree) in &wanted {
+                let leaf = pod_dir.ensure_child(&dir.dir.name, DIR_MODE, Some(checkpoint.owner), true)?;
+                let Node::Dir(tree) = tree else { continue };
+                sync_tree(&leaf, tree, checkpoint.owner, &mut summary)?;
+            }
+            for entry in pod_dir.entries()? {
+                if wanted
+                    .iter()
+                    .any(|(dir, _)| OsStr::new(&dir.dir.name) == entry.name)
+                {
+                    continue;
+                }
+                let mounted_path = self.layout.pod_data_dir(kind, id).join(&entry.name);
+                if mounted.contains(&mounted_path) {
+                    debug!(path = %mounted_path.display(), "kept: the active checkpoint still mounts it");
+                    continue;
+                }
+                pod_dir.remove_tree(&entry.name)?;
+                summary.entries_removed += 1;
+                pod_dir_changed = true;
+            }
+            if pod_dir_changed {
+                pod_dir.sync()?;
+            }
+        }
+
+        let inactive_dir = checkpoint_dir.ensure_child(Layout::INACTIVE_DIR_NAME, DIR_MODE, None, false)?;
+        let file_name = id.manifest_file_name();
+        summary.manifest_written = inactive_dir.write_file(
+            &file_name,
+            &checkpoint.manifest_bytes(),
+            checkpoint.manifest_mode(),
+            None,
+        )?;
+        if summary.manifest_written {
+            inactive_dir.sync()?;
+        }
+        let legacy = id.legacy_manifest_file_name();
+        if let Slot::Ours(_) = slot(&inactive_dir, &legacy, id)? {
+            // Ours is durable (synced above, or unchanged); the bootkube copy can go.
+            inactive_dir.remove_file(&legacy)?;
+            inactive_dir.sync()?;
+            summary.legacy_removed = true;
+            info!(pod = %id, from = legacy, to = file_name, "adopted a bootkube checkpoint");
+        }
+        if summary.changed() {
+            debug!(pod = %id, ?summary, "wrote inactive checkpoint");
+        }
+        Ok(summary)
+    }
+
+    /// The `hostPath`s the pod's active manifest(s) mount.
+    fn active_host_paths(&self, id: &PodId) -> Result<BTreeSet<PathBuf>> {
+        let mut paths = BTreeSet::new();
+        let Some(manifests_dir) = self.existing_manifests_dir()? else {
+            return Ok(paths);
+        };
+        for name in [id.manifest_file_name(), id.legacy_manifest_file_name()] {
+            if let Slot::Ours(found) = slot(&manifests_dir, &name, id)? {
+                let volumes = found.1.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+                paths.extend(
+                    volumes
+                        .filter_map(|v| v.host_path.as_ref())
+                        .map(|h| PathBuf::from(&h.path)),
+                );
+            }
+        }
+        Ok(paths)
+    }
+
+    /// Removes one kind of data of a pod, except the volume directories in `keep`.
+    /// A symlink on the way means nothing of ours is below: skipped, not followed.
+    /// Returns how many entries went.
+    fn remove_pod_data(
+        &self,
+        checkpoint_dir: &Dir,
+        kind: DataKind,
+        id: &PodId,
+        keep: &BTreeSet<PathBuf>,
+    ) -> Result<usize> {
+        let skip_wrong_type = |result: Result<Option<Dir>>| match result {
+            Err(Error::Symlink { path } | Error::NotADirectory { path }) => {
+                warn!(path = %path.display(), "not a directory of ours; nothing removed below it");
+                Ok(None)
+            }
+            other => other,
+        };
+        let Some(root) = skip_wrong_type(checkpoint_dir.open_child(kind.root_dir_name()))? else {
+            return Ok(0);
+        };
+        let Some(ns_dir) = skip_wrong_type(root.open_child(&id.namespace))? else {
+            return Ok(0);
+        };
+        let pod_path = self.layout.pod_data_dir(kind, id);
+        let removed = if keep.iter().any(|p| p.starts_with(&pod_path)) {
+            let Some(pod_dir) = skip_wrong_type(ns_dir.open_child(&id.name))? else {
+                return Ok(0);
+            };
+            let mut removed = 0;
+            for entry in pod_dir.entries()? {
+                if !keep.contains(&pod_path.join(&entry.name)) && pod_dir.remove_tree(&entry.name)? {
+                    removed += 1;
+                }
+            }
+            if removed > 0 {
+                pod_dir.sync()?;
+            }
+            removed
+        } else {
+            let removed = usize::from(ns_dir.remove_tree(&id.name)?);
+            if removed > 0 {
+                ns_dir.sync()?;
+                // Tidy: the namespace dir goes with its last pod.
+                if root.remove_empty_dir(&id.namespace)? {
+                    root.sync()?;
+                }
+            }
+            removed
+        };
+        Ok(removed)
+    }
+
+    /// Activates a checkpoint: copies the inactive manifest's bytes into the manifests
+    /// dir (created 0755 if missing), keeping 0600 for a manifest holding secrets.
+    /// Nothing is written when the active copy is identical. An active copy under
+    /// bootkube's name keeps that name (renaming a static manifest restarts the pod).
+    /// Returns whether it wrote.
+    pub fn activate(&self, id: &PodId) -> Result<bool> {
+        self.require_writable()?;
+        check_pod_id(id)?;
+        let no_inactive = || Error::NoInactiveCheckpoint {
+            id: id.clone(),
+            dir: self.layout.inactive_dir(),
+        };
+        let checkpoint_dir = self.existing_checkpoint_dir()?.ok_or_else(no_inactive)?;
+        let inactive_dir = checkpoint_dir
+            .open_child(Layout::INACTIVE_DIR_NAME)?
+            .ok_or_else(no_inactive)?;
+        let mut source = None;
+        for name in [id.manifest_file_name(), id.legacy_manifest_file_name()] {
+            if let Slot::Ours(found) = slot(&inactive_dir, &name, id)? {
+                source = Some(found.0);
+                break;
+            }
+        }
+        let source = source.ok_or_else(no_inactive)?;
+
+        let manifests_dir = Dir::open_or_create_trusted(self.layout.manifests_dir(), MANIFESTS_DIR_MODE)?;
+        let ours = id.manifest_file_name();
+        let legacy = id.legacy_manifest_file_name();
+        let target = match slot(&manifests_dir, &ours, id)? {
+            Slot::Foreign => {
+                return Err(Error::NotOurs {
+                    id: id.clone(),
+                    path: manifests_dir.child_path(&ours),
+                });
+            }
+            Slot::Ours(_) => ours,
+            Slot::Empty => match slot(&manifests_dir, &legacy, id)? {
+                Slot::Ours(_) => legacy,
+                Slot::Empty | Slot::Foreign => ours,
+            },
+        };
+        // Group/other readable or not decides; anything else on the inactive file
+        // (a stray chmod) is not copied into the kubelet's dir.
+        let mode = if source.mode & 0o044 == 0 { 0o600 } else { 0o644 };
+        let written = manifests_dir.write_file(&target, &source.bytes, mode, None)?;
+        if written {
+            manifests_dir.sync()?;
+            info!(pod = %id, path = %manifests_dir.child_path(&target).display(), "activated checkpoint");
+        }
+        Ok(written)
+    }
+
+    /// Deactivates a checkpoint: removes its active manifest (under either name; a file
+    /// there that is not a checkpoint of this pod is left alone). Missing is fine.
+    /// Returns whether a file was removed.
+    pub fn deactivate(&self, id: &PodId) -> Result<bool> {
+        self.require_writable()?;
+        check_pod_id(id)?;
+        let Some(manifests_dir) = self.existing_manifests_dir()? else {
+            return Ok(false);
+        };
+        let mut removed = false;
+        for name in [id.manifest_file_name(), id.legacy_manifest_file_name()] {
+            match slot(&manifests_dir, &name, id)? {
+                Slot::Ours(_) => removed |= manifests_dir.remove_file(&name)?,
+                Slot::Foreign => {
+                    debug!(path = %manifests_dir.child_path(&name).display(), "not our checkpoint; left alone")
+                }
+                Slot::Empty => {}
+            }
+        }
+        if removed {
+            manifests_dir.sync()?;
+            info!(pod = %id, "deactivated checkpoint");
+        }
+        Ok(removed)
+    }
+
+    /// Removes a checkpoint completely, in this order: secrets, configmaps, projected
+    /// data, the inactive manifest, and the active manifest last, so the static pod is
+    /// stopped only once nothing else is left. The first failure stops the sequence
+    /// (the active manifest stays; a retry continues where it stopped). Idempotent.
+    pub fn remove(&self, id: &PodId) -> Result<RemoveSummary> {
+        self.require_writable()?;
+        check_pod_id(id)?;
+        let mut summary = RemoveSummary::default();
+        if let Some(checkpoint_dir) = self.existing_checkpoint_dir()? {
+            for kind in DataKind::ALL {
+                summary.data_dirs_removed +=
+                    self.remove_pod_data(&checkpoint_dir, kind, id, &BTreeSet::new())?;
+            }
+            if let Some(inactive_dir) = checkpoint_dir.open_child(Layout::INACTIVE_DIR_NAME)? {
+                // Our name is ours alone, whatever it holds; the legacy name only if it
+                // holds this pod (`a-b/c` and `a/b-c` share it).
+                summary.inactive_removed |= inactive_dir.remove_tree(id.manifest_file_name())?;
+                let legacy = id.legacy_manifest_file_name();
+                if let Slot::Ours(_) = slot(&inactive_dir, &legacy, id)? {
+                    summary.inactive_removed |= inactive_dir.remove_file(&legacy)?;
+                }
+                if summary.inactive_removed {
+                    inactive_dir.sync()?;
+                }
+            }
+        }
+        summary.active_removed = self.deactivate(id)?;
+        if summary.removed_anything() {
+            info!(pod = %id, ?summary, "removed checkpoint");
+        }
+        Ok(summary)
+    }
+}
+
+fn check_layout(layout: &Layout) -> Result<()> {
+    let manifests_dir = layout.manifests_dir();
+    let mut ours = layout.owned_dirs();
+    ours.push(layout.checkpoint_dir().to_path_buf());
+    match ours.into_iter().find(|dir| dir == manifests_dir) {
+        Some(ours) => Err(Error::LayoutConflict {
+            manifests_dir: manifests_dir.to_path_buf(),
+            ours,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Parses and validates one manifest file.
+fn load(dir: &Dir, name: &str) -> Loaded {
+    let invalid = |reason: String| Loaded::Invalid {
+        reason,
+        checkpoint: false,
+    };
+    let contents = match dir.read_file(name, MAX_MANIFEST_BYTES) {
+        Ok(ReadOutcome::Read(contents)) => contents,
+        Ok(ReadOutcome::Missing) => return Loaded::Skipped,
+        Ok(ReadOutcome::NotRegular(kind)) => return invalid(format!("a {kind}, not a regular file")),
+        Ok(ReadOutcome::TooLarge(len)) => return invalid(format!("{len} bytes, too large for a checkpoint")),
+        Err(error) => {
+            warn!(path = %dir.child_path(name).display(), %error, "skipping an unreadable file");
+            return Loaded::Skipped;
+        }
+    };
+    let pod: Pod = match serde_json::from_slice(&contents.bytes) {
+        Ok(pod) => pod,
+        Err(e) => return invalid(format!("not a JSON Pod: {e}")),
+    };
+    let Some(meta) = CheckpointMeta::from_manifest(&pod) else {
+        return invalid("not a checkpoint (no checkpoint-of annotation)".into());
+    };
+    let id = &meta.parent;
+    let invalid_checkpoint = |reason: String| Loaded::Invalid {
+        reason,
+        checkpoint: true,
+    };
+    if let Err(e) = check_pod_id(id) {
+        return invalid_checkpoint(e.to_string());
+    }
+    let legacy_name = if name == id.manifest_file_name() {
+        false
+    } else if name == id.legacy_manifest_file_name() {
+        true
+    } else {
+        return invalid_checkpoint(format!(
+            "holds a checkpoint of {id}, which belongs in {}",
+            id.manifest_file_name()
+        ));
+    };
+    Loaded::Checkpoint(Box::new(StoredManifest {
+        meta,
+        pod,
+        path: dir.child_path(name),
+        file_name: name.to_owned(),
+        legacy_name,
+        digest: sha256_hex(&contents.bytes),
+        mode: contents.mode,
+    }))
+}
+
+/// What is at `name`: nothing, a checkpoint of `id` (regular file, parses, right id),
+/// or something foreign.
+fn slot(dir: &Dir, name: &str, id: &PodId) -> Result<Slot> {
+    let contents = match dir.read_file(name, MAX_MANIFEST_BYTES)? {
+        ReadOutcome::Missing => return Ok(Slot::Empty),
+        ReadOutcome::NotRegular(_) | ReadOutcome::TooLarge(_) => return Ok(Slot::Foreign),
+        ReadOutcome::Read(contents) => contents,
+    };
+    let Ok(pod) = serde_json::from_slice::<Pod>(&contents.bytes) else {
+        return Ok(Slot::Foreign);
+    };
+    match CheckpointMeta::from_manifest(&pod) {
+        Some(meta) if &meta.parent == id => Ok(Slot::Ours(Box::new((contents, pod)))),
+        _ => Ok(Slot::Foreign),
+    }
+}
+
+/// Moves an unusable file from `dir` to the quarantine dir under a unique name, with a
+/// warning. If even that fails the file stays where it is (never deleted).
+pub(crate) fn quarantine_file(checkpoint_dir: &Dir, dir: &Dir, name: &OsStr, reason: &str) {
+    let path = dir.child_path(name);
+    let moved = (|| {
+        let quarantine_dir =
+            checkpoint_dir.ensure_child(Layout::QUARANTINE_DIR_NAME, DIR_MODE, None, false)?;
+        let mut base = name.to_string_lossy().into_owned();
+        // Leave room for the suffix within the 255-byte name limit.
+        while base.len() > 200 {
+            base.pop();
+        }
+        let base = format!("{base}.{}", ckpt_core::Timestamp::now().0);
+        let mut target = base.clone();
+        let mut n = 0;
+        while quarantine_dir.kind_of(&target)?.is_some() {
+            n += 1;
+            target = format!("{base}-{n}");
+        }
+        dir.rename(name, &quarantine_dir, &target)?;
+        dir.sync()?;
+        quarantine_dir.sync()?;
+        Ok::<_, Error>(quarantine_dir.child_path(&target))
+    })();
+    match moved {
+        Ok(to) => {
+            warn!(path = %path.display(), reason, quarantined_to = %to.display(), "moved an unusable file to quarantine")
+        }
+        Err(error) => {
+            warn!(path = %path.display(), reason, %error, "could not quarantine an unusable file; left in place")
+        }
+    }
+}
+
+/// Checks everything that becomes a path and builds each directory's file tree.
+fn validate(checkpoint: &Checkpoint) -> Result<Vec<Node<'_>>> {
+    let id = &checkpoint.parent;
+    let invalid = |reason: String| Error::InvalidCheckpoint {
+        id: id.clone(),
+        reason,
+    };
+    check_pod_id(id)?;
+    match CheckpointMeta::from_manifest(&checkpoint.manifest) {
+        Some(meta) if &meta.parent == id => {}
+        Some(meta) => {
+            return Err(invalid(format!(
+                "the manifest is a checkpoint of {}",
+                meta.parent
+            )));
+        }
+        None => return Err(invalid("the manifest has no checkpoint-of annotation".into())),
+    }
+    let mut seen = BTreeSet::new();
+    let mut trees = Vec::with_capacity(checkpoint.dirs.len());
+    for dir in &checkpoint.dirs {
+        let d = &dir.dir;
+        if d.namespace != id.namespace || d.pod != id.name {
+            return Err(invalid(format!(
+                "data directory {} belongs to {}/{}",
+                d.name, d.namespace, d.pod
+            )));
+        }
+        check_subdomain("data directory name", &d.name)?;
+        if !seen.insert((d.kind, d.name.as_str())) {
+            return Err(invalid(format!("data directory {} appears twice", d.name)));
+        }
+        let mut tree = Node::Dir(BTreeMap::new());
+        for file in &dir.files {
+            insert(&mut tree, &data_path_components(&file.path)?, file)
+                .map_err(|()| invalid(format!("data path {:?} clashes with another", file.path)))?;
+        }
+        trees.push(tree);
+    }
+    Ok(trees)
+}
+
+/// Inserts a file into a tree; `Err` if the path is taken, or one of its parents is a file.
+fn insert<'a>(tree: &mut Node<'a>, components: &[&'a str], file: &'a DataFile) -> Result<(), ()> {
+    let Node::Dir(children) = tree else { return Err(()) };
+    match components {
+        [] => Err(()),
+        [last] => match children.insert(last, Node::File(file)) {
+            None => Ok(()),
+            Some(_) => Err(()),
+        },
+        [first, rest @ ..] => insert(
+            children
+                .entry(first)
+                .or_insert_with(|| Node::Dir(BTreeMap::new())),
+            rest,
+            file,
+        ),
+    }
+}
+
+/// Makes `dir` hold exactly `tree`: entries of the wrong type go first, then files are
+/// written (unchanged ones skipped) and subdirectories recursed into, then whatever is
+/// not in the tree is removed, so the pod sees a superset of keys rather than a subset
+/// mid-update.
+fn sync_tree(
+    dir: &Dir,
+    tree: &BTreeMap<&str, Node<'_>>,
+    owner: FileOwner,
+    summary: &mut WriteSummary,
+) -> Result<()> {
+    let mut changed = false;
+    let existing = dir.entries()?;
+    for entry in &existing {
+        let conflicts = match entry.name.to_str().and_then(|name| tree.get(name)) {
+            // A rename replaces a file or a symlink (never following it), not a directory.
+            Some(Node::File(_)) => entry.kind == Kind::Dir,
+            Some(Node::Dir(_)) => entry.kind != Kind::Dir,
+            None => false,
+        };
+        if conflicts {
+            dir.remove_tree(&entry.name)?;
+            summary.entries_removed += 1;
+            changed = true;
+        }
+    }
+    for (name, node) in tree {
+        match node {
+            Node::File(file) => {
+                if dir.write_file(name, &file.bytes, file.mode & DATA_MODE_MASK, Some(owner))? {
+                    summary.files_written += 1;
+                    changed = true;
+                }
+            }
+            Node::Dir(children) => {
+                let child = dir.ensure_child(name, DIR_MODE, Some(owner), true)?;
+                sync_tree(&child, children, owner, summary)?;
+            }
+        }
+    }
+    for entry in &existing {
+        let stale = entry.name.to_str().is_none_or(|name| !tree.contains_key(name));
+        if stale && dir.remove_tree(&entry.name)? {
+            summary.entries_removed += 1;
+            changed = true;
+        }
+    }
+    if changed {
+        dir.sync()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt, symlink};
+    use std::path::Path;
+
+    use ckpt_core::DataKind::{ConfigMap, Projected, Secret};
+    use ckpt_core::manifest_bytes;
+
+    use super::*;
+    use crate::testutil::{checkpoint, manifest, store};
+
+    fn id(ns: &str, name: &str) -> PodId {
+        PodId::new(ns, name)
+    }
+
+    /// Every file below `dir`, relative, with its content (symlinks as `-> target`).
+    fn tree(dir: &Path) -> Vec<(String, String)> {
+        fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+            let Ok(entries) = fs::read_dir(dir) else { return };
+            for entry in entries {
+                let path = entry.unwrap().path();
+                let rel = path.strip_prefix(base).unwrap().display().to_string();
+                let meta = fs::symlink_metadata(&path).unwrap();
+                if meta.is_dir() {
+                    walk(base, &path, out);
+                } else if meta.is_symlink() {
+                    out.push((rel, format!("-> {}", fs::read_link(&path).unwrap().display())));
+                } else {
+                    out.push((
+                        rel,
+                        String::from_utf8_lossy(&fs::read(&path).unwrap()).into_owned(),
+                    ));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(dir, dir, &mut out);
+        out.sort();
+        out
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+        items
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn write_inactive_writes_data_then_manifest_and_skips_unchanged() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("kube-system", "api");
+        let v1 = checkpoint(
+            &layout,
+            &pod,
+            "1",
+            &[
+                (
+                    Secret,
+                    "tls",
+                    &[("tls.key", "k1", 0o600), ("tls.crt", "c1", 0o644)],
+                ),
+                (
+                    ConfigMap,
+                    "cfg",
+                    &[("a/b/c.yaml", "nested", 0o644), ("top", "t", 0o400)],
+                ),
+            ],
+        );
+        let summary = store.write_inactive(&v1).unwrap();
+        assert_eq!(
+            summary,
+            WriteSummary {
+                manifest_written: true,
+                files_written: 4,
+                entries_removed: 0,
+                legacy_removed: false
+            }
+        );
+        let inactive = layout.inactive_manifest_path(&pod);
+        assert_eq!(fs::read(&inactive).unwrap(), v1.manifest_bytes());
+        assert_eq!(mode(&inactive), 0o644);
+        assert_eq!(
+            tree(&layout.checkpoint_dir().join("checkpoint-secrets")),
+            pairs(&[
+                ("kube-system/api/tls/tls.crt", "c1"),
+                ("kube-system/api/tls/tls.key", "k1")
+            ])
+        );
+        assert_eq!(
+            tree(&layout.data_root(ConfigMap)),
+            pairs(&[
+                ("kube-system/api/cfg/a/b/c.yaml", "nested"),
+                ("kube-system/api/cfg/top", "t")
+            ])
+        );
+        let cfg = layout.data_dir(&v1.dirs[1].dir);
+        let modes = [
+            (cfg.join("top"), 0o400),
+            (cfg.join("a/b/c.yaml"), 0o644),
+            (cfg.join("a"), 0o700),
+            (cfg.join("a/b"), 0o700),
+            (cfg.clone(), 0o700),
+            (layout.data_root(ConfigMap).join("kube-system"), 0o700),
+            (layout.data_root(ConfigMap), 0o700),
+            (layout.inactive_dir(), 0o700),
+        ];
+        for (path, expected) in modes {
+            assert_eq!(mode(&path), expected, "{}", path.display());
+        }
+
+        assert_eq!(
+            store.write_inactive(&v1).unwrap(),
+            WriteSummary::default(),
+            "steady state"
+        );
+
+        // A changed key, a removed key, a removed nested path, a removed volume.
+        let v2 = checkpoint(
+            &layout,
+            &pod,
+            "2",
+            &[
+                (Secret, "tls", &[("tls.key", "k2", 0o600)]),
+                (Projected, "token", &[("ca.crt", "ca", 0o644)]),
+            ],
+        );
+        let summary = store.write_inactive(&v2).unwrap();
+        assert!(summary.manifest_written);
+        assert_eq!(
+            summary.files_written, 2,
+            "tls.key and ca.crt; tls.crt only removed"
+        );
+        assert_eq!(summary.entries_removed, 2, "tls.crt and the configmap pod dir");
+        assert_eq!(
+            tree(&layout.checkpoint_dir().join("checkpoint-secrets")),
+            pairs(&[("kube-system/api/tls/tls.key", "k2")])
+        );
+        assert!(
+            !layout.data_root(ConfigMap).join("kube-system").exists(),
+            "the namespace dir goes with its last pod"
+        );
+        assert_eq!(
+            tree(&layout.data_root(Projected)),
+            pairs(&[("kube-system/api/token/ca.crt", "ca")])
+        );
+        assert_eq!(fs::read(&inactive).unwrap(), v2.manifest_bytes());
+    }
+
+    #[test]
+    fn data_entries_of_the_wrong_type_are_replaced() {
+        let (tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "p");
+        let v1 = checkpoint(
+            &layout,
+            &pod,
+            "1",
+            &[(Secret, "s", &[("a", "file", 0o600), ("d/x", "x", 0o600)])],
+        );
+        store.write_inactive(&v1).unwrap();
+        // Now `a` becomes a directory and `d` a file.
+        let v2 = checkpoint(
+            &layout,
+            &pod,
+            "2",
+            &[(Secret, "s", &[("a/y", "y", 0o600), ("d", "file", 0o600)])],
+        );
+        store.write_inactive(&v2).unwrap();
+        let dir = layout.data_dir(&v2.dirs[0].dir);
+        assert_eq!(tree(&dir), pairs(&[("a/y", "y"), ("d", "file")]));
+        // Planted junk of every kind goes; symlink targets stay.
+        let outside = tmp.path().join("outside");
+        fs::write(&outside, "precious").unwrap();
+        symlink(&outside, dir.join("a/y")).unwrap_err();
+        fs::remove_file(dir.join("a/y")).unwrap();
+        symlink(&outside, dir.join("a/y")).unwrap();
+        symlink(&outside, dir.join("junk-link")).unwrap();
+        fs::create_dir_all(dir.join("junk-dir/deeper")).unwrap();
+        let summary = store.write_inactive(&v2).unwrap();
+        assert_eq!((summary.files_written, summary.entries_removed), (1, 2));
+        assert_eq!(tree(&dir), pairs(&[("a/y", "y"), ("d", "file")]));
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "precious");
+    }
+
+    #[test]
+    fn manifest_mode_follows_secret_content() {
+        let (_tmp, store) = store();
+        let pod = id("ns", "p");
+        let mut cp = checkpoint(store.layout(), &pod, "1", &[]);
+        cp.manifest_holds_secrets = true;
+        store.write_inactive(&cp).unwrap();
+        assert_eq!(mode(&store.layout().inactive_manifest_path(&pod)), 0o600);
+        store.activate(&pod).unwrap();
+        assert_eq!(mode(&store.layout().active_manifest_path(&pod)), 0o600);
+        cp.manifest_holds_secrets = false;
+        assert!(
+            store.write_inactive(&cp).unwrap().manifest_written,
+            "mode change rewrites"
+        );
+        assert!(store.activate(&pod).unwrap());
+        assert_eq!(mode(&store.layout().active_manifest_path(&pod)), 0o644);
+    }
+
+    #[test]
+    fn invalid_checkpoints_are_refused_before_anything_is_written() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let check = |cp: Checkpoint, expected: &str| {
+            let error = store.write_inactive(&cp).expect_err(expected).to_string();
+            assert!(error.contains(expected), "{error:?} should contain {expected:?}");
+            assert!(
+                tree(layout.checkpoint_dir()).is_empty(),
+                "{expected}: nothing written"
+            );
+        };
+        let ok = id("ns", "p");
+        let with =
+            |version: &str, dirs: &[crate::testutil::DirSpec<'_>]| checkpoint(&layout, &ok, version, dirs);
+        check(
+            checkpoint(&layout, &id("Bad", "p"), "1", &[]),
+            "invalid namespace \"Bad\"",
+        );
+        check(
+            checkpoint(&layout, &id("ns", "../x"), "1", &[]),
+            "invalid pod name \"../x\"",
+        );
+        check(
+            checkpoint(&layout, &id("ns", ""), "1", &[]),
+            "invalid pod name \"\"",
+        );
+        check(
+            with("1", &[(Secret, "../../etc", &[])]),
+            "invalid data directory name",
+        );
+        check(
+            with("1", &[(Secret, "s", &[("../../x", "", 0o600)])]),
+            "invalid data file path",
+        );
+        check(
+            with("1", &[(Secret, "s", &[("/etc/passwd", "", 0o600)])]),
+            "absolute",
+        );
+        check(
+            with("1", &[(Secret, "s", &[("a//b", "", 0o600)])]),
+            "empty or '.' component",
+        );
+        check(
+            with("1", &[(Secret, "s", &[("a", "", 0o600), ("a/b", "", 0o600)])]),
+            "clashes",
+        );
+        check(
+            with("1", &[(Secret, "s", &[("a/b", "", 0o600), ("a", "", 0o600)])]),
+            "clashes",
+        );
+        check(
+            with("1", &[(Secret, "s", &[("a", "", 0o600), ("a", "", 0o600)])]),
+            "clashes",
+        );
+        check(
+            with("1", &[(Secret, "s", &[]), (Secret, "s", &[])]),
+            "appears twice",
+        );
+        let mut other_pod = with("1", &[(Secret, "s", &[])]);
+        other_pod.dirs[0].dir.pod = "q".into();
+        check(other_pod, "belongs to ns/q");
+        let mut not_a_checkpoint = with("1", &[]);
+        not_a_checkpoint.manifest.metadata.annotations = None;
+        check(not_a_checkpoint, "no checkpoint-of annotation");
+        let mut mismatch = with("1", &[]);
+        mismatch.manifest.metadata.name = Some("other".into());
+        check(mismatch, "the manifest is a checkpoint of ns/other");
+    }
+
+    /// What `read_all` made of one file.
+    #[derive(Debug, PartialEq)]
+    enum Outcome {
+        Inactive { legacy: bool },
+        Active { legacy: bool },
+        Quarantined,
+        LeftAlone,
+    }
+
+    #[test]
+    fn read_all_classifies_every_file() {
+        use Outcome::*;
+        let pod = id("kube-system", "api");
+        let checkpoint_json = String::from_utf8(manifest_bytes(&manifest(&pod, "1"))).unwrap();
+        let mut plain = manifest(&pod, "1");
+        plain.metadata.annotations = None;
+        let plain_json = String::from_utf8(manifest_bytes(&plain)).unwrap();
+        let invalid_id_json = checkpoint_json.replace("\"kube-system\"", "\"Kube_System\"");
+        let cases: &[(Place, &str, &str, Outcome)] = &[
+            (
+                Place::Inactive,
+                "kube-system_api.json",
+                &checkpoint_json,
+                Inactive { legacy: false },
+            ),
+            (
+                Place::Inactive,
+                "kube-system-api.json",
+                &checkpoint_json,
+                Inactive { legacy: true },
+            ),
+            (Place::Inactive, "other.json", &checkpoint_json, Quarantined),
+            (Place::Inactive, "kube-system_api.json", "{not json", Quarantined),
+            (Place::Inactive, "kube-system_api.json", "", Quarantined),
+            (Place::Inactive, "kube-system_api.json", &plain_json, Quarantined),
+            (
+                Place::Inactive,
+                "Kube_System_api.json",
+                &invalid_id_json,
+                Quarantined,
+            ),
+            (Place::Inactive, "notes.txt", "hello", Quarantined),
+            (Place::Inactive, ".12345", "bootkube temp, a dotfile", LeftAlone),
+            (
+                Place::Active,
+                "kube-system_api.json",
+                &checkpoint_json,
+                Active { legacy: false },
+            ),
+            (
+                Place::Active,
+                "kube-system-api.json",
+                &checkpoint_json,
+                Active { legacy: true },
+            ),
+            (Place::Active, "other.json", &checkpoint_json, LeftAlone),
+            (Place::Active, "kube-system_api.json", "{not json", LeftAlone),
+            (Place::Active, "kube-system_api.json", &plain_json, LeftAlone),
+            (
+                Place::Active,
+                "kube-apiserver.yaml",
+                "apiVersion: v1\nkind: Pod\n",
+                LeftAlone,
+            ),
+            (Place::Active, ".hidden", "x", LeftAlone),
+        ];
+        for (place, name, content, expected) in cases {
+            let (_tmp, store) = store();
+            let dir = match place {
+                Place::Inactive => store.layout().inactive_dir(),
+                Place::Active => store.layout().manifests_dir().to_path_buf(),
+            };
+            fs::write(dir.join(name), content).unwrap();
+            let all = store.read_all().unwrap();
+            let quarantined = fs::read_dir(store.layout().quarantine_dir()).unwrap().count();
+            let got = match all.get(&pod) {
+                Some(StoredCheckpoint {
+                    inactive: Some(m),
+                    active: None,
+                    ..
+                }) => Inactive {
+                    legacy: m.legacy_name,
+                },
+                Some(StoredCheckpoint {
+                    inactive: None,
+                    active: Some(m),
+                    ..
+                }) => Active {
+                    legacy: m.legacy_name,
+                },
+                None if quarantined == 1 && !dir.join(name).exists() => Quarantined,
+                None if quarantined == 0 && dir.join(name).exists() => LeftAlone,
+                other => panic!("{name}: unexpected {other:?}, {quarantined} quarantined"),
+            };
+            assert_eq!(&got, expected, "{place:?} {name} {content:.30}");
+            if let Some(m) = all
+                .get(&pod)
+                .and_then(|c| c.inactive.as_ref().or(c.active.as_ref()))
+            {
+                assert_eq!(m.path, dir.join(name));
+                assert_eq!(m.file_name, *name);
+                assert_eq!(m.digest, sha256_hex(content.as_bytes()));
+                assert_eq!(m.meta.parent, pod);
+            }
+        }
+    }
+
+    #[test]
+    fn read_all_quarantines_odd_entries_in_the_inactive_dir() {
+        use std::os::unix::ffi::OsStrExt;
+        let (tmp, store) = store();
+        let inactive = store.layout().inactive_dir();
+        let outside = tmp.path().join("outside.json");
+        let pod = id("ns", "p");
+        fs::write(&outside, manifest_bytes(&manifest(&pod, "1"))).unwrap();
+        symlink(&outside, inactive.join("ns_p.json")).unwrap();
+        fs::create_dir(inactive.join("a-dir")).unwrap();
+        fs::write(inactive.join(OsStr::from_bytes(b"bad-\xff.json")), b"x").unwrap();
+        fs::write(
+            inactive.join("big.json"),
+            vec![b' '; (MAX_MANIFEST_BYTES + 1) as usize],
+        )
+        .unwrap();
+        assert!(
+            store.read_all().unwrap().is_empty(),
+            "a symlink is never read through"
+        );
+        assert!(
+            fs::read_dir(&inactive).unwrap().next().is_none(),
+            "everything moved"
+        );
+        let quarantined: Vec<_> = fs::read_dir(store.layout().quarantine_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(quarantined.len(), 4, "{quarantined:?}");
+        assert!(outside.is_file(), "the symlink's target stays");
+        // A read-only store only looks.
+        fs::write(inactive.join("junk"), b"x").unwrap();
+        let read_only = Store::open_read_only(store.layout().clone()).unwrap();
+        assert!(read_only.read_all().unwrap().is_empty());
+        assert!(inactive.join("junk").exists());
+    }
+
+    #[test]
+    fn duplicates_in_one_dir() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "p");
+        let bytes = manifest_bytes(&manifest(&pod, "1"));
+        let older = manifest_bytes(&manifest(&pod, "0"));
+        fs::write(layout.inactive_dir().join("ns_p.json"), &bytes).unwrap();
+        fs::write(layout.inactive_dir().join("ns-p.json"), &older).unwrap();
+        fs::write(layout.manifests_dir().join("ns-p.json"), &older).unwrap();
+        fs::write(layout.manifests_dir().join("ns_p.json"), &bytes).unwrap();
+        let all = store.read_all().unwrap();
+        let found = &all[&pod];
+        assert!(!found.inactive.as_ref().unwrap().legacy_name, "our name wins");
+        assert!(!found.active.as_ref().unwrap().legacy_name, "our name wins");
+        assert!(found.active_matches_inactive());
+        assert_eq!(found.duplicates, [layout.manifests_dir().join("ns-p.json")]);
+        assert!(!layout.inactive_dir().join("ns-p.json").exists(), "quarantined");
+        assert_eq!(fs::read_dir(layout.quarantine_dir()).unwrap().count(), 1);
+        assert!(
+            layout.manifests_dir().join("ns-p.json").exists(),
+            "active files are not moved"
+        );
+        assert!(store.deactivate(&pod).unwrap());
+        assert!(
+            fs::read_dir(layout.manifests_dir()).unwrap().next().is_none(),
+            "both active copies go"
+        );
+    }
+
+    #[test]
+    fn bootkube_checkpoints_are_adopted() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("kube-system", "api");
+        let legacy_bytes = manifest_bytes(&manifest(&pod, "bootkube"));
+        fs::write(layout.inactive_dir().join("kube-system-api.json"), &legacy_bytes).unwrap();
+        fs::write(layout.manifests_dir().join("kube-system-api.json"), &legacy_bytes).unwrap();
+        let all = store.read_all().unwrap();
+        assert!(all[&pod].inactive.as_ref().unwrap().legacy_name);
+        assert!(all[&pod].active.as_ref().unwrap().legacy_name);
+        assert!(all[&pod].active_matches_inactive());
+
+        // Activating the adopted inactive file is a no-op: same bytes, same (legacy) name.
+        assert!(!store.activate(&pod).unwrap());
+        // The next write renames the inactive file to ours.
+        let ours = checkpoint(&layout, &pod, "ours", &[]);
+        let summary = store.write_inactive(&ours).unwrap();
+        assert!(summary.manifest_written && summary.legacy_removed);
+        assert!(!layout.inactive_dir().join("kube-system-api.json").exists());
+        // The active one keeps its name: renaming it would restart the static pod.
+        assert!(store.activate(&pod).unwrap());
+        assert_eq!(
+            fs::read(layout.manifests_dir().join("kube-system-api.json")).unwrap(),
+            ours.manifest_bytes()
+        );
+        assert!(!layout.active_manifest_path(&pod).exists());
+        // Until it is deactivated; the next activation uses our name.
+        assert!(store.deactivate(&pod).unwrap());
+        assert!(store.activate(&pod).unwrap());
+        assert!(layout.active_manifest_path(&pod).exists());
+        assert!(!layout.manifests_dir().join("kube-system-api.json").exists());
+    }
+
+    #[test]
+    fn legacy_names_that_collide_belong_to_their_content() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        // bootkube gave `a-b/c` and `a/b-c` the same name; the content says which it is.
+        let owner = id("a-b", "c");
+        let other = id("a", "b-c");
+        let bytes = manifest_bytes(&manifest(&owner, "1"));
+        fs::write(layout.inactive_dir().join("a-b-c.json"), &bytes).unwrap();
+        fs::write(layout.manifests_dir().join("a-b-c.json"), &bytes).unwrap();
+        assert!(matches!(
+            store.activate(&other),
+            Err(Error::NoInactiveCheckpoint { .. })
+        ));
+        assert!(!store.remove(&other).unwrap().removed_anything());
+        assert!(!store.deactivate(&other).unwrap());
+        assert!(layout.inactive_dir().join("a-b-c.json").exists());
+        assert!(layout.manifests_dir().join("a-b-c.json").exists());
+        let all = store.read_all().unwrap();
+        assert_eq!(all.keys().collect::<Vec<_>>(), [&owner]);
+        let summary = store.remove(&owner).unwrap();
+        assert!(summary.inactive_removed && summary.active_removed);
+        assert!(store.read_all().unwrap().is_empty());
+    }
+
+    #[test]
+    fn activate_and_deactivate() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "p");
+        assert!(matches!(
+            store.activate(&pod),
+            Err(Error::NoInactiveCheckpoint { .. })
+        ));
+        assert!(!store.deactivate(&pod).unwrap(), "missing is fine");
+        store
+            .write_inactive(&checkpoint(&layout, &pod, "1", &[]))
+            .unwrap();
+        // The kubelet's dir went missing: it is created (bootkube crashed).
+        fs::remove_dir(layout.manifests_dir()).unwrap();
+        assert!(store.activate(&pod).unwrap());
+        assert_eq!(mode(layout.manifests_dir()), 0o755);
+        assert_eq!(mode(&layout.active_manifest_path(&pod)), 0o644);
+        assert!(!store.activate(&pod).unwrap(), "identical: not rewritten");
+        assert!(store.read_all().unwrap()[&pod].active_matches_inactive());
+        store
+            .write_inactive(&checkpoint(&layout, &pod, "2", &[]))
+            .unwrap();
+        assert!(!store.read_all().unwrap()[&pod].active_matches_inactive());
+        assert!(store.activate(&pod).unwrap());
+        assert!(store.deactivate(&pod).unwrap());
+        assert!(!store.deactivate(&pod).unwrap());
+        assert!(
+            layout.inactive_manifest_path(&pod).exists(),
+            "deactivation keeps the inactive copy"
+        );
+        assert!(matches!(
+            store.activate(&id("Bad", "p")),
+            Err(Error::InvalidName { .. })
+        ));
+    }
+
+    #[test]
+    fn foreign_files_in_the_manifests_dir_are_never_touched() {
+        let (tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "p");
+        store
+            .write_inactive(&checkpoint(&layout, &pod, "1", &[]))
+            .unwrap();
+        let ours = layout.active_manifest_path(&pod);
+        let foreign_pod = manifest_bytes(&{
+            let mut p = manifest(&pod, "1");
+            p.metadata.annotations = None;
+            p
+        });
+        let outside = tmp.path().join("outside");
+        fs::write(&outside, "precious").unwrap();
+        type Plant<'a> = (&'a str, &'a dyn Fn(&Path));
+        let plant: &[Plant<'_>] = &[
+            ("a static pod that is not a checkpoint", &|p| {
+                fs::write(p, &foreign_pod).unwrap()
+            }),
+            ("a checkpoint of another pod", &|p| {
+                fs::write(p, manifest_bytes(&manifest(&id("ns", "q"), "1"))).unwrap()
+            }),
+            ("garbage", &|p| fs::write(p, "garbage").unwrap()),
+            ("a symlink", &|p| symlink(&outside, p).unwrap()),
+            ("a directory", &|p| fs::create_dir(p).unwrap()),
+        ];
+        for (what, plant) in plant {
+            plant(&ours);
+            let before = tree(layout.manifests_dir());
+            assert!(
+                matches!(store.activate(&pod), Err(Error::NotOurs { .. })),
+                "{what}"
+            );
+            assert!(!store.deactivate(&pod).unwrap(), "{what}");
+            assert!(!store.remove(&id("ns", "p")).unwrap().active_removed, "{what}");
+            assert_eq!(tree(layout.manifests_dir()), before, "{what}");
+            assert_eq!(fs::read_to_string(&outside).unwrap(), "precious");
+            let _ = fs::remove_file(&ours).or_else(|_| fs::remove_dir(&ours));
+            store
+                .write_inactive(&checkpoint(&layout, &pod, "1", &[]))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn remove_goes_in_order_and_is_idempotent() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "p");
+        let neighbour = id("ns", "q");
+        let dirs: &[crate::testutil::DirSpec<'_>] = &[
+            (Secret, "s", &[("k", "v", 0o600)]),
+            (ConfigMap, "c", &[("k", "v", 0o644)]),
+            (Projected, "t", &[("k", "v", 0o644)]),
+        ];
+        store
+            .write_inactive(&checkpoint(&layout, &pod, "1", dirs))
+            .unwrap();
+        store
+            .write_inactive(&checkpoint(&layout, &neighbour, "1", dirs))
+            .unwrap();
+        store.activate(&pod).unwrap();
+        assert_eq!(
+            store.data_pods().unwrap(),
+            BTreeSet::from([neighbour.clone(), pod.clone()])
+        );
+
+        // A tree too deep to remove makes the first step fail: nothing after it happens,
+        // in particular the static pod keeps running.
+        let deep: PathBuf = std::iter::repeat_n("d", 70).collect();
+        let stuck = layout.pod_data_dir(Secret, &pod).join("s").join(deep);
+        fs::create_dir_all(&stuck).unwrap();
+        assert!(matches!(store.remove(&pod), Err(Error::TooDeep { .. })));
+        assert!(layout.inactive_manifest_path(&pod).exists());
+        assert!(layout.active_manifest_path(&pod).exists());
+        fs::remove_dir_all(layout.pod_data_dir(Secret, &pod).join("s")).unwrap();
+
+        let summary = store.remove(&pod).unwrap();
+        assert_eq!(
+            summary,
+            RemoveSummary {
+                data_dirs_removed: 3,
+                inactive_removed: true,
+                active_removed: true
+            }
+        );
+        assert_eq!(
+            store.remove(&pod).unwrap(),
+            RemoveSummary::default(),
+            "idempotent"
+        );
+        assert_eq!(store.data_pods().unwrap(), BTreeSet::from([neighbour.clone()]));
+        assert_eq!(store.read_all().unwrap().keys().collect::<Vec<_>>(), [&neighbour]);
+        assert!(layout.pod_data_dir(Secret, &neighbour).join("s/k").exists());
+        store.remove(&neighbour).unwrap();
+        assert!(store.data_pods().unwrap().is_empty());
+        assert!(!layout.data_root(Secret).join("ns").exists());
+    }
+
+    #[test]
+    fn orphaned_data_is_listed_and_removed() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "orphan");
+        fs::create_dir_all(layout.pod_data_dir(ConfigMap, &pod).join("c")).unwrap();
+        fs::create_dir_all(layout.data_root(Secret).join("Not_A_Namespace/x")).unwrap();
+        fs::write(layout.data_root(Secret).join("stray-file"), "x").unwrap();
+        assert_eq!(store.data_pods().unwrap(), BTreeSet::from([pod.clone()]));
+        assert_eq!(store.remove(&pod).unwrap().data_dirs_removed, 1);
+        assert!(store.data_pods().unwrap().is_empty());
+    }
+
+    #[test]
+    fn data_the_active_manifest_mounts_is_kept_until_deactivation() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "p");
+        let v1 = checkpoint(&layout, &pod, "1", &[(Secret, "old", &[("k", "v", 0o600)])]);
+        store.write_inactive(&v1).unwrap();
+        store.activate(&pod).unwrap();
+        let v2 = checkpoint(&layout, &pod, "2", &[(ConfigMap, "new", &[("k", "v", 0o600)])]);
+        store.write_inactive(&v2).unwrap();
+        let old = layout.data_dir(&v1.dirs[0].dir);
+        assert!(old.join("k").exists(), "the running static pod still mounts it");
+        store.deactivate(&pod).unwrap();
+        assert_eq!(store.write_inactive(&v2).unwrap().entries_removed, 1);
+        assert!(!old.exists());
+    }
+
+    #[test]
+    fn open_cleans_only_our_stale_temp_files() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let stale = ".pod-checkpointer-00000000deadbeef-3.tmp";
+        let pod = id("ns", "p");
+        store
+            .write_inactive(&checkpoint(
+                &layout,
+                &pod,
+                "1",
+                &[(Secret, "s", &[("k", "v", 0o600)])],
+            ))
+            .unwrap();
+        let secret_dir = layout.pod_data_dir(Secret, &pod).join("s");
+        let dirs = [
+            layout.manifests_dir().to_path_buf(),
+            layout.inactive_dir(),
+            layout.checkpoint_dir().to_path_buf(),
+            secret_dir.clone(),
+        ];
+        for dir in &dirs {
+            fs::write(dir.join(stale), "partial").unwrap();
+            fs::write(dir.join(".12345"), "bootkube's").unwrap();
+            fs::write(dir.join(".swp"), "an editor's").unwrap();
+        }
+        let reopened = Store::open(layout.clone()).unwrap();
+        for dir in &dirs {
+            assert!(!dir.join(stale).exists(), "{}", dir.display());
+            assert!(
+                dir.join(".12345").exists() && dir.join(".swp").exists(),
+                "{}",
+                dir.display()
+            );
+        }
+        // read_all cleans too (an interrupted write since the last pass).
+        fs::write(layout.manifests_dir().join(stale), "partial").unwrap();
+        reopened.read_all().unwrap();
+        assert!(!layout.manifests_dir().join(stale).exists());
+    }
+
+    #[test]
+    fn read_only_store_changes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let layout = Layout::new(tmp.path().join("missing"), tmp.path().join("missing/manifests"));
+        let store = Store::open_read_only(layout.clone()).unwrap();
+        assert!(store.read_all().unwrap().is_empty());
+        assert!(store.data_pods().unwrap().is_empty());
+        assert!(!layout.checkpoint_dir().exists(), "nothing created");
+        let pod = id("ns", "p");
+        let refused = [
+            store
+                .write_inactive(&checkpoint(&layout, &pod, "1", &[]))
+                .map(|_| ()),
+            store.activate(&pod).map(|_| ()),
+            store.deactivate(&pod).map(|_| ()),
+            store.remove(&pod).map(|_| ()),
+            store.clean_stale_temp_files().map(|_| ()),
+        ];
+        for result in refused {
+            assert!(matches!(result, Err(Error::ReadOnlyStore { .. })), "{result:?}");
+        }
+    }
+
+    #[test]
+    fn layouts_that_overlap_are_refused() {
+        let check = |checkpoint_dir: &str, manifests_dir: &str, ok: bool| {
+            let layout = Layout::new(checkpoint_dir, manifests_dir);
+            assert_eq!(
+                Store::open_read_only(layout).is_ok(),
+                ok,
+                "{checkpoint_dir} {manifests_dir}"
+            );
+        };
+        check("/etc/kubernetes", "/etc/kubernetes/manifests", true);
+        check("/etc/kubernetes", "/etc/kubernetes", false);
+        check("/etc/kubernetes", "/etc/kubernetes/inactive-manifests", false);
+        check("/etc/kubernetes", "/etc/kubernetes/checkpoint-secrets/", false);
+        check("/etc/kubernetes", "/etc/kubernetes/checkpoint-quarantine", false);
+    }
+
+    #[test]
+    fn symlinked_roots_are_refused_not_followed() {
+        let (tmp, store) = store();
+        let layout = store.layout().clone();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::remove_dir(layout.inactive_dir()).unwrap();
+        symlink(&outside, layout.inactive_dir()).unwrap();
+        let pod = id("ns", "p");
+        assert!(matches!(
+            store.write_inactive(&checkpoint(&layout, &pod, "1", &[])),
+            Err(Error::Symlink { .. })
+        ));
+        assert!(matches!(store.read_all(), Err(Error::Symlink { .. })));
+        assert!(matches!(Store::open(layout.clone()), Err(Error::Symlink { .. })));
+        assert!(fs::read_dir(&outside).unwrap().next().is_none());
+    }
+}
