@@ -18,6 +18,7 @@ pub mod checkpoint;
 mod error;
 pub mod gc;
 pub mod identity;
+pub mod plan;
 pub mod references;
 pub mod sanitize;
 pub mod time;
@@ -33,6 +34,11 @@ pub use error::{Error, Result};
 pub use gc::{GcDecision, GcVerdict, Orphan};
 #[doc(inline)]
 pub use identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_parent};
+#[doc(inline)]
+pub use plan::{
+    ApiParent, ApiView, CheckpointState, DiskCheckpoint, LocalView, PersistentState, Plan, PlanInputs,
+    Removal, RemovalReason, StoredCopy, orphans, plan,
+};
 #[doc(inline)]
 pub use references::{RequiredObjects, references_api_objects, required_objects};
 #[doc(inline)]

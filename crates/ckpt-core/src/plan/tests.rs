@@ -1,0 +1,806 @@
+//! Planner tests: bootkube's transition table as adapted by DESIGN §3.3, self handling,
+//! one test per fixed bootkube bug, and properties over random worlds.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const NS: &str = "kube-system";
+const NOW: Timestamp = Timestamp(1_000_000);
+
+fn id(name: &str) -> PodId {
+    PodId::new(NS, name)
+}
+
+fn ds_owner(name: &str) -> ControllerOwner {
+    ControllerOwner {
+        api_version: "apps/v1".into(),
+        kind: "DaemonSet".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    }
+}
+
+fn me() -> SelfIdentity {
+    SelfIdentity::new(NS, "pc-abc", "node-1").with_owner(Some(ds_owner("pod-checkpointer")))
+}
+
+fn copy(name: &str, hash: &str, owner: Option<ControllerOwner>) -> StoredCopy {
+    StoredCopy {
+        meta: CheckpointMeta {
+            parent: id(name),
+            parent_uid: Some(format!("uid-{name}")),
+            owner,
+            spec_hash: Some(hash.into()),
+            checkpointed_at: None,
+        },
+        digest: hash.into(),
+    }
+}
+
+/// A disk entry from a short code: `I` inactive, `A` active, `IA` both (same content),
+/// `IA*` both with different content.
+fn on_disk(name: &str, code: &str) -> (PodId, DiskCheckpoint) {
+    let owner = name.starts_with("pc-").then(|| ds_owner("pod-checkpointer"));
+    let inactive = code.contains('I').then(|| copy(name, "h1", owner.clone()));
+    let active_hash = if code.ends_with('*') { "h0" } else { "h1" };
+    let active = code.contains('A').then(|| copy(name, active_hash, owner));
+    (id(name), DiskCheckpoint { inactive, active })
+}
+
+#[derive(Clone, Debug)]
+struct World {
+    api: ApiView,
+    local: LocalView,
+    disk: BTreeMap<PodId, DiskCheckpoint>,
+    desired: BTreeMap<PodId, String>,
+    verdicts: BTreeMap<PodId, GcDecision>,
+    state: PersistentState,
+    me: SelfIdentity,
+}
+
+impl World {
+    fn new(disk: &[(&str, &str)]) -> Self {
+        Self {
+            api: ApiView::Unreachable,
+            local: LocalView::Known {
+                running: BTreeSet::new(),
+                kubelet_parents: BTreeSet::new(),
+            },
+            disk: disk.iter().map(|(n, c)| on_disk(n, c)).collect(),
+            desired: BTreeMap::new(),
+            verdicts: BTreeMap::new(),
+            state: PersistentState::default(),
+            me: me(),
+        }
+    }
+
+    fn synced(mut self, parents: &[&str]) -> Self {
+        let parents = parents
+            .iter()
+            .map(|n| {
+                let owner = n.starts_with("pc-").then(|| ds_owner("pod-checkpointer"));
+                (
+                    id(n),
+                    ApiParent {
+                        uid: Some(format!("uid-{n}")),
+                        owner,
+                    },
+                )
+            })
+            .collect();
+        self.api = ApiView::Synced { parents };
+        self
+    }
+
+    fn api(mut self, api: ApiView) -> Self {
+        self.api = api;
+        self
+    }
+
+    fn running(mut self, names: &[&str]) -> Self {
+        self.local = LocalView::Known {
+            running: names.iter().map(|n| id(n)).collect(),
+            kubelet_parents: BTreeSet::new(),
+        };
+        self
+    }
+
+    fn local_unknown(mut self) -> Self {
+        self.local = LocalView::Unknown;
+        self
+    }
+
+    fn desired(mut self, entries: &[(&str, &str)]) -> Self {
+        self.desired = entries.iter().map(|(n, h)| (id(n), (*h).to_owned())).collect();
+        self
+    }
+
+    fn verdict(mut self, name: &str, verdict: GcVerdict) -> Self {
+        self.verdicts.insert(id(name), GcDecision::new(verdict, "test"));
+        self
+    }
+
+    fn inputs(&self) -> PlanInputs<'_> {
+        PlanInputs {
+            api: &self.api,
+            local: &self.local,
+            disk: &self.disk,
+            desired: &self.desired,
+            verdicts: &self.verdicts,
+            state: &self.state,
+            me: &self.me,
+        }
+    }
+
+    fn plan(&self, now: Timestamp) -> Plan {
+        plan(&self.inputs(), now)
+    }
+
+    /// Executes a plan against the simulated disk, as the store would.
+    fn apply(&mut self, p: &Plan) {
+        for w in &p.writes {
+            let hash = &self.desired[w];
+            let owner = match &self.api {
+                ApiView::Synced { parents } => parents.get(w).and_then(|p| p.owner.clone()),
+                _ => None,
+            };
+            let entry = self.disk.entry(w.clone()).or_insert(DiskCheckpoint {
+                inactive: None,
+                active: None,
+            });
+            entry.inactive = Some(copy(&w.name, hash, owner));
+        }
+        for s in &p.stops {
+            if let Some(d) = self.disk.get_mut(s) {
+                d.active = None;
+            }
+        }
+        for s in &p.starts {
+            if let Some(d) = self.disk.get_mut(s) {
+                d.active = d.inactive.clone();
+            }
+        }
+        for r in &p.removes {
+            self.disk.remove(&r.id);
+        }
+        self.state = p.state.clone();
+    }
+}
+
+/// What a plan should contain, in names.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Expect<'a> {
+    writes: Vec<&'a str>,
+    stops: Vec<&'a str>,
+    starts: Vec<&'a str>,
+    removes: Vec<&'a str>,
+    self_gc: bool,
+}
+
+fn names(ids: &[PodId]) -> Vec<&str> {
+    ids.iter().map(|i| i.name.as_str()).collect()
+}
+
+fn check(world: &World, expected: Expect<'_>, states: &[(&str, CheckpointState)]) -> Plan {
+    let p = world.plan(NOW);
+    let removes: Vec<PodId> = p.removes.iter().map(|r| r.id.clone()).collect();
+    let got = Expect {
+        writes: names(&p.writes),
+        stops: names(&p.stops),
+        starts: names(&p.starts),
+        removes: names(&removes),
+        self_gc: p.self_gc,
+    };
+    assert_eq!(got, expected, "world: {world:#?}");
+    for (name, state) in states {
+        assert_eq!(p.states.get(&id(name)), Some(state), "state of {name}");
+    }
+    p
+}
+
+fn expect<'a>(writes: &[&'a str], stops: &[&'a str], starts: &[&'a str], removes: &[&'a str]) -> Expect<'a> {
+    Expect {
+        writes: writes.to_vec(),
+        stops: stops.to_vec(),
+        starts: starts.to_vec(),
+        removes: removes.to_vec(),
+        self_gc: false,
+    }
+}
+
+use CheckpointState::{Active, ActiveGrace, Inactive, InactiveGrace, Removed, SelfActive};
+
+#[test]
+fn transitions_of_an_ordinary_checkpoint() {
+    let later = Timestamp(NOW.0 + 60_000);
+    let reachable = ApiView::Reachable;
+    // (disk code, world, expected stops, expected starts, expected removes, state)
+    let cases: Vec<(&str, World, Expect<'_>, CheckpointState)> = vec![
+        // API down.
+        (
+            "API down, parent runs: stay inactive",
+            World::new(&[("p", "I")]).running(&["p"]),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "API down, parent down: activate",
+            World::new(&[("p", "I")]),
+            expect(&[], &[], &["p"], &[]),
+            Active,
+        ),
+        (
+            "API down, runtime unknown: activate",
+            World::new(&[("p", "I")]).local_unknown(),
+            expect(&[], &[], &["p"], &[]),
+            Active,
+        ),
+        (
+            "API down, active, parent runs: deactivate",
+            World::new(&[("p", "IA")]).running(&["p"]),
+            expect(&[], &["p"], &[], &[]),
+            Inactive,
+        ),
+        (
+            "API down, active, parent down: stay",
+            World::new(&[("p", "IA")]),
+            expect(&[], &[], &[], &[]),
+            Active,
+        ),
+        (
+            "API down, active, runtime unknown: stay",
+            World::new(&[("p", "IA")]).local_unknown(),
+            expect(&[], &[], &[], &[]),
+            Active,
+        ),
+        (
+            "API down, only an active copy: stay",
+            World::new(&[("p", "A")]),
+            expect(&[], &[], &[], &[]),
+            Active,
+        ),
+        // API synced with the parent listed.
+        (
+            "synced, parent runs",
+            World::new(&[("p", "I")]).synced(&["p"]).running(&["p"]),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "synced, parent listed but not started: no duplicate (bootkube activated)",
+            World::new(&[("p", "I")]).synced(&["p"]),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "synced, active, parent not back yet: stay active",
+            World::new(&[("p", "IA")]).synced(&["p"]),
+            expect(&[], &[], &[], &[]),
+            Active,
+        ),
+        (
+            "synced, active, parent runs: deactivate",
+            World::new(&[("p", "IA")]).synced(&["p"]).running(&["p"]),
+            expect(&[], &["p"], &[], &[]),
+            Inactive,
+        ),
+        (
+            "synced, runtime unknown: no start",
+            World::new(&[("p", "I")]).synced(&["p"]).local_unknown(),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "synced, runtime unknown: no stop",
+            World::new(&[("p", "IA")]).synced(&["p"]).local_unknown(),
+            expect(&[], &[], &[], &[]),
+            Active,
+        ),
+        // API answering but not synced (403 while RBAC warms up).
+        (
+            "reachable: no activation",
+            World::new(&[("p", "I")]).api(reachable.clone()),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "reachable: deactivation still",
+            World::new(&[("p", "IA")]).api(reachable.clone()).running(&["p"]),
+            expect(&[], &["p"], &[], &[]),
+            Inactive,
+        ),
+        // Garbage collection.
+        (
+            "orphan, remove now",
+            World::new(&[("p", "IA")])
+                .synced(&[])
+                .verdict("p", GcVerdict::RemoveNow),
+            expect(&[], &[], &[], &["p"]),
+            Removed,
+        ),
+        (
+            "orphan, deadline ahead (active)",
+            World::new(&[("p", "IA")])
+                .synced(&[])
+                .verdict("p", GcVerdict::RemoveAt(later)),
+            expect(&[], &[], &[], &[]),
+            ActiveGrace(later),
+        ),
+        (
+            "orphan, deadline ahead (inactive)",
+            World::new(&[("p", "I")])
+                .synced(&[])
+                .verdict("p", GcVerdict::RemoveAt(later)),
+            expect(&[], &[], &[], &[]),
+            InactiveGrace(later),
+        ),
+        (
+            "orphan, deadline exactly now",
+            World::new(&[("p", "I")])
+                .synced(&[])
+                .verdict("p", GcVerdict::RemoveAt(NOW)),
+            expect(&[], &[], &[], &["p"]),
+            Removed,
+        ),
+        (
+            "orphan, kept by the strategy",
+            World::new(&[("p", "I")])
+                .synced(&[])
+                .verdict("p", GcVerdict::Keep),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "orphan, no verdict yet: keep",
+            World::new(&[("p", "I")]).synced(&[]),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "verdict ignored unless synced (reachable)",
+            World::new(&[("p", "I")])
+                .api(reachable)
+                .verdict("p", GcVerdict::RemoveNow),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "verdict ignored unless synced (unreachable)",
+            World::new(&[("p", "I")])
+                .running(&["p"])
+                .verdict("p", GcVerdict::RemoveNow),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "verdict ignored while the parent is listed",
+            World::new(&[("p", "I")])
+                .synced(&["p"])
+                .running(&["p"])
+                .verdict("p", GcVerdict::RemoveNow),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        // Writes.
+        (
+            "new parent: write, do not start",
+            World::new(&[]).synced(&["p"]).desired(&[("p", "h1")]),
+            expect(&["p"], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "changed parent: rewrite",
+            World::new(&[("p", "I")])
+                .synced(&["p"])
+                .running(&["p"])
+                .desired(&[("p", "h2")]),
+            expect(&["p"], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "unchanged parent: nothing",
+            World::new(&[("p", "I")])
+                .synced(&["p"])
+                .running(&["p"])
+                .desired(&[("p", "h1")]),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+        (
+            "active checkpoint keeps running its spec while the new one is written",
+            World::new(&[("p", "IA")]).synced(&["p"]).desired(&[("p", "h2")]),
+            expect(&["p"], &[], &[], &[]),
+            Active,
+        ),
+        (
+            "desired but not listed: no write",
+            World::new(&[]).synced(&[]).desired(&[("p", "h1")]),
+            expect(&[], &[], &[], &[]),
+            Inactive,
+        ),
+    ];
+    for (what, world, expected, state) in cases {
+        let p = world.plan(NOW);
+        let removes: Vec<PodId> = p.removes.iter().map(|r| r.id.clone()).collect();
+        let got = Expect {
+            writes: names(&p.writes),
+            stops: names(&p.stops),
+            starts: names(&p.starts),
+            removes: names(&removes),
+            self_gc: p.self_gc,
+        };
+        assert_eq!(got, expected, "{what}");
+        if !p.writes.is_empty() || !world.disk.is_empty() {
+            assert_eq!(p.states.get(&id("p")), Some(&state), "{what}");
+        }
+    }
+}
+
+#[test]
+fn self_is_always_active_and_follows_its_spec() {
+    check(
+        &World::new(&[("pc-abc", "I")])
+            .synced(&["pc-abc"])
+            .running(&["pc-abc"]),
+        expect(&[], &[], &["pc-abc"], &[]),
+        &[("pc-abc", SelfActive)],
+    );
+    check(
+        &World::new(&[("pc-abc", "IA")])
+            .synced(&["pc-abc"])
+            .running(&["pc-abc"]),
+        expect(&[], &[], &[], &[]),
+        &[("pc-abc", SelfActive)],
+    );
+    check(
+        &World::new(&[("pc-abc", "IA*")]).running(&["pc-abc"]),
+        expect(&[], &[], &["pc-abc"], &[]),
+        &[("pc-abc", SelfActive)],
+    );
+    check(
+        &World::new(&[("pc-abc", "IA")])
+            .synced(&["pc-abc"])
+            .desired(&[("pc-abc", "h2")]),
+        expect(&["pc-abc"], &[], &["pc-abc"], &[]),
+        &[("pc-abc", SelfActive)],
+    );
+    // The first pass of a fresh node: write and start itself in one go.
+    check(
+        &World::new(&[]).synced(&["pc-abc"]).desired(&[("pc-abc", "h1")]),
+        expect(&["pc-abc"], &[], &["pc-abc"], &[]),
+        &[("pc-abc", SelfActive)],
+    );
+    // The static copy names itself `<name>-<node>` and still recognises its checkpoint.
+    let mut w = World::new(&[("pc-abc", "I")]).local_unknown();
+    w.me = SelfIdentity::new(NS, "pc-abc-node-1", "node-1");
+    check(&w, expect(&[], &[], &["pc-abc"], &[]), &[("pc-abc", SelfActive)]);
+}
+
+#[test]
+fn self_gc_removes_everything_then_itself() {
+    let later = Timestamp(NOW.0 + 1);
+    let base = World::new(&[("pc-abc", "IA"), ("zz", "I"), ("api", "IA"), ("etcd", "I")])
+        .synced(&["api", "etcd", "zz"]);
+    // Pending: nothing happens yet.
+    check(
+        &base.clone().verdict("pc-abc", GcVerdict::RemoveAt(later)),
+        expect(&[], &[], &[], &[]),
+        &[("pc-abc", SelfActive)],
+    );
+    // Due: every other checkpoint, sorted, then self; nothing written any more.
+    let p = check(
+        &base
+            .clone()
+            .desired(&[("api", "h2")])
+            .verdict("pc-abc", GcVerdict::RemoveAt(NOW)),
+        Expect {
+            removes: vec!["api", "etcd", "zz", "pc-abc"],
+            self_gc: true,
+            ..Expect::default()
+        },
+        &[("api", Removed), ("pc-abc", Removed)],
+    );
+    assert!(p.removes.iter().all(|r| r.reason == RemovalReason::SelfGc));
+    assert!(p.state.absent_since.is_empty());
+    // Never on a view that is not synced.
+    for api in [ApiView::Unreachable, ApiView::Reachable] {
+        let w = base
+            .clone()
+            .api(api)
+            .running(&["etcd", "zz"])
+            .verdict("pc-abc", GcVerdict::RemoveNow);
+        check(&w, expect(&[], &[], &[], &[]), &[("pc-abc", SelfActive)]);
+    }
+}
+
+#[test]
+fn bug1_self_never_enters_stop_all() {
+    // bootkube: self in active-GP, then the API went down while it ran → `inactive` →
+    // every pass stopped every checkpoint and returned early, forever.
+    let mut w = World::new(&[("pc-abc", "IA"), ("api", "I")])
+        .synced(&[])
+        .verdict("pc-abc", GcVerdict::RemoveAt(Timestamp(NOW.0 + 5_000)));
+    w.apply(&w.plan(NOW));
+    let w = w.api(ApiView::Unreachable).running(&["pc-abc"]);
+    let p = check(
+        &w,
+        expect(&[], &[], &["api"], &[]),
+        &[("pc-abc", SelfActive), ("api", Active)],
+    );
+    assert!(!p.stops.iter().any(|s| s.name == "pc-abc"));
+    // And its pod coming back to the API keeps it self, not inactive.
+    let w = w.synced(&["pc-abc"]);
+    check(&w, expect(&[], &[], &[], &[]), &[("pc-abc", SelfActive)]);
+}
+
+#[test]
+fn bug2_no_resurrection_of_kubelet_only_parents() {
+    // A parent only the (stale) kubelet still lists is never written; its old checkpoint
+    // is collected and does not come back on the next pass.
+    let mut w = World::new(&[("stale", "I")])
+        .synced(&[])
+        .verdict("stale", GcVerdict::RemoveNow);
+    w.local = LocalView::Known {
+        running: BTreeSet::new(),
+        kubelet_parents: [id("stale")].into(),
+    };
+    let p = check(&w, expect(&[], &[], &[], &["stale"]), &[("stale", Removed)]);
+    w.apply(&p);
+    w.verdicts.clear();
+    check(&w, expect(&[], &[], &[], &[]), &[]);
+    assert!(w.disk.is_empty());
+}
+
+#[test]
+fn bug3_self_gc_removes_checkpoints_that_were_never_activated() {
+    // bootkube skipped `none`-state entries on remove-all and left their files behind.
+    let w = World::new(&[("pc-abc", "IA"), ("never-started", "I")])
+        .synced(&["never-started"])
+        .verdict("pc-abc", GcVerdict::RemoveNow);
+    check(
+        &w,
+        Expect {
+            removes: vec!["never-started", "pc-abc"],
+            self_gc: true,
+            ..Expect::default()
+        },
+        &[],
+    );
+}
+
+#[test]
+fn bug4_unknown_runtime_never_activates_with_api_up() {
+    // bootkube: a CRI error gave a nil running-map, so every parent looked dead and
+    // every checkpoint whose parent the API listed was activated.
+    let w = World::new(&[("a", "I"), ("b", "I"), ("c", "IA")])
+        .synced(&["a", "b", "c"])
+        .local_unknown();
+    check(
+        &w,
+        expect(&[], &[], &[], &[]),
+        &[("a", Inactive), ("b", Inactive), ("c", Active)],
+    );
+}
+
+#[test]
+fn bug7_grace_deadline_survives_restart() {
+    // bootkube kept grace timers in memory only. Here the first sighting of an absent
+    // parent is persisted and reused by the next process.
+    let w = World::new(&[("p", "I")]).synced(&[]);
+    let first = w.plan(NOW);
+    let since = first.state.absent_since.get(&id("p")).copied();
+    assert_eq!(since, Some(NOW));
+    let journal = serde_json::to_string(&first.state).expect("serializes");
+    let restored: PersistentState = serde_json::from_str(&journal).expect("parses");
+    let mut after_restart = w.clone();
+    after_restart.state = restored;
+    let later = Timestamp(NOW.0 + 30_000);
+    let orphans = orphans(&after_restart.inputs(), later);
+    assert_eq!(
+        orphans.iter().map(|o| o.absent_since).collect::<Vec<_>>(),
+        vec![NOW]
+    );
+    // The parent back before the deadline clears it.
+    let back = after_restart.synced(&["p"]);
+    assert!(back.plan(later).state.absent_since.is_empty());
+    // An outage neither sets nor clears it.
+    let mut down = w.api(ApiView::Unreachable);
+    down.state = first.state.clone();
+    assert_eq!(down.plan(later).state, first.state);
+}
+
+#[test]
+fn bug7_unchanged_checkpoint_not_rewritten() {
+    let mut w = World::new(&[])
+        .synced(&["p"])
+        .running(&["p"])
+        .desired(&[("p", "h1")]);
+    let p = w.plan(NOW);
+    assert_eq!(names(&p.writes), vec!["p"]);
+    w.apply(&p);
+    assert!(w.plan(Timestamp(NOW.0 + 60_000)).is_noop());
+}
+
+#[test]
+fn bug8_actions_are_sorted() {
+    let mut names_in: Vec<String> = (0..40).map(|i| format!("p{}", (i * 7919) % 97)).collect();
+    names_in.dedup();
+    let disk: Vec<(&str, &str)> = names_in.iter().map(|n| (n.as_str(), "I")).collect();
+    let p = World::new(&disk).plan(NOW);
+    let mut sorted = p.starts.clone();
+    sorted.sort();
+    assert_eq!(p.starts, sorted);
+    assert_eq!(p.starts.len(), disk.len());
+}
+
+#[test]
+fn bug12_daemonset_rolling_update_does_not_self_gc() {
+    // The agent's DaemonSet rolls: pc-abc is replaced by pc-xyz (same owner). bootkube's
+    // old static copy waited out the grace period, then removed every checkpoint.
+    let mut w = World::new(&[("pc-abc", "IA"), ("api", "I")])
+        .synced(&["pc-xyz", "api"])
+        .running(&["api"])
+        .desired(&[("pc-xyz", "h1"), ("api", "h1")])
+        .verdict("pc-abc", GcVerdict::RemoveNow);
+    // Pass 1: the new pod is checkpointed and started; the old one stays meanwhile.
+    let p = check(
+        &w,
+        expect(&["pc-xyz"], &[], &["pc-xyz"], &[]),
+        &[("pc-abc", SelfActive), ("pc-xyz", SelfActive)],
+    );
+    w.apply(&p);
+    // Pass 2: the old one is superseded, removed last, and no self-GC happens.
+    let p = check(
+        &w,
+        expect(&[], &[], &[], &["pc-abc"]),
+        &[("pc-abc", Removed), ("api", Inactive)],
+    );
+    assert_eq!(p.removes[0].reason, RemovalReason::SupersededSelf(id("pc-xyz")));
+    w.apply(&p);
+    assert!(w.plan(NOW).is_noop());
+    assert_eq!(
+        w.disk.keys().map(|i| i.name.as_str()).collect::<Vec<_>>(),
+        vec!["api", "pc-xyz"]
+    );
+}
+
+#[test]
+fn orphans_are_reported_with_their_owner_and_self_flag() {
+    let w = World::new(&[("pc-abc", "IA"), ("api", "I"), ("listed", "I")]).synced(&["listed"]);
+    let got: Vec<(String, bool, Timestamp)> = orphans(&w.inputs(), NOW)
+        .into_iter()
+        .map(|o| (o.id.name, o.is_self, o.absent_since))
+        .collect();
+    assert_eq!(
+        got,
+        vec![("api".into(), false, NOW), ("pc-abc".into(), true, NOW)]
+    );
+    assert!(orphans(&w.clone().api(ApiView::Reachable).inputs(), NOW).is_empty());
+}
+
+// ---- properties ----
+
+fn arb_world() -> impl Strategy<Value = World> {
+    let names = prop::sample::subsequence(vec!["a", "b", "c", "pc-abc", "pc-xyz"], 0..=5);
+    let codes = prop::collection::vec(prop::sample::select(vec!["I", "A", "IA", "IA*"]), 5);
+    let api = prop::sample::select(vec![0u8, 1, 2]);
+    let listed = prop::collection::vec(any::<bool>(), 5);
+    let running = prop::collection::vec(prop::option::of(any::<bool>()), 5);
+    let desired = prop::collection::vec(prop::option::of(prop::sample::select(vec!["h1", "h2"])), 5);
+    let verdicts = prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, 3, 4]), 5);
+    let local_known = any::<bool>();
+    (names, codes, api, listed, running, desired, verdicts, local_known).prop_map(
+        |(names, codes, api, listed, running, desired, verdicts, local_known)| {
+            let all = ["a", "b", "c", "pc-abc", "pc-xyz"];
+            let disk: Vec<(&str, &str)> = names.iter().zip(&codes).map(|(n, c)| (*n, *c)).collect();
+            let mut w = World::new(&disk);
+            let listed: Vec<&str> = all
+                .iter()
+                .zip(&listed)
+                .filter(|(_, l)| **l)
+                .map(|(n, _)| *n)
+                .collect();
+            w = match api {
+                0 => w.api(ApiView::Unreachable),
+                1 => w.api(ApiView::Reachable),
+                _ => w.synced(&listed),
+            };
+            let running_names: Vec<&str> = all
+                .iter()
+                .zip(&running)
+                .filter(|(_, r)| **r == Some(true))
+                .map(|(n, _)| *n)
+                .collect();
+            w = if local_known {
+                w.running(&running_names)
+            } else {
+                w.local_unknown()
+            };
+            let desired: Vec<(&str, &str)> = all
+                .iter()
+                .zip(&desired)
+                .filter_map(|(n, h)| h.map(|h| (*n, h)))
+                .collect();
+            w = w.desired(&desired);
+            for (n, v) in all.iter().zip(verdicts) {
+                let verdict = match v {
+                    0 => continue,
+                    1 => GcVerdict::Keep,
+                    2 => GcVerdict::RemoveNow,
+                    3 => GcVerdict::RemoveAt(NOW),
+                    _ => GcVerdict::RemoveAt(NOW.saturating_add(Duration::from_secs(60))),
+                };
+                w = w.verdict(n, verdict);
+            }
+            w
+        },
+    )
+}
+
+proptest! {
+    #[test]
+    fn nothing_is_removed_unless_synced(w in arb_world()) {
+        let p = w.plan(NOW);
+        if !matches!(w.api, ApiView::Synced { .. }) {
+            prop_assert!(p.removes.is_empty());
+            prop_assert!(!p.self_gc);
+            prop_assert!(p.writes.is_empty());
+        }
+    }
+
+    #[test]
+    fn self_is_never_stopped_and_removed_last(w in arb_world()) {
+        let p = w.plan(NOW);
+        // The world gives every `pc-` pod the agent's DaemonSet as owner.
+        let is_self = |i: &PodId| i.name.starts_with("pc-");
+        prop_assert!(!p.stops.iter().any(is_self));
+        let first_self = p.removes.iter().position(|r| is_self(&r.id));
+        if let Some(first) = first_self {
+            prop_assert!(p.removes[first..].iter().all(|r| is_self(&r.id)), "self removed before others: {:?}", p.removes);
+            let by_self_gc = p.removes[first..].iter().all(|r| matches!(r.reason, RemovalReason::SelfGc | RemovalReason::SupersededSelf(_)));
+            prop_assert!(by_self_gc);
+        }
+        if p.self_gc {
+            prop_assert_eq!(p.removes.len(), w.disk.len(), "self-GC removes every checkpoint");
+            prop_assert!(p.writes.is_empty() && p.starts.is_empty() && p.stops.is_empty());
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic_sorted_and_converge(w in arb_world()) {
+        let p = w.plan(NOW);
+        prop_assert_eq!(&p, &w.plan(NOW));
+        for list in [&p.writes, &p.stops, &p.starts] {
+            let mut sorted = list.clone();
+            sorted.sort();
+            sorted.dedup();
+            prop_assert_eq!(list, &sorted);
+        }
+        // Applying a plan and planning again never repeats an action, and the same
+        // observations reach a fixpoint within three passes.
+        let mut w2 = w.clone();
+        w2.apply(&p);
+        let again = w2.plan(NOW);
+        for (a, b) in [(&p.writes, &again.writes), (&p.stops, &again.stops), (&p.starts, &again.starts)] {
+            prop_assert!(a.iter().all(|x| !b.contains(x)), "repeated action: {:?} then {:?}", p, again);
+        }
+        w2.apply(&again);
+        let third = w2.plan(NOW);
+        w2.apply(&third);
+        prop_assert!(w2.plan(NOW).is_noop(), "no fixpoint: {:#?}", w2);
+    }
+
+    #[test]
+    fn every_removal_leaves_no_file(w in arb_world()) {
+        let p = w.plan(NOW);
+        let mut after = w.clone();
+        after.apply(&p);
+        for r in &p.removes {
+            prop_assert!(!after.disk.contains_key(&r.id));
+            prop_assert!(!p.starts.contains(&r.id) && !p.stops.contains(&r.id) && !p.writes.contains(&r.id));
+        }
+    }
+}
