@@ -1,9 +1,10 @@
 //! See <https://github.com/matklad/cargo-xtask/>.
 //!
 //! Developer and operator tasks for pod-checkpointer, run as `cargo xtask <task>`:
-//! `test` runs everything CI runs. One module per subcommand; each is a struct with a
-//! `run` method.
+//! `test` runs everything CI runs; `e2e-env` builds, starts and stops the real control plane
+//! of the end-to-end tests. One module per subcommand; each is a struct with a `run` method.
 
+mod e2e_env;
 mod test;
 
 use std::path::PathBuf;
@@ -21,12 +22,15 @@ struct Cli {
 enum Task {
     /// Formatting, lints, unit, integration and end-to-end tests: what CI runs.
     Test(test::Test),
+    /// The real kube-apiserver, etcd and hollow kubelet for the end-to-end tests.
+    E2eEnv(e2e_env::E2eEnv),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.task {
         Task::Test(cmd) => cmd.run(),
+        Task::E2eEnv(cmd) => cmd.run(),
     }
 }
 

@@ -1,0 +1,554 @@
+//! Building and caching kube-apiserver and kubemark v1.20.2 from Debian bookworm's
+//! `kubernetes` source package, as in `shared/reference/real-apiserver.md`: deb-src entries,
+//! Build-Depends from apt, `apt-get source`, the reflect2 1.0.2 swap (the vendored 1.0.1
+//! segfaults with Go ≥ 1.18), and Debian's own GOPATH-mode `make WHAT=…`.
+//!
+//! The binaries are cached outside the clone (`$E2E_CACHE_DIR`, by default
+//! `/var/cache/pod-checkpointer-e2e`) and a complete cache is recognised by its stamp file, so
+//! a second run only checks that the runtime packages are installed.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::human_duration;
+use super::process::{in_path, last_log_line, log_tail_section};
+
+/// The Kubernetes version the source package builds (it is `1.20.5+really1.20.2`).
+pub(crate) const KUBERNETES_VERSION: &str = "1.20.2";
+
+/// Bump when the recipe changes, so cached binaries built the old way are rebuilt.
+const RECIPE_REVISION: u32 = 1;
+
+/// What `make WHAT=…` builds; the binaries are named after the last path element.
+const BUILD_TARGETS: [&str; 2] = ["cmd/kube-apiserver", "cmd/kubemark"];
+
+/// Commands a running environment needs, with the Debian package providing each.
+const RUNTIME_COMMANDS: [(&str, &str); 3] =
+    [("etcd", "etcd-server"), ("openssl", "openssl"), ("curl", "curl")];
+
+/// `Build-Depends` of src:kubernetes, `apt-get source` itself, the fixed reflect2 and the runtime.
+const BUILD_PACKAGES: [&str; 8] = [
+    "dpkg-dev",
+    "golang-go",
+    "rsync",
+    "jq",
+    "golang-github-modern-go-reflect2-dev",
+    "etcd-server",
+    "openssl",
+    "curl",
+];
+
+/// Debian's reflect2 1.0.2, compatible with Go ≥ 1.18's map iterator.
+const REFLECT2_DEBIAN: &str = "/usr/share/gocode/src/github.com/modern-go/reflect2";
+const REFLECT2_VENDORED: &str = "vendor/github.com/modern-go/reflect2";
+
+/// How often a long step reports that it is still running.
+const HEARTBEAT: Duration = Duration::from_secs(15);
+
+const STAMP_FILE: &str = "build-info.txt";
+const SOURCE_READY_FILE: &str = ".source-ready";
+
+/// The cache root: `$E2E_CACHE_DIR` or `/var/cache/pod-checkpointer-e2e`.
+pub(crate) fn cache_root() -> PathBuf {
+    std::env::var_os("E2E_CACHE_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/pod-checkpointer-e2e"))
+}
+
+/// A directory holding a complete build of `kube-apiserver` and `kubemark`.
+#[derive(Clone, Debug)]
+pub(crate) struct BinDir {
+    dir: PathBuf,
+}
+
+impl BinDir {
+    /// The cached binaries, without building: fails with a hint when they are missing.
+    pub(crate) fn cached() -> anyhow::Result<BinDir> {
+        let dir = cache_root().join(format!("k8s-{KUBERNETES_VERSION}"));
+        if !is_complete(&dir) {
+            bail!(
+                "no complete Kubernetes {KUBERNETES_VERSION} build in {}: run `cargo xtask e2e-env build` first",
+                dir.display()
+            );
+        }
+        Ok(BinDir { dir })
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub(crate) fn kube_apiserver(&self) -> PathBuf {
+        self.dir.join("kube-apiserver")
+    }
+
+    pub(crate) fn kubemark(&self) -> PathBuf {
+        self.dir.join("kubemark")
+    }
+}
+
+/// Installs the runtime packages if needed and builds the binaries unless they are cached.
+pub(crate) fn ensure_built() -> anyhow::Result<BinDir> {
+    let started = Instant::now();
+    let root = cache_root();
+    fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
+    let log = root.join(format!("build-k8s-{KUBERNETES_VERSION}.log"));
+    let mut apt = Apt {
+        log: log.clone(),
+        updated: false,
+    };
+
+    if let Ok(bins) = BinDir::cached() {
+        // The runtime packages are needed even when the binaries are cached.
+        let missing: Vec<&str> = RUNTIME_COMMANDS
+            .iter()
+            .filter(|(cmd, _)| !in_path(cmd))
+            .map(|(_, pkg)| *pkg)
+            .collect();
+        if !missing.is_empty() {
+            append_log_header(&log)?;
+            apt.install(&missing)?;
+        }
+        say(&format!(
+            "cached: {} (Kubernetes v{KUBERNETES_VERSION}, kube-apiserver + kubemark), checked in {}",
+            bins.dir().display(),
+            human_duration(started.elapsed())
+        ));
+        return Ok(bins);
+    }
+
+    say(&format!(
+        "building Kubernetes v{KUBERNETES_VERSION} ({}) from Debian's source package; ~6 min cold on 2 cores; log: {}",
+        BUILD_TARGETS.join(" "),
+        log.display()
+    ));
+    append_log_header(&log)?;
+    let added_sources = phase("deb-src entries", add_deb_src_entries)?;
+    // One update serves both the new source index and the packages to install.
+    if added_sources || !has_source_index() {
+        apt.update()?;
+    }
+    apt.install(&BUILD_PACKAGES)?;
+
+    let build_dir = root.join("build");
+    let source_dir = phase("kubernetes source + reflect2 fix", || {
+        prepare_source(&build_dir, &log)
+    })?;
+    phase(&format!("make WHAT=\"{}\"", BUILD_TARGETS.join(" ")), || {
+        make(&source_dir, &log)
+    })?;
+    let bin_dir = root.join(format!("k8s-{KUBERNETES_VERSION}"));
+    let version = phase("install into the cache", || install(&source_dir, &bin_dir))?;
+    phase("remove the build dir", || {
+        fs::remove_dir_all(&build_dir).with_context(|| format!("cannot remove {}", build_dir.display()))
+    })?;
+    say(&format!(
+        "built {version} in {}: {}",
+        human_duration(started.elapsed()),
+        bin_dir.display()
+    ));
+    BinDir::cached()
+}
+
+fn binary_names() -> impl Iterator<Item = &'static str> {
+    BUILD_TARGETS.iter().map(|t| t.rsplit('/').next().unwrap_or(t))
+}
+
+/// The stamp's first line; binaries without it (or from an older recipe) are rebuilt.
+fn stamp_header() -> String {
+    format!("pod-checkpointer e2e-env recipe {RECIPE_REVISION}: kubernetes {KUBERNETES_VERSION}")
+}
+
+fn is_complete(dir: &Path) -> bool {
+    let stamp_ok = fs::read_to_string(dir.join(STAMP_FILE))
+        .is_ok_and(|stamp| stamp.lines().next() == Some(stamp_header().as_str()));
+    stamp_ok && binary_names().all(|bin| dir.join(bin).is_file())
+}
+
+fn say(message: &str) {
+    eprintln!("[e2e-env build] {message}");
+}
+
+/// Runs one build phase, printing its name and then its duration.
+fn phase<T>(label: &str, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    say(&format!("{label} …"));
+    let started = Instant::now();
+    let out = work()?;
+    say(&format!("{label}: done in {}", human_duration(started.elapsed())));
+    Ok(out)
+}
+
+fn append_log_header(log: &Path) -> anyhow::Result<()> {
+    let mut file = OpenOptions::new().create(true).append(true).open(log)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    writeln!(
+        file,
+        "\n=== cargo xtask e2e-env build, unix time {} ===",
+        now.as_secs()
+    )?;
+    Ok(())
+}
+
+/// apt-get, updating the package lists at most once per build.
+struct Apt {
+    log: PathBuf,
+    updated: bool,
+}
+
+impl Apt {
+    fn command(args: &[&str]) -> Command {
+        let mut command = Command::new("apt-get");
+        command
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            // Wait for another apt instead of failing at once.
+            .args(["-o", "DPkg::Lock::Timeout=300"])
+            .args(args);
+        command
+    }
+
+    fn update(&mut self) -> anyhow::Result<()> {
+        if !self.updated {
+            phase("apt-get update", || {
+                run_logged("apt-get update", &mut Apt::command(&["update"]), &self.log)
+            })?;
+            self.updated = true;
+        }
+        Ok(())
+    }
+
+    /// Installs those of `packages` that are not installed yet.
+    fn install(&mut self, packages: &[&str]) -> anyhow::Result<()> {
+        let missing = missing_packages(packages)?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        self.update()?;
+        let label = format!("apt-get install {}", missing.join(" "));
+        let mut args = vec!["install", "-y", "--no-install-recommends"];
+        args.extend(missing.iter().map(String::as_str));
+        phase(&label, || run_logged(&label, &mut Apt::command(&args), &self.log))
+    }
+}
+
+/// The packages among `packages` that dpkg does not list as installed.
+fn missing_packages(packages: &[&str]) -> anyhow::Result<Vec<String>> {
+    // Exits non-zero when a package is unknown; stdout still lists the known ones.
+    let output = Command::new("dpkg-query")
+        .args(["-W", "-f=${Package} ${db:Status-Abbrev}\n"])
+        .args(packages)
+        .stderr(Stdio::null())
+        .output()
+        .context("cannot run dpkg-query")?;
+    let listed = String::from_utf8_lossy(&output.stdout);
+    Ok(packages
+        .iter()
+        .filter(|pkg| {
+            !listed.lines().any(|line| {
+                let mut fields = line.split_whitespace();
+                fields.next() == Some(**pkg) && fields.next() == Some("ii")
+            })
+        })
+        .map(|pkg| (*pkg).to_owned())
+        .collect())
+}
+
+/// Adds a `deb-src` twin of each `deb` source (deb822 `.sources` files and the one-line
+/// `sources.list`); true when a file was written, i.e. the lists need an update.
+fn add_deb_src_entries() -> anyhow::Result<bool> {
+    let dir = Path::new("/etc/apt/sources.list.d");
+    let mut added = false;
+    let mut write_once = |target: PathBuf, content: String| -> anyhow::Result<()> {
+        if !target.exists() {
+            fs::write(&target, content).with_context(|| format!("cannot write {}", target.display()))?;
+            say(&format!("  added {}", target.display()));
+            added = true;
+        }
+        Ok(())
+    };
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".sources") || name.starts_with("src-") {
+                continue;
+            }
+            let content = fs::read_to_string(entry.path())?;
+            if let Some(src) = deb822_to_deb_src(&content) {
+                write_once(dir.join(format!("src-{name}")), src)?;
+            }
+        }
+    }
+    if let Ok(content) = fs::read_to_string("/etc/apt/sources.list")
+        && let Some(src) = one_line_to_deb_src(&content)
+    {
+        write_once(dir.join("src-sources.list"), src)?;
+    }
+    Ok(added)
+}
+
+/// A deb822 sources file with each `Types: deb` stanza turned into `deb-src`; `None` when it
+/// has no binary-only stanza.
+fn deb822_to_deb_src(content: &str) -> Option<String> {
+    let mut changed = false;
+    let mut out = String::with_capacity(content.len() + 8);
+    for line in content.lines() {
+        if line.trim_end() == "Types: deb" {
+            out.push_str("Types: deb-src\n");
+            changed = true;
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    changed.then_some(out)
+}
+
+/// The `deb …` lines of a one-line-style `sources.list` as `deb-src …` lines.
+fn one_line_to_deb_src(content: &str) -> Option<String> {
+    let lines: Vec<String> = content
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("deb "))
+        .map(|rest| format!("deb-src {rest}\n"))
+        .collect();
+    (!lines.is_empty()).then(|| lines.concat())
+}
+
+/// Whether apt has downloaded any source index (needed by `apt-get source`).
+fn has_source_index() -> bool {
+    fs::read_dir("/var/lib/apt/lists").is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().contains("_source_Sources"))
+    })
+}
+
+/// Downloads and unpacks the source package, swaps in reflect2 1.0.2 and lays out the GOPATH;
+/// reuses a tree prepared by an earlier, interrupted build.
+fn prepare_source(build_dir: &Path, log: &Path) -> anyhow::Result<PathBuf> {
+    let ready_marker = build_dir.join(SOURCE_READY_FILE);
+    if let Ok(name) = fs::read_to_string(&ready_marker) {
+        let source_dir = build_dir.join(name.trim());
+        if source_dir.is_dir() {
+            say(&format!("  reusing {} from an earlier run", source_dir.display()));
+            return Ok(source_dir);
+        }
+    }
+    if build_dir.exists() {
+        fs::remove_dir_all(build_dir).with_context(|| format!("cannot remove {}", build_dir.display()))?;
+    }
+    fs::create_dir_all(build_dir)?;
+    run_logged(
+        "apt-get source kubernetes",
+        Apt::command(&["source", "kubernetes"]).current_dir(build_dir),
+        log,
+    )?;
+    let source_dir = fs::read_dir(build_dir)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("kubernetes-1.20"))
+        })
+        .with_context(|| {
+            format!(
+                "apt-get source unpacked no kubernetes-1.20* in {}",
+                build_dir.display()
+            )
+        })?;
+
+    let vendored = source_dir.join(REFLECT2_VENDORED);
+    fs::remove_dir_all(&vendored).with_context(|| format!("cannot remove {}", vendored.display()))?;
+    let status = Command::new("cp")
+        .args(["-r", REFLECT2_DEBIAN])
+        .arg(&vendored)
+        .status()
+        .context("cannot run cp")?;
+    anyhow::ensure!(
+        status.success(),
+        "cp -r {REFLECT2_DEBIAN} {} failed: {status}",
+        vendored.display()
+    );
+    // GOPATH mode: a go.mod inside vendor/ would make it a separate module.
+    let _ = fs::remove_file(vendored.join("go.mod"));
+
+    // Debian's rules build in GOPATH mode from $GOPATH/src/k8s.io/kubernetes.
+    let gopath_k8s = source_dir.join(".go/src/k8s.io");
+    fs::create_dir_all(&gopath_k8s)?;
+    std::os::unix::fs::symlink("../../..", gopath_k8s.join("kubernetes"))
+        .context("cannot link the GOPATH to the source tree")?;
+
+    let name = source_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    fs::write(&ready_marker, name)?;
+    Ok(source_dir)
+}
+
+/// `make WHAT=…` as debian/rules runs it: GOPATH mode, CGO off, no module proxy.
+fn make(source_dir: &Path, log: &Path) -> anyhow::Result<()> {
+    let mut command = Command::new("make");
+    command
+        .current_dir(source_dir)
+        .env("GOPATH", source_dir.join(".go"))
+        .env("CGO_ENABLED", "0")
+        .env("GOPROXY", "off")
+        .env("GOFLAGS", "")
+        .env("GOTOOLCHAIN", "local")
+        // Cargo's jobserver settings would confuse the nested make.
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL")
+        .arg(format!("WHAT={}", BUILD_TARGETS.join(" ")))
+        .arg("GOLDFLAGS=-s -w");
+    run_logged("make", &mut command, log)
+}
+
+/// Copies the binaries into `bin_dir` (atomically, one rename each), checks the version and
+/// writes the stamp that marks the cache complete; returns the version line.
+fn install(source_dir: &Path, bin_dir: &Path) -> anyhow::Result<String> {
+    fs::create_dir_all(bin_dir).with_context(|| format!("cannot create {}", bin_dir.display()))?;
+    let _ = fs::remove_file(bin_dir.join(STAMP_FILE));
+    for bin in binary_names() {
+        let built = source_dir.join("_output/bin").join(bin);
+        let partial = bin_dir.join(format!(".{bin}.partial"));
+        fs::copy(&built, &partial).with_context(|| format!("cannot copy {}", built.display()))?;
+        fs::set_permissions(&partial, fs::Permissions::from_mode(0o755))?;
+        fs::rename(&partial, bin_dir.join(bin))?;
+    }
+    let output = Command::new(bin_dir.join("kube-apiserver"))
+        .arg("--version")
+        .output()?;
+    let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    anyhow::ensure!(
+        version.contains(&format!("v{KUBERNETES_VERSION}")),
+        "built kube-apiserver reports {version:?}, expected v{KUBERNETES_VERSION}"
+    );
+    let source = source_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stamp = format!(
+        "{}\nsource: {source}\nreflect2: Debian golang-github-modern-go-reflect2-dev\ntargets: {}\n{version}\n",
+        stamp_header(),
+        BUILD_TARGETS.join(" ")
+    );
+    fs::write(bin_dir.join(STAMP_FILE), stamp)?;
+    Ok(version)
+}
+
+/// Runs `command` with its output appended to `log`; every [`HEARTBEAT`] prints the elapsed
+/// time, the log's last line and the Go package being compiled. On failure the error holds
+/// the log's path and tail.
+fn run_logged(label: &str, command: &mut Command, log: &Path) -> anyhow::Result<()> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    writeln!(file, "\n$ {command:?}")?;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .with_context(|| format!("cannot start {label}"))?;
+    let started = Instant::now();
+    let mut next_heartbeat = HEARTBEAT;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            if status.success() {
+                return Ok(());
+            }
+            bail!(
+                "{label} failed ({status}); full log: {}\n{}",
+                log.display(),
+                log_tail_section(log, 40)
+            );
+        }
+        if started.elapsed() >= next_heartbeat {
+            next_heartbeat += HEARTBEAT;
+            let compiling = go_packages_compiling();
+            let compiling = match compiling.as_slice() {
+                [] => String::new(),
+                [one] => format!(" [compiling {one}]"),
+                [first, rest @ ..] => format!(" [compiling {first} +{}]", rest.len()),
+            };
+            say(&format!(
+                "  {label}: {} elapsed — {}{compiling}",
+                human_duration(started.elapsed()),
+                last_log_line(log)
+            ));
+        }
+        sleep(Duration::from_millis(200));
+    }
+}
+
+/// Import paths of the Go packages being compiled right now (the `-p` argument of running
+/// `compile` processes): `make` itself is silent for minutes while Go builds.
+fn go_packages_compiling() -> Vec<String> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .filter_map(|cmdline| {
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let is_compile = args.first().is_some_and(|a| a.ends_with("/compile"));
+            let package = args.iter().position(|a| a == "-p").and_then(|i| args.get(i + 1));
+            if is_compile { package.cloned() } else { None }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deb822_binary_stanzas_become_source_stanzas() {
+        let sources =
+            "Types: deb\nURIs: http://deb.example/debian\nSuites: bookworm\n\nTypes: deb deb-src\nURIs: x\n";
+        let src = deb822_to_deb_src(sources).unwrap();
+        assert_eq!(
+            src,
+            "Types: deb-src\nURIs: http://deb.example/debian\nSuites: bookworm\n\nTypes: deb deb-src\nURIs: x\n"
+        );
+        assert_eq!(deb822_to_deb_src("Types: deb-src\nURIs: x\n"), None);
+    }
+
+    #[test]
+    fn one_line_deb_entries_become_deb_src_entries() {
+        let list = "# comment\ndeb http://deb.example/debian bookworm main\ndeb-src http://x y z\n";
+        assert_eq!(
+            one_line_to_deb_src(list).unwrap(),
+            "deb-src http://deb.example/debian bookworm main\n"
+        );
+        assert_eq!(one_line_to_deb_src("# nothing\n"), None);
+    }
+
+    #[test]
+    fn binaries_are_named_after_their_targets() {
+        assert_eq!(binary_names().collect::<Vec<_>>(), ["kube-apiserver", "kubemark"]);
+    }
+}

@@ -1,0 +1,1083 @@
+//! A local control plane for the end-to-end tests: etcd and kube-apiserver on loopback, and
+//! optionally kubemark's hollow kubelet registered as `node-1`, all in a fresh work dir.
+//!
+//! The API server authenticates three static tokens (admin in `system:masters`,
+//! `system:node:node-1` in `system:nodes`, `pod-checkpointer` with no rights) and authorizes
+//! with `Node,RBAC`, so tests exercise the agent's real ClusterRole and the node's view. The
+//! flags that replace a missing controller-manager are explained in
+//! `shared/reference/real-apiserver.md`.
+//!
+//! Work dir layout: `e2e-env.state` (the `KEY=VALUE` lines `start` prints; marks the dir as
+//! ours), `*.pid`, `*.log`, `etcd/`, `certs/` (the API server's self-signed serving cert, also
+//! the CA for clients), `sa.key`, `tokens.csv`, `kubeconfig`, `kubeconfig-node-1`,
+//! `kubeconfig-agent`, and with a hollow node `static-pods`, a link to the kubelet's static
+//! pod dir.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::TcpListener;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+
+use super::build::BinDir;
+use super::human_duration;
+use super::process::{Managed, POLL_INTERVAL, in_path, log_tail_section, proc_state, random_hex};
+
+/// The node the hollow kubelet registers, and whose identity `kubeconfig-node-1` carries.
+pub(crate) const NODE_NAME: &str = "node-1";
+
+/// kubemark 1.20 hard-codes its fake CRI (runtime.v1alpha2) socket: one hollow node per machine.
+pub(crate) const CRI_SOCKET: &str = "/tmp/kubelet_remote.sock";
+
+/// kubemark 1.20 always puts the kubelet's root dir at `/tmp/hollow-kubelet.NNN`.
+const HOLLOW_ROOT_PREFIX: &str = "/tmp/hollow-kubelet.";
+
+const STATE_FILE: &str = "e2e-env.state";
+const ETCD_PID_FILE: &str = "etcd.pid";
+const APISERVER_PID_FILE: &str = "apiserver.pid";
+const HOLLOW_PID_FILE: &str = "hollow-node.pid";
+
+const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(20);
+const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long etcd and the hollow node get to exit on SIGTERM before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(10);
+
+/// What to start, and where.
+#[derive(Clone, Debug)]
+pub(crate) struct StartOptions {
+    pub(crate) bins: BinDir,
+    /// A fresh (missing or empty) dir; by default `$TMPDIR/ckpt-e2e.XXXXXX`.
+    pub(crate) workdir: Option<PathBuf>,
+    /// etcd's client port; its peer port is the next one.
+    pub(crate) etcd_port: u16,
+    pub(crate) apiserver_port: u16,
+    /// Also start kubemark's hollow kubelet as `node-1` and wait for the Node to be Ready.
+    pub(crate) hollow_node: bool,
+    /// The hollow kubelet's API (plain HTTP in kubemark 1.20) on 0.0.0.0.
+    pub(crate) kubelet_port: u16,
+    pub(crate) kubelet_read_only_port: u16,
+}
+
+impl StartOptions {
+    /// The recipe's ports (2379/2380, 6443, 10250, 10255), a fresh temp work dir, no hollow node.
+    pub(crate) fn new(bins: BinDir) -> StartOptions {
+        StartOptions {
+            bins,
+            workdir: None,
+            etcd_port: 2379,
+            apiserver_port: 6443,
+            hollow_node: false,
+            kubelet_port: 10250,
+            kubelet_read_only_port: 10255,
+        }
+    }
+}
+
+/// A running (or partly started) control plane. Dropping it stops everything it started and
+/// removes the work dir, unless it was [`detach`](ControlPlane::detach)ed or
+/// [`attach`](ControlPlane::attach)ed.
+pub(crate) struct ControlPlane {
+    workdir: PathBuf,
+    apiserver_bin: PathBuf,
+    etcd_port: u16,
+    apiserver_port: u16,
+    etcd: Option<Managed>,
+    apiserver: Option<Managed>,
+    hollow: Option<HollowNode>,
+    stop_on_drop: bool,
+    stopped: bool,
+}
+
+struct HollowNode {
+    process: Managed,
+    kubelet_port: u16,
+    kubelet_read_only_port: u16,
+    /// `/tmp/hollow-kubelet.NNN`, once read from its log.
+    root_dir: Option<PathBuf>,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver (and the hollow node if asked) and waits until they are
+    /// ready. On failure everything started so far is stopped and the error carries the tail
+    /// of the failing log.
+    pub(crate) fn start(options: &StartOptions) -> anyhow::Result<ControlPlane> {
+        let started = Instant::now();
+        preflight(options)?;
+        let workdir = create_workdir(options.workdir.as_deref())?;
+        say(&format!("work dir {}", workdir.display()));
+        // From here on, Drop cleans up whatever fails.
+        let mut plane = ControlPlane {
+            workdir,
+            apiserver_bin: options.bins.kube_apiserver(),
+            etcd_port: options.etcd_port,
+            apiserver_port: options.apiserver_port,
+            etcd: None,
+            apiserver: None,
+            hollow: None,
+            stop_on_drop: true,
+            stopped: false,
+        };
+        plane.write_state()?;
+        plane.start_etcd()?;
+        plane.write_credentials()?;
+        plane.spawn_apiserver()?;
+        let ready_after = plane.wait_apiserver_ready()?;
+        say(&format!(
+            "kube-apiserver ready at {} after {} (total {})",
+            plane.apiserver_url(),
+            human_duration(ready_after),
+            human_duration(started.elapsed())
+        ));
+        if options.hollow_node {
+            plane.start_hollow_node(options)?;
+        }
+        plane.write_state()?;
+        say(&format!(
+            "control plane up in {}",
+            human_duration(started.elapsed())
+        ));
+        Ok(plane)
+    }
+
+    /// The control plane that `start` left running in `workdir` (e.g. from another process).
+    /// Dropping it stops nothing; [`stop`](ControlPlane::stop) stops it.
+    pub(crate) fn attach(workdir: &Path) -> anyhow::Result<ControlPlane> {
+        let state_path = workdir.join(STATE_FILE);
+        let state = fs::read_to_string(&state_path).with_context(|| {
+            format!(
+                "{} is not an e2e-env work dir (cannot read {})",
+                workdir.display(),
+                state_path.display()
+            )
+        })?;
+        let state = parse_state(&state);
+        let get = |key: &str| {
+            state
+                .get(key)
+                .with_context(|| format!("{} has no {key}", state_path.display()))
+        };
+        let port = |key: &str| -> anyhow::Result<u16> {
+            get(key)?
+                .parse()
+                .with_context(|| format!("bad {key} in {}", state_path.display()))
+        };
+        // The processes carry the work dir as spelled at start; that spelling marks them ours.
+        let recorded = PathBuf::from(get("WORKDIR")?);
+        let same_dir = fs::canonicalize(&recorded).ok() == fs::canonicalize(workdir).ok();
+        anyhow::ensure!(
+            same_dir,
+            "{} records the work dir {}, not this one",
+            state_path.display(),
+            recorded.display()
+        );
+        let workdir = recorded.as_path();
+        let read_pid =
+            |file: &str| -> Option<u32> { fs::read_to_string(workdir.join(file)).ok()?.trim().parse().ok() };
+        let attach = |name, pid, log: &str| Managed::attach(name, pid, &workdir.join(log), workdir);
+        // A start that died early may not have recorded the kubelet ports; stopping needs none.
+        let port_or_zero = |key: &str| port(key).unwrap_or(0);
+        let hollow = read_pid(HOLLOW_PID_FILE).map(|pid| HollowNode {
+            process: attach("hollow node", pid, &hollow_log_name()),
+            kubelet_port: port_or_zero("KUBELET_PORT"),
+            kubelet_read_only_port: port_or_zero("KUBELET_READ_ONLY_PORT"),
+            root_dir: state
+                .get("HOLLOW_ROOT_DIR")
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from),
+        });
+        Ok(ControlPlane {
+            workdir: workdir.to_owned(),
+            apiserver_bin: PathBuf::from(get("KUBE_APISERVER_BIN")?),
+            etcd_port: port("ETCD_PORT")?,
+            apiserver_port: port("APISERVER_PORT")?,
+            etcd: read_pid(ETCD_PID_FILE).map(|pid| attach("etcd", pid, "etcd.log")),
+            apiserver: read_pid(APISERVER_PID_FILE).map(|pid| attach("kube-apiserver", pid, "apiserver.log")),
+            hollow,
+            stop_on_drop: false,
+            stopped: false,
+        })
+    }
+
+    /// Leaves the processes running when this value is dropped (`cargo xtask e2e-env start`).
+    pub(crate) fn detach(mut self) {
+        self.stop_on_drop = false;
+    }
+
+    /// Stops the hollow node, kube-apiserver (SIGKILL: on SIGTERM it takes 60 s) and etcd,
+    /// waits for them to exit and removes the work dir.
+    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
+        self.shutdown()
+    }
+
+    pub(crate) fn workdir(&self) -> &Path {
+        &self.workdir
+    }
+
+    /// The admin (`system:masters`) kubeconfig.
+    pub(crate) fn kubeconfig(&self) -> PathBuf {
+        self.workdir.join("kubeconfig")
+    }
+
+    /// The kubeconfig of `system:node:node-1` (group `system:nodes`).
+    pub(crate) fn node_kubeconfig(&self) -> PathBuf {
+        self.workdir.join(format!("kubeconfig-{NODE_NAME}"))
+    }
+
+    /// The kubeconfig of the user `pod-checkpointer`, which has no rights until RBAC grants some.
+    pub(crate) fn agent_kubeconfig(&self) -> PathBuf {
+        self.workdir.join("kubeconfig-agent")
+    }
+
+    /// The API server's self-signed serving certificate, which clients use as their CA.
+    pub(crate) fn ca_cert(&self) -> PathBuf {
+        self.workdir.join("certs/apiserver.crt")
+    }
+
+    /// `https://127.0.0.1:PORT` (the serving cert has no `localhost` SAN).
+    pub(crate) fn apiserver_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.apiserver_port)
+    }
+
+    pub(crate) fn apiserver_port(&self) -> u16 {
+        self.apiserver_port
+    }
+
+    pub(crate) fn etcd_port(&self) -> u16 {
+        self.etcd_port
+    }
+
+    pub(crate) fn etcd_pid(&self) -> Option<u32> {
+        self.etcd.as_ref().map(Managed::pid)
+    }
+
+    pub(crate) fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().map(Managed::pid)
+    }
+
+    pub(crate) fn hollow_node_pid(&self) -> Option<u32> {
+        self.hollow.as_ref().map(|h| h.process.pid())
+    }
+
+    /// The hollow kubelet's static pod dir as a stable path in the work dir (a link to the
+    /// dir kubemark creates under `/tmp/hollow-kubelet.NNN`). Write manifests (JSON or YAML)
+    /// under a dot-name first and rename them in: the kubelet skips dot files.
+    pub(crate) fn static_pod_dir(&self) -> Option<PathBuf> {
+        self.hollow.as_ref().map(|_| self.workdir.join("static-pods"))
+    }
+
+    /// The hollow kubelet's API, plain HTTP (`/pods/`, `/runningpods/`).
+    pub(crate) fn kubelet_url(&self) -> Option<String> {
+        self.hollow
+            .as_ref()
+            .map(|h| format!("http://127.0.0.1:{}", h.kubelet_port))
+    }
+
+    /// The hollow kubelet's read-only API (what bootkube's checkpointer falls back to).
+    pub(crate) fn kubelet_read_only_url(&self) -> Option<String> {
+        self.hollow
+            .as_ref()
+            .map(|h| format!("http://127.0.0.1:{}", h.kubelet_read_only_port))
+    }
+
+    /// `GET path` on the API server as admin; returns the HTTP status (0 when unreachable
+    /// within 5 s) and the body.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "for the e2e harness; the CLI does not need it")
+    )]
+    pub(crate) fn api_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        self.api().get(path)
+    }
+
+    /// SIGKILLs the API server (connections are refused afterwards) and waits for it to exit.
+    pub(crate) fn kill_apiserver(&mut self) -> anyhow::Result<()> {
+        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        apiserver.terminate("KILL", Duration::from_secs(10))?;
+        say("kube-apiserver killed");
+        Ok(())
+    }
+
+    /// SIGSTOPs the API server: it keeps its port, accepts connections and answers nothing.
+    pub(crate) fn pause_apiserver(&mut self) -> anyhow::Result<()> {
+        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        apiserver.ensure_running("cannot pause kube-apiserver")?;
+        apiserver.signal("STOP")?;
+        let pid = apiserver.pid();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while proc_state(pid) != Some('T') {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "kube-apiserver (pid {pid}) did not stop on SIGSTOP"
+            );
+            sleep(Duration::from_millis(10));
+        }
+        say("kube-apiserver paused (SIGSTOP)");
+        Ok(())
+    }
+
+    /// SIGCONTs a paused API server.
+    pub(crate) fn resume_apiserver(&mut self) -> anyhow::Result<()> {
+        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        apiserver.ensure_running("cannot resume kube-apiserver")?;
+        apiserver.signal("CONT")?;
+        say("kube-apiserver resumed (SIGCONT)");
+        Ok(())
+    }
+
+    /// Kills the API server if it runs and starts it again on the same etcd, certs, tokens and
+    /// port; returns once `/readyz` answers 200, with the time that took.
+    pub(crate) fn restart_apiserver(&mut self) -> anyhow::Result<Duration> {
+        if let Some(apiserver) = &mut self.apiserver {
+            apiserver.terminate("KILL", Duration::from_secs(10))?;
+        }
+        let started = Instant::now();
+        self.spawn_apiserver()?;
+        self.write_state()?;
+        self.wait_apiserver_ready()?;
+        let took = started.elapsed();
+        say(&format!(
+            "kube-apiserver restarted, ready after {}",
+            human_duration(took)
+        ));
+        Ok(took)
+    }
+
+    /// What `cargo xtask e2e-env start` prints and the state file holds, as `KEY=VALUE` pairs.
+    pub(crate) fn env_vars(&self) -> Vec<(&'static str, String)> {
+        let path = |p: &Path| p.display().to_string();
+        let mut vars = vec![
+            ("WORKDIR", path(&self.workdir)),
+            ("KUBECONFIG", path(&self.kubeconfig())),
+            ("KUBECONFIG_NODE", path(&self.node_kubeconfig())),
+            ("KUBECONFIG_AGENT", path(&self.agent_kubeconfig())),
+            ("APISERVER_URL", self.apiserver_url()),
+            ("CA_CERT", path(&self.ca_cert())),
+            ("APISERVER_PORT", self.apiserver_port().to_string()),
+            ("ETCD_PORT", self.etcd_port().to_string()),
+            ("KUBE_APISERVER_BIN", path(&self.apiserver_bin)),
+        ];
+        let pid = |pid: Option<u32>| pid.map(|p| p.to_string()).unwrap_or_default();
+        vars.push(("ETCD_PID", pid(self.etcd_pid())));
+        vars.push(("APISERVER_PID", pid(self.apiserver_pid())));
+        if let Some(hollow) = &self.hollow {
+            vars.push(("NODE_NAME", NODE_NAME.to_owned()));
+            vars.push((
+                "STATIC_POD_DIR",
+                self.static_pod_dir().as_deref().map(path).unwrap_or_default(),
+            ));
+            vars.push((
+                "HOLLOW_ROOT_DIR",
+                hollow.root_dir.as_deref().map(path).unwrap_or_default(),
+            ));
+            vars.push(("CRI_SOCKET", format!("unix://{CRI_SOCKET}")));
+            vars.push(("KUBELET_PORT", hollow.kubelet_port.to_string()));
+            vars.push((
+                "KUBELET_READ_ONLY_PORT",
+                hollow.kubelet_read_only_port.to_string(),
+            ));
+            vars.push(("KUBELET_URL", self.kubelet_url().unwrap_or_default()));
+            vars.push((
+                "KUBELET_READ_ONLY_URL",
+                self.kubelet_read_only_url().unwrap_or_default(),
+            ));
+            vars.push(("HOLLOW_NODE_PID", pid(self.hollow_node_pid())));
+        }
+        vars
+    }
+
+    fn api(&self) -> ApiEndpoint {
+        let token = fs::read_to_string(self.workdir.join("tokens.csv"))
+            .ok()
+            .and_then(|csv| token_of(&csv, "admin"))
+            .unwrap_or_default();
+        ApiEndpoint {
+            url: self.apiserver_url(),
+            ca: self.ca_cert(),
+            token,
+        }
+    }
+
+    fn write_state(&self) -> anyhow::Result<()> {
+        let text: String = self
+            .env_vars()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}\n"))
+            .collect();
+        let path = self.workdir.join(STATE_FILE);
+        fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    fn write_pid(&self, file: &str, pid: u32) -> anyhow::Result<()> {
+        fs::write(self.workdir.join(file), format!("{pid}\n")).with_context(|| format!("cannot write {file}"))
+    }
+
+    fn start_etcd(&mut self) -> anyhow::Result<()> {
+        let client = format!("http://127.0.0.1:{}", self.etcd_port);
+        let peer = format!("http://127.0.0.1:{}", self.etcd_port + 1);
+        let mut command = Command::new("etcd");
+        command
+            .args(["--name", "e2e", "--data-dir"])
+            .arg(self.workdir.join("etcd"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("e2e={peer}")]);
+        let etcd = Managed::spawn(
+            "etcd",
+            &mut command,
+            &self.workdir.join("etcd.log"),
+            &self.workdir,
+        )?;
+        self.write_pid(ETCD_PID_FILE, etcd.pid())?;
+        let etcd = self.etcd.insert(etcd);
+        let health = format!("{client}/health");
+        let ((), took) = wait_for("etcd /health", ETCD_READY_TIMEOUT, etcd.log().to_owned(), || {
+            etcd.ensure_running(&format!("etcd failed (port {} busy?)", self.etcd_port))?;
+            Ok((http_status(&health, &[]) == 200).then_some(()))
+        })?;
+        say(&format!(
+            "etcd healthy on {client} after {}",
+            human_duration(took)
+        ));
+        Ok(())
+    }
+
+    /// The service-account key, the three tokens and a kubeconfig for each.
+    fn write_credentials(&mut self) -> anyhow::Result<()> {
+        let sa_key = self.workdir.join("sa.key");
+        let status = Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&sa_key)
+            .arg("2048")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("cannot run openssl")?;
+        anyhow::ensure!(status.success(), "openssl genrsa failed: {status}");
+
+        let identities = [
+            Identity {
+                token: random_hex(16)?,
+                user: "admin".into(),
+                uid: "uid-admin".into(),
+                groups: vec!["system:masters".into()],
+            },
+            Identity {
+                token: random_hex(16)?,
+                user: format!("system:node:{NODE_NAME}"),
+                uid: format!("uid-{NODE_NAME}"),
+                groups: vec!["system:nodes".into()],
+            },
+            Identity {
+                token: random_hex(16)?,
+                user: "pod-checkpointer".into(),
+                uid: "uid-agent".into(),
+                groups: vec![],
+            },
+        ];
+        fs::write(self.workdir.join("tokens.csv"), render_tokens_csv(&identities))?;
+        let server = self.apiserver_url();
+        let ca = self.ca_cert();
+        let kubeconfigs = [self.kubeconfig(), self.node_kubeconfig(), self.agent_kubeconfig()];
+        for (path, identity) in kubeconfigs.iter().zip(&identities) {
+            let user = identity.user.replace(':', "-");
+            fs::write(path, render_kubeconfig(&server, &ca, &user, &identity.token))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    fn spawn_apiserver(&mut self) -> anyhow::Result<()> {
+        let mut command = Command::new(&self.apiserver_bin);
+        command.args(apiserver_args(&self.workdir, self.etcd_port, self.apiserver_port));
+        let apiserver = Managed::spawn(
+            "kube-apiserver",
+            &mut command,
+            &self.workdir.join("apiserver.log"),
+            &self.workdir,
+        )?;
+        self.write_pid(APISERVER_PID_FILE, apiserver.pid())?;
+        self.apiserver = Some(apiserver);
+        Ok(())
+    }
+
+    fn wait_apiserver_ready(&mut self) -> anyhow::Result<Duration> {
+        let api = self.api();
+        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        let ((), took) = wait_for(
+            "kube-apiserver /readyz",
+            APISERVER_READY_TIMEOUT,
+            apiserver.log().to_owned(),
+            || {
+                apiserver.ensure_running("kube-apiserver did not become ready")?;
+                Ok((api.get("/readyz")?.0 == 200).then_some(()))
+            },
+        )?;
+        Ok(took)
+    }
+
+    fn start_hollow_node(&mut self, options: &StartOptions) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let mut command = Command::new(options.bins.kubemark());
+        command
+            .args(["--morph=kubelet", &format!("--name={NODE_NAME}")])
+            .arg(format!("--kubeconfig={}", self.node_kubeconfig().display()))
+            .arg(format!("--kubelet-port={}", options.kubelet_port))
+            .arg(format!(
+                "--kubelet-read-only-port={}",
+                options.kubelet_read_only_port
+            ));
+        let log = self.workdir.join(hollow_log_name());
+        let process = Managed::spawn("hollow node", &mut command, &log, &self.workdir)?;
+        self.write_pid(HOLLOW_PID_FILE, process.pid())?;
+        self.hollow = Some(HollowNode {
+            process,
+            kubelet_port: options.kubelet_port,
+            kubelet_read_only_port: options.kubelet_read_only_port,
+            root_dir: None,
+        });
+        self.write_state()?;
+        let hollow = self.hollow.as_mut().context("hollow node vanished")?;
+
+        let (root, _) = wait_for(
+            "hollow kubelet root dir in its log",
+            Duration::from_secs(30),
+            log.clone(),
+            || {
+                hollow
+                    .process
+                    .ensure_running("hollow node did not become Ready")?;
+                Ok(fs::read_to_string(&log)
+                    .ok()
+                    .and_then(|text| parse_hollow_root(&text)))
+            },
+        )?;
+        hollow.root_dir = Some(root.clone());
+        let real_static_dir = fs::read_dir(&root)
+            .with_context(|| format!("cannot read {}", root.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.is_dir()
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("static-pods"))
+            })
+            .with_context(|| format!("no static-pods* dir in {}", root.display()))?;
+        let link = self.workdir.join("static-pods");
+        std::os::unix::fs::symlink(&real_static_dir, &link)
+            .with_context(|| format!("cannot link {} to {}", link.display(), real_static_dir.display()))?;
+        self.write_state()?;
+
+        let api = self.api();
+        let hollow = self.hollow.as_mut().context("hollow node vanished")?;
+        let node_path = format!("/api/v1/nodes/{NODE_NAME}");
+        let ((), took) = wait_for(
+            &format!("Node {NODE_NAME} Ready"),
+            NODE_READY_TIMEOUT,
+            log.clone(),
+            || {
+                hollow
+                    .process
+                    .ensure_running("hollow node did not become Ready")?;
+                let (status, body) = api.get(&node_path)?;
+                Ok((status == 200 && node_is_ready(&body)).then_some(()))
+            },
+        )?;
+        say(&format!(
+            "hollow node {NODE_NAME} Ready after {} (total {}); static pods: {} -> {}",
+            human_duration(took),
+            human_duration(started.elapsed()),
+            link.display(),
+            real_static_dir.display()
+        ));
+        Ok(())
+    }
+
+    /// Stops everything, hollow node first (it talks to the API server), then removes the work
+    /// dir; keeps the dir when a process would not exit, so its pids are not lost.
+    fn shutdown(&mut self) -> anyhow::Result<()> {
+        self.stopped = true;
+        let mut errors = Vec::new();
+        if let Some(hollow) = &mut self.hollow {
+            match hollow.process.terminate("TERM", TERM_GRACE) {
+                Ok(()) => {
+                    // Only a socket nobody answers on is ours to remove.
+                    if UnixStream::connect(CRI_SOCKET).is_err() {
+                        let _ = fs::remove_file(CRI_SOCKET);
+                    }
+                    if let Some(root) = &hollow.root_dir
+                        && root.to_string_lossy().starts_with(HOLLOW_ROOT_PREFIX)
+                        && let Err(e) = fs::remove_dir_all(root)
+                        && root.exists()
+                    {
+                        errors.push(anyhow!("cannot remove {}: {e}", root.display()));
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if let Some(apiserver) = &mut self.apiserver
+            && let Err(e) = apiserver.terminate("KILL", Duration::from_secs(10))
+        {
+            errors.push(e);
+        }
+        if let Some(etcd) = &mut self.etcd
+            && let Err(e) = etcd.terminate("TERM", TERM_GRACE)
+        {
+            errors.push(e);
+        }
+        if errors.is_empty() {
+            fs::remove_dir_all(&self.workdir)
+                .with_context(|| format!("cannot remove {}", self.workdir.display()))?;
+            return Ok(());
+        }
+        let messages: Vec<String> = errors.iter().map(|e| format!("{e:#}")).collect();
+        bail!(
+            "stopping the control plane in {} failed: {}",
+            self.workdir.display(),
+            messages.join("; ")
+        )
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if self.stop_on_drop
+            && !self.stopped
+            && let Err(e) = self.shutdown()
+        {
+            eprintln!("[e2e-env] cleanup failed: {e:#}");
+        }
+    }
+}
+
+fn say(message: &str) {
+    eprintln!("[e2e-env] {message}");
+}
+
+fn hollow_log_name() -> String {
+    format!("hollow-{NODE_NAME}.log")
+}
+
+/// Fails early, before anything is started: missing commands, busy ports, a running hollow node.
+fn preflight(options: &StartOptions) -> anyhow::Result<()> {
+    for command in ["etcd", "openssl", "curl"] {
+        anyhow::ensure!(
+            in_path(command),
+            "{command} is not installed: run `cargo xtask e2e-env build`"
+        );
+    }
+    anyhow::ensure!(
+        options.bins.kube_apiserver().is_file(),
+        "{} is missing: run `cargo xtask e2e-env build`",
+        options.bins.kube_apiserver().display()
+    );
+    let peer_port = options
+        .etcd_port
+        .checked_add(1)
+        .context("ETCD_PORT must be below 65535")?;
+    let mut ports = vec![
+        ("127.0.0.1", options.etcd_port, "etcd client", "ETCD_PORT"),
+        ("127.0.0.1", peer_port, "etcd peer (ETCD_PORT + 1)", "ETCD_PORT"),
+        (
+            "127.0.0.1",
+            options.apiserver_port,
+            "kube-apiserver",
+            "APISERVER_PORT",
+        ),
+    ];
+    if options.hollow_node {
+        ports.push(("0.0.0.0", options.kubelet_port, "hollow kubelet", "KUBELET_PORT"));
+        ports.push((
+            "0.0.0.0",
+            options.kubelet_read_only_port,
+            "hollow kubelet read-only",
+            "KUBELET_RO_PORT",
+        ));
+        if UnixStream::connect(CRI_SOCKET).is_ok() {
+            bail!(
+                "another hollow node is running: its fake CRI answers on {CRI_SOCKET} (kubemark 1.20 hard-codes \
+                 that path, so only one hollow node can run per machine)"
+            );
+        }
+    }
+    for (addr, port, what, env) in ports {
+        if let Err(e) = TcpListener::bind((addr, port)) {
+            bail!(
+                "{what} port {addr}:{port} is busy ({e}): is another control plane running? Set {env} to use another port"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Creates `wanted` (which must be missing or empty), or a fresh `$TMPDIR/ckpt-e2e.XXXXXX`.
+fn create_workdir(wanted: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = wanted {
+        if dir.exists() {
+            let mut entries = fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+            anyhow::ensure!(
+                entries.next().is_none(),
+                "work dir {} exists and is not empty",
+                dir.display()
+            );
+        }
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // Absolute, because the kubeconfigs and the state file name files in it.
+        return fs::canonicalize(dir).with_context(|| format!("cannot resolve {}", dir.display()));
+    }
+    let tmp = std::env::temp_dir();
+    for _ in 0..100 {
+        let dir = tmp.join(format!("ckpt-e2e.{}", random_hex(3)?));
+        match fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+        }
+    }
+    bail!("cannot find a free ckpt-e2e.* name in {}", tmp.display())
+}
+
+/// Polls `probe` every [`POLL_INTERVAL`] until it yields a value, returned with the time it
+/// took; a probe error aborts. The timeout error carries the tail of `log`.
+fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    log: PathBuf,
+    mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<(T, Duration)> {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = probe()? {
+            return Ok((value, started.elapsed()));
+        }
+        if started.elapsed() >= timeout {
+            bail!(
+                "{what}: not ready after {}\n{}",
+                human_duration(timeout),
+                log_tail_section(&log, 30)
+            );
+        }
+        sleep(POLL_INTERVAL);
+    }
+}
+
+/// The API server as one identity, reached with curl (installed by the build step).
+struct ApiEndpoint {
+    url: String,
+    ca: PathBuf,
+    token: String,
+}
+
+impl ApiEndpoint {
+    fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let ca = self.ca.display().to_string();
+        let auth = format!("Authorization: Bearer {}", self.token);
+        // Not curl's own User-Agent: the API server pretty-prints JSON for curl.
+        let args = [
+            "--cacert",
+            &ca,
+            "-H",
+            &auth,
+            "-H",
+            "User-Agent: pod-checkpointer-xtask",
+        ];
+        let output = curl(&format!("{}{path}", self.url), &args)?;
+        Ok(split_status(&output))
+    }
+}
+
+/// The HTTP status of `GET url` (0 when it cannot connect or times out).
+fn http_status(url: &str, args: &[&str]) -> u16 {
+    curl(url, args).map(|out| split_status(&out).0).unwrap_or(0)
+}
+
+/// `curl -s URL` with the status code appended on a line of its own.
+fn curl(url: &str, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new("curl")
+        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run curl")?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Splits curl's output into the status code (its last line) and the body.
+fn split_status(output: &str) -> (u16, String) {
+    match output.rsplit_once('\n') {
+        Some((body, code)) => (code.trim().parse().unwrap_or(0), body.to_owned()),
+        None => (output.trim().parse().unwrap_or(0), String::new()),
+    }
+}
+
+/// kube-apiserver's flags: the recipe's, which stand in for a missing controller-manager.
+fn apiserver_args(workdir: &Path, etcd_port: u16, apiserver_port: u16) -> Vec<String> {
+    let w = workdir.display();
+    vec![
+        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={apiserver_port}"),
+        format!("--cert-dir={w}/certs"),
+        format!("--token-auth-file={w}/tokens.csv"),
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        // No controller-manager creates ServiceAccounts, so Pod admission would fail.
+        "--disable-admission-plugins=ServiceAccount".into(),
+        format!("--service-account-key-file={w}/sa.key"),
+        format!("--service-account-signing-key-file={w}/sa.key"),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        "--service-cluster-ip-range=10.96.0.0/16".into(),
+        // Loopback addresses are invalid in Endpoints, and nothing here needs that object.
+        "--endpoint-reconciler-type=none".into(),
+        "--allow-privileged=true".into(),
+    ]
+}
+
+/// One line of the API server's static token file.
+struct Identity {
+    token: String,
+    user: String,
+    uid: String,
+    groups: Vec<String>,
+}
+
+/// `token,user,uid[,"group1,group2"]` lines for `--token-auth-file`.
+fn render_tokens_csv(identities: &[Identity]) -> String {
+    identities
+        .iter()
+        .map(|id| {
+            let groups = if id.groups.is_empty() {
+                String::new()
+            } else {
+                format!(",\"{}\"", id.groups.join(","))
+            };
+            format!("{},{},{}{groups}\n", id.token, id.user, id.uid)
+        })
+        .collect()
+}
+
+/// The token of `user` in a token file.
+fn token_of(tokens_csv: &str, user: &str) -> Option<String> {
+    tokens_csv.lines().find_map(|line| {
+        let mut fields = line.split(',');
+        let token = fields.next()?;
+        (fields.next()? == user).then(|| token.to_owned())
+    })
+}
+
+/// A kubeconfig with one cluster, one token user and one context, all selected.
+fn render_kubeconfig(server: &str, ca: &Path, user: &str, token: &str) -> String {
+    let ca = ca.display().to_string();
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: e2e\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+         users:\n\
+         - name: {user}\n  user:\n    token: {token}\n\
+         contexts:\n\
+         - name: e2e\n  context:\n    cluster: e2e\n    user: {user}\n\
+         current-context: e2e\n",
+        server = yaml_string(server),
+        ca = yaml_string(&ca),
+        user = yaml_string(user),
+        token = yaml_string(token),
+    )
+}
+
+/// A double-quoted YAML scalar.
+fn yaml_string(value: &str) -> String {
+    format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// `KEY=VALUE` lines into a map; other lines are ignored.
+fn parse_state(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The root dir from kubemark's `Using /tmp/hollow-kubelet.NNN as root dir for hollow-kubelet`.
+fn parse_hollow_root(log: &str) -> Option<PathBuf> {
+    log.lines().find_map(|line| {
+        let (before, _) = line.split_once(" as root dir for hollow-kubelet")?;
+        let (_, dir) = before.rsplit_once("Using ")?;
+        Some(PathBuf::from(dir.trim()))
+    })
+}
+
+/// Whether a Node's JSON has the condition `Ready` = `True` (the API server writes struct
+/// fields in order, `type` then `status`; whitespace is ignored for pretty output).
+fn node_is_ready(node_json: &str) -> bool {
+    let compact: String = node_json.chars().filter(|c| !c.is_whitespace()).collect();
+    compact.contains(r#"{"type":"Ready","status":"True""#)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(token: &str, user: &str, uid: &str, groups: &[&str]) -> Identity {
+        Identity {
+            token: token.into(),
+            user: user.into(),
+            uid: uid.into(),
+            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn tokens_csv_has_one_line_per_identity_with_quoted_groups() {
+        let csv = render_tokens_csv(&[
+            identity("t1", "admin", "uid-admin", &["system:masters"]),
+            identity(
+                "t2",
+                "system:node:node-1",
+                "uid-node-1",
+                &["system:nodes", "extra"],
+            ),
+            identity("t3", "pod-checkpointer", "uid-agent", &[]),
+        ]);
+        assert_eq!(
+            csv,
+            "t1,admin,uid-admin,\"system:masters\"\n\
+             t2,system:node:node-1,uid-node-1,\"system:nodes,extra\"\n\
+             t3,pod-checkpointer,uid-agent\n"
+        );
+        assert_eq!(token_of(&csv, "admin").as_deref(), Some("t1"));
+        assert_eq!(token_of(&csv, "pod-checkpointer").as_deref(), Some("t3"));
+        assert_eq!(token_of(&csv, "nobody"), None);
+    }
+
+    #[test]
+    fn kubeconfig_names_server_ca_and_token() {
+        let config = render_kubeconfig(
+            "https://127.0.0.1:6443",
+            Path::new("/w/certs/apiserver.crt"),
+            "admin",
+            "abc\"d",
+        );
+        assert_eq!(
+            config,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: \"https://127.0.0.1:6443\"\n    \
+             certificate-authority: \"/w/certs/apiserver.crt\"\nusers:\n- name: \"admin\"\n  user:\n    token: \"abc\\\"d\"\n\
+             contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: \"admin\"\ncurrent-context: e2e\n"
+        );
+    }
+
+    #[test]
+    fn apiserver_args_point_into_the_workdir() {
+        let args = apiserver_args(Path::new("/w"), 22379, 16443);
+        assert!(args.contains(&"--etcd-servers=http://127.0.0.1:22379".to_owned()));
+        assert!(args.contains(&"--secure-port=16443".to_owned()));
+        assert!(args.contains(&"--cert-dir=/w/certs".to_owned()));
+        assert!(args.contains(&"--token-auth-file=/w/tokens.csv".to_owned()));
+    }
+
+    #[test]
+    fn state_lines_parse_into_a_map() {
+        let state = parse_state("WORKDIR=/tmp/x\nSTATIC_POD_DIR=\nnoise\nAPISERVER_URL=https://a=b\n");
+        assert_eq!(state["WORKDIR"], "/tmp/x");
+        assert_eq!(state["STATIC_POD_DIR"], "");
+        assert_eq!(state["APISERVER_URL"], "https://a=b");
+        assert_eq!(state.len(), 3);
+    }
+
+    #[test]
+    fn hollow_root_is_read_from_the_kubemark_log() {
+        let log = "I1202 12:00:00.1 1 flags.go:59] FLAG: --v=\"2\"\n\
+                   I1202 12:00:00.2 1 hollow_kubelet.go:142] Using /tmp/hollow-kubelet.123456 as root dir for hollow-kubelet\n";
+        assert_eq!(
+            parse_hollow_root(log),
+            Some(PathBuf::from("/tmp/hollow-kubelet.123456"))
+        );
+        assert_eq!(parse_hollow_root("nothing yet\n"), None);
+    }
+
+    #[test]
+    fn node_readiness_comes_from_the_ready_condition() {
+        let ready = r#"{"status":{"conditions":[{"type":"MemoryPressure","status":"False"},{"type":"Ready","status":"True","reason":"KubeletReady"}]}}"#;
+        let not_ready = r#"{"status":{"conditions":[{"type":"Ready","status":"False"}]}}"#;
+        let pretty = "{\n  \"type\": \"Ready\",\n  \"status\": \"True\"\n}";
+        assert!(node_is_ready(ready));
+        assert!(!node_is_ready(not_ready));
+        assert!(node_is_ready(pretty));
+    }
+
+    #[test]
+    fn curl_output_splits_into_status_and_body() {
+        assert_eq!(split_status("ok\n200"), (200, "ok".to_owned()));
+        assert_eq!(split_status("\n000"), (0, String::new()));
+        assert_eq!(
+            split_status("{\"a\":1}\nline2\n404"),
+            (404, "{\"a\":1}\nline2".to_owned())
+        );
+    }
+}
+
+/// Runs the real binaries: `cargo xtask e2e-env build`, then
+/// `cargo test -p xtask -- --ignored control_plane_lifecycle`.
+#[cfg(test)]
+mod lifecycle_tests {
+    use super::*;
+    use crate::e2e_env::process::is_alive;
+
+    #[test]
+    #[ignore = "needs `cargo xtask e2e-env build` and free ports 22379-22380, 16443"]
+    fn control_plane_lifecycle() {
+        let options = StartOptions {
+            etcd_port: 22379,
+            apiserver_port: 16443,
+            ..StartOptions::new(BinDir::cached().unwrap())
+        };
+        let mut plane = ControlPlane::start(&options).unwrap();
+        assert_eq!(plane.api_get("/readyz").unwrap().0, 200);
+        let (status, _) = plane.api_get("/api/v1/namespaces/default").unwrap();
+        assert_eq!(status, 200);
+
+        plane.pause_apiserver().unwrap();
+        assert_eq!(
+            plane.api_get("/readyz").unwrap().0,
+            0,
+            "a paused API server answers nothing"
+        );
+        plane.resume_apiserver().unwrap();
+        assert_eq!(plane.api_get("/readyz").unwrap().0, 200);
+
+        let old_pid = plane.apiserver_pid().unwrap();
+        plane.kill_apiserver().unwrap();
+        assert!(!is_alive(old_pid));
+        plane.restart_apiserver().unwrap();
+        assert_ne!(plane.apiserver_pid(), Some(old_pid));
+        assert_eq!(
+            plane.api_get("/api/v1/namespaces/default").unwrap().0,
+            200,
+            "etcd data survived"
+        );
+
+        let pids = [plane.etcd_pid().unwrap(), plane.apiserver_pid().unwrap()];
+        let workdir = plane.workdir().to_owned();
+        drop(plane);
+        assert!(pids.iter().all(|pid| !is_alive(*pid)), "Drop stops the processes");
+        assert!(!workdir.exists(), "Drop removes the work dir");
+    }
+}

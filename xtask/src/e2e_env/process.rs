@@ -1,0 +1,296 @@
+//! The e2e environment's child processes: spawned with their output in a log file, signalled
+//! with `kill(1)` (unsafe code is forbidden, so no libc), and watched through `/proc`.
+//!
+//! A process is either *owned* (spawned here; its [`Child`] handle reaps it) or *attached*
+//! (known only by a pid file, e.g. in `cargo xtask e2e-env stop`). An attached pid is only
+//! taken for ours when its environment carries [`OWNER_ENV`] with our work dir, so a reused
+//! pid never gets killed. PID 1 on these machines may not reap orphans: a zombie counts as
+//! exited.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// Environment variable set on every process the environment starts, valued with its work dir.
+pub(crate) const OWNER_ENV: &str = "POD_CHECKPOINTER_E2E_WORKDIR";
+
+/// How often exits and readiness are polled.
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One long-running process of the environment (etcd, kube-apiserver, the hollow node).
+pub(crate) struct Managed {
+    name: &'static str,
+    pid: u32,
+    /// Set for processes spawned by this process, so that they are reaped.
+    child: Option<Child>,
+    log: PathBuf,
+    exited: bool,
+}
+
+impl Managed {
+    /// Spawns `command` with stdin closed and stdout and stderr appended to `log`.
+    pub(crate) fn spawn(
+        name: &'static str,
+        command: &mut Command,
+        log: &Path,
+        owner: &Path,
+    ) -> anyhow::Result<Managed> {
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("cannot open {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = command
+            .env(OWNER_ENV, owner)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("cannot start {name} ({:?})", command.get_program()))?;
+        Ok(Managed {
+            name,
+            pid: child.id(),
+            child: Some(child),
+            log: log.to_owned(),
+            exited: false,
+        })
+    }
+
+    /// A process started by another invocation, known from its pid. A pid that no longer
+    /// carries our [`OWNER_ENV`] (the process exited and the pid was reused) counts as exited.
+    pub(crate) fn attach(name: &'static str, pid: u32, log: &Path, owner: &Path) -> Managed {
+        let ours = environ_has(pid, OWNER_ENV, &owner.to_string_lossy());
+        Managed {
+            name,
+            pid,
+            child: None,
+            log: log.to_owned(),
+            exited: !ours,
+        }
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub(crate) fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Whether the process still runs (a stopped process runs; a zombie does not).
+    pub(crate) fn is_running(&mut self) -> bool {
+        if self.exited {
+            return false;
+        }
+        let running = match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            // Not the environ check again: an exiting process loses its environ before it
+            // closes its sockets and becomes a zombie.
+            None => is_alive(self.pid),
+        };
+        self.exited = !running;
+        running
+    }
+
+    /// Sends `signal` (a name such as `KILL`, `STOP`) unless the process has exited.
+    pub(crate) fn signal(&mut self, signal: &str) -> anyhow::Result<()> {
+        if !self.is_running() {
+            return Ok(());
+        }
+        send_signal(self.pid, signal)
+    }
+
+    /// Waits until the process has exited; false when it still runs after `timeout`.
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.is_running() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// Sends `signal`, waits up to `grace`, then SIGKILLs; returns once the process is gone.
+    pub(crate) fn terminate(&mut self, signal: &str, grace: Duration) -> anyhow::Result<()> {
+        self.signal(signal)?;
+        if signal != "KILL" {
+            // A SIGSTOPped process would keep a SIGTERM pending forever.
+            self.signal("CONT")?;
+        }
+        if self.wait_exit(grace) {
+            return Ok(());
+        }
+        self.signal("KILL")?;
+        if self.wait_exit(Duration::from_secs(10)) {
+            return Ok(());
+        }
+        bail!("{} (pid {}) did not exit after SIGKILL", self.name, self.pid)
+    }
+
+    /// Fails with the tail of the log when the process has exited.
+    pub(crate) fn ensure_running(&mut self, what: &str) -> anyhow::Result<()> {
+        if self.is_running() {
+            return Ok(());
+        }
+        let status = match &mut self.child {
+            Some(child) => child.try_wait().ok().flatten().map(|s| s.to_string()),
+            None => None,
+        };
+        bail!(
+            "{what}: {} exited{}\n{}",
+            self.name,
+            status.map(|s| format!(" ({s})")).unwrap_or_default(),
+            log_tail_section(&self.log, 30)
+        )
+    }
+}
+
+/// Runs `kill -s SIGNAL PID`.
+pub(crate) fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run kill")?;
+    // A process that exited between the check and the signal is fine.
+    if !status.success() && is_alive(pid) {
+        bail!("kill -s {signal} {pid} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Whether `pid` exists and is not a zombie (nor dead). The leader of a multi-threaded
+/// process (Go's) turns zombie while its other threads are still exiting and holding its
+/// sockets, so a zombie with threads left still counts as alive.
+pub(crate) fn is_alive(pid: u32) -> bool {
+    match proc_state(pid) {
+        None => false,
+        Some('Z' | 'X' | 'x') => thread_count(pid) > 1,
+        Some(_) => true,
+    }
+}
+
+fn thread_count(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| tasks.count())
+        .unwrap_or(0)
+}
+
+/// The one-letter state of `pid` from `/proc/PID/stat`, `None` when there is no such process.
+pub(crate) fn proc_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_state(&stat)
+}
+
+/// The state field of a `/proc/PID/stat` line. The command name in parentheses may itself
+/// contain spaces and parentheses, so the state is the field after the *last* `)`.
+pub(crate) fn parse_stat_state(stat: &str) -> Option<char> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// Whether `/proc/PID/environ` holds `KEY=VALUE`.
+fn environ_has(pid: u32, key: &str, value: &str) -> bool {
+    let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    let wanted = format!("{key}={value}");
+    environ.split(|b| *b == 0).any(|entry| entry == wanted.as_bytes())
+}
+
+/// The last `lines` lines of a (possibly large) log file, read from its end.
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    const MAX_TAIL_BYTES: u64 = 64 * 1024;
+    let Ok(mut file) = File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(MAX_TAIL_BYTES);
+    let mut bytes = Vec::new();
+    if file.seek(SeekFrom::Start(start)).is_err() || file.read_to_end(&mut bytes).is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `--- last lines of NAME ---` followed by the tail, for error messages (only the file name:
+/// a failed start removes its work dir).
+pub(crate) fn log_tail_section(path: &Path, lines: usize) -> String {
+    let name = path.file_name().unwrap_or(path.as_os_str()).to_string_lossy();
+    format!("--- last lines of {name} ---\n{}", log_tail(path, lines))
+}
+
+/// The last non-empty line of a log, shortened for a one-line heartbeat.
+pub(crate) fn last_log_line(path: &Path) -> String {
+    const MAX_CHARS: usize = 100;
+    let tail = log_tail(path, 5);
+    let line = tail
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    if line.chars().count() > MAX_CHARS {
+        let short: String = line.chars().take(MAX_CHARS).collect();
+        format!("{short}…")
+    } else {
+        line.to_owned()
+    }
+}
+
+/// Whether `program` is an executable file in one of the `PATH` directories.
+pub(crate) fn in_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            fs::metadata(dir.join(program)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// `bytes` random bytes from the kernel, hex-encoded (tokens, unique names).
+pub(crate) fn random_hex(bytes: usize) -> anyhow::Result<String> {
+    let mut buf = vec![0u8; bytes];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .context("cannot read /dev/urandom")?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_state_is_the_field_after_the_last_parenthesis() {
+        assert_eq!(parse_stat_state("42 (etcd) S 1 42 42 0 -1"), Some('S'));
+        assert_eq!(parse_stat_state("7 (kube-apiserver) Z 1 7 7 0"), Some('Z'));
+        assert_eq!(parse_stat_state("9 (a) b (c)) T 1 9"), Some('T'));
+        assert_eq!(parse_stat_state("garbage"), None);
+        assert_eq!(parse_stat_state("1 (x)"), None);
+    }
+
+    #[test]
+    fn own_process_is_alive_and_unknown_pid_is_not() {
+        assert!(is_alive(std::process::id()));
+        assert_eq!(proc_state(u32::MAX), None);
+        assert!(!is_alive(u32::MAX));
+    }
+
+    #[test]
+    fn random_hex_has_two_digits_per_byte() {
+        let hex = random_hex(16).unwrap();
+        assert_eq!(hex.len(), 32);
+        assert!(hex.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+}
