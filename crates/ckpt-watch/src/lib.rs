@@ -1,4 +1,76 @@
 //! `ckpt-watch`: observing the world for pod-checkpointer.
 //!
-//! The API server (watch + health probe), the kubelet's pod list and the container
-//! runtime, reduced to one snapshot that says explicitly when a source is unavailable.
+//! The API server, the kubelet and the container runtime, each reduced to a view that
+//! says explicitly when the source is unavailable (DESIGN §3.6). Nothing here decides
+//! anything: the planner in `ckpt-core` does.
+//!
+//! - [`ApiWatch`]: one kube watcher per allowed namespace over the pods bound to this node
+//!   (`fieldSelector=spec.nodeName=<node>`, event-driven), plus a `/readyz` probe with a
+//!   short timeout. [`ApiSnapshot::state`] is [`ApiState::Unreachable`] (only the probe
+//!   decides: down, refusing or hung), [`ApiState::Reachable`] (answers, no complete list
+//!   since the last outage, e.g. a 403) or [`ApiState::Synced`].
+//! - [`ObjectWatch`]: per-object watches of the Secrets and ConfigMaps checkpointed pods
+//!   mount, started and stopped as the pods need them; no periodic re-fetch.
+//! - [`OwnerLookup`]: does a pod's controller owner still exist (404 vs. any error).
+//! - [`CriClient`]: CRI `runtime.v1` / `runtime.v1alpha2` (negotiated) over a unix socket:
+//!   running pods, and stopping one (end-to-end tests).
+//! - [`KubeletClient`]: the kubelet's `/pods` with a service-account token, TLS with or
+//!   without a CA, plain HTTP, a read-only fallback URL.
+//! - [`LocalObserver`]: CRI + kubelet → [`ckpt_core::LocalView`]; a failing source is
+//!   [`LocalView::Unknown`](ckpt_core::LocalView::Unknown), never "nothing runs".
+//!
+//! Every network call has a timeout. The crate emits only `tracing` events, and logs a
+//! failing source once per change of state rather than on every attempt.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use ckpt_core::NamespaceAllowList;
+//! use ckpt_watch::{ApiState, ApiWatch, ApiWatchConfig, CriClient, LocalObserver};
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = kube::Client::try_default().await?;
+//! let namespaces = NamespaceAllowList::new(["kube-system"]);
+//! let api = ApiWatch::spawn(client, ApiWatchConfig::new("node-1", namespaces.clone()));
+//! let cri = CriClient::new("unix:///run/containerd/containerd.sock", Duration::from_secs(2))?;
+//! let local = LocalObserver::new(Some(cri), None, namespaces.clone());
+//!
+//! let mut changes = api.subscribe();
+//! loop {
+//!     let snapshot = api.snapshot();
+//!     let view = local.observe().await;
+//!     if snapshot.state == ApiState::Synced {
+//!         println!("{} pods on this node; local view {view:?}", snapshot.pods.len());
+//!     }
+//!     // Wake on the next API event, or poll the runtime again after a second.
+//!     let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
+//! }
+//! # }
+//! ```
+
+mod api;
+pub mod cri;
+mod error;
+mod kubelet;
+mod local;
+mod objects;
+mod owner;
+mod reflect;
+
+#[cfg(test)]
+mod fixtures;
+
+#[doc(inline)]
+pub use api::{ApiSnapshot, ApiState, ApiWatch, ApiWatchConfig, NamespaceStatus};
+#[doc(inline)]
+pub use cri::{CriApi, CriClient};
+#[doc(inline)]
+pub use error::{Error, Result};
+#[doc(inline)]
+pub use kubelet::{KubeletClient, KubeletConfig};
+#[doc(inline)]
+pub use local::{LocalObserver, runs};
+#[doc(inline)]
+pub use objects::{ObjectKind, ObjectRef, ObjectWatch, ObjectsView};
+#[doc(inline)]
+pub use owner::{OwnerLookup, OwnerPresence};

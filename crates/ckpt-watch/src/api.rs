@@ -1,0 +1,418 @@
+//! The API server: pods on this node (one watch per allowed namespace) and a `/readyz`
+//! health probe, reduced to [`ApiState`] and an [`ApiSnapshot`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ckpt_core::{
+    ApiParent, ApiView, ControllerOwner, NamespaceAllowList, PodId, Timestamp, is_parent,
+};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::error::error_chain;
+use crate::reflect::{Driver, SharedSlot, Slot, lock};
+
+/// Settings of [`ApiWatch`].
+#[derive(Clone, Debug)]
+pub struct ApiWatchConfig {
+    /// This node's name: pods are watched with `fieldSelector=spec.nodeName=<node>`.
+    pub node: String,
+    /// The namespaces to watch, one watch each (a Role grants rights per namespace).
+    pub namespaces: NamespaceAllowList,
+    /// How often `/readyz` is probed (default 1 s).
+    pub probe_interval: Duration,
+    /// How long one probe may take, connection included (default 1 s). A server that
+    /// accepts the connection but does not answer in time (hung, SIGSTOPped) fails it.
+    pub probe_timeout: Duration,
+    /// After this many consecutive failed probes the API is [`ApiState::Unreachable`]
+    /// (default 2; one lost probe does not flap the state). `0` counts as `1`.
+    pub unreachable_after: u32,
+    /// Deadline for each watch's initial list (default 10 s); a list that does not
+    /// complete in time is retried.
+    pub request_timeout: Duration,
+}
+
+impl ApiWatchConfig {
+    /// The defaults for a node and its allowed namespaces.
+    pub fn new(node: impl Into<String>, namespaces: NamespaceAllowList) -> Self {
+        Self {
+            node: node.into(),
+            namespaces,
+            probe_interval: Duration::from_secs(1),
+            probe_timeout: Duration::from_secs(1),
+            unreachable_after: 2,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How the API server is, in the three states the planner distinguishes (DESIGN §3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApiState {
+    /// The health probe failed `unreachable_after` times in a row: down, refusing or hung.
+    /// The only state that allows activating checkpoints.
+    Unreachable,
+    /// It answers, but there is no complete list of every namespace since the last
+    /// outage or watch error (e.g. a 403 while RBAC warms up). Neither activates nor
+    /// garbage-collects. Also the state at start, before anything is known.
+    Reachable,
+    /// Every namespace's pod list is complete and current. The only state that allows
+    /// removing anything.
+    Synced,
+}
+
+impl ApiState {
+    /// `unreachable`, `reachable` or `synced`, for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiState::Unreachable => "unreachable",
+            ApiState::Reachable => "reachable",
+            ApiState::Synced => "synced",
+        }
+    }
+}
+
+/// One namespace's pod watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceStatus {
+    /// A complete list has been received since the last outage or watch error.
+    pub synced: bool,
+    /// The watch's current problem (e.g. `forbidden: needs list and watch on pods in
+    /// namespace kube-system (…)`), if any.
+    pub error: Option<String>,
+}
+
+/// What the API server told us, at one moment.
+#[derive(Clone, Debug)]
+pub struct ApiSnapshot {
+    /// The state.
+    pub state: ApiState,
+    /// The pods on this node in the allowed namespaces (all of them, not only parents).
+    /// Complete and current when `state` is [`ApiState::Synced`]; otherwise the last
+    /// complete view (possibly stale) — never use it to conclude that a pod is gone.
+    pub pods: BTreeMap<PodId, Arc<Pod>>,
+    /// When the current [`ApiState::Synced`] period began; `None` in the other states.
+    pub synced_at: Option<Timestamp>,
+    /// The current problem: the failing probe's error, else the first failing namespace
+    /// watch's error; `None` when everything works.
+    pub last_error: Option<String>,
+    /// Each namespace's watch.
+    pub namespaces: BTreeMap<String, NamespaceStatus>,
+}
+
+impl ApiSnapshot {
+    /// The planner's view: the parents among `pods` when synced.
+    pub fn api_view(&self, allowed: &NamespaceAllowList) -> ApiView {
+        match self.state {
+            ApiState::Unreachable => ApiView::Unreachable,
+            ApiState::Reachable => ApiView::Reachable,
+            ApiState::Synced => ApiView::Synced {
+                parents: self
+                    .pods
+                    .iter()
+                    .filter(|(_, pod)| is_parent(pod, allowed))
+                    .map(|(id, pod)| {
+                        (
+                            id.clone(),
+                            ApiParent {
+                                uid: pod.metadata.uid.clone(),
+                                owner: ControllerOwner::of(pod),
+                            },
+                        )
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    /// The pods on this node whose controller is `owner` (matched by kind and name, as
+    /// [`ControllerOwner::same_controller`]).
+    pub fn pods_of_owner(&self, owner: &ControllerOwner) -> Vec<PodId> {
+        self.pods
+            .iter()
+            .filter(|(_, pod)| ControllerOwner::of(pod).is_some_and(|o| o.same_controller(owner)))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+}
+
+/// Probe and state bookkeeping, under one lock.
+#[derive(Debug)]
+struct Status {
+    /// `false` once `unreachable_after` probes failed in a row.
+    reachable: bool,
+    consecutive_failures: u32,
+    probe_error: Option<String>,
+    state: ApiState,
+    synced_at: Option<Timestamp>,
+}
+
+struct Inner {
+    slots: BTreeMap<String, SharedSlot<Pod>>,
+    status: Mutex<Status>,
+    notify: watch::Sender<u64>,
+    /// `true` while reachable: the watches run only then.
+    gate: watch::Sender<bool>,
+}
+
+impl Inner {
+    fn bump(&self) {
+        self.notify.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Applies `f` to the status, recomputes the state, logs and notifies on a change.
+    /// Lock order: status, then slots (slots are never held while taking the status).
+    fn update(&self, f: impl FnOnce(&mut Status)) {
+        let changed = {
+            let mut st = lock(&self.status);
+            f(&mut st);
+            if !st.reachable {
+                // An outage: stop the watches and forget that they were synced, before
+                // anything else can observe the new state. A watch marks itself synced
+                // only while holding its slot lock and seeing the gate up, so a list
+                // completing during the outage cannot count.
+                self.gate.send_if_modified(|up| std::mem::replace(up, false));
+                for slot in self.slots.values() {
+                    lock(slot).synced = false;
+                }
+            } else {
+                self.gate.send_if_modified(|up| !std::mem::replace(up, true));
+            }
+            let all_synced = self.slots.values().all(|s| lock(s).synced);
+            let state = if !st.reachable {
+                ApiState::Unreachable
+            } else if all_synced {
+                ApiState::Synced
+            } else {
+                ApiState::Reachable
+            };
+            let previous = st.state;
+            if state != previous {
+                st.state = state;
+                st.synced_at = (state == ApiState::Synced).then(Timestamp::now);
+                match state {
+                    ApiState::Unreachable => warn!(
+                        from = previous.as_str(),
+                        problem = st.probe_error.as_deref().unwrap_or(""),
+                        "API server unreachable"
+                    ),
+                    _ => info!(from = previous.as_str(), to = state.as_str(), "API server state changed"),
+                }
+            }
+            state != previous
+        };
+        if changed {
+            self.bump();
+        }
+    }
+
+    fn snapshot(&self) -> ApiSnapshot {
+        let st = lock(&self.status);
+        let mut pods = BTreeMap::new();
+        let mut namespaces = BTreeMap::new();
+        let mut first_error = None;
+        for (ns, slot) in &self.slots {
+            let slot = lock(slot);
+            for (name, pod) in &slot.objects {
+                pods.insert(PodId::new(ns.as_str(), name.as_str()), Arc::clone(pod));
+            }
+            if first_error.is_none() {
+                first_error.clone_from(&slot.error);
+            }
+            namespaces.insert(
+                ns.clone(),
+                NamespaceStatus {
+                    synced: slot.synced,
+                    error: slot.error.clone(),
+                },
+            );
+        }
+        ApiSnapshot {
+            state: st.state,
+            pods,
+            synced_at: st.synced_at,
+            last_error: st.probe_error.clone().or(first_error),
+            namespaces,
+        }
+    }
+}
+
+/// Watches the pods on this node and probes the API server's health.
+///
+/// [`ApiWatch::spawn`] starts Tokio tasks: one kube watcher per allowed namespace
+/// (`fieldSelector=spec.nodeName=<node>`, event-driven) and a `/readyz` probe loop.
+/// Dropping the `ApiWatch` (or [`ApiWatch::shutdown`]) stops them.
+///
+/// The state follows DESIGN §3.3/§3.6:
+/// - only the probe makes the API [`ApiState::Unreachable`]: a connection error, a
+///   timeout (a hung server) or a 5xx on `/readyz`, `unreachable_after` times in a row.
+///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success.
+///   A failed watch request never makes it unreachable;
+/// - [`ApiState::Synced`] needs a complete list from every namespace since the last
+///   outage; a watch error un-syncs that namespace and relists it (with a backoff);
+/// - while unreachable the watches are stopped (no requests but the probe); the first
+///   successful probe restarts them with a fresh list.
+///
+/// Every pod event and every change of state or of a watch's error bumps the counter
+/// of [`ApiWatch::subscribe`].
+pub struct ApiWatch {
+    inner: Arc<Inner>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ApiWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiWatch")
+            .field("namespaces", &self.inner.slots.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiWatch {
+    /// Starts the watches and the probe.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (it spawns tasks).
+    pub fn spawn(client: kube::Client, config: ApiWatchConfig) -> ApiWatch {
+        let slots: BTreeMap<String, SharedSlot<Pod>> = config
+            .namespaces
+            .namespaces()
+            .map(|ns| (ns.to_owned(), Arc::new(Mutex::new(Slot::default()))))
+            .collect();
+        let (notify, _) = watch::channel(0);
+        let (gate, gate_rx) = watch::channel(true);
+        let inner = Arc::new(Inner {
+            slots,
+            status: Mutex::new(Status {
+                reachable: true,
+                consecutive_failures: 0,
+                probe_error: None,
+                state: ApiState::Reachable,
+                synced_at: None,
+            }),
+            notify,
+            gate,
+        });
+        let mut tasks = Vec::new();
+        let field_selector = format!("spec.nodeName={}", config.node);
+        for (ns, slot) in &inner.slots {
+            let on_change = {
+                let inner = Arc::clone(&inner);
+                Arc::new(move || {
+                    inner.update(|_| {});
+                    inner.bump();
+                })
+            };
+            let driver = Driver {
+                api: Api::<Pod>::namespaced(client.clone(), ns),
+                config: watcher::Config::default().fields(&field_selector),
+                slot: Arc::clone(slot),
+                on_change,
+                request_timeout: config.request_timeout,
+                gate: Some(gate_rx.clone()),
+                gate_check: Some(gate_rx.clone()),
+                what: format!("pods in namespace {ns}"),
+                rbac_hint: format!("list and watch on pods in namespace {ns}"),
+                modify: |pod: &mut Pod| pod.metadata.managed_fields = None,
+            };
+            tasks.push(tokio::spawn(driver.run()));
+        }
+        tasks.push(tokio::spawn(probe_loop(client, config, Arc::clone(&inner))));
+        ApiWatch { inner, tasks }
+    }
+
+    /// The current view.
+    pub fn snapshot(&self) -> ApiSnapshot {
+        self.inner.snapshot()
+    }
+
+    /// The current state (cheaper than a snapshot).
+    pub fn state(&self) -> ApiState {
+        lock(&self.inner.status).state
+    }
+
+    /// A counter bumped on every pod event and every change of state: await
+    /// `changed()` on it and run a pass.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.notify.subscribe()
+    }
+
+    /// The sender behind [`ApiWatch::subscribe`], to let other sources (e.g.
+    /// [`crate::ObjectWatch`]) wake the same receivers.
+    pub fn notifier(&self) -> watch::Sender<u64> {
+        self.inner.notify.clone()
+    }
+
+    /// Stops all tasks (same as dropping).
+    pub fn shutdown(self) {}
+}
+
+impl Drop for ApiWatch {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// One probe: `GET /readyz`, answer and body within `timeout`. `Err` describes why the
+/// server does not count as answering.
+async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<(), String> {
+    let request = http::Request::get("/readyz")
+        .body(kube::client::Body::from(Vec::new()))
+        .map_err(|e| format!("cannot build the probe request: {e}"))?;
+    let attempt = async {
+        let response = client.send(request).await.map_err(|e| error_chain(&e))?;
+        let status = response.status();
+        // Read the (tiny) body so the connection goes back to the pool instead of a new
+        // TCP+TLS handshake every second.
+        let _ = response.into_body().collect().await;
+        if status.is_server_error() {
+            return Err(format!("GET /readyz answered {status}"));
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("GET /readyz got no answer within {timeout:?}")),
+    }
+}
+
+async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inner>) {
+    let threshold = config.unreachable_after.max(1);
+    let mut interval = tokio::time::interval(config.probe_interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let result = probe_once(&client, config.probe_timeout).await;
+        inner.update(|st| {
+            match &result {
+                Ok(()) => {
+                    if st.consecutive_failures > 0 {
+                        debug!(failures = st.consecutive_failures, "API probe succeeded again");
+                    }
+                    st.consecutive_failures = 0;
+                    st.probe_error = None;
+                    st.reachable = true;
+                }
+                Err(problem) => {
+                    st.consecutive_failures = st.consecutive_failures.saturating_add(1);
+                    if st.probe_error.as_ref() != Some(problem) {
+                        debug!(%problem, failures = st.consecutive_failures, "API probe failed");
+                    }
+                    st.probe_error = Some(problem.clone());
+                    if st.consecutive_failures >= threshold {
+                        st.reachable = false;
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,169 @@
+//! The one error type of this crate.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ckpt_core::PodId;
+
+/// Everything that can go wrong while observing. Each variant names where: the URL, the
+/// socket or the file concerned. Causes are chained with `#[source]`; [`Error::chain`]
+/// formats the whole chain on one line for logs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CRI endpoint that is neither `unix:///path` nor `/path`.
+    #[error("unsupported CRI endpoint {endpoint:?}: expected unix:///path or an absolute socket path")]
+    CriEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+    /// A CRI call failed (connection refused, socket missing, an error status).
+    #[error("CRI call {method} on {socket} failed")]
+    CriCall {
+        /// The socket path.
+        socket: PathBuf,
+        /// The gRPC method, e.g. `/runtime.v1.RuntimeService/ListPodSandbox`.
+        method: String,
+        /// The gRPC status.
+        #[source]
+        source: Box<tonic::Status>,
+    },
+    /// A CRI call did not finish within the timeout.
+    #[error("CRI call {method} on {socket} timed out after {timeout:?}")]
+    CriTimeout {
+        /// The socket path.
+        socket: PathBuf,
+        /// The gRPC method.
+        method: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// The runtime answered `Unimplemented` to both `runtime.v1` and `runtime.v1alpha2`.
+    #[error("CRI runtime on {socket} serves neither runtime.v1 nor runtime.v1alpha2")]
+    CriUnsupported {
+        /// The socket path.
+        socket: PathBuf,
+    },
+    /// [`crate::CriClient::stop_pod`]: the runtime has no sandbox or container of that pod.
+    #[error("CRI runtime on {socket} has no sandbox or container of pod {pod}")]
+    CriPodNotFound {
+        /// The socket path.
+        socket: PathBuf,
+        /// The pod.
+        pod: PodId,
+    },
+    /// A kubelet URL that does not parse or has no `http`/`https` scheme.
+    #[error("invalid kubelet URL {url:?}")]
+    KubeletUrl {
+        /// The URL as given.
+        url: String,
+        /// Why it does not parse (absent for a missing or unsupported scheme).
+        #[source]
+        source: Option<http::uri::InvalidUri>,
+    },
+    /// Building the HTTP client for a kubelet URL failed (TLS setup, CA file).
+    #[error("cannot build an HTTP client for the kubelet at {url}")]
+    KubeletClient {
+        /// The kubelet URL.
+        url: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// `GET <url>/pods/` failed (connection, TLS, HTTP status, bad JSON).
+    #[error("GET {url}/pods/ failed")]
+    KubeletRequest {
+        /// The kubelet URL.
+        url: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// `GET <url>/pods/` did not finish within the timeout.
+    #[error("GET {url}/pods/ timed out after {timeout:?}")]
+    KubeletTimeout {
+        /// The kubelet URL.
+        url: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// Both the kubelet URL and its read-only fallback failed; this is the fallback's
+    /// error, the primary's is in the message.
+    #[error("kubelet pod list failed at both URLs; first: {primary}")]
+    KubeletBoth {
+        /// The primary URL's error, formatted with its causes.
+        primary: String,
+        /// The read-only URL's error.
+        #[source]
+        fallback: Box<Error>,
+    },
+    /// A file we were told to read (service-account token, CA bundle) cannot be read.
+    #[error("cannot read the {what} {}", path.display())]
+    ReadFile {
+        /// What the file is, e.g. `service-account token file`.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file holds something that cannot go into an HTTP header.
+    #[error("the service-account token in {} is not a valid HTTP header value", path.display())]
+    BadToken {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A client was created outside a Tokio runtime.
+    #[error("{what} must be created inside a Tokio runtime")]
+    NoRuntime {
+        /// What was being created.
+        what: &'static str,
+    },
+}
+
+/// `Result` with this crate's [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The error and all its causes on one line, `outer: cause: root cause`, for logs and
+    /// status reports.
+    pub fn chain(&self) -> String {
+        error_chain(self)
+    }
+}
+
+/// Formats any error with its `source()` chain as `outer: cause: root cause`, skipping
+/// causes whose text the outer message already contains.
+pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut next = err.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !text.is_empty() && !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_includes_causes_once() {
+        let err = Error::ReadFile {
+            what: "service-account token file",
+            path: "/var/run/token".into(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+        };
+        assert_eq!(
+            err.chain(),
+            "cannot read the service-account token file /var/run/token: no such file"
+        );
+        assert!(!err.to_string().ends_with('.'));
+    }
+}

@@ -1,0 +1,265 @@
+//! The kubelet's `/pods` API: which pods the kubelet knows (and, with the CRI off, which
+//! run).
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use http::HeaderValue;
+use http::header::AUTHORIZATION;
+use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result};
+use crate::reflect::lock;
+
+/// Settings of [`KubeletClient`].
+#[derive(Clone, Debug)]
+pub struct KubeletConfig {
+    /// The kubelet API, e.g. `https://10.0.0.5:10250`; plain `http://` is allowed.
+    pub url: String,
+    /// A fallback, typically the read-only port `http://10.0.0.5:10255` (no token sent).
+    pub readonly_url: Option<String>,
+    /// The service-account token sent as `Authorization: Bearer` to `url` (not to the
+    /// read-only URL); re-read whenever the file changes (tokens are rotated).
+    pub token_file: Option<PathBuf>,
+    /// The CA bundle that signed the kubelet's serving certificate. Without it, TLS
+    /// certificates are not verified (as the original did; one warning is logged).
+    pub ca_file: Option<PathBuf>,
+    /// Bound on each request, connection included.
+    pub timeout: Duration,
+}
+
+/// One kubelet URL with its HTTP client.
+struct Target {
+    url: String,
+    client: kube::Client,
+    send_token: bool,
+}
+
+#[derive(Default)]
+struct CachedToken {
+    /// Modification time and length of the file when read.
+    stamp: Option<(SystemTime, u64)>,
+    header: Option<HeaderValue>,
+}
+
+/// Reads the kubelet's `GET /pods/` (a `v1` PodList), falling back to the read-only URL.
+///
+/// It remembers which URL answered last and asks that one first, so a dead or
+/// mismatched port is not retried on every pass (bootkube made a doomed TLS handshake
+/// to a plain-HTTP kubelet 12 times a minute). The other URL is tried only when the
+/// remembered one fails.
+pub struct KubeletClient {
+    primary: Target,
+    readonly: Option<Target>,
+    timeout: Duration,
+    token_file: Option<PathBuf>,
+    token: Mutex<CachedToken>,
+    prefer_readonly: AtomicBool,
+}
+
+impl std::fmt::Debug for KubeletClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletClient")
+            .field("url", &self.primary.url)
+            .field("readonly_url", &self.readonly.as_ref().map(|t| &t.url))
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct PodList {
+    #[serde(default)]
+    items: Vec<Pod>,
+}
+
+impl KubeletClient {
+    /// Builds the HTTP clients (nothing is requested yet).
+    ///
+    /// Fails on a malformed URL, an unreadable CA file, or outside a Tokio runtime.
+    pub fn new(config: KubeletConfig) -> Result<Self> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime {
+                what: "KubeletClient",
+            });
+        }
+        if let Some(ca) = &config.ca_file {
+            std::fs::read(ca).map_err(|source| Error::ReadFile {
+                what: "kubelet CA file",
+                path: ca.clone(),
+                source,
+            })?;
+        }
+        let primary = target(&config.url, &config, true)?;
+        let readonly = config
+            .readonly_url
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .map(|u| target(u, &config, false))
+            .transpose()?;
+        Ok(Self {
+            primary,
+            readonly,
+            timeout: config.timeout,
+            token_file: config.token_file,
+            token: Mutex::new(CachedToken::default()),
+            prefer_readonly: AtomicBool::new(false),
+        })
+    }
+
+    /// The URL that answered last (the primary until the fallback was needed).
+    pub fn current_url(&self) -> &str {
+        match (&self.readonly, self.prefer_readonly.load(Ordering::Relaxed)) {
+            (Some(ro), true) => &ro.url,
+            _ => &self.primary.url,
+        }
+    }
+
+    /// The kubelet's pods.
+    pub async fn pods(&self) -> Result<Vec<Pod>> {
+        let Some(readonly) = &self.readonly else {
+            return self.pods_from(&self.primary).await;
+        };
+        let prefer_readonly = self.prefer_readonly.load(Ordering::Relaxed);
+        let (first, second) = if prefer_readonly {
+            (readonly, &self.primary)
+        } else {
+            (&self.primary, readonly)
+        };
+        let first_err = match self.pods_from(first).await {
+            Ok(pods) => return Ok(pods),
+            Err(e) => e,
+        };
+        match self.pods_from(second).await {
+            Ok(pods) => {
+                self.prefer_readonly.store(!prefer_readonly, Ordering::Relaxed);
+                info!(
+                    url = %second.url,
+                    failed = %first.url,
+                    problem = %first_err.chain(),
+                    "kubelet: switched to the other URL, which answers"
+                );
+                Ok(pods)
+            }
+            Err(e) => Err(Error::KubeletBoth {
+                primary: first_err.chain(),
+                fallback: Box::new(e),
+            }),
+        }
+    }
+
+    async fn pods_from(&self, target: &Target) -> Result<Vec<Pod>> {
+        let mut request = http::Request::get("/pods/");
+        if target.send_token
+            && let Some(token) = self.token()?
+        {
+            request = request.header(AUTHORIZATION, token);
+        }
+        let request = request.body(Vec::new()).map_err(|_| Error::KubeletUrl {
+            url: target.url.clone(),
+            source: None,
+        })?;
+        let attempt = target.client.request::<PodList>(request);
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(list)) => Ok(list.items),
+            Ok(Err(source)) => {
+                if let kube::Error::Api(status) = &source
+                    && status.code == 403
+                {
+                    warn_forbidden_once(&target.url);
+                }
+                Err(Error::KubeletRequest {
+                    url: target.url.clone(),
+                    source,
+                })
+            }
+            Err(_) => Err(Error::KubeletTimeout {
+                url: target.url.clone(),
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    /// The bearer header from the token file, re-read when its mtime or size changed.
+    fn token(&self) -> Result<Option<HeaderValue>> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let read_err = |source| Error::ReadFile {
+            what: "service-account token file",
+            path: path.clone(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
+        let mut cached = lock(&self.token);
+        if cached.stamp != Some(stamp) || cached.header.is_none() {
+            let token = std::fs::read_to_string(path).map_err(read_err)?;
+            let header = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
+                .map_err(|_| Error::BadToken { path: path.clone() })?;
+            debug!(path = %path.display(), "service-account token (re)read");
+            cached.stamp = Some(stamp);
+            cached.header = Some(header);
+        }
+        Ok(cached.header.clone())
+    }
+}
+
+fn warn_forbidden_once(url: &str) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        warn!(
+            %url,
+            "kubelet answered 403 to GET /pods/: the service account needs get on nodes/proxy \
+             (or nodes/pods where the kubelet has fine-grained authorization)"
+        );
+    }
+}
+
+fn target(url: &str, config: &KubeletConfig, send_token: bool) -> Result<Target> {
+    let trimmed = url.trim_end_matches('/');
+    let bad = |source| Error::KubeletUrl {
+        url: url.to_owned(),
+        source,
+    };
+    let uri: http::Uri = trimmed.parse().map_err(|e| bad(Some(e)))?;
+    let https = match uri.scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        _ => return Err(bad(None)),
+    };
+    if uri.host().is_none() {
+        return Err(bad(None));
+    }
+    let mut kc = kube::Config::new(uri);
+    kc.connect_timeout = Some(config.timeout);
+    kc.read_timeout = Some(config.timeout);
+    kc.write_timeout = Some(config.timeout);
+    kc.reset_reader_on_write = true;
+    kc.default_retry = false;
+    if https {
+        match &config.ca_file {
+            Some(ca) => kc.root_cert_file = Some(ca.clone()),
+            None => {
+                static WARNED: AtomicBool = AtomicBool::new(false);
+                if !WARNED.swap(true, Ordering::Relaxed) {
+                    warn!(url = %trimmed, "no kubelet CA file given: the kubelet's TLS certificate is not verified");
+                }
+                kc.accept_invalid_certs = true;
+            }
+        }
+    }
+    let client = kube::Client::try_from(kc).map_err(|source| Error::KubeletClient {
+        url: trimmed.to_owned(),
+        source,
+    })?;
+    Ok(Target {
+        url: trimmed.to_owned(),
+        client,
+        send_token,
+    })
+}

@@ -1,0 +1,160 @@
+//! What runs on this node: the CRI runtime and the kubelet, reduced to a [`LocalView`].
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ckpt_core::{LocalView, NamespaceAllowList, PodId, is_parent};
+use k8s_openapi::api::core::v1::Pod;
+use tracing::{debug, info, warn};
+
+use crate::cri::CriClient;
+use crate::error::Error;
+use crate::kubelet::KubeletClient;
+
+/// Logs a source's failure once per change from healthy to failing, and its recovery.
+#[derive(Debug, Default)]
+struct SourceHealth {
+    failing: AtomicBool,
+}
+
+impl SourceHealth {
+    fn failed(&self, source: &str, err: &Error) {
+        if self.failing.swap(true, Ordering::Relaxed) {
+            debug!(source, problem = %err.chain(), "local source still failing");
+        } else {
+            warn!(source, problem = %err.chain(), "local source failed");
+        }
+    }
+
+    fn ok(&self, source: &str) {
+        if self.failing.swap(false, Ordering::Relaxed) {
+            info!(source, "local source answers again");
+        }
+    }
+}
+
+/// Combines the CRI runtime and the kubelet into the planner's [`LocalView`].
+///
+/// - **CRI on**: `running` = the runtime's running pods (a ready sandbox or a running
+///   container) in the allowed namespaces; `kubelet_parents` = the parents in the
+///   kubelet's `/pods`. If the runtime fails, the view is [`LocalView::Unknown`]. If only
+///   the kubelet fails, `running` is still known and `kubelet_parents` is empty
+///   (it is informational only).
+/// - **CRI off** (`cri: None`): both come from the kubelet; a pod runs when its phase is
+///   `Running` and every container is running. If the kubelet fails, the view is
+///   [`LocalView::Unknown`].
+/// - Neither source configured: always [`LocalView::Unknown`].
+///
+/// A failing source is never read as "nothing is running". Failures are logged once per
+/// change of state, not on every call.
+#[derive(Debug)]
+pub struct LocalObserver {
+    cri: Option<CriClient>,
+    kubelet: Option<KubeletClient>,
+    namespaces: NamespaceAllowList,
+    cri_health: SourceHealth,
+    kubelet_health: SourceHealth,
+}
+
+impl LocalObserver {
+    /// An observer of these sources, for pods in these namespaces.
+    pub fn new(cri: Option<CriClient>, kubelet: Option<KubeletClient>, namespaces: NamespaceAllowList) -> Self {
+        Self {
+            cri,
+            kubelet,
+            namespaces,
+            cri_health: SourceHealth::default(),
+            kubelet_health: SourceHealth::default(),
+        }
+    }
+
+    /// The CRI client, if configured.
+    pub fn cri(&self) -> Option<&CriClient> {
+        self.cri.as_ref()
+    }
+
+    /// The kubelet client, if configured.
+    pub fn kubelet(&self) -> Option<&KubeletClient> {
+        self.kubelet.as_ref()
+    }
+
+    /// Asks the sources (concurrently; each call is bounded by its client's timeout).
+    pub async fn observe(&self) -> LocalView {
+        let cri = async {
+            match &self.cri {
+                Some(cri) => Some(cri.running_pods().await),
+                None => None,
+            }
+        };
+        let kubelet = async {
+            match &self.kubelet {
+                Some(k) => Some(k.pods().await),
+                None => None,
+            }
+        };
+        let (cri, kubelet) = futures::join!(cri, kubelet);
+        let kubelet_pods = match kubelet {
+            Some(Ok(pods)) => {
+                self.kubelet_health.ok("kubelet");
+                Some(pods)
+            }
+            Some(Err(e)) => {
+                self.kubelet_health.failed("kubelet", &e);
+                None
+            }
+            None => None,
+        };
+        let kubelet_parents = |pods: &[Pod]| -> BTreeSet<PodId> {
+            pods.iter()
+                .filter(|p| is_parent(p, &self.namespaces))
+                .filter_map(PodId::of)
+                .collect()
+        };
+        match cri {
+            Some(Ok(running)) => {
+                self.cri_health.ok("CRI");
+                LocalView::Known {
+                    running: running
+                        .into_iter()
+                        .filter(|id| self.namespaces.allows(&id.namespace))
+                        .collect(),
+                    kubelet_parents: kubelet_pods.as_deref().map(kubelet_parents).unwrap_or_default(),
+                }
+            }
+            Some(Err(e)) => {
+                self.cri_health.failed("CRI", &e);
+                LocalView::Unknown
+            }
+            None => match kubelet_pods {
+                Some(pods) => LocalView::Known {
+                    running: pods
+                        .iter()
+                        .filter(|p| runs(p))
+                        .filter_map(PodId::of)
+                        .filter(|id| self.namespaces.allows(&id.namespace))
+                        .collect(),
+                    kubelet_parents: kubelet_parents(&pods),
+                },
+                None => LocalView::Unknown,
+            },
+        }
+    }
+}
+
+/// With the CRI off: phase `Running` and every container (as many statuses as the spec
+/// has containers) running.
+pub fn runs(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    if status.phase.as_deref() != Some("Running") {
+        return false;
+    }
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    let wanted = pod.spec.as_ref().map_or(0, |s| s.containers.len());
+    !statuses.is_empty()
+        && statuses.len() >= wanted
+        && statuses
+            .iter()
+            .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}

@@ -1,0 +1,325 @@
+//! The Secrets and ConfigMaps that checkpointed pods mount: one watch per object.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ckpt_core::{ApiObjects, RequiredObjects};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::Api;
+use kube::runtime::watcher;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use crate::reflect::{Driver, SharedSlot, Slot, lock};
+
+/// The kind of a watched object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    /// A `v1` Secret.
+    Secret,
+    /// A `v1` ConfigMap.
+    ConfigMap,
+}
+
+impl ObjectKind {
+    /// The resource name as in RBAC rules: `secrets`, `configmaps`.
+    pub fn resource(self) -> &'static str {
+        match self {
+            ObjectKind::Secret => "secrets",
+            ObjectKind::ConfigMap => "configmaps",
+        }
+    }
+}
+
+/// A watched object's kind and name (its namespace is implied by the view).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    /// Secret or ConfigMap.
+    pub kind: ObjectKind,
+    /// The object's name.
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// A secret reference.
+    pub fn secret(name: impl Into<String>) -> Self {
+        Self {
+            kind: ObjectKind::Secret,
+            name: name.into(),
+        }
+    }
+
+    /// A configmap reference.
+    pub fn config_map(name: impl Into<String>) -> Self {
+        Self {
+            kind: ObjectKind::ConfigMap,
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            ObjectKind::Secret => "secret",
+            ObjectKind::ConfigMap => "configmap",
+        };
+        write!(f, "{kind} {}", self.name)
+    }
+}
+
+/// What is known about the watched objects of one namespace.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectsView {
+    /// The objects that exist (their last known content; a watch that fails after a
+    /// complete list keeps it while it relists).
+    pub objects: ApiObjects,
+    /// Objects known not to exist (a complete, empty list). Whether that is fine is the
+    /// pod's business (`optional`), not an error here.
+    pub absent: BTreeSet<ObjectRef>,
+    /// Objects whose first list has not arrived yet.
+    pub loading: BTreeSet<ObjectRef>,
+    /// Objects never listed because the watch fails, with why (e.g. `forbidden: needs
+    /// get/list/watch on secrets in namespace kube-system (…)`).
+    pub failed: BTreeMap<ObjectRef, String>,
+}
+
+impl ObjectsView {
+    /// What keeps `required` from being resolved: each object that is still loading, has
+    /// failed, or is not watched at all (call [`ObjectWatch::ensure`] first), with a
+    /// reason. Empty means every required object is known (present or absent).
+    pub fn unresolved(&self, required: &RequiredObjects) -> Vec<(ObjectRef, String)> {
+        let secrets = required.secrets.iter().map(ObjectRef::secret);
+        let config_maps = required.config_maps.iter().map(ObjectRef::config_map);
+        secrets
+            .chain(config_maps)
+            .filter_map(|r| {
+                let known = match r.kind {
+                    ObjectKind::Secret => self.objects.secrets.contains_key(&r.name),
+                    ObjectKind::ConfigMap => self.objects.config_maps.contains_key(&r.name),
+                } || self.absent.contains(&r);
+                if known {
+                    return None;
+                }
+                let reason = if let Some(why) = self.failed.get(&r) {
+                    why.clone()
+                } else if self.loading.contains(&r) {
+                    "still loading".to_owned()
+                } else {
+                    "not watched".to_owned()
+                };
+                Some((r, reason))
+            })
+            .collect()
+    }
+}
+
+enum Watched {
+    Secret(SharedSlot<Secret>),
+    ConfigMap(SharedSlot<ConfigMap>),
+}
+
+struct Entry {
+    watched: Watched,
+    task: JoinHandle<()>,
+}
+
+/// Watches individual Secrets and ConfigMaps by name (`fieldSelector=metadata.name=<name>`),
+/// as the kubelet does, instead of caching every Secret of a namespace or re-fetching
+/// them on a timer (bootkube GETs each one every 60 s).
+///
+/// Call [`ObjectWatch::ensure`] each pass with the union of what the namespace's
+/// checkpointed pods need: watches start for new names and stop for names no longer
+/// needed. A change of any watched object bumps the `notify` counter. RBAC: `list` and
+/// `watch` on the resource in the namespace (which a Role may restrict to these names
+/// with `resourceNames`).
+pub struct ObjectWatch {
+    client: kube::Client,
+    notify: watch::Sender<u64>,
+    request_timeout: Duration,
+    entries: Mutex<BTreeMap<(String, ObjectRef), Entry>>,
+}
+
+impl fmt::Debug for ObjectWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObjectWatch")
+            .field("watched", &lock(&self.entries).keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ObjectWatch {
+    /// A watcher with nothing watched yet; changes bump `notify` (e.g.
+    /// [`crate::ApiWatch::notifier`]). The initial list of each object must complete
+    /// within 10 s, else it is retried (see [`ObjectWatch::with_request_timeout`]).
+    pub fn new(client: kube::Client, notify: watch::Sender<u64>) -> Self {
+        Self {
+            client,
+            notify,
+            request_timeout: Duration::from_secs(10),
+            entries: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Sets the deadline of each initial list.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Makes the watched set of `namespace` exactly `required`: starts watches for new
+    /// names, stops those no longer listed.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime when a watch must be started.
+    pub fn ensure(&self, namespace: &str, required: &RequiredObjects) {
+        let wanted: BTreeSet<ObjectRef> = required
+            .secrets
+            .iter()
+            .map(ObjectRef::secret)
+            .chain(required.config_maps.iter().map(ObjectRef::config_map))
+            .collect();
+        let mut entries = lock(&self.entries);
+        entries.retain(|(ns, r), entry| {
+            let keep = ns != namespace || wanted.contains(r);
+            if !keep {
+                debug!(namespace = %ns, object = %r, "no longer needed: watch stopped");
+                entry.task.abort();
+            }
+            keep
+        });
+        for r in wanted {
+            let key = (namespace.to_owned(), r);
+            if entries.contains_key(&key) {
+                continue;
+            }
+            let entry = self.start(namespace, &key.1);
+            entries.insert(key, entry);
+        }
+    }
+
+    /// Like [`ObjectWatch::ensure`] for every namespace at once: namespaces missing from
+    /// `required` stop all their watches.
+    pub fn ensure_all(&self, required: &BTreeMap<String, RequiredObjects>) {
+        let stale: BTreeSet<String> = lock(&self.entries)
+            .keys()
+            .map(|(ns, _)| ns.clone())
+            .filter(|ns| !required.contains_key(ns))
+            .collect();
+        for ns in stale {
+            self.ensure(&ns, &RequiredObjects::default());
+        }
+        for (ns, req) in required {
+            self.ensure(ns, req);
+        }
+    }
+
+    /// What is known about the watched objects of `namespace`.
+    pub fn objects(&self, namespace: &str) -> ObjectsView {
+        let entries = lock(&self.entries);
+        let mut view = ObjectsView::default();
+        for ((ns, r), entry) in entries.iter() {
+            if ns != namespace {
+                continue;
+            }
+            let (known, error) = match &entry.watched {
+                Watched::Secret(slot) => {
+                    let slot = lock(slot);
+                    if let Some(obj) = slot.known.then(|| slot.objects.get(&r.name)).flatten() {
+                        view.objects.secrets.insert(r.name.clone(), (**obj).clone());
+                    }
+                    (slot.known, slot.error.clone())
+                }
+                Watched::ConfigMap(slot) => {
+                    let slot = lock(slot);
+                    if let Some(obj) = slot.known.then(|| slot.objects.get(&r.name)).flatten() {
+                        view.objects.config_maps.insert(r.name.clone(), (**obj).clone());
+                    }
+                    (slot.known, slot.error.clone())
+                }
+            };
+            let present = match r.kind {
+                ObjectKind::Secret => view.objects.secrets.contains_key(&r.name),
+                ObjectKind::ConfigMap => view.objects.config_maps.contains_key(&r.name),
+            };
+            match (known, error) {
+                (true, _) if !present => {
+                    view.absent.insert(r.clone());
+                }
+                (true, _) => {}
+                (false, Some(why)) => {
+                    view.failed.insert(r.clone(), why);
+                }
+                (false, None) => {
+                    view.loading.insert(r.clone());
+                }
+            }
+        }
+        view
+    }
+
+    /// Stops all watches (same as dropping).
+    pub fn shutdown(self) {}
+
+    fn start(&self, namespace: &str, r: &ObjectRef) -> Entry {
+        let notify = self.notify.clone();
+        let on_change: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            notify.send_modify(|n| *n = n.wrapping_add(1));
+        });
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", r.name));
+        let what = format!("{} {namespace}/{}", r.kind.resource(), r.name);
+        let rbac_hint = format!("get/list/watch on {} in namespace {namespace}", r.kind.resource());
+        debug!(%namespace, object = %r, "watch started");
+        match r.kind {
+            ObjectKind::Secret => {
+                let slot: SharedSlot<Secret> = Arc::new(Mutex::new(Slot::default()));
+                let driver = Driver {
+                    api: Api::<Secret>::namespaced(self.client.clone(), namespace),
+                    config,
+                    slot: Arc::clone(&slot),
+                    on_change,
+                    request_timeout: self.request_timeout,
+                    gate: None,
+                    gate_check: None,
+                    what,
+                    rbac_hint,
+                    modify: |s: &mut Secret| s.metadata.managed_fields = None,
+                };
+                Entry {
+                    watched: Watched::Secret(slot),
+                    task: tokio::spawn(driver.run()),
+                }
+            }
+            ObjectKind::ConfigMap => {
+                let slot: SharedSlot<ConfigMap> = Arc::new(Mutex::new(Slot::default()));
+                let driver = Driver {
+                    api: Api::<ConfigMap>::namespaced(self.client.clone(), namespace),
+                    config,
+                    slot: Arc::clone(&slot),
+                    on_change,
+                    request_timeout: self.request_timeout,
+                    gate: None,
+                    gate_check: None,
+                    what,
+                    rbac_hint,
+                    modify: |c: &mut ConfigMap| c.metadata.managed_fields = None,
+                };
+                Entry {
+                    watched: Watched::ConfigMap(slot),
+                    task: tokio::spawn(driver.run()),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ObjectWatch {
+    fn drop(&mut self) {
+        for entry in lock(&self.entries).values() {
+            entry.task.abort();
+        }
+    }
+}

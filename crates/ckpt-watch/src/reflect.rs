@@ -1,0 +1,301 @@
+//! Driving one kube `watcher` as a small reflector with an explicit "synced" flag.
+//!
+//! Shared by the pod watches of [`crate::ApiWatch`] and the per-object watches of
+//! [`crate::ObjectWatch`]:
+//! - the initial list is buffered and swapped in at `InitDone` (kube's reflector
+//!   semantics), so a reader never sees half a list;
+//! - any watcher error marks the watch not synced and **restarts** it (a fresh LIST)
+//!   after a backoff: kube's watcher would otherwise resume from its resourceVersion
+//!   without relisting, and "synced" means "a complete list since the last problem";
+//! - the initial list has a deadline (`request_timeout`): kube ≥ 4 has no global read
+//!   timeout, and a LIST that hangs must not hold the watch forever;
+//! - an optional gate (the API health probe) stops the watch while the API server is
+//!   unreachable; it restarts with a fresh LIST when the probe succeeds again.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::error::error_chain;
+
+/// Locks a mutex, ignoring poisoning (every critical section leaves the data consistent).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What one watch knows.
+#[derive(Debug)]
+pub(crate) struct Slot<K> {
+    /// The objects by name (the last complete view, kept through errors and outages).
+    pub(crate) objects: BTreeMap<String, Arc<K>>,
+    /// The initial list being received.
+    buffer: Option<BTreeMap<String, Arc<K>>>,
+    /// A complete list has been received since the watch (re)started.
+    pub(crate) synced: bool,
+    /// A complete list has been received at least once.
+    pub(crate) known: bool,
+    /// The current problem, if any.
+    pub(crate) error: Option<String>,
+}
+
+impl<K> Default for Slot<K> {
+    fn default() -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            buffer: None,
+            synced: false,
+            known: false,
+            error: None,
+        }
+    }
+}
+
+/// A shared slot.
+pub(crate) type SharedSlot<K> = Arc<Mutex<Slot<K>>>;
+
+/// Exponential backoff between restarts: 250 ms doubling to 10 s, reset by a complete list.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const MIN: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        Self { next: Self::MIN }
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        d
+    }
+}
+
+/// Everything one watch task needs.
+pub(crate) struct Driver<K: Resource> {
+    /// The API to watch.
+    pub(crate) api: Api<K>,
+    /// Selectors etc.
+    pub(crate) config: watcher::Config,
+    /// Where the result goes.
+    pub(crate) slot: SharedSlot<K>,
+    /// Called after every change of the slot (outside its lock).
+    pub(crate) on_change: Arc<dyn Fn() + Send + Sync>,
+    /// Deadline for the initial list.
+    pub(crate) request_timeout: Duration,
+    /// `true` while the API server is reachable; `None` = always run.
+    pub(crate) gate: Option<watch::Receiver<bool>>,
+    /// A second receiver of the same gate, read under the slot lock at `InitDone`.
+    pub(crate) gate_check: Option<watch::Receiver<bool>>,
+    /// For messages: `pods in namespace kube-system`.
+    pub(crate) what: String,
+    /// The RBAC rule a 403 means is missing: `list and watch on pods in namespace x`.
+    pub(crate) rbac_hint: String,
+    /// Applied to every object before it is stored (e.g. drop managed fields).
+    pub(crate) modify: fn(&mut K),
+}
+
+/// Waits until the gate reports "down"; forever without a gate. Returns `false` when the
+/// gate's sender is gone (the owner shut down).
+async fn gate_down(gate: &mut Option<watch::Receiver<bool>>) -> bool {
+    match gate {
+        Some(g) => g.wait_for(|up| !*up).await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+impl<K> Driver<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Runs until the gate's sender is dropped (or forever without a gate); abort the task
+    /// to stop it earlier.
+    pub(crate) async fn run(mut self) {
+        let mut backoff = Backoff::new();
+        let mut gate = self.gate.take();
+        loop {
+            if let Some(g) = &mut gate
+                && g.wait_for(|up| *up).await.is_err()
+            {
+                return;
+            }
+            let mut stream = watcher(self.api.clone(), self.config.clone()).boxed();
+            let mut deadline = Some(Instant::now() + self.request_timeout);
+            let failure = loop {
+                tokio::select! {
+                    alive = gate_down(&mut gate) => {
+                        if !alive {
+                            return;
+                        }
+                        break None;
+                    }
+                    () = async {
+                        match deadline {
+                            Some(d) => tokio::time::sleep_until(d).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        break Some(format!(
+                            "the list of {} did not complete within {:?}",
+                            self.what, self.request_timeout
+                        ));
+                    }
+                    event = stream.next() => match event {
+                        Some(Ok(event)) => {
+                            if self.apply(event) {
+                                deadline = None;
+                                backoff.reset();
+                            }
+                        }
+                        Some(Err(err)) => break Some(self.describe(&err)),
+                        None => break Some(format!("the watch of {} ended", self.what)),
+                    },
+                }
+            };
+            drop(stream);
+            match failure {
+                None => {
+                    debug!(what = %self.what, "API server unreachable: watch stopped until it answers again");
+                    self.set_problem(None);
+                }
+                Some(message) => {
+                    self.set_problem(Some(message));
+                    let delay = backoff.next_delay();
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        alive = gate_down(&mut gate) => if !alive { return },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies one watcher event; `true` when it completed a list.
+    fn apply(&self, event: watcher::Event<K>) -> bool {
+        let name_of = |obj: &K| obj.meta().name.clone().unwrap_or_default();
+        let prepare = |mut obj: K| {
+            (self.modify)(&mut obj);
+            Arc::new(obj)
+        };
+        let mut completed = false;
+        let changed = {
+            let mut slot = lock(&self.slot);
+            match event {
+                watcher::Event::Init => {
+                    slot.buffer = Some(BTreeMap::new());
+                    false
+                }
+                watcher::Event::InitApply(obj) => {
+                    let name = name_of(&obj);
+                    slot.buffer.get_or_insert_with(BTreeMap::new).insert(name, prepare(obj));
+                    false
+                }
+                watcher::Event::InitDone => {
+                    if !self.gate_check.as_ref().is_none_or(|g| *g.borrow()) {
+                        // The API went unreachable while this list was in flight: it
+                        // does not count as a list since the outage.
+                        slot.buffer = None;
+                        return false;
+                    }
+                    let listed = slot.buffer.take().unwrap_or_default();
+                    slot.objects = listed;
+                    let recovered = slot.error.take();
+                    if let Some(problem) = recovered {
+                        info!(what = %self.what, %problem, "watch recovered: complete list received");
+                    }
+                    slot.synced = true;
+                    slot.known = true;
+                    completed = true;
+                    true
+                }
+                watcher::Event::Apply(obj) => {
+                    let name = name_of(&obj);
+                    slot.objects.insert(name, prepare(obj));
+                    true
+                }
+                watcher::Event::Delete(obj) => slot.objects.remove(&name_of(&obj)).is_some(),
+            }
+        };
+        if changed {
+            (self.on_change)();
+        }
+        completed
+    }
+
+    /// Marks the watch not synced, with a problem (logged once per distinct message) or
+    /// without one (an API outage: the probe reports it).
+    fn set_problem(&self, problem: Option<String>) {
+        let changed = {
+            let mut slot = lock(&self.slot);
+            let changed = slot.synced || slot.error != problem;
+            if let Some(p) = &problem
+                && slot.error.as_ref() != Some(p)
+            {
+                warn!(what = %self.what, problem = %p, "watch failed; relisting after a backoff");
+            } else if let Some(p) = &problem {
+                debug!(what = %self.what, problem = %p, "watch failed again");
+            }
+            slot.synced = false;
+            slot.buffer = None;
+            slot.error = problem;
+            changed
+        };
+        if changed {
+            (self.on_change)();
+        }
+    }
+
+    fn describe(&self, err: &watcher::Error) -> String {
+        let status = match err {
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => match e {
+                kube::Error::Api(s) => Some(s.as_ref()),
+                _ => None,
+            },
+            watcher::Error::WatchError(s) => Some(s.as_ref()),
+            watcher::Error::NoResourceVersion => None,
+        };
+        match status {
+            Some(s) if s.code == 403 => format!(
+                "forbidden: needs {} ({})",
+                self.rbac_hint,
+                if s.message.is_empty() { "403" } else { &s.message }
+            ),
+            _ => format!("watch of {} failed: {}", self.what, error_chain(err)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_cap_and_resets() {
+        let mut b = Backoff::new();
+        let delays: Vec<_> = (0..8).map(|_| b.next_delay()).collect();
+        assert_eq!(delays[0], Duration::from_millis(250));
+        assert_eq!(delays[1], Duration::from_millis(500));
+        assert_eq!(*delays.last().unwrap(), Backoff::MAX);
+        b.reset();
+        assert_eq!(b.next_delay(), Backoff::MIN);
+    }
+}
