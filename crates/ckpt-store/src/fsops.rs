@@ -163,8 +163,7 @@ fn chown_if_needed(file: &File, path: &Path, owner: FileOwner) -> Result<()> {
 }
 
 impl Dir {
-    /// The directory's path (operations use the handle).
-    #[cfg(test)]
+    /// The directory's path (for messages; operations use the handle).
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }

@@ -315,8 +315,11 @@ impl Store {
         let mut duplicates = Vec::new();
         if self.writable {
             // Only our own stale temp files; bootkube deleted every dotfile, even
-            // foreign ones in the kubelet's dir.
-            dir.remove_stale_temp_files(0)?;
+            // foreign ones in the kubelet's dir. Best effort: reading must work on a
+            // read-only filesystem too, and dotfiles are invisible to the kubelet.
+            if let Err(error) = dir.remove_stale_temp_files(0) {
+                warn!(dir = %dir.path().display(), %error, "could not remove stale temporary files");
+            }
         }
         for Entry { name, kind } in dir.entries()? {
             let path = dir.child_path(&name);

@@ -1,0 +1,189 @@
+//! A full disk (ENOSPC) and a read-only filesystem (EROFS) are typed errors and leave
+//! the previous checkpoint intact. Uses a small tmpfs mounted for the test (needs root,
+//! as the agent itself does); skipped with a message where mounting is not permitted.
+
+mod common;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ckpt_core::{Checkpoint, DataKind, FileOwner, PodId};
+use ckpt_store::{Error, Layout, Store};
+
+/// A tmpfs mounted on a temp dir, unmounted on drop (also when a test fails).
+struct Tmpfs {
+    _tmp: tempfile::TempDir,
+    mountpoint: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Self> {
+        if !common::running_as_root() {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return None;
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mountpoint = tmp.path().join("mnt");
+        fs::create_dir(&mountpoint).expect("mountpoint");
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .arg(&mountpoint)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: mounting a tmpfs is not permitted here");
+            return None;
+        }
+        Some(Self {
+            _tmp: tmp,
+            mountpoint,
+        })
+    }
+
+    fn remount(&self, option: &str) {
+        let ok = Command::new("mount")
+            .args(["-o", &format!("remount,{option}")])
+            .arg(&self.mountpoint)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "remount {option}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
+    }
+}
+
+fn checkpoint(layout: &Layout, id: &PodId, version: &str, secret_size: usize) -> Checkpoint {
+    let secret = vec![
+        ("small".to_owned(), version.as_bytes().to_vec(), 0o600),
+        ("big".to_owned(), vec![b'x'; secret_size], 0o600),
+    ];
+    common::checkpoint(
+        layout,
+        id,
+        &[("test/version", version.to_owned())],
+        &[(DataKind::Secret, "s", secret)],
+        FileOwner::default(),
+    )
+}
+
+/// Fills the filesystem up; returns the filler's path.
+fn fill(dir: &Path) -> PathBuf {
+    let filler = dir.join("filler");
+    let mut file = fs::File::create(&filler).expect("filler");
+    let chunk = vec![0u8; 4096];
+    while file.write_all(&chunk).is_ok() {}
+    filler
+}
+
+fn no_temp_files(root: &Path) -> bool {
+    common::snapshot(root).keys().all(|p| {
+        !p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(".pod-checkpointer-"))
+    })
+}
+
+#[test]
+fn full_disk_is_a_typed_error_and_keeps_the_previous_checkpoint() {
+    let Some(tmpfs) = Tmpfs::mount("1m") else { return };
+    let layout = common::layout(&tmpfs.mountpoint);
+    let store = Store::open(layout.clone()).expect("open");
+    let id = PodId::new("kube-system", "api");
+    let v1 = checkpoint(&layout, &id, "v1", 10);
+    store.write_inactive(&v1).expect("write v1");
+    store.activate(&id).expect("activate v1");
+    let before = common::snapshot(&tmpfs.mountpoint);
+
+    let filler = fill(&tmpfs.mountpoint);
+    // Only the big file changes, and it does not fit.
+    let v2 = checkpoint(&layout, &id, "v1", 64 << 10);
+    let error = store.write_inactive(&v2).expect_err("disk full");
+    assert!(matches!(error, Error::NoSpace { .. }), "{error:?}");
+    assert!(error.is_disk_unwritable());
+    assert!(
+        error
+            .to_string()
+            .starts_with("no space left on device while writing"),
+        "{error}"
+    );
+    fs::remove_file(&filler).expect("free space");
+    assert_eq!(
+        common::snapshot(&tmpfs.mountpoint),
+        before,
+        "the previous checkpoint is intact"
+    );
+
+    // A manifest that does not fit either.
+    let mut v3 = checkpoint(&layout, &id, "v3", 10);
+    v3.manifest
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("test/payload".into(), "y".repeat(64 << 10));
+    store
+        .write_inactive(&checkpoint(&layout, &id, "v3", 10))
+        .expect("data fits");
+    let before = common::snapshot(&tmpfs.mountpoint);
+    let filler = fill(&tmpfs.mountpoint);
+    let error = store.write_inactive(&v3).expect_err("disk full");
+    assert!(matches!(error, Error::NoSpace { .. }), "{error:?}");
+    fs::remove_file(&filler).expect("free space");
+    assert_eq!(common::snapshot(&tmpfs.mountpoint), before);
+    assert!(no_temp_files(&tmpfs.mountpoint));
+
+    // With space again, it just works.
+    store.write_inactive(&v3).expect("write v3");
+    store.activate(&id).expect("activate v3");
+    assert!(store.read_all().expect("read")[&id].active_matches_inactive());
+}
+
+#[test]
+fn read_only_filesystem_is_a_typed_error_and_reads_still_work() {
+    let Some(tmpfs) = Tmpfs::mount("4m") else { return };
+    let layout = common::layout(&tmpfs.mountpoint);
+    let store = Store::open(layout.clone()).expect("open");
+    let id = PodId::new("kube-system", "api");
+    store
+        .write_inactive(&checkpoint(&layout, &id, "v1", 10))
+        .expect("write");
+    store.activate(&id).expect("activate");
+    fs::write(layout.inactive_dir().join("garbage.json"), "x").expect("garbage");
+    fs::write(
+        layout
+            .manifests_dir()
+            .join(".pod-checkpointer-0000000000000000-1.tmp"),
+        "x",
+    )
+    .expect("temp");
+    tmpfs.remount("ro");
+    let before = common::snapshot(&tmpfs.mountpoint);
+
+    let error = store
+        .write_inactive(&checkpoint(&layout, &id, "v2", 10))
+        .expect_err("read-only");
+    assert!(matches!(error, Error::ReadOnlyFilesystem { .. }), "{error:?}");
+    assert!(matches!(
+        store.deactivate(&id),
+        Err(Error::ReadOnlyFilesystem { .. })
+    ));
+    assert!(matches!(store.remove(&id), Err(Error::ReadOnlyFilesystem { .. })));
+    assert!(matches!(
+        store.write_journal(&1),
+        Err(Error::ReadOnlyFilesystem { .. })
+    ));
+    // Reading works; what cannot be quarantined or cleaned stays, with a warning.
+    let all = store.read_all().expect("read_all on a read-only filesystem");
+    assert!(all[&id].active_matches_inactive());
+    assert!(!store.activate(&id).expect("already active: nothing to write"));
+    assert_eq!(common::snapshot(&tmpfs.mountpoint), before);
+
+    tmpfs.remount("rw");
+    store
+        .write_inactive(&checkpoint(&layout, &id, "v2", 10))
+        .expect("writable again");
+}
