@@ -1,0 +1,616 @@
+//! `pod-checkpointer run`: take the lock, then observe → GC verdicts → plan → execute →
+//! report, triggered by API events, reachability changes, the local runtime poll, GC
+//! deadlines and a slow resync. Bursts are coalesced into one pass.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use ckpt_core::{
+    ApiObjects, Checkpoint, CheckpointState, ControllerOwner, DiskCheckpoint, GcDecision, GcVerdict,
+    LocalView, NamespaceAllowList, PersistentState, PlanInputs, PodId, RequiredObjects, SanitizeOptions,
+    SelfIdentity, StoredCopy, Timestamp, is_parent, required_objects, sanitize,
+};
+use ckpt_gc::{GcContext, GcPolicy, OwnerStatus, Sibling};
+use ckpt_lock::LockFile;
+use ckpt_store::{Store, StoredCheckpoint};
+use ckpt_watch::{
+    ApiSnapshot, ApiState, ApiWatch, ApiWatchConfig, CriClient, KubeletClient, KubeletConfig, LocalObserver,
+    ObjectWatch, OwnerLookup, OwnerPresence,
+};
+use k8s_openapi::api::core::v1::Pod;
+use tracing::{debug, info, warn};
+
+use crate::config::{KubeconfigSource, RunSettings, error_chain};
+use crate::error::{Error, Result};
+use crate::events::{EventKind, EventSink};
+use crate::executor::{Reporting, execute};
+use crate::health::{self, Health, Phase};
+
+/// How often the local runtime is polled.
+const LOCAL_POLL: Duration = Duration::from_secs(1);
+/// A full pass at least this often, whatever else happens.
+const RESYNC: Duration = Duration::from_secs(30);
+/// Events arriving within this window after a trigger are folded into the same pass.
+const COALESCE: Duration = Duration::from_millis(20);
+/// Timeout for every request the agent makes itself.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The service-account token the kubelet API is called with, when running in a pod.
+const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+pub(crate) async fn run(settings: RunSettings) -> Result<()> {
+    // Check the kubeconfig before waiting: a bad one is a usage error, not a crash loop
+    // that starts only after the other copy exits.
+    let kube_config = load_kube_config(&settings.kubeconfig).await?;
+    let policy = ckpt_gc::build(
+        &settings.gc_strategy,
+        &ckpt_gc::GcConfig::new(settings.grace_period).with_gc_section(settings.gc_section.clone()),
+    )
+    .map_err(|e| Error::Usage(format!("--gc-strategy: {}", error_chain(&e))))?;
+
+    let health = Health::new();
+    if let Some(addr) = &settings.metrics_addr {
+        health::serve(addr, health.clone())
+            .await
+            .map_err(|e| Error::Usage(format!("--metrics-addr: cannot listen on {addr}: {e}")))?;
+    }
+
+    let identity = format!(
+        "pod-checkpointer pod={}/{} node={}",
+        settings.pod_namespace, settings.pod_name, settings.node_name
+    );
+    let lock = LockFile::new(&settings.disk.lock_file, identity);
+    info!(lock = %settings.disk.lock_file.display(), "waiting for the lock");
+    let _guard = tokio::select! {
+        guard = lock.acquire() => guard.map_err(|e| Error::runtime(format!("cannot take the lock {}", settings.disk.lock_file.display()), e))?,
+        () = shutdown_signal() => {
+            info!("signal received while on standby; exiting");
+            return Ok(());
+        }
+    };
+    info!("lock taken: this copy is active");
+    health.set_phase(Phase::Starting);
+
+    // Only now: clients (DESIGN §3.5, both copies lock before creating any client).
+    let client =
+        kube::Client::try_from(kube_config).map_err(|e| Error::runtime("cannot create the API client", e))?;
+    let store = Store::open(settings.disk.layout())
+        .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+    let mut agent = Agent::new(settings, client, store, health, policy)?;
+    agent.run().await
+}
+
+async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
+    match source {
+        KubeconfigSource::InCluster => kube::Config::incluster().map_err(|e| {
+            Error::Usage(format!(
+                "--kubeconfig: in-cluster configuration failed: {}",
+                error_chain(&e)
+            ))
+        }),
+        KubeconfigSource::File(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                Error::Usage(format!(
+                    "--kubeconfig: cannot read {}: {}",
+                    path.display(),
+                    error_chain(&e)
+                ))
+            })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Usage(format!("--kubeconfig: {}: {}", path.display(), error_chain(&e))))
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+struct Agent {
+    settings: RunSettings,
+    allowed: NamespaceAllowList,
+    store: Store,
+    health: Health,
+    policy: Box<dyn GcPolicy>,
+    api: ApiWatch,
+    objects: ObjectWatch,
+    owners: OwnerLookup,
+    local: LocalObserver,
+    events: EventSink,
+    me: SelfIdentity,
+    state: PersistentState,
+    last_local: Option<LocalView>,
+    last_api_state: Option<ApiState>,
+    refusals: BTreeMap<PodId, String>,
+    next_deadline: Option<Timestamp>,
+}
+
+impl Agent {
+    fn new(
+        settings: RunSettings,
+        client: kube::Client,
+        store: Store,
+        health: Health,
+        policy: Box<dyn GcPolicy>,
+    ) -> Result<Self> {
+        let allowed = NamespaceAllowList::new(settings.namespaces.iter().cloned());
+        let api = ApiWatch::spawn(
+            client.clone(),
+            ApiWatchConfig {
+                node: settings.node_name.clone(),
+                namespaces: allowed.clone(),
+                probe_interval: Duration::from_secs(1),
+                probe_timeout: Duration::from_secs(1),
+                unreachable_after: 2,
+                request_timeout: REQUEST_TIMEOUT,
+            },
+        );
+        let objects = ObjectWatch::new(client.clone(), api.notifier());
+        let owners = OwnerLookup::new(client.clone(), REQUEST_TIMEOUT);
+        let cri = match &settings.runtime_endpoint {
+            Some(endpoint) => Some(
+                CriClient::new(endpoint, REQUEST_TIMEOUT)
+                    .map_err(|e| Error::Usage(format!("--runtime-endpoint: {}", error_chain(&e))))?,
+            ),
+            None => None,
+        };
+        let token = std::path::Path::new(SERVICE_ACCOUNT_TOKEN);
+        let kubelet = KubeletClient::new(KubeletConfig {
+            url: settings.kubelet_url.clone(),
+            readonly_url: settings.kubelet_readonly_url.clone(),
+            token_file: token.exists().then(|| token.to_path_buf()),
+            ca_file: None,
+            timeout: REQUEST_TIMEOUT,
+        })
+        .map_err(|e| Error::Usage(format!("--kubelet-url: {}", error_chain(&e))))?;
+        let local = LocalObserver::new(cri, Some(kubelet), allowed.clone());
+        let events = EventSink::new(client, &settings.node_name);
+        let me = SelfIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name);
+        let state = match store.read_journal::<PersistentState>() {
+            Ok(state) => state.unwrap_or_default(),
+            Err(e) => {
+                warn!(error = %error_chain(&e), "the state journal is unreadable; starting with empty GC timers");
+                PersistentState::default()
+            }
+        };
+        Ok(Self {
+            settings,
+            allowed,
+            store,
+            health,
+            policy,
+            api,
+            objects,
+            owners,
+            local,
+            events,
+            me,
+            state,
+            last_local: None,
+            last_api_state: None,
+            refusals: BTreeMap::new(),
+            next_deadline: None,
+        })
+    }
+
+    async fn run(&mut self) -> Result<()> {
+        let mut api_changes = self.api.subscribe();
+        let mut local_tick = tokio::time::interval(LOCAL_POLL);
+        local_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut resync = tokio::time::interval(RESYNC);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let shutdown = shutdown_signal();
+        tokio::pin!(shutdown);
+        let mut local = self.local.observe().await;
+        loop {
+            let started = Instant::now();
+            match self.pass(local).await? {
+                PassResult::Continue => {}
+                PassResult::SelfGcComplete => {
+                    info!("self-GC complete: every checkpoint removed, this one last; exiting");
+                    return Ok(());
+                }
+            }
+            debug!(elapsed_ms = started.elapsed().as_millis() as u64, "pass complete");
+            // Wait for the next reason to look again.
+            let deadline = self.next_deadline.map(|t| {
+                let wait = t.since(Timestamp::now());
+                tokio::time::Instant::now() + wait
+            });
+            local = loop {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => {
+                        info!("signal received; released the lock and exiting");
+                        return Ok(());
+                    }
+                    changed = api_changes.changed() => {
+                        if changed.is_err() {
+                            return Err(Error::runtime("the API watch stopped", std::io::Error::other("watch channel closed")));
+                        }
+                        tokio::time::sleep(COALESCE).await;
+                        api_changes.borrow_and_update();
+                        break self.local.observe().await;
+                    }
+                    _ = resync.tick() => break self.local.observe().await,
+                    () = sleep_until(deadline) => break self.local.observe().await,
+                    _ = local_tick.tick() => {
+                        let observed = self.local.observe().await;
+                        if self.last_local.as_ref() != Some(&observed) {
+                            break observed;
+                        }
+                    }
+                }
+            };
+        }
+    }
+
+    /// One pass: observe, decide GC, plan, execute, report.
+    async fn pass(&mut self, local: LocalView) -> Result<PassResult> {
+        let started = Instant::now();
+        let now = Timestamp::now();
+        let snapshot = self.api.snapshot();
+        self.log_api_state(&snapshot);
+        let stored = match self.store.read_all() {
+            Ok(stored) => stored,
+            Err(e) => {
+                warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying on the next pass");
+                self.health.write_error();
+                self.last_local = Some(local);
+                return Ok(PassResult::Continue);
+            }
+        };
+        let disk: BTreeMap<PodId, DiskCheckpoint> = stored
+            .iter()
+            .map(|(id, s)| (id.clone(), disk_checkpoint(s)))
+            .collect();
+        self.learn_own_owner(&snapshot, &disk);
+
+        let parents: BTreeMap<PodId, Arc<Pod>> = snapshot
+            .pods
+            .iter()
+            .filter(|(_, pod)| is_parent(pod, &self.allowed))
+            .map(|(id, pod)| (id.clone(), Arc::clone(pod)))
+            .collect();
+        let api_view = snapshot.api_view(&self.allowed);
+        let checkpoints = if snapshot.state == ApiState::Synced {
+            self.sanitize_parents(&parents, now)
+        } else {
+            BTreeMap::new()
+        };
+        let desired: BTreeMap<PodId, String> = checkpoints
+            .iter()
+            .map(|(id, c)| (id.clone(), c.spec_hash.clone()))
+            .collect();
+
+        let mut inputs = PlanInputs {
+            api: &api_view,
+            local: &local,
+            disk: &disk,
+            desired: &desired,
+            verdicts: &BTreeMap::new(),
+            state: &self.state,
+            me: &self.me,
+        };
+        let orphans = ckpt_core::orphans(&inputs, now);
+        let context = AgentGcContext {
+            now,
+            owners: &self.owners,
+            parents: &parents,
+            disk: &disk,
+            desired: &desired,
+        };
+        let mut verdicts: BTreeMap<PodId, GcDecision> = BTreeMap::new();
+        for orphan in &orphans {
+            verdicts.insert(orphan.id.clone(), self.policy.decide(orphan, &context).await);
+        }
+        inputs.verdicts = &verdicts;
+        let plan = ckpt_core::plan(&inputs, now);
+
+        let parent_uids: BTreeMap<PodId, String> = disk
+            .iter()
+            .filter_map(|(id, d)| {
+                let uid = d
+                    .inactive
+                    .as_ref()
+                    .or(d.active.as_ref())?
+                    .meta
+                    .parent_uid
+                    .clone()?;
+                Some((id.clone(), uid))
+            })
+            .chain(
+                parents
+                    .iter()
+                    .filter_map(|(id, p)| Some((id.clone(), p.metadata.uid.clone()?))),
+            )
+            .collect();
+        let outcome = if plan.is_noop() {
+            Default::default()
+        } else {
+            info!(
+                writes = plan.writes.len(),
+                stops = plan.stops.len(),
+                starts = plan.starts.len(),
+                removes = plan.removes.len(),
+                self_gc = plan.self_gc,
+                api = api_state_name(snapshot.state),
+                "executing plan"
+            );
+            execute(
+                &self.store,
+                &plan,
+                &checkpoints,
+                &Reporting {
+                    health: &self.health,
+                    events: Some(&self.events),
+                    api_reachable: snapshot.state != ApiState::Unreachable,
+                    strategy: &self.settings.gc_strategy,
+                    parent_uids: &parent_uids,
+                },
+            )
+        };
+        if plan.state != self.state {
+            match self.store.write_journal(&plan.state) {
+                Ok(_) => self.state = plan.state.clone(),
+                Err(e) => {
+                    warn!(error = %error_chain(&e), "cannot save the state journal");
+                    self.health.write_error();
+                }
+            }
+        }
+        self.next_deadline = verdicts
+            .values()
+            .filter_map(|v| match v.verdict {
+                GcVerdict::RemoveAt(t) if t > now => Some(t),
+                _ => None,
+            })
+            .min();
+
+        let mut by_state: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for state in plan.states.values() {
+            let name = match state {
+                CheckpointState::Inactive => "inactive",
+                CheckpointState::InactiveGrace(_) => "inactive-grace",
+                CheckpointState::Active => "active",
+                CheckpointState::ActiveGrace(_) => "active-grace",
+                CheckpointState::SelfActive => "self",
+                CheckpointState::Removed => continue,
+            };
+            *by_state.entry(name).or_default() += 1;
+        }
+        let synced_now = (snapshot.state == ApiState::Synced).then_some(now);
+        self.health.record_views(
+            api_state_name(snapshot.state),
+            local != LocalView::Unknown,
+            synced_now,
+        );
+        self.health.record_pass(started.elapsed(), by_state);
+        if self.health.phase() == Phase::Starting {
+            self.health.set_phase(Phase::Ready);
+            info!(checkpoints = disk.len(), "first pass complete: ready");
+        }
+        if local == LocalView::Unknown && self.last_local.as_ref() != Some(&LocalView::Unknown) {
+            warn!("the local runtime is unavailable: treating what runs here as unknown");
+        }
+        self.last_local = Some(local);
+        if outcome.self_gc_complete {
+            return Ok(PassResult::SelfGcComplete);
+        }
+        Ok(PassResult::Continue)
+    }
+
+    /// Sanitizes every parent whose Secrets and ConfigMaps are loaded; refusals are
+    /// logged (once per change), counted and reported as Events.
+    fn sanitize_parents(
+        &mut self,
+        parents: &BTreeMap<PodId, Arc<Pod>>,
+        now: Timestamp,
+    ) -> BTreeMap<PodId, Checkpoint> {
+        let mut required_by_ns: BTreeMap<String, RequiredObjects> = BTreeMap::new();
+        let mut required: BTreeMap<PodId, RequiredObjects> = BTreeMap::new();
+        for (id, pod) in parents {
+            let req = required_objects(pod);
+            let ns = required_by_ns.entry(id.namespace.clone()).or_default();
+            ns.secrets.extend(req.secrets.iter().cloned());
+            ns.config_maps.extend(req.config_maps.iter().cloned());
+            required.insert(id.clone(), req);
+        }
+        for ns in self.allowed.namespaces() {
+            self.objects
+                .ensure(ns, required_by_ns.get(ns).unwrap_or(&RequiredObjects::default()));
+        }
+        let options = SanitizeOptions {
+            checkpoint_dir: self.settings.disk.checkpoint_dir.display().to_string(),
+            checkpointed_at: now,
+        };
+        let mut out = BTreeMap::new();
+        let mut still_refused = BTreeSet::new();
+        for (id, pod) in parents {
+            let view = self.objects.objects(&id.namespace);
+            let req = &required[id];
+            let unresolved = view.unresolved(req);
+            let waiting: Vec<String> = unresolved
+                .iter()
+                .filter(|(r, _)| !view.failed.contains_key(r))
+                .map(|(r, why)| format!("{r} ({why})"))
+                .collect();
+            if !waiting.is_empty() {
+                debug!(pod = %id, ?waiting, "waiting for Secrets/ConfigMaps before checkpointing");
+                continue;
+            }
+            let objects = ApiObjects {
+                secrets: view
+                    .objects
+                    .secrets
+                    .iter()
+                    .filter(|(n, _)| req.secrets.contains(*n))
+                    .map(|(n, s)| (n.clone(), s.clone()))
+                    .collect(),
+                config_maps: view
+                    .objects
+                    .config_maps
+                    .iter()
+                    .filter(|(n, _)| req.config_maps.contains(*n))
+                    .map(|(n, c)| (n.clone(), c.clone()))
+                    .collect(),
+            };
+            match sanitize(pod, &objects, &options) {
+                Ok(sanitized) => {
+                    for warning in &sanitized.warnings {
+                        if self.refusals.get(id) != Some(warning) {
+                            info!(pod = %id, "{warning}");
+                        }
+                    }
+                    out.insert(id.clone(), sanitized.checkpoint);
+                }
+                Err(e) => {
+                    let mut message = e.to_string();
+                    let failures: Vec<String> =
+                        unresolved.iter().map(|(r, why)| format!("{r}: {why}")).collect();
+                    if !failures.is_empty() {
+                        message = format!("{message} ({})", failures.join("; "));
+                    }
+                    still_refused.insert(id.clone());
+                    if self.refusals.get(id) != Some(&message) {
+                        warn!(pod = %id, reason = %message, "refusing to checkpoint");
+                        self.health.refused();
+                        self.events.publish(
+                            true,
+                            id,
+                            pod.metadata.uid.as_deref(),
+                            EventKind::Refused,
+                            message.clone(),
+                        );
+                        self.refusals.insert(id.clone(), message);
+                    }
+                }
+            }
+        }
+        self.refusals.retain(|id, _| still_refused.contains(id));
+        out
+    }
+
+    /// The agent's controller owner, from its own pod in the API or its own checkpoint:
+    /// it recognises the agent's rolled pods (same DaemonSet, new name).
+    fn learn_own_owner(&mut self, snapshot: &ApiSnapshot, disk: &BTreeMap<PodId, DiskCheckpoint>) {
+        let own = self.me.parent_id();
+        let owner = snapshot
+            .pods
+            .get(&own)
+            .and_then(|p| ControllerOwner::of(p))
+            .or_else(|| {
+                disk.get(&own)
+                    .and_then(|d| d.inactive.as_ref().or(d.active.as_ref()))
+                    .and_then(|c| c.meta.owner.clone())
+            });
+        if owner.is_some() && owner != self.me.owner {
+            info!(owner = ?owner, "recognised the agent's own controller");
+            self.me.owner = owner;
+        }
+    }
+
+    fn log_api_state(&mut self, snapshot: &ApiSnapshot) {
+        if self.last_api_state != Some(snapshot.state) {
+            info!(
+                api = api_state_name(snapshot.state),
+                error = snapshot.last_error.as_deref().unwrap_or(""),
+                "API server view changed"
+            );
+            self.last_api_state = Some(snapshot.state);
+        }
+    }
+}
+
+enum PassResult {
+    Continue,
+    SelfGcComplete,
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn api_state_name(state: ApiState) -> &'static str {
+    match state {
+        ApiState::Unreachable => "unreachable",
+        ApiState::Reachable => "reachable",
+        ApiState::Synced => "synced",
+    }
+}
+
+fn disk_checkpoint(stored: &StoredCheckpoint) -> DiskCheckpoint {
+    let copy = |m: &ckpt_store::StoredManifest| StoredCopy {
+        meta: m.meta.clone(),
+        digest: m.digest.clone(),
+    };
+    DiskCheckpoint {
+        inactive: stored.inactive.as_ref().map(copy),
+        active: stored.active.as_ref().map(copy),
+    }
+}
+
+/// What a GC strategy may look up, answered from this pass's observations.
+struct AgentGcContext<'a> {
+    now: Timestamp,
+    owners: &'a OwnerLookup,
+    parents: &'a BTreeMap<PodId, Arc<Pod>>,
+    disk: &'a BTreeMap<PodId, DiskCheckpoint>,
+    desired: &'a BTreeMap<PodId, String>,
+}
+
+#[async_trait]
+impl GcContext for AgentGcContext<'_> {
+    fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    async fn owner_status(&self, namespace: &str, owner: &ControllerOwner) -> OwnerStatus {
+        match self.owners.owner_status(namespace, owner).await {
+            OwnerPresence::Present => OwnerStatus::Present,
+            OwnerPresence::Absent => OwnerStatus::Absent,
+            OwnerPresence::Unknown(reason) => {
+                debug!(owner = %owner.to_annotation(), %reason, "owner lookup failed");
+                OwnerStatus::Unknown
+            }
+        }
+    }
+
+    async fn siblings(&self, namespace: &str, owner: &ControllerOwner) -> Vec<Sibling> {
+        // Only parents we can actually checkpoint count (desired holds the sanitizable
+        // ones): a pod that can never be checkpointed must not supersede anything.
+        self.parents
+            .iter()
+            .filter(|(id, pod)| {
+                id.namespace == namespace
+                    && self.desired.contains_key(*id)
+                    && ControllerOwner::of(pod).is_some_and(|o| o.same_controller(owner))
+            })
+            .map(|(id, _)| {
+                let stored = self
+                    .disk
+                    .get(id)
+                    .and_then(|d| d.inactive.as_ref())
+                    .and_then(|c| c.meta.spec_hash.as_ref());
+                Sibling::new(id.clone(), stored.is_some() && stored == self.desired.get(id))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,578 @@
+//! The command line (DESIGN §3.7) and the YAML config file, merged with the precedence
+//! flags > environment > file > defaults into [`RunSettings`] / [`DiskSettings`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+use crate::duration::parse_duration;
+use crate::error::{Error, Result};
+
+/// `pod-checkpointer`: keeps a self-hosted Kubernetes control plane bootable.
+#[derive(Debug, Parser)]
+#[command(name = "pod-checkpointer", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run the agent: checkpoint, activate, deactivate and garbage-collect.
+    Run(Box<RunArgs>),
+    /// Show what is checkpointed, its state, and what the kubelet would run after a reboot.
+    Inspect(InspectArgs),
+    /// Remove every checkpoint safely (uninstall or migration to static pods).
+    Drain(DrainArgs),
+    /// List the registered garbage-collection strategies.
+    Strategies,
+}
+
+/// Paths shared by every subcommand that touches the disk.
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct DiskArgs {
+    /// The kubelet's static pod directory (active checkpoints) [default: /etc/kubernetes/manifests]
+    #[arg(long, value_name = "DIR")]
+    pub(crate) manifests_dir: Option<PathBuf>,
+    /// Where inactive checkpoints, their secrets and configmaps live [default: /etc/kubernetes]
+    #[arg(long, value_name = "DIR")]
+    pub(crate) checkpoint_dir: Option<PathBuf>,
+    /// The lock shared by the DaemonSet copy and the static copy [default: /var/run/lock/pod-checkpointer.lock]
+    #[arg(long, value_name = "PATH")]
+    pub(crate) lock_file: Option<PathBuf>,
+    /// YAML config file with the same keys as the long flags (flags > env > file > defaults)
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// This node's name
+    #[arg(long, env = "NODE_NAME")]
+    pub(crate) node_name: Option<String>,
+    /// This pod's name (the static copy's is `<name>-<node>`)
+    #[arg(long, env = "POD_NAME")]
+    pub(crate) pod_name: Option<String>,
+    /// This pod's namespace
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub(crate) pod_namespace: Option<String>,
+    /// Kubeconfig for the API server [default: in-cluster, else /etc/kubernetes/kubeconfig]
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    pub(crate) kubeconfig: Option<PathBuf>,
+    /// The kubelet API [default: https://$HOST_IP:10250, HOST_IP default 127.0.0.1]
+    #[arg(long, value_name = "URL")]
+    pub(crate) kubelet_url: Option<String>,
+    /// A read-only kubelet API to fall back to [default: none]
+    #[arg(long, value_name = "URL")]
+    pub(crate) kubelet_readonly_url: Option<String>,
+    /// CRI endpoint; "" turns the CRI off [default: unix:///run/containerd/containerd.sock]
+    #[arg(long, value_name = "URL")]
+    pub(crate) runtime_endpoint: Option<String>,
+    /// GC strategy (see `pod-checkpointer strategies`) [default: grace-period]
+    #[arg(long, value_name = "NAME")]
+    pub(crate) gc_strategy: Option<String>,
+    /// How long a parent must be gone before its checkpoint is removed, e.g. 2s, 5m [default: 1m]
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) checkpoint_grace_period: Option<String>,
+    /// Namespaces whose pods may be checkpointed [default: the pod's own namespace]
+    #[arg(long, value_name = "NS[,NS…]", value_delimiter = ',')]
+    pub(crate) namespaces: Option<Vec<String>>,
+    /// Address for /healthz, /readyz and /metrics; "" turns it off [default: 127.0.0.1:8080]
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_addr: Option<String>,
+    /// Log format (levels via RUST_LOG) [default: text]
+    #[arg(long, value_enum)]
+    pub(crate) log_format: Option<LogFormat>,
+    #[command(flatten)]
+    pub(crate) disk: DiskArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    /// Output format
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub(crate) output: OutputFormat,
+    #[command(flatten)]
+    pub(crate) disk: DiskArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DrainArgs {
+    /// Drain even while a running agent holds the lock
+    #[arg(long)]
+    pub(crate) force: bool,
+    #[command(flatten)]
+    pub(crate) disk: DiskArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutputFormat {
+    Table,
+    Json,
+}
+
+/// The YAML config file: the long flag names without dashes; strategy settings in `gc:`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub(crate) struct FileConfig {
+    node_name: Option<String>,
+    pod_name: Option<String>,
+    pod_namespace: Option<String>,
+    kubeconfig: Option<PathBuf>,
+    kubelet_url: Option<String>,
+    kubelet_readonly_url: Option<String>,
+    runtime_endpoint: Option<String>,
+    manifests_dir: Option<PathBuf>,
+    checkpoint_dir: Option<PathBuf>,
+    lock_file: Option<PathBuf>,
+    gc_strategy: Option<String>,
+    checkpoint_grace_period: Option<String>,
+    namespaces: Option<Namespaces>,
+    metrics_addr: Option<String>,
+    log_format: Option<LogFormat>,
+    gc: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+/// `namespaces: [a, b]` or `namespaces: "a,b"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Namespaces {
+    List(Vec<String>),
+    Text(String),
+}
+
+impl Namespaces {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Namespaces::List(v) => v,
+            Namespaces::Text(t) => t
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        }
+    }
+}
+
+/// Reads the config file (empty when none is given).
+pub(crate) fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
+    let Some(path) = path else {
+        return Ok(FileConfig::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Usage(format!("--config: cannot read {}: {e}", path.display())))?;
+    if text.trim().is_empty() {
+        return Ok(FileConfig::default());
+    }
+    serde_saphyr::from_str(&text).map_err(|e| Error::Usage(format!("--config: {}: {e}", path.display())))
+}
+
+pub(crate) const DEFAULT_CHECKPOINT_DIR: &str = "/etc/kubernetes";
+pub(crate) const DEFAULT_MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
+pub(crate) const DEFAULT_LOCK_FILE: &str = "/var/run/lock/pod-checkpointer.lock";
+pub(crate) const DEFAULT_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:8080";
+pub(crate) const DEFAULT_KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";
+
+/// Where checkpoints live on disk, and the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DiskSettings {
+    pub(crate) manifests_dir: PathBuf,
+    pub(crate) checkpoint_dir: PathBuf,
+    pub(crate) lock_file: PathBuf,
+}
+
+impl DiskSettings {
+    pub(crate) fn resolve(args: &DiskArgs, file: &FileConfig) -> Self {
+        let pick = |flag: &Option<PathBuf>, file: &Option<PathBuf>, default: &str| {
+            flag.clone()
+                .or_else(|| file.clone())
+                .unwrap_or_else(|| PathBuf::from(default))
+        };
+        Self {
+            manifests_dir: pick(&args.manifests_dir, &file.manifests_dir, DEFAULT_MANIFESTS_DIR),
+            checkpoint_dir: pick(&args.checkpoint_dir, &file.checkpoint_dir, DEFAULT_CHECKPOINT_DIR),
+            lock_file: pick(&args.lock_file, &file.lock_file, DEFAULT_LOCK_FILE),
+        }
+    }
+
+    pub(crate) fn layout(&self) -> ckpt_store::Layout {
+        ckpt_store::Layout::new(&self.checkpoint_dir, &self.manifests_dir)
+    }
+}
+
+/// How to reach the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KubeconfigSource {
+    /// `--kubeconfig` / `KUBECONFIG` / the file's `kubeconfig`.
+    File(PathBuf),
+    /// The pod's service account (KUBERNETES_SERVICE_HOST is set).
+    InCluster,
+}
+
+/// Everything `run` needs, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct RunSettings {
+    pub(crate) node_name: String,
+    pub(crate) pod_name: String,
+    pub(crate) pod_namespace: String,
+    pub(crate) kubeconfig: KubeconfigSource,
+    pub(crate) kubelet_url: String,
+    pub(crate) kubelet_readonly_url: Option<String>,
+    pub(crate) runtime_endpoint: Option<String>,
+    pub(crate) gc_strategy: String,
+    pub(crate) grace_period: Duration,
+    pub(crate) gc_section: serde_json::Value,
+    pub(crate) namespaces: Vec<String>,
+    pub(crate) metrics_addr: Option<String>,
+    pub(crate) log_format: LogFormat,
+    pub(crate) disk: DiskSettings,
+}
+
+/// What the process environment says (injected, so tests need not mutate it).
+pub(crate) struct Environment {
+    pub(crate) host_ip: Option<String>,
+    pub(crate) in_cluster: bool,
+}
+
+impl Environment {
+    pub(crate) fn from_process() -> Self {
+        Self {
+            host_ip: std::env::var("HOST_IP").ok().filter(|v| !v.is_empty()),
+            in_cluster: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+        }
+    }
+}
+
+impl RunSettings {
+    /// Merges flags (clap already applied the environment) over the file over defaults.
+    pub(crate) fn resolve(args: RunArgs, file: FileConfig, env: &Environment) -> Result<Self> {
+        let required = |flag: Option<String>, file: Option<String>, name: &str, var: &str| {
+            flag.or(file).filter(|v| !v.is_empty()).ok_or_else(|| {
+                Error::Usage(format!(
+                    "--{name} is required (or set {var}, or `{name}:` in --config)"
+                ))
+            })
+        };
+        let node_name = required(args.node_name, file.node_name, "node-name", "NODE_NAME")?;
+        let pod_name = required(args.pod_name, file.pod_name, "pod-name", "POD_NAME")?;
+        let pod_namespace = required(
+            args.pod_namespace,
+            file.pod_namespace,
+            "pod-namespace",
+            "POD_NAMESPACE",
+        )?;
+
+        let kubeconfig = match args
+            .kubeconfig
+            .or(file.kubeconfig)
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            Some(path) => KubeconfigSource::File(path),
+            None if env.in_cluster => KubeconfigSource::InCluster,
+            None => KubeconfigSource::File(PathBuf::from(DEFAULT_KUBECONFIG)),
+        };
+        let kubelet_url = args
+            .kubelet_url
+            .or(file.kubelet_url)
+            .unwrap_or_else(|| format!("https://{}:10250", env.host_ip.as_deref().unwrap_or("127.0.0.1")));
+        check_url("--kubelet-url", &kubelet_url)?;
+        let kubelet_readonly_url = args
+            .kubelet_readonly_url
+            .or(file.kubelet_readonly_url)
+            .filter(|u| !u.is_empty());
+        if let Some(url) = &kubelet_readonly_url {
+            check_url("--kubelet-readonly-url", url)?;
+        }
+        let runtime_endpoint = args
+            .runtime_endpoint
+            .or(file.runtime_endpoint)
+            .unwrap_or_else(|| DEFAULT_RUNTIME_ENDPOINT.to_owned());
+        let runtime_endpoint = (!runtime_endpoint.is_empty()).then_some(runtime_endpoint);
+        if let Some(endpoint) = &runtime_endpoint {
+            let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+            if !path.starts_with('/') {
+                return Err(Error::Usage(format!(
+                    "--runtime-endpoint: {endpoint:?} is not a unix socket (use unix:///path/to.sock, or \"\" to turn the CRI off)"
+                )));
+            }
+        }
+
+        let gc_strategy = args
+            .gc_strategy
+            .or(file.gc_strategy)
+            .unwrap_or_else(|| ckpt_gc::DEFAULT_STRATEGY.to_owned());
+        let grace_period = match args.checkpoint_grace_period.or(file.checkpoint_grace_period) {
+            Some(text) => {
+                parse_duration(&text).map_err(|e| Error::Usage(format!("--checkpoint-grace-period: {e}")))?
+            }
+            None => ckpt_gc::DEFAULT_GRACE_PERIOD,
+        };
+        let gc_section = match file.gc {
+            Some(map) => serde_json::Value::Object(map.into_iter().collect()),
+            None => serde_json::Value::Null,
+        };
+        // The strategy name and its settings are checked here, before any lock or client,
+        // so a typo is a usage error (exit 2), not a crash loop.
+        ckpt_gc::build(
+            &gc_strategy,
+            &ckpt_gc::GcConfig::new(grace_period).with_gc_section(gc_section.clone()),
+        )
+        .map_err(|e| Error::Usage(format!("--gc-strategy: {}", error_chain(&e))))?;
+
+        let namespaces = match args.namespaces {
+            Some(list) => list,
+            None => file.namespaces.map(Namespaces::into_vec).unwrap_or_default(),
+        };
+        let mut namespaces: Vec<String> = namespaces
+            .into_iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if namespaces.is_empty() {
+            namespaces.push(pod_namespace.clone());
+        }
+        for ns in &namespaces {
+            if !is_dns_label(ns) {
+                return Err(Error::Usage(format!(
+                    "--namespaces: {ns:?} is not a valid namespace name"
+                )));
+            }
+        }
+        namespaces.sort();
+        namespaces.dedup();
+
+        let metrics_addr = args
+            .metrics_addr
+            .or(file.metrics_addr)
+            .unwrap_or_else(|| DEFAULT_METRICS_ADDR.to_owned());
+        let metrics_addr = (!metrics_addr.is_empty()).then_some(metrics_addr);
+        if let Some(addr) = &metrics_addr
+            && addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(Error::Usage(format!(
+                "--metrics-addr: {addr:?} is not an address like 127.0.0.1:8080"
+            )));
+        }
+        let disk = DiskSettings::resolve(
+            &args.disk,
+            &FileConfig {
+                manifests_dir: file.manifests_dir,
+                checkpoint_dir: file.checkpoint_dir,
+                lock_file: file.lock_file,
+                ..FileConfig::default()
+            },
+        );
+        Ok(Self {
+            node_name,
+            pod_name,
+            pod_namespace,
+            kubeconfig,
+            kubelet_url,
+            kubelet_readonly_url,
+            runtime_endpoint,
+            gc_strategy,
+            grace_period,
+            gc_section,
+            namespaces,
+            metrics_addr,
+            log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+            disk,
+        })
+    }
+}
+
+fn check_url(flag: &str, url: &str) -> Result<()> {
+    let ok = (url.starts_with("http://") || url.starts_with("https://")) && url.len() > "https://".len();
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "{flag}: {url:?} is not an http:// or https:// URL"
+        )))
+    }
+}
+
+/// A DNS label (RFC 1123): what a namespace name must be.
+pub(crate) fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// An error with its causes, `a: b: c`.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        // Many errors already quote their cause in their own message.
+        let cause = s.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(argv: &[&str], yaml: &str, env: Environment) -> Result<RunSettings> {
+        let cli = Cli::try_parse_from(
+            std::iter::once("pod-checkpointer")
+                .chain(std::iter::once("run"))
+                .chain(argv.iter().copied()),
+        )
+        .map_err(|e| Error::Usage(e.to_string()))?;
+        let Command::Run(args) = cli.command else {
+            unreachable!("run")
+        };
+        let file = if yaml.is_empty() {
+            FileConfig::default()
+        } else {
+            serde_saphyr::from_str(yaml).map_err(|e| Error::Usage(e.to_string()))?
+        };
+        RunSettings::resolve(*args, file, &env)
+    }
+
+    fn no_env() -> Environment {
+        Environment {
+            host_ip: None,
+            in_cluster: false,
+        }
+    }
+
+    const IDS: [&str; 6] = [
+        "--node-name",
+        "n1",
+        "--pod-name",
+        "pc-1",
+        "--pod-namespace",
+        "kube-system",
+    ];
+
+    #[test]
+    fn defaults() {
+        let s = resolve(&IDS, "", no_env()).expect("ok");
+        assert_eq!(
+            s.kubeconfig,
+            KubeconfigSource::File(PathBuf::from("/etc/kubernetes/kubeconfig"))
+        );
+        assert_eq!(s.kubelet_url, "https://127.0.0.1:10250");
+        assert_eq!(s.runtime_endpoint.as_deref(), Some(DEFAULT_RUNTIME_ENDPOINT));
+        assert_eq!(s.gc_strategy, "grace-period");
+        assert_eq!(s.grace_period, Duration::from_secs(60));
+        assert_eq!(s.namespaces, vec!["kube-system"]);
+        assert_eq!(s.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR));
+        assert_eq!(s.disk.lock_file, PathBuf::from(DEFAULT_LOCK_FILE));
+        assert_eq!(s.disk.manifests_dir, PathBuf::from(DEFAULT_MANIFESTS_DIR));
+        let s = resolve(
+            &IDS,
+            "",
+            Environment {
+                host_ip: Some("10.0.0.5".into()),
+                in_cluster: true,
+            },
+        )
+        .expect("ok");
+        assert_eq!(s.kubelet_url, "https://10.0.0.5:10250");
+        assert_eq!(s.kubeconfig, KubeconfigSource::InCluster);
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let yaml = "gc-strategy: immediate\ncheckpoint-grace-period: 5m\nnamespaces: [kube-system, cni]\nruntime-endpoint: \"\"\nmetrics-addr: \"\"\ncheckpoint-dir: /var/lib/ckpt\n";
+        let s = resolve(&IDS, yaml, no_env()).expect("ok");
+        assert_eq!(
+            (s.gc_strategy.as_str(), s.grace_period),
+            ("immediate", Duration::from_secs(300))
+        );
+        assert_eq!(s.namespaces, vec!["cni", "kube-system"]);
+        assert_eq!((s.runtime_endpoint, s.metrics_addr), (None, None));
+        assert_eq!(s.disk.checkpoint_dir, PathBuf::from("/var/lib/ckpt"));
+        let mut argv = IDS.to_vec();
+        argv.extend([
+            "--gc-strategy",
+            "owner-reference",
+            "--checkpoint-grace-period",
+            "2s",
+            "--namespaces",
+            "a,b",
+            "--checkpoint-dir",
+            "/x",
+        ]);
+        let s = resolve(&argv, yaml, no_env()).expect("ok");
+        assert_eq!(
+            (s.gc_strategy.as_str(), s.grace_period),
+            ("owner-reference", Duration::from_secs(2))
+        );
+        assert_eq!(s.namespaces, vec!["a", "b"]);
+        assert_eq!(s.disk.checkpoint_dir, PathBuf::from("/x"));
+        let s = resolve(
+            &[],
+            "node-name: n\npod-name: p\npod-namespace: ns\nnamespaces: \"x, y\"\n",
+            no_env(),
+        )
+        .expect("ok");
+        assert_eq!(
+            (s.node_name.as_str(), s.namespaces.clone()),
+            ("n", vec!["x".to_owned(), "y".to_owned()])
+        );
+    }
+
+    #[test]
+    fn usage_errors_name_the_flag() {
+        let check = |argv: &[&str], yaml: &str, expected: &str| {
+            let mut all = IDS.to_vec();
+            all.extend(argv);
+            let err = resolve(&all, yaml, no_env())
+                .expect_err("usage error")
+                .to_string();
+            assert!(err.contains(expected), "{err:?} should contain {expected:?}");
+        };
+        check(
+            &["--gc-strategy", "nope"],
+            "",
+            "--gc-strategy: unknown GC strategy \"nope\" (known: grace-period, immediate, owner-reference)",
+        );
+        check(
+            &["--checkpoint-grace-period", "5x"],
+            "",
+            "--checkpoint-grace-period: invalid duration \"5x\"",
+        );
+        check(
+            &["--namespaces", "Kube_System"],
+            "",
+            "--namespaces: \"Kube_System\" is not a valid namespace name",
+        );
+        check(&["--metrics-addr", "localhost"], "", "--metrics-addr");
+        check(&["--kubelet-url", "127.0.0.1:10250"], "", "--kubelet-url");
+        check(&["--runtime-endpoint", "tcp://x:1"], "", "--runtime-endpoint");
+        check(&[], "gc:\n  grace-period:\n    nope: 1\n", "--gc-strategy");
+        let err = resolve(&["--pod-name", "p", "--pod-namespace", "n"], "", no_env())
+            .expect_err("missing")
+            .to_string();
+        assert_eq!(
+            err,
+            "--node-name is required (or set NODE_NAME, or `node-name:` in --config)"
+        );
+        let unknown_key: std::result::Result<FileConfig, _> = serde_saphyr::from_str("gc-stratgy: x\n");
+        assert!(unknown_key.is_err());
+    }
+}

@@ -1,0 +1,126 @@
+//! `pod-checkpointer drain`: remove every checkpoint safely, for uninstalling or
+//! migrating to plain static pods.
+
+use ckpt_core::PodId;
+use ckpt_lock::{LockFile, TryAcquire};
+use ckpt_store::Store;
+
+use crate::config::DiskSettings;
+use crate::error::{Error, Result};
+
+/// Removes every checkpoint (and data directories left without one). Refuses while a
+/// running agent holds the lock, unless `force`; without `force` it takes the lock, so no
+/// agent starts half-way. The agent's own checkpoint, if recognisable from the lock
+/// holder, goes last: removing it stops the static copy.
+pub(crate) fn drain(disk: &DiskSettings, force: bool) -> Result<Vec<String>> {
+    let lock = LockFile::new(
+        &disk.lock_file,
+        format!("pod-checkpointer drain pid={}", std::process::id()),
+    );
+    let mut holder_pod = None;
+    let _guard = match lock.try_acquire() {
+        Ok(TryAcquire::Acquired(guard)) => Some(guard),
+        Ok(TryAcquire::Busy { holder }) if force => {
+            holder_pod = holder.as_ref().and_then(|h| pod_of_identity(&h.identity));
+            None
+        }
+        Ok(TryAcquire::Busy { holder }) => {
+            let who = holder
+                .map(|h| h.to_string())
+                .unwrap_or_else(|| "another process".into());
+            return Err(Error::Usage(format!(
+                "a running pod-checkpointer holds {} ({who}); stop it first, or use --force",
+                disk.lock_file.display()
+            )));
+        }
+        Err(e) if force => {
+            tracing::warn!(error = %e, "cannot take the lock; draining anyway (--force)");
+            None
+        }
+        Err(e) => {
+            return Err(Error::runtime(
+                format!("cannot take the lock {}", disk.lock_file.display()),
+                e,
+            ));
+        }
+    };
+    let store =
+        Store::open(disk.layout()).map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+    let mut ids: Vec<PodId> = store
+        .read_all()
+        .map_err(|e| Error::runtime("cannot read the checkpoints", e))?
+        .into_keys()
+        .collect();
+    let data = store
+        .data_pods()
+        .map_err(|e| Error::runtime("cannot list checkpoint data", e))?;
+    ids.extend(data);
+    ids.sort();
+    ids.dedup();
+    if let Some(own) = holder_pod.as_ref().and_then(|p| ids.iter().position(|i| i == p)) {
+        let own = ids.remove(own);
+        ids.push(own);
+    }
+    let mut removed = Vec::new();
+    for id in ids {
+        let summary = store
+            .remove(&id)
+            .map_err(|e| Error::runtime(format!("cannot remove the checkpoint of {id}"), e))?;
+        if summary.removed_anything() {
+            removed.push(format!(
+                "{id}: {} data dir(s){}{}",
+                summary.data_dirs_removed,
+                if summary.inactive_removed {
+                    ", inactive manifest"
+                } else {
+                    ""
+                },
+                if summary.active_removed {
+                    ", active manifest"
+                } else {
+                    ""
+                },
+            ));
+        }
+    }
+    store
+        .write_journal(&ckpt_core::PersistentState::default())
+        .map_err(|e| Error::runtime("cannot reset the state journal", e))?;
+    Ok(removed)
+}
+
+/// The agent writes `pod-checkpointer pod=<ns>/<name> node=<node>` as its lock identity.
+fn pod_of_identity(identity: &str) -> Option<PodId> {
+    let pod = identity.split_whitespace().find_map(|w| w.strip_prefix("pod="))?;
+    let (ns, name) = pod.split_once('/')?;
+    Some(PodId::new(
+        ns,
+        ckpt_core::SelfIdentity::new(ns, name, node_of_identity(identity)?).parent_name,
+    ))
+}
+
+fn node_of_identity(identity: &str) -> Option<&str> {
+    identity.split_whitespace().find_map(|w| w.strip_prefix("node="))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_names_the_agent_parent() {
+        let check = |identity: &str, expected: Option<PodId>| {
+            assert_eq!(pod_of_identity(identity), expected, "{identity}")
+        };
+        check(
+            "pod-checkpointer pod=kube-system/pc-abc node=n1",
+            Some(PodId::new("kube-system", "pc-abc")),
+        );
+        check(
+            "pod-checkpointer pod=kube-system/pc-abc-n1 node=n1",
+            Some(PodId::new("kube-system", "pc-abc")),
+        );
+        check("flock", None);
+        check("pod-checkpointer pod=broken node=n1", None);
+    }
+}

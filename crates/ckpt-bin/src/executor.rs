@@ -1,0 +1,137 @@
+//! Executes a [`Plan`] against the [`Store`], in the order writes → stops → starts →
+//! removes, each step idempotent and crash-safe (the store writes atomically).
+
+use std::collections::BTreeMap;
+
+use ckpt_core::{Checkpoint, Plan, PodId, RemovalReason};
+use ckpt_store::Store;
+use tracing::{info, warn};
+
+use crate::events::{EventKind, EventSink};
+use crate::health::Health;
+
+/// What happened while executing a plan.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    /// Steps that failed (logged, counted); the next pass retries them.
+    pub(crate) failures: usize,
+    /// Every removal of a self-GC plan succeeded: the agent may exit.
+    pub(crate) self_gc_complete: bool,
+}
+
+/// Where the executor reports to.
+pub(crate) struct Reporting<'a> {
+    pub(crate) health: &'a Health,
+    pub(crate) events: Option<&'a EventSink>,
+    pub(crate) api_reachable: bool,
+    pub(crate) strategy: &'a str,
+    pub(crate) parent_uids: &'a BTreeMap<PodId, String>,
+}
+
+impl Reporting<'_> {
+    fn event(&self, id: &PodId, kind: EventKind, note: String) {
+        if let Some(events) = self.events {
+            events.publish(
+                self.api_reachable,
+                id,
+                self.parent_uids.get(id).map(String::as_str),
+                kind,
+                note,
+            );
+        }
+    }
+}
+
+pub(crate) fn execute(
+    store: &Store,
+    plan: &Plan,
+    checkpoints: &BTreeMap<PodId, Checkpoint>,
+    report: &Reporting<'_>,
+) -> Outcome {
+    let mut outcome = Outcome::default();
+    let mut fail = |what: &str, id: &PodId, e: &dyn std::error::Error| {
+        warn!(pod = %id, error = %crate::config::error_chain(e), "{what} failed");
+        report.health.write_error();
+        outcome.failures += 1;
+    };
+    for id in &plan.writes {
+        let Some(checkpoint) = checkpoints.get(id) else {
+            continue;
+        };
+        match store.write_inactive(checkpoint) {
+            Ok(summary) if summary.changed() => info!(
+                pod = %id,
+                spec_hash = %checkpoint.spec_hash,
+                files_written = summary.files_written,
+                stale_removed = summary.entries_removed,
+                "checkpoint written"
+            ),
+            Ok(_) => {}
+            Err(e) => fail("writing the checkpoint", id, &e),
+        }
+    }
+    for id in &plan.stops {
+        match store.deactivate(id) {
+            Ok(true) => {
+                info!(pod = %id, "checkpoint deactivated: the parent runs again");
+                report.health.deactivation();
+                report.event(
+                    id,
+                    EventKind::Deactivated,
+                    "the parent pod runs again; static checkpoint removed".into(),
+                );
+            }
+            Ok(false) => {}
+            Err(e) => fail("deactivating", id, &e),
+        }
+    }
+    for id in &plan.starts {
+        match store.activate(id) {
+            Ok(true) => {
+                info!(pod = %id, "checkpoint activated");
+                report.health.activation();
+                report.event(
+                    id,
+                    EventKind::Activated,
+                    "the parent pod is not running; started its checkpoint as a static pod".into(),
+                );
+            }
+            Ok(false) => {}
+            Err(e) => fail("activating", id, &e),
+        }
+    }
+    let mut removes_ok = true;
+    for removal in &plan.removes {
+        let id = &removal.id;
+        let (strategy, reason) = match &removal.reason {
+            RemovalReason::Gc(reason) => (report.strategy.to_owned(), reason.clone()),
+            RemovalReason::SupersededSelf(by) => ("self".to_owned(), format!("superseded by {by}")),
+            RemovalReason::SelfGc => (
+                "self-gc".to_owned(),
+                "the agent is no longer scheduled to this node".to_owned(),
+            ),
+        };
+        match store.remove(id) {
+            Ok(summary) => {
+                info!(pod = %id, %strategy, %reason, data_dirs = summary.data_dirs_removed, "checkpoint removed");
+                report.health.removal(&strategy, &reason);
+                report.event(
+                    id,
+                    EventKind::Removed,
+                    format!("checkpoint removed ({strategy}): {reason}"),
+                );
+            }
+            Err(e) => {
+                fail("removing", id, &e);
+                removes_ok = false;
+                if plan.self_gc {
+                    // Self goes last: never remove the agent while something it should
+                    // have cleaned up is still there. The next pass retries.
+                    break;
+                }
+            }
+        }
+    }
+    outcome.self_gc_complete = plan.self_gc && removes_ok;
+    outcome
+}

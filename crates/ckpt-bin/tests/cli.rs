@@ -1,0 +1,249 @@
+//! The command-line contract (DESIGN §3.7), driven through the real binary: exit codes,
+//! usage errors that name the flag, `strategies`, `inspect` and `drain` on real files.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ckpt_core::{ApiObjects, SanitizeOptions, Timestamp, sanitize};
+use ckpt_store::{Layout, Store};
+use k8s_openapi::api::core::v1::Pod;
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pod-checkpointer"));
+    c.env_remove("NODE_NAME")
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .env_remove("KUBECONFIG")
+        .env("RUST_LOG", "warn");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("runs")
+}
+
+fn text(o: &[u8]) -> String {
+    String::from_utf8_lossy(o).into_owned()
+}
+
+fn disk_args(dir: &Path) -> Vec<String> {
+    vec![
+        "--checkpoint-dir".into(),
+        dir.join("ck").display().to_string(),
+        "--manifests-dir".into(),
+        dir.join("manifests").display().to_string(),
+        "--lock-file".into(),
+        dir.join("lock").display().to_string(),
+    ]
+}
+
+/// Writes a real checkpoint (sanitized from a pod) and activates it.
+fn seed_checkpoint(dir: &Path, name: &str, active: bool) {
+    let store = Store::open(Layout::new(dir.join("ck"), dir.join("manifests"))).expect("store");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "kube-system", "uid": format!("uid-{name}"),
+                     "annotations": {"checkpointer.alpha.coreos.com/checkpoint": "true"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}
+    }))
+    .expect("pod");
+    let options = SanitizeOptions {
+        checkpoint_dir: dir.join("ck").display().to_string(),
+        checkpointed_at: Timestamp::now(),
+    };
+    let checkpoint = sanitize(&pod, &ApiObjects::default(), &options)
+        .expect("sanitizes")
+        .checkpoint;
+    store.write_inactive(&checkpoint).expect("written");
+    if active {
+        store.activate(&checkpoint.parent).expect("activated");
+    }
+}
+
+#[test]
+fn strategies_lists_the_registry() {
+    let out = run(&["strategies"]);
+    assert!(out.status.success());
+    let names: Vec<String> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    assert_eq!(names, ["grace-period", "immediate", "owner-reference"]);
+}
+
+#[test]
+fn usage_errors_exit_2_and_name_the_flag() {
+    let ids = [
+        "run",
+        "--node-name",
+        "n",
+        "--pod-name",
+        "p",
+        "--pod-namespace",
+        "kube-system",
+    ];
+    let check = |extra: &[&str], expected: &str| {
+        let mut args = ids.to_vec();
+        args.extend(extra);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(expected),
+            "{args:?}: {:?} should contain {expected:?}",
+            text(&out.stderr)
+        );
+    };
+    check(
+        &["--gc-strategy", "nope"],
+        "--gc-strategy: unknown GC strategy \"nope\" (known: grace-period, immediate, owner-reference)",
+    );
+    check(
+        &["--checkpoint-grace-period", "soon"],
+        "--checkpoint-grace-period",
+    );
+    check(
+        &["--kubeconfig", "/nonexistent/kubeconfig"],
+        "--kubeconfig: cannot read /nonexistent/kubeconfig",
+    );
+    check(
+        &["--config", "/nonexistent.yaml"],
+        "--config: cannot read /nonexistent.yaml",
+    );
+    check(&["--bogus-flag"], "--bogus-flag");
+    let out = run(&["run", "--pod-name", "p", "--pod-namespace", "ns"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--node-name is required"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Environment variables stand in for the flags.
+    let out = bin()
+        .args(["run", "--gc-strategy", "nope"])
+        .env("NODE_NAME", "n")
+        .env("POD_NAME", "p")
+        .env("POD_NAMESPACE", "ns")
+        .output()
+        .expect("runs");
+    assert!(
+        text(&out.stderr).contains("--gc-strategy"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_config_files_are_usage_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (yaml, expected) in [
+        ("gc-strategy: [x", "--config"),
+        ("gc-stratgy: immediate\n", "--config"),
+        (
+            "node-name: n\npod-name: p\npod-namespace: ns\ngc-strategy: immediate\ngc:\n  immediate:\n    nope: 1\n",
+            "--gc-strategy",
+        ),
+        (
+            "node-name: n\npod-name: p\npod-namespace: ns\ngc:\n  grace-priod: {}\n",
+            "--gc-strategy",
+        ),
+    ] {
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, yaml).expect("write");
+        let out = run(&["run", "--config", &path.display().to_string()]);
+        assert_eq!(out.status.code(), Some(2), "{yaml:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(expected),
+            "{yaml:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn inspect_reports_states_and_what_runs_after_a_reboot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    seed_checkpoint(dir.path(), "kube-apiserver-abc", true);
+    seed_checkpoint(dir.path(), "kube-scheduler-abc", false);
+    // Someone else's static pod is not ours and not reported.
+    std::fs::write(
+        dir.path().join("manifests/etcd.yaml"),
+        "apiVersion: v1\nkind: Pod\n",
+    )
+    .expect("write");
+    let mut args = vec!["inspect".to_owned(), "-o".into(), "json".into()];
+    args.extend(disk_args(dir.path()));
+    let out = bin().args(&args).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let states: Vec<(String, String)> = report["checkpoints"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|c| {
+            (
+                c["pod"].as_str().unwrap_or("").to_owned(),
+                c["state"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("kube-system/kube-apiserver-abc".into(), "active".into()),
+            ("kube-system/kube-scheduler-abc".into(), "inactive".into())
+        ]
+    );
+    assert_eq!(
+        report["runs_after_reboot"],
+        serde_json::json!(["kube-system/kube-apiserver-abc"])
+    );
+    let mut args = vec!["inspect".to_owned()];
+    args.extend(disk_args(dir.path()));
+    let table = text(&bin().args(&args).output().expect("runs").stdout);
+    assert!(
+        table.contains("After a reboot right now the kubelet would start: kube-system/kube-apiserver-abc"),
+        "{table}"
+    );
+}
+
+#[test]
+fn drain_refuses_while_an_agent_holds_the_lock_unless_forced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    seed_checkpoint(dir.path(), "kube-apiserver-abc", true);
+    let lock = ckpt_lock::LockFile::new(
+        dir.path().join("lock"),
+        "pod-checkpointer pod=kube-system/pc node=n1",
+    );
+    let guard = lock.try_acquire().expect("lock").into_guard().expect("free");
+    let mut args = vec!["drain".to_owned()];
+    args.extend(disk_args(dir.path()));
+    let out = bin().args(&args).output().expect("runs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("holds"), "{}", text(&out.stderr));
+    assert!(
+        dir.path()
+            .join("manifests/kube-system_kube-apiserver-abc.json")
+            .exists()
+    );
+    args.push("--force".into());
+    let out = bin().args(&args).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("removed kube-system/kube-apiserver-abc"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        !dir.path()
+            .join("manifests/kube-system_kube-apiserver-abc.json")
+            .exists()
+    );
+    assert!(
+        !dir.path()
+            .join("ck/inactive-manifests/kube-system_kube-apiserver-abc.json")
+            .exists()
+    );
+    drop(guard);
+    args.pop();
+    let out = bin().args(&args).output().expect("runs");
+    assert_eq!(text(&out.stdout), "nothing to remove\n");
+}
