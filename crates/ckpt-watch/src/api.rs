@@ -105,6 +105,8 @@ pub struct ApiSnapshot {
     pub last_error: Option<String>,
     /// Each namespace's watch.
     pub namespaces: BTreeMap<String, NamespaceStatus>,
+    /// How many times the API became unreachable since the start (for metrics).
+    pub outages: u64,
 }
 
 impl ApiSnapshot {
@@ -152,6 +154,7 @@ struct Status {
     probe_error: Option<String>,
     state: ApiState,
     synced_at: Option<Timestamp>,
+    outages: u64,
 }
 
 struct Inner {
@@ -197,6 +200,9 @@ impl Inner {
             if state != previous {
                 st.state = state;
                 st.synced_at = (state == ApiState::Synced).then(Timestamp::now);
+                if state == ApiState::Unreachable {
+                    st.outages += 1;
+                }
                 match state {
                     ApiState::Unreachable => warn!(
                         from = previous.as_str(),
@@ -240,6 +246,7 @@ impl Inner {
             synced_at: st.synced_at,
             last_error: st.probe_error.clone().or(first_error),
             namespaces,
+            outages: st.outages,
         }
     }
 }
@@ -296,6 +303,7 @@ impl ApiWatch {
                 probe_error: None,
                 state: ApiState::Reachable,
                 synced_at: None,
+                outages: 0,
             }),
             notify,
             gate,
@@ -416,3 +424,6 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -366,3 +366,136 @@ fn labels_pod(labels: &BTreeMap<String, String>) -> Option<PodId> {
     let name = labels.get(LABEL_POD_NAME).filter(|v| !v.is_empty())?;
     Some(PodId::new(ns, name))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::FakeCri;
+
+    const TIMEOUT: Duration = Duration::from_secs(2);
+
+    fn calls(fake: &FakeCri) -> Vec<String> {
+        crate::reflect::lock(&fake.state).calls.clone()
+    }
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(CriClient::new("unix:///run/x.sock", TIMEOUT).unwrap().socket(), Path::new("/run/x.sock"));
+        assert_eq!(CriClient::new("/run/x.sock", TIMEOUT).unwrap().socket(), Path::new("/run/x.sock"));
+        for bad in ["", "tcp://127.0.0.1:1", "unix://relative.sock", "relative.sock"] {
+            let err = CriClient::new(bad, TIMEOUT).unwrap_err();
+            assert!(matches!(err, Error::CriEndpoint { .. }), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn method_paths() {
+        assert_eq!(Method::ListPodSandbox.path(CriApi::V1), "/runtime.v1.RuntimeService/ListPodSandbox");
+        assert_eq!(
+            Method::StopPodSandbox.path(CriApi::V1alpha2),
+            "/runtime.v1alpha2.RuntimeService/StopPodSandbox"
+        );
+    }
+
+    #[tokio::test]
+    async fn negotiates_v1_when_served() {
+        let fake = FakeCri::start(true, true);
+        let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
+        assert_eq!(cri.version().await.unwrap(), ("v1".to_owned(), "fake 1.0".to_owned()));
+        assert_eq!(
+            calls(&fake),
+            vec!["/runtime.v1.RuntimeService/Version", "/runtime.v1.RuntimeService/Version"]
+        );
+    }
+
+    #[tokio::test]
+    async fn falls_back_to_v1alpha2_and_caches_the_choice() {
+        let fake = FakeCri::start(false, true);
+        let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
+        assert_eq!(cri.api().await.unwrap(), CriApi::V1alpha2);
+        cri.running_pods().await.unwrap();
+        cri.running_pods().await.unwrap();
+        let calls = calls(&fake);
+        assert_eq!(calls[..2], ["/runtime.v1.RuntimeService/Version", "/runtime.v1alpha2.RuntimeService/Version"]);
+        assert!(calls[2..].iter().all(|c| c.starts_with("/runtime.v1alpha2.") && !c.ends_with("/Version")), "{calls:?}");
+        assert_eq!(cri.version().await.unwrap().0, "v1alpha2");
+    }
+
+    #[tokio::test]
+    async fn a_runtime_serving_neither_version_is_unsupported() {
+        let fake = FakeCri::start(false, false);
+        let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
+        let err = cri.running_pods().await.unwrap_err();
+        assert!(matches!(err, Error::CriUnsupported { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn running_means_a_ready_sandbox_or_a_running_container() {
+        let fake = FakeCri::start(true, false);
+        fake.add_pod("ns", "ready-and-running", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+        fake.add_pod("ns", "ready-no-containers", proto::SANDBOX_READY, &[]);
+        fake.add_pod("ns", "container-only", proto::SANDBOX_NOTREADY, &[proto::CONTAINER_RUNNING]);
+        fake.add_pod("ns", "dead", proto::SANDBOX_NOTREADY, &[proto::CONTAINER_EXITED]);
+        fake.add_pod("ns", "created", proto::SANDBOX_NOTREADY, &[proto::CONTAINER_CREATED]);
+        let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
+        let running = cri.running_pods().await.unwrap();
+        let names: Vec<&str> = running.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["container-only", "ready-and-running", "ready-no-containers"]);
+    }
+
+    #[tokio::test]
+    async fn stop_pod_stops_its_containers_then_its_sandbox() {
+        let fake = FakeCri::start(false, true);
+        fake.add_pod("ns", "victim", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING, proto::CONTAINER_RUNNING]);
+        fake.add_pod("ns", "bystander", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+        let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
+        cri.stop_pod(&PodId::new("ns", "victim")).await.unwrap();
+        let running = cri.running_pods().await.unwrap();
+        assert_eq!(running.into_iter().collect::<Vec<_>>(), vec![PodId::new("ns", "bystander")]);
+        let stops: Vec<String> = calls(&fake).into_iter().filter(|c| c.contains("/Stop")).collect();
+        assert_eq!(
+            stops,
+            [
+                "/runtime.v1alpha2.RuntimeService/StopContainer",
+                "/runtime.v1alpha2.RuntimeService/StopContainer",
+                "/runtime.v1alpha2.RuntimeService/StopPodSandbox"
+            ]
+        );
+        let err = cri.stop_pod(&PodId::new("ns", "nobody")).await.unwrap_err();
+        assert!(matches!(err, Error::CriPodNotFound { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_vanished_runtime_is_an_error_and_a_new_one_is_renegotiated() {
+        let fake = FakeCri::start(true, false);
+        let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
+        assert_eq!(cri.api().await.unwrap(), CriApi::V1);
+        fake.stop();
+        let err = cri.running_pods().await.unwrap_err();
+        assert!(
+            matches!(err, Error::CriCall { .. } | Error::CriTimeout { .. }),
+            "{}",
+            err.chain()
+        );
+        assert!(err.to_string().contains(&fake.socket.display().to_string()), "{err}");
+
+        // An older runtime comes up on the same socket: the client renegotiates.
+        let replacement = FakeCri::start_at(&fake.socket, false, true);
+        replacement.add_pod("ns", "p", proto::SANDBOX_READY, &[]);
+        assert_eq!(cri.running_pods().await.unwrap().len(), 1);
+        assert_eq!(cri.api().await.unwrap(), CriApi::V1alpha2);
+    }
+
+    #[tokio::test]
+    async fn a_runtime_that_never_answers_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("hung.sock");
+        // Bound but never accepted: the connection sits in the backlog.
+        let _listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let cri = CriClient::new(socket.to_str().unwrap(), Duration::from_millis(200)).unwrap();
+        let started = tokio::time::Instant::now();
+        let err = cri.running_pods().await.unwrap_err();
+        assert!(matches!(err, Error::CriTimeout { .. } | Error::CriCall { .. }), "{}", err.chain());
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    }
+}

@@ -263,3 +263,174 @@ fn target(url: &str, config: &KubeletConfig, send_token: bool) -> Result<Target>
         send_token,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::{FakeKubelet, TEST_CA_PEM};
+
+    fn config(url: &str) -> KubeletConfig {
+        KubeletConfig {
+            url: url.to_owned(),
+            readonly_url: None,
+            token_file: None,
+            ca_file: None,
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    fn names(pods: &[Pod]) -> Vec<String> {
+        pods.iter().filter_map(|p| p.metadata.name.clone()).collect()
+    }
+
+    fn set_pods(fake: &FakeKubelet, names: &[&str]) {
+        lock(&fake.state).pods = names
+            .iter()
+            .map(|n| json!({"metadata": {"name": n, "namespace": "kube-system"}}))
+            .collect();
+    }
+
+    /// A port nothing listens on.
+    async fn closed_url() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        format!("http://127.0.0.1:{port}")
+    }
+
+    #[tokio::test]
+    async fn lists_pods_over_plain_http_with_the_token() {
+        let fake = FakeKubelet::start(false).await;
+        set_pods(&fake, &["a", "b"]);
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "first-token\n").unwrap();
+        let client = KubeletClient::new(KubeletConfig {
+            token_file: Some(token.clone()),
+            ..config(&format!("{}/", fake.url))
+        })
+        .unwrap();
+        assert_eq!(names(&client.pods().await.unwrap()), ["a", "b"]);
+
+        // A rotated token is picked up.
+        std::fs::write(&token, "second-token-longer\n").unwrap();
+        client.pods().await.unwrap();
+        let st = lock(&fake.state);
+        assert_eq!(st.paths, ["/pods/", "/pods/"]);
+        assert_eq!(
+            st.auth,
+            [Some("Bearer first-token".to_owned()), Some("Bearer second-token-longer".to_owned())]
+        );
+    }
+
+    #[tokio::test]
+    async fn tls_with_the_ca_and_without_verification() {
+        let fake = FakeKubelet::start(true).await;
+        set_pods(&fake, &["secure"]);
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, TEST_CA_PEM).unwrap();
+        let verified = KubeletClient::new(KubeletConfig {
+            ca_file: Some(ca),
+            ..config(&fake.url)
+        })
+        .unwrap();
+        assert_eq!(names(&verified.pods().await.unwrap()), ["secure"]);
+        let unverified = KubeletClient::new(config(&fake.url)).unwrap();
+        assert_eq!(names(&unverified.pods().await.unwrap()), ["secure"]);
+
+        // Plain HTTP to a TLS port fails (and says where).
+        let wrong = KubeletClient::new(config(&fake.url.replace("https://", "http://"))).unwrap();
+        let err = wrong.pods().await.unwrap_err();
+        assert!(err.to_string().contains("/pods/"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn falls_back_to_the_readonly_url_and_remembers_it() {
+        let secure = FakeKubelet::start(false).await;
+        lock(&secure.state).status = 403;
+        let readonly = FakeKubelet::start(false).await;
+        set_pods(&readonly, &["ro"]);
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").unwrap();
+        let client = KubeletClient::new(KubeletConfig {
+            readonly_url: Some(readonly.url.clone()),
+            token_file: Some(token),
+            ..config(&secure.url)
+        })
+        .unwrap();
+        assert_eq!(client.current_url(), secure.url);
+        assert_eq!(names(&client.pods().await.unwrap()), ["ro"]);
+        assert_eq!(client.current_url(), readonly.url);
+        assert_eq!(names(&client.pods().await.unwrap()), ["ro"]);
+        assert_eq!(secure.requests(), 1, "the failing URL is not retried every time");
+        assert_eq!(readonly.requests(), 2);
+        assert_eq!(lock(&secure.state).auth, [Some("Bearer t".to_owned())]);
+        assert_eq!(lock(&readonly.state).auth, [None, None], "no token to the read-only port");
+
+        // The read-only port fails: back to the secure one, which now answers.
+        lock(&readonly.state).status = 500;
+        lock(&secure.state).status = 200;
+        set_pods(&secure, &["secure"]);
+        assert_eq!(names(&client.pods().await.unwrap()), ["secure"]);
+        assert_eq!(client.current_url(), secure.url);
+    }
+
+    #[tokio::test]
+    async fn both_failing_is_one_error_naming_both() {
+        let primary = closed_url().await;
+        let fallback = closed_url().await;
+        let client = KubeletClient::new(KubeletConfig {
+            readonly_url: Some(fallback.clone()),
+            ..config(&primary)
+        })
+        .unwrap();
+        let err = client.pods().await.unwrap_err();
+        assert!(matches!(err, Error::KubeletBoth { .. }), "{err}");
+        let text = err.chain();
+        assert!(text.contains(&primary) && text.contains(&fallback), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_kubelet_that_never_answers_times_out() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let client = KubeletClient::new(KubeletConfig {
+            timeout: Duration::from_millis(200),
+            ..config(&url)
+        })
+        .unwrap();
+        let started = tokio::time::Instant::now();
+        let err = client.pods().await.unwrap_err();
+        assert!(
+            matches!(err, Error::KubeletTimeout { .. } | Error::KubeletRequest { .. }),
+            "{}",
+            err.chain()
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+        drop(listener);
+    }
+
+    #[tokio::test]
+    async fn bad_configuration_is_reported() {
+        for bad in ["", "127.0.0.1:10250", "ftp://x", "http://"] {
+            let err = KubeletClient::new(config(bad)).unwrap_err();
+            assert!(matches!(err, Error::KubeletUrl { .. }), "{bad}: {err}");
+        }
+        let err = KubeletClient::new(KubeletConfig {
+            ca_file: Some("/nonexistent/ca.pem".into()),
+            ..config("https://127.0.0.1:10250")
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::ReadFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn needs_a_runtime() {
+        let err = KubeletClient::new(config("http://127.0.0.1:1")).unwrap_err();
+        assert!(matches!(err, Error::NoRuntime { .. }), "{err}");
+    }
+}

@@ -1,0 +1,272 @@
+//! `ApiWatch` against the fake API server.
+
+use std::time::{Duration, Instant};
+
+use ckpt_core::identity::ANNOTATION_CHECKPOINT;
+use ckpt_core::{ApiView, NamespaceAllowList, PodId};
+
+use super::*;
+use crate::fixtures::{FakeApi, Reply, Seen, pod_json, status_body, wait_until, within};
+
+const NODE: &str = "node-1";
+
+fn config(namespaces: &[&str]) -> ApiWatchConfig {
+    ApiWatchConfig {
+        probe_interval: Duration::from_millis(20),
+        probe_timeout: Duration::from_millis(100),
+        unreachable_after: 2,
+        request_timeout: Duration::from_secs(5),
+        ..ApiWatchConfig::new(NODE, NamespaceAllowList::new(namespaces.iter().copied()))
+    }
+}
+
+async fn wait_state(api: &ApiWatch, state: ApiState) {
+    wait_until(5, &format!("state {state:?}"), api.subscribe(), || api.state() == state).await;
+}
+
+fn is_list(ns: &str) -> impl Fn(&Seen) -> bool + '_ {
+    move |s| s.path == format!("/api/v1/namespaces/{ns}/pods") && !s.is_watch()
+}
+
+fn is_watch(ns: &str) -> impl Fn(&Seen) -> bool + '_ {
+    move |s| s.path == format!("/api/v1/namespaces/{ns}/pods") && s.is_watch()
+}
+
+fn is_probe(s: &Seen) -> bool {
+    s.path == "/readyz"
+}
+
+#[tokio::test]
+async fn one_node_scoped_watch_per_namespace_and_synced_only_after_every_list() {
+    let (client, fake, _server) = FakeApi::start();
+    fake.set_objects("pods", "a", vec![pod_json("a", "plain", NODE, &[])]);
+    fake.set_objects(
+        "pods",
+        "b",
+        vec![pod_json("b", "parent", NODE, &[(ANNOTATION_CHECKPOINT, "true")])],
+    );
+    // b's first list hangs: a alone is not enough to be synced.
+    fake.set_list("pods", "b", Reply::Hang);
+    let api = ApiWatch::spawn(
+        client,
+        ApiWatchConfig {
+            request_timeout: Duration::from_millis(300),
+            ..config(&["a", "b"])
+        },
+    );
+    wait_until(5, "namespace a synced", api.subscribe(), || {
+        api.snapshot().namespaces["a"].synced
+    })
+    .await;
+    fake.wait_requests(1, "b's list", is_list("b")).await;
+    assert_eq!(api.state(), ApiState::Reachable, "b has not listed yet");
+    assert!(api.snapshot().synced_at.is_none());
+
+    // b's list is retried after the request timeout; this time it answers.
+    fake.set_list("pods", "b", Reply::Normal);
+    wait_state(&api, ApiState::Synced).await;
+    assert_eq!(fake.count(is_list("b")), 2, "the hung list was retried once");
+    let snap = api.snapshot();
+    assert!(snap.synced_at.is_some());
+    assert_eq!(snap.last_error, None);
+    assert_eq!(
+        snap.pods.keys().cloned().collect::<Vec<_>>(),
+        vec![PodId::new("a", "plain"), PodId::new("b", "parent")]
+    );
+    let ApiView::Synced { parents } = snap.api_view(&NamespaceAllowList::new(["a", "b"])) else {
+        panic!("synced view expected");
+    };
+    assert_eq!(parents.keys().cloned().collect::<Vec<_>>(), vec![PodId::new("b", "parent")]);
+    assert_eq!(parents[&PodId::new("b", "parent")].uid.as_deref(), Some("uid-parent"));
+
+    // The requests: namespaced, node-scoped, then a watch from the list's version.
+    for ns in ["a", "b"] {
+        fake.wait_requests(1, "a watch", is_watch(ns)).await;
+        for s in fake.log().iter().filter(|s| s.path.ends_with("/pods")) {
+            assert!(s.query.contains("fieldSelector=spec.nodeName%3Dnode-1"), "{s:?}");
+        }
+        let watch = fake.log().into_iter().find(is_watch(ns)).expect("watch");
+        assert!(watch.query.contains("resourceVersion="), "{watch:?}");
+    }
+    assert_eq!(
+        fake.count(|s| s.path.starts_with("/api/v1/pods")),
+        0,
+        "never a cluster-wide list"
+    );
+}
+
+#[tokio::test]
+async fn pod_events_update_the_snapshot_and_notify() {
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    wait_state(&api, ApiState::Synced).await;
+    fake.wait_requests(1, "the watch", is_watch("a")).await;
+    let mut rx = api.subscribe();
+    rx.borrow_and_update();
+
+    let mut pod = pod_json("a", "new", NODE, &[(ANNOTATION_CHECKPOINT, "true")]);
+    pod["metadata"]["resourceVersion"] = fake.next_rv().into();
+    assert_eq!(fake.push_event("pods", "a", "ADDED", &pod), 1);
+    within(5, "a notification", rx.changed()).await.expect("sender alive");
+    wait_until(5, "the new pod", api.subscribe(), || {
+        api.snapshot().pods.contains_key(&PodId::new("a", "new"))
+    })
+    .await;
+
+    pod["metadata"]["resourceVersion"] = fake.next_rv().into();
+    fake.push_event("pods", "a", "DELETED", &pod);
+    wait_until(5, "the pod gone", api.subscribe(), || api.snapshot().pods.is_empty()).await;
+    assert_eq!(api.state(), ApiState::Synced);
+    assert_eq!(fake.count(is_list("a")), 1, "events need no relist");
+}
+
+#[tokio::test]
+async fn a_forbidden_list_is_reachable_not_synced_with_the_missing_rule() {
+    let (client, fake, _server) = FakeApi::start();
+    fake.set_list("pods", "kube-system", Reply::Status(403));
+    let api = ApiWatch::spawn(client, config(&["kube-system"]));
+    wait_until(5, "the 403 reported", api.subscribe(), || {
+        api.snapshot().last_error.is_some()
+    })
+    .await;
+    let snap = api.snapshot();
+    assert_eq!(snap.state, ApiState::Reachable, "a 403 proves the API is up");
+    let error = snap.last_error.unwrap();
+    assert!(
+        error.starts_with("forbidden: needs list and watch on pods in namespace kube-system"),
+        "{error}"
+    );
+    assert_eq!(
+        snap.namespaces["kube-system"].error.as_deref(),
+        Some(error.as_str())
+    );
+    assert!(!snap.namespaces["kube-system"].synced);
+
+    // RBAC warms up: the next retry lists.
+    fake.set_list("pods", "kube-system", Reply::Normal);
+    wait_state(&api, ApiState::Synced).await;
+    assert_eq!(api.snapshot().last_error, None);
+    assert_eq!(api.snapshot().outages, 0);
+}
+
+#[tokio::test]
+async fn a_watch_error_unsyncs_and_relists() {
+    let (client, fake, _server) = FakeApi::start();
+    fake.set_objects("pods", "a", vec![pod_json("a", "p", NODE, &[])]);
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    wait_state(&api, ApiState::Synced).await;
+    fake.wait_requests(1, "the watch", is_watch("a")).await;
+
+    assert_eq!(
+        fake.push_event("pods", "a", "ERROR", &status_body(500, "etcdserver: leader changed")),
+        1
+    );
+    wait_until(5, "the watch error reported", api.subscribe(), || {
+        api.state() == ApiState::Reachable
+    })
+    .await;
+    let error = api.snapshot().last_error.expect("an error");
+    assert!(error.contains("etcdserver: leader changed"), "{error}");
+    assert_eq!(api.snapshot().pods.len(), 1, "the last view is kept while relisting");
+
+    wait_state(&api, ApiState::Synced).await;
+    assert_eq!(fake.count(is_list("a")), 2, "a fresh list after the error");
+
+    // A refused watch start is an error too.
+    fake.set_watch("pods", "a", Reply::Status(500));
+    fake.push_event("pods", "a", "ERROR", &status_body(500, "again"));
+    fake.wait_requests(1, "a refused watch", |s| is_watch("a")(s)).await;
+    wait_until(5, "the refused watch reported", api.subscribe(), || {
+        api.state() == ApiState::Reachable
+    })
+    .await;
+    assert_eq!(api.snapshot().outages, 0, "failed requests never mean unreachable");
+}
+
+#[tokio::test]
+async fn probe_failures_make_it_unreachable_with_hysteresis_and_recovery_relists() {
+    let (client, fake, _server) = FakeApi::start();
+    // One failure at a time never flaps the state.
+    fake.script_readyz(
+        [Reply::Status(503), Reply::Normal]
+            .into_iter()
+            .cycle()
+            .take(12),
+    );
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    wait_state(&api, ApiState::Synced).await;
+    fake.wait_requests(13, "the scripted probes", is_probe).await;
+    assert_eq!(api.snapshot().outages, 0, "single failed probes never make it unreachable");
+    assert_eq!(api.state(), ApiState::Synced);
+
+    // Two in a row do.
+    fake.set_readyz(Reply::Status(503));
+    wait_state(&api, ApiState::Unreachable).await;
+    let snap = api.snapshot();
+    assert_eq!(snap.outages, 1);
+    assert_eq!(snap.synced_at, None);
+    assert!(snap.last_error.as_deref().unwrap_or("").contains("503"), "{snap:?}");
+
+    // No list or watch while unreachable: only probes.
+    let pod_requests = fake.count(|s| s.path.ends_with("/pods"));
+    let probes = fake.count(is_probe);
+    fake.wait_requests(probes + 5, "more probes", is_probe).await;
+    assert_eq!(fake.count(|s| s.path.ends_with("/pods")), pod_requests);
+
+    // Back: reachable at once, synced only after a fresh list.
+    let lists = fake.count(is_list("a"));
+    fake.set_readyz(Reply::Normal);
+    wait_state(&api, ApiState::Synced).await;
+    assert_eq!(fake.count(is_list("a")), lists + 1, "a fresh list after the outage");
+    assert_eq!(api.snapshot().outages, 1);
+}
+
+#[tokio::test]
+async fn a_hung_server_is_unreachable_within_a_few_probes() {
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    wait_state(&api, ApiState::Synced).await;
+
+    // SIGSTOP: connections are accepted, nothing is answered.
+    fake.set_readyz(Reply::Hang);
+    fake.set_list("pods", "a", Reply::Hang);
+    let hung_at = Instant::now();
+    wait_state(&api, ApiState::Unreachable).await;
+    let detected = hung_at.elapsed();
+    // Two probe timeouts (100 ms) plus at most one interval (20 ms), with slack for a
+    // busy machine.
+    assert!(detected < Duration::from_secs(2), "took {detected:?}");
+    assert!(fake.parked() >= 2, "the probes hung rather than failed");
+    let error = api.snapshot().last_error.expect("error");
+    assert!(error.contains("no answer within"), "{error}");
+
+    // SIGCONT.
+    fake.set_readyz(Reply::Normal);
+    fake.set_list("pods", "a", Reply::Normal);
+    fake.drop_parked();
+    wait_state(&api, ApiState::Synced).await;
+}
+
+#[tokio::test]
+async fn any_http_answer_below_500_counts_as_reachable() {
+    let (client, fake, _server) = FakeApi::start();
+    fake.set_readyz(Reply::Status(403));
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    wait_state(&api, ApiState::Synced).await;
+    fake.wait_requests(6, "several probes", is_probe).await;
+    assert_eq!(api.snapshot().outages, 0);
+    assert_eq!(api.state(), ApiState::Synced);
+}
+
+#[tokio::test]
+async fn dropping_stops_every_task() {
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    wait_state(&api, ApiState::Synced).await;
+    api.shutdown();
+    // Let in-flight work settle, then no further requests may come.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = fake.log().len();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(fake.log().len(), before, "no probe after shutdown");
+}
