@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// `pod-checkpointer`: keeps a self-hosted Kubernetes control plane bootable.
 #[derive(Debug, Parser)]
 #[command(name = "pod-checkpointer", version, about, propagate_version = true)]
-pub(crate) struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -164,6 +164,45 @@ impl Namespaces {
     }
 }
 
+/// Checks a YAML config file the way `run` does: the keys, the strategy and its `gc:`
+/// settings, durations, namespaces. The identity (node, pod, namespace) may come from the
+/// environment at run time, so placeholders stand in for it when the file lacks it.
+pub fn check_config_file(yaml: &str) -> Result<()> {
+    let file = parse_file_config(yaml, "config")?;
+    let identity = Some("placeholder".to_owned());
+    let args = RunArgs {
+        node_name: file.node_name.clone().or(identity.clone()),
+        pod_name: file.pod_name.clone().or(identity.clone()),
+        pod_namespace: file.pod_namespace.clone().or(identity),
+        kubeconfig: None,
+        kubelet_url: None,
+        kubelet_readonly_url: None,
+        runtime_endpoint: None,
+        gc_strategy: None,
+        checkpoint_grace_period: None,
+        namespaces: None,
+        metrics_addr: None,
+        log_format: None,
+        disk: DiskArgs::default(),
+    };
+    RunSettings::resolve(
+        args,
+        file,
+        &Environment {
+            host_ip: None,
+            in_cluster: true,
+        },
+    )
+    .map(drop)
+}
+
+fn parse_file_config(text: &str, origin: &str) -> Result<FileConfig> {
+    if text.trim().is_empty() {
+        return Ok(FileConfig::default());
+    }
+    serde_saphyr::from_str(text).map_err(|e| Error::Usage(format!("--config: {origin}: {e}")))
+}
+
 /// Reads the config file (empty when none is given).
 pub(crate) fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
     let Some(path) = path else {
@@ -171,10 +210,7 @@ pub(crate) fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
     };
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Usage(format!("--config: cannot read {}: {e}", path.display())))?;
-    if text.trim().is_empty() {
-        return Ok(FileConfig::default());
-    }
-    serde_saphyr::from_str(&text).map_err(|e| Error::Usage(format!("--config: {}: {e}", path.display())))
+    parse_file_config(&text, &path.display().to_string())
 }
 
 pub(crate) const DEFAULT_CHECKPOINT_DIR: &str = "/etc/kubernetes";

@@ -2,14 +2,16 @@
 
 /// What can go wrong in the `pod-checkpointer` binary.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Error {
+pub enum Error {
     /// A bad flag, config file, strategy or kubeconfig: exit code 2, the message names it.
     #[error("{0}")]
     Usage(String),
     /// Anything else at run time: exit code 1.
     #[error("{context}")]
     Runtime {
+        /// What failed.
         context: String,
+        /// Why.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -27,7 +29,7 @@ impl Error {
     }
 
     /// The process exit code for this error (DESIGN §3.7).
-    pub(crate) fn exit_code(&self) -> u8 {
+    pub fn exit_code(&self) -> u8 {
         match self {
             Error::Usage(_) => 2,
             Error::Runtime { .. } => 1,
@@ -35,4 +37,4 @@ impl Error {
     }
 }
 
-pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+pub type Result<T, E = Error> = std::result::Result<T, E>;
