@@ -1,0 +1,163 @@
+//! Two real `pod-checkpointer run` processes on one lock file, as the DaemonSet copy and
+//! the static copy run on a node: one active, one on standby (`/readyz` 503 `standby`);
+//! SIGKILL the active one and the standby takes over; SIGTERM exits 0.
+//!
+//! No API server is needed: the kubeconfig points at a closed port, which the agent
+//! treats as "unreachable" and keeps running.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `(status code, body)` of a GET, or `None` if nothing answers.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+struct Agent {
+    child: Child,
+    port: u16,
+}
+
+impl Agent {
+    fn start(dir: &Path, pod_name: &str) -> Agent {
+        let port = free_port();
+        let log = std::fs::File::create(dir.join(format!("{pod_name}.log"))).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_pod-checkpointer"))
+            .args([
+                "run",
+                "--node-name",
+                "node-1",
+                "--pod-name",
+                pod_name,
+                "--pod-namespace",
+                "kube-system",
+            ])
+            .arg("--kubeconfig")
+            .arg(dir.join("kubeconfig"))
+            .args(["--runtime-endpoint", "", "--kubelet-url", "http://127.0.0.1:1"])
+            .arg("--checkpoint-dir")
+            .arg(dir.join("ck"))
+            .arg("--manifests-dir")
+            .arg(dir.join("manifests"))
+            .arg("--lock-file")
+            .arg(dir.join("lock"))
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starts");
+        Agent { child, port }
+    }
+
+    fn readyz(&self) -> Option<(u16, String)> {
+        get(self.port, "/readyz")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn standby_copy_takes_over_when_the_active_one_is_killed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("kubeconfig"),
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .expect("kubeconfig");
+    let timeout = Duration::from_secs(30);
+
+    let mut daemonset_copy = Agent::start(dir.path(), "pc-abc");
+    wait_for("the first copy to be ready", timeout, || {
+        daemonset_copy.readyz().is_some_and(|(s, _)| s == 200)
+    });
+
+    let mut static_copy = Agent::start(dir.path(), "pc-abc-node-1");
+    wait_for("the second copy to answer", timeout, || {
+        static_copy.readyz().is_some()
+    });
+    assert_eq!(static_copy.readyz(), Some((503, "standby".to_owned())));
+    assert_eq!(get(static_copy.port, "/healthz").map(|(s, _)| s), Some(200));
+    let metrics = get(static_copy.port, "/metrics").expect("metrics").1;
+    assert!(
+        metrics.lines().any(|l| l == "pod_checkpointer_lock_held 0"),
+        "{metrics}"
+    );
+    let holder = ckpt_lock::read_holder(dir.path().join("lock"))
+        .expect("readable")
+        .expect("a holder");
+    assert_eq!(holder.pid, daemonset_copy.child.id());
+
+    // SIGKILL: no cleanup at all, the kernel drops the flock.
+    daemonset_copy.child.kill().expect("kill");
+    daemonset_copy.child.wait().expect("reaped");
+    wait_for("the standby copy to take over", timeout, || {
+        static_copy.readyz().is_some_and(|(s, _)| s == 200)
+    });
+    let holder = ckpt_lock::read_holder(dir.path().join("lock"))
+        .expect("readable")
+        .expect("a holder");
+    assert_eq!(holder.pid, static_copy.child.id());
+
+    // SIGTERM: finish, release the lock, exit 0.
+    let status = Command::new("kill")
+        .args(["-TERM", &static_copy.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(exit) = static_copy.child.try_wait().expect("wait") {
+            break exit;
+        }
+        assert!(start.elapsed() < timeout, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(exit.code(), Some(0));
+    let lock = ckpt_lock::LockFile::new(dir.path().join("lock"), "test");
+    assert!(
+        lock.try_acquire().expect("lock").into_guard().is_some(),
+        "the lock was released"
+    );
+}
