@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ckpt_core::{
-    ApiParent, ApiView, ControllerOwner, NamespaceAllowList, PodId, Timestamp, is_parent,
-};
+use ckpt_core::{ApiParent, ApiView, ControllerOwner, NamespaceAllowList, PodId, Timestamp, is_parent};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -209,7 +207,11 @@ impl Inner {
                         problem = st.probe_error.as_deref().unwrap_or(""),
                         "API server unreachable"
                     ),
-                    _ => info!(from = previous.as_str(), to = state.as_str(), "API server state changed"),
+                    _ => info!(
+                        from = previous.as_str(),
+                        to = state.as_str(),
+                        "API server state changed"
+                    ),
                 }
             }
             state != previous
@@ -400,25 +402,23 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
     loop {
         interval.tick().await;
         let result = probe_once(&client, config.probe_timeout).await;
-        inner.update(|st| {
-            match &result {
-                Ok(()) => {
-                    if st.consecutive_failures > 0 {
-                        debug!(failures = st.consecutive_failures, "API probe succeeded again");
-                    }
-                    st.consecutive_failures = 0;
-                    st.probe_error = None;
-                    st.reachable = true;
+        inner.update(|st| match &result {
+            Ok(()) => {
+                if st.consecutive_failures > 0 {
+                    debug!(failures = st.consecutive_failures, "API probe succeeded again");
                 }
-                Err(problem) => {
-                    st.consecutive_failures = st.consecutive_failures.saturating_add(1);
-                    if st.probe_error.as_ref() != Some(problem) {
-                        debug!(%problem, failures = st.consecutive_failures, "API probe failed");
-                    }
-                    st.probe_error = Some(problem.clone());
-                    if st.consecutive_failures >= threshold {
-                        st.reachable = false;
-                    }
+                st.consecutive_failures = 0;
+                st.probe_error = None;
+                st.reachable = true;
+            }
+            Err(problem) => {
+                st.consecutive_failures = st.consecutive_failures.saturating_add(1);
+                if st.probe_error.as_ref() != Some(problem) {
+                    debug!(%problem, failures = st.consecutive_failures, "API probe failed");
+                }
+                st.probe_error = Some(problem.clone());
+                if st.consecutive_failures >= threshold {
+                    st.reachable = false;
                 }
             }
         });

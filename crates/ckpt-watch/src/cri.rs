@@ -62,7 +62,13 @@ impl Method {
                 }
             };
         }
-        paths!(Version, ListPodSandbox, ListContainers, StopContainer, StopPodSandbox)
+        paths!(
+            Version,
+            ListPodSandbox,
+            ListContainers,
+            StopContainer,
+            StopPodSandbox
+        )
     }
 }
 
@@ -194,10 +200,20 @@ impl CriClient {
     pub async fn stop_pod(&self, id: &PodId) -> Result<()> {
         let (channel, api) = self.connection().await?;
         let sandboxes: proto::ListPodSandboxResponse = self
-            .call(&channel, api, Method::ListPodSandbox, proto::ListPodSandboxRequest::default())
+            .call(
+                &channel,
+                api,
+                Method::ListPodSandbox,
+                proto::ListPodSandboxRequest::default(),
+            )
             .await?;
         let containers: proto::ListContainersResponse = self
-            .call(&channel, api, Method::ListContainers, proto::ListContainersRequest::default())
+            .call(
+                &channel,
+                api,
+                Method::ListContainers,
+                proto::ListContainersRequest::default(),
+            )
             .await?;
         let sandbox_ids: BTreeSet<&str> = sandboxes
             .items
@@ -299,7 +315,13 @@ impl CriClient {
 
     /// One unary call with the timeout; a connection-level failure drops the cached
     /// connection.
-    async fn call<Req, Resp>(&self, channel: &Channel, api: CriApi, method: Method, request: Req) -> Result<Resp>
+    async fn call<Req, Resp>(
+        &self,
+        channel: &Channel,
+        api: CriApi,
+        method: Method,
+        request: Req,
+    ) -> Result<Resp>
     where
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
@@ -311,8 +333,12 @@ impl CriClient {
                 .await
                 .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
             let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-            grpc.unary(tonic::Request::new(request), PathAndQuery::from_static(path), codec)
-                .await
+            grpc.unary(
+                tonic::Request::new(request),
+                PathAndQuery::from_static(path),
+                codec,
+            )
+            .await
         };
         let outcome = tokio::time::timeout(self.timeout, attempt).await;
         let failure = match outcome {
@@ -380,8 +406,14 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert_eq!(CriClient::new("unix:///run/x.sock", TIMEOUT).unwrap().socket(), Path::new("/run/x.sock"));
-        assert_eq!(CriClient::new("/run/x.sock", TIMEOUT).unwrap().socket(), Path::new("/run/x.sock"));
+        assert_eq!(
+            CriClient::new("unix:///run/x.sock", TIMEOUT).unwrap().socket(),
+            Path::new("/run/x.sock")
+        );
+        assert_eq!(
+            CriClient::new("/run/x.sock", TIMEOUT).unwrap().socket(),
+            Path::new("/run/x.sock")
+        );
         for bad in ["", "tcp://127.0.0.1:1", "unix://relative.sock", "relative.sock"] {
             let err = CriClient::new(bad, TIMEOUT).unwrap_err();
             assert!(matches!(err, Error::CriEndpoint { .. }), "{bad}: {err}");
@@ -390,7 +422,10 @@ mod tests {
 
     #[test]
     fn method_paths() {
-        assert_eq!(Method::ListPodSandbox.path(CriApi::V1), "/runtime.v1.RuntimeService/ListPodSandbox");
+        assert_eq!(
+            Method::ListPodSandbox.path(CriApi::V1),
+            "/runtime.v1.RuntimeService/ListPodSandbox"
+        );
         assert_eq!(
             Method::StopPodSandbox.path(CriApi::V1alpha2),
             "/runtime.v1alpha2.RuntimeService/StopPodSandbox"
@@ -401,10 +436,16 @@ mod tests {
     async fn negotiates_v1_when_served() {
         let fake = FakeCri::start(true, true);
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
-        assert_eq!(cri.version().await.unwrap(), ("v1".to_owned(), "fake 1.0".to_owned()));
+        assert_eq!(
+            cri.version().await.unwrap(),
+            ("v1".to_owned(), "fake 1.0".to_owned())
+        );
         assert_eq!(
             calls(&fake),
-            vec!["/runtime.v1.RuntimeService/Version", "/runtime.v1.RuntimeService/Version"]
+            vec![
+                "/runtime.v1.RuntimeService/Version",
+                "/runtime.v1.RuntimeService/Version"
+            ]
         );
     }
 
@@ -416,8 +457,19 @@ mod tests {
         cri.running_pods().await.unwrap();
         cri.running_pods().await.unwrap();
         let calls = calls(&fake);
-        assert_eq!(calls[..2], ["/runtime.v1.RuntimeService/Version", "/runtime.v1alpha2.RuntimeService/Version"]);
-        assert!(calls[2..].iter().all(|c| c.starts_with("/runtime.v1alpha2.") && !c.ends_with("/Version")), "{calls:?}");
+        assert_eq!(
+            calls[..2],
+            [
+                "/runtime.v1.RuntimeService/Version",
+                "/runtime.v1alpha2.RuntimeService/Version"
+            ]
+        );
+        assert!(
+            calls[2..]
+                .iter()
+                .all(|c| c.starts_with("/runtime.v1alpha2.") && !c.ends_with("/Version")),
+            "{calls:?}"
+        );
         assert_eq!(cri.version().await.unwrap().0, "v1alpha2");
     }
 
@@ -432,26 +484,57 @@ mod tests {
     #[tokio::test]
     async fn running_means_a_ready_sandbox_or_a_running_container() {
         let fake = FakeCri::start(true, false);
-        fake.add_pod("ns", "ready-and-running", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+        fake.add_pod(
+            "ns",
+            "ready-and-running",
+            proto::SANDBOX_READY,
+            &[proto::CONTAINER_RUNNING],
+        );
         fake.add_pod("ns", "ready-no-containers", proto::SANDBOX_READY, &[]);
-        fake.add_pod("ns", "container-only", proto::SANDBOX_NOTREADY, &[proto::CONTAINER_RUNNING]);
+        fake.add_pod(
+            "ns",
+            "container-only",
+            proto::SANDBOX_NOTREADY,
+            &[proto::CONTAINER_RUNNING],
+        );
         fake.add_pod("ns", "dead", proto::SANDBOX_NOTREADY, &[proto::CONTAINER_EXITED]);
-        fake.add_pod("ns", "created", proto::SANDBOX_NOTREADY, &[proto::CONTAINER_CREATED]);
+        fake.add_pod(
+            "ns",
+            "created",
+            proto::SANDBOX_NOTREADY,
+            &[proto::CONTAINER_CREATED],
+        );
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
         let running = cri.running_pods().await.unwrap();
         let names: Vec<&str> = running.iter().map(|p| p.name.as_str()).collect();
-        assert_eq!(names, ["container-only", "ready-and-running", "ready-no-containers"]);
+        assert_eq!(
+            names,
+            ["container-only", "ready-and-running", "ready-no-containers"]
+        );
     }
 
     #[tokio::test]
     async fn stop_pod_stops_its_containers_then_its_sandbox() {
         let fake = FakeCri::start(false, true);
-        fake.add_pod("ns", "victim", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING, proto::CONTAINER_RUNNING]);
-        fake.add_pod("ns", "bystander", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+        fake.add_pod(
+            "ns",
+            "victim",
+            proto::SANDBOX_READY,
+            &[proto::CONTAINER_RUNNING, proto::CONTAINER_RUNNING],
+        );
+        fake.add_pod(
+            "ns",
+            "bystander",
+            proto::SANDBOX_READY,
+            &[proto::CONTAINER_RUNNING],
+        );
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
         cri.stop_pod(&PodId::new("ns", "victim")).await.unwrap();
         let running = cri.running_pods().await.unwrap();
-        assert_eq!(running.into_iter().collect::<Vec<_>>(), vec![PodId::new("ns", "bystander")]);
+        assert_eq!(
+            running.into_iter().collect::<Vec<_>>(),
+            vec![PodId::new("ns", "bystander")]
+        );
         let stops: Vec<String> = calls(&fake).into_iter().filter(|c| c.contains("/Stop")).collect();
         assert_eq!(
             stops,
@@ -477,7 +560,10 @@ mod tests {
             "{}",
             err.chain()
         );
-        assert!(err.to_string().contains(&fake.socket.display().to_string()), "{err}");
+        assert!(
+            err.to_string().contains(&fake.socket.display().to_string()),
+            "{err}"
+        );
 
         // An older runtime comes up on the same socket: the client renegotiates.
         let replacement = FakeCri::start_at(&fake.socket, false, true);
@@ -495,7 +581,15 @@ mod tests {
         let cri = CriClient::new(socket.to_str().unwrap(), Duration::from_millis(200)).unwrap();
         let started = tokio::time::Instant::now();
         let err = cri.running_pods().await.unwrap_err();
-        assert!(matches!(err, Error::CriTimeout { .. } | Error::CriCall { .. }), "{}", err.chain());
-        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        assert!(
+            matches!(err, Error::CriTimeout { .. } | Error::CriCall { .. }),
+            "{}",
+            err.chain()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

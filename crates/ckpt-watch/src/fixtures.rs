@@ -30,7 +30,12 @@ pub(crate) async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T
 }
 
 /// Polls `cond` on every bump of `rx` (and every 10 ms) until it holds; panics after `secs`.
-pub(crate) async fn wait_until(secs: u64, what: &str, mut rx: watch::Receiver<u64>, mut cond: impl FnMut() -> bool) {
+pub(crate) async fn wait_until(
+    secs: u64,
+    what: &str,
+    mut rx: watch::Receiver<u64>,
+    mut cond: impl FnMut() -> bool,
+) {
     within(secs, what, async {
         while !cond() {
             let _ = tokio::time::timeout(Duration::from_millis(10), rx.changed()).await;
@@ -128,7 +133,8 @@ fn query_param(query: &str, key: &str) -> Option<String> {
 impl FakeApi {
     /// A client talking to a new fake.
     pub(crate) fn start() -> (kube::Client, FakeApi, JoinHandle<()>) {
-        let (service, mut handle) = tower_test::mock::pair::<Request<kube::client::Body>, Response<MockBody>>();
+        let (service, mut handle) =
+            tower_test::mock::pair::<Request<kube::client::Body>, Response<MockBody>>();
         let (requests, _) = watch::channel(0);
         let fake = FakeApi {
             state: Arc::new(Mutex::new(FakeState::default())),
@@ -143,7 +149,11 @@ impl FakeApi {
         (kube::Client::new(service, "default"), fake, task)
     }
 
-    fn handle(&self, request: &Request<kube::client::Body>, send: tower_test::mock::SendResponse<Response<MockBody>>) {
+    fn handle(
+        &self,
+        request: &Request<kube::client::Body>,
+        send: tower_test::mock::SendResponse<Response<MockBody>>,
+    ) {
         let seen = Seen {
             method: request.method().to_string(),
             path: request.uri().path().to_owned(),
@@ -201,7 +211,10 @@ impl FakeApi {
                     }
                     Reply::Status(code) => Some(respond_json(
                         code,
-                        &status_body(code, &format!("{resource} is forbidden: User \"agent\" cannot list")),
+                        &status_body(
+                            code,
+                            &format!("{resource} is forbidden: User \"agent\" cannot list"),
+                        ),
                     )),
                     Reply::Hang => None,
                 }
@@ -252,12 +265,16 @@ impl FakeApi {
 
     /// Sets how lists of a resource in a namespace are answered.
     pub(crate) fn set_list(&self, resource: &str, ns: &str, reply: Reply) {
-        lock(&self.state).lists.insert((resource.to_owned(), ns.to_owned()), reply);
+        lock(&self.state)
+            .lists
+            .insert((resource.to_owned(), ns.to_owned()), reply);
     }
 
     /// Sets how watches of a resource in a namespace are answered.
     pub(crate) fn set_watch(&self, resource: &str, ns: &str, reply: Reply) {
-        lock(&self.state).watches.insert((resource.to_owned(), ns.to_owned()), reply);
+        lock(&self.state)
+            .watches
+            .insert((resource.to_owned(), ns.to_owned()), reply);
     }
 
     /// Queues `/readyz` answers (used before the default).
@@ -473,7 +490,10 @@ where
     }
 }
 
-async fn cri_handle(state: Arc<Mutex<CriState>>, req: Request<hyper::body::Incoming>) -> Response<tonic::body::Body> {
+async fn cri_handle(
+    state: Arc<Mutex<CriState>>,
+    req: Request<hyper::body::Incoming>,
+) -> Response<tonic::body::Body> {
     let path = req.uri().path().to_owned();
     let (serve_v1, serve_v1alpha2) = {
         let mut st = lock(&state);
@@ -492,7 +512,8 @@ async fn cri_handle(state: Arc<Mutex<CriState>>, req: Request<hyper::body::Incom
         _ => false,
     };
     if !served {
-        return tonic::Status::unimplemented(format!("unknown service runtime.{api}.RuntimeService")).into_http();
+        return tonic::Status::unimplemented(format!("unknown service runtime.{api}.RuntimeService"))
+            .into_http();
     }
     let api = api.to_owned();
     let st = Arc::clone(&state);
@@ -545,7 +566,11 @@ async fn cri_handle(state: Arc<Mutex<CriState>>, req: Request<hyper::body::Incom
         }
         "StopPodSandbox" => {
             grpc_unary(req, move |r: proto::StopPodSandboxRequest| {
-                for s in lock(&st).sandboxes.iter_mut().filter(|s| s.id == r.pod_sandbox_id) {
+                for s in lock(&st)
+                    .sandboxes
+                    .iter_mut()
+                    .filter(|s| s.id == r.pod_sandbox_id)
+                {
                     s.state = proto::SANDBOX_NOTREADY;
                 }
                 proto::StopPodSandboxResponse {}
@@ -589,12 +614,13 @@ fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs = vec![CertificateDer::from_pem_slice(TEST_CERT_PEM.as_bytes()).expect("test cert")];
     let key = PrivateKeyDer::from_pem_slice(TEST_KEY_PEM.as_bytes()).expect("test key");
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("protocol versions")
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .expect("server config");
+    let config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("server config");
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
 }
 
@@ -654,7 +680,10 @@ impl Drop for FakeKubelet {
     }
 }
 
-fn kubelet_handle(state: &Mutex<KubeletState>, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+fn kubelet_handle(
+    state: &Mutex<KubeletState>,
+    req: &Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
     let mut st = lock(state);
     st.paths.push(req.uri().path().to_owned());
     st.auth.push(

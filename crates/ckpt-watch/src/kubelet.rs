@@ -321,7 +321,10 @@ mod tests {
         assert_eq!(st.paths, ["/pods/", "/pods/"]);
         assert_eq!(
             st.auth,
-            [Some("Bearer first-token".to_owned()), Some("Bearer second-token-longer".to_owned())]
+            [
+                Some("Bearer first-token".to_owned()),
+                Some("Bearer second-token-longer".to_owned())
+            ]
         );
     }
 
@@ -369,7 +372,11 @@ mod tests {
         assert_eq!(secure.requests(), 1, "the failing URL is not retried every time");
         assert_eq!(readonly.requests(), 2);
         assert_eq!(lock(&secure.state).auth, [Some("Bearer t".to_owned())]);
-        assert_eq!(lock(&readonly.state).auth, [None, None], "no token to the read-only port");
+        assert_eq!(
+            lock(&readonly.state).auth,
+            [None, None],
+            "no token to the read-only port"
+        );
 
         // The read-only port fails: back to the secure one, which now answers.
         lock(&readonly.state).status = 500;

@@ -58,7 +58,11 @@ pub struct LocalObserver {
 
 impl LocalObserver {
     /// An observer of these sources, for pods in these namespaces.
-    pub fn new(cri: Option<CriClient>, kubelet: Option<KubeletClient>, namespaces: NamespaceAllowList) -> Self {
+    pub fn new(
+        cri: Option<CriClient>,
+        kubelet: Option<KubeletClient>,
+        namespaces: NamespaceAllowList,
+    ) -> Self {
         Self {
             cri,
             kubelet,
@@ -157,4 +161,164 @@ pub fn runs(pod: &Pod) -> bool {
         && statuses
             .iter()
             .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ckpt_core::identity::ANNOTATION_CHECKPOINT;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::cri::proto;
+    use crate::fixtures::{FakeCri, FakeKubelet};
+    use crate::kubelet::KubeletConfig;
+    use crate::reflect::lock;
+
+    const T: Duration = Duration::from_secs(2);
+
+    fn kubelet_pod(ns: &str, name: &str, parent: bool, phase: &str, running: &[bool]) -> Value {
+        let annotations = if parent {
+            json!({ANNOTATION_CHECKPOINT: "true"})
+        } else {
+            json!({})
+        };
+        let containers: Vec<Value> = (0..running.len())
+            .map(|i| json!({"name": format!("c{i}")}))
+            .collect();
+        let statuses: Vec<Value> = running
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let state = if *r {
+                    json!({"running": {}})
+                } else {
+                    json!({"waiting": {"reason": "CrashLoopBackOff"}})
+                };
+                json!({"name": format!("c{i}"), "ready": r, "restartCount": 0, "image": "i", "imageID": "",
+                       "state": state})
+            })
+            .collect();
+        json!({"metadata": {"name": name, "namespace": ns, "annotations": annotations},
+               "spec": {"containers": containers},
+               "status": {"phase": phase, "containerStatuses": statuses}})
+    }
+
+    async fn kubelet(pods: Vec<Value>) -> (FakeKubelet, KubeletClient) {
+        let fake = FakeKubelet::start(false).await;
+        lock(&fake.state).pods = pods;
+        let client = KubeletClient::new(KubeletConfig {
+            url: fake.url.clone(),
+            readonly_url: None,
+            token_file: None,
+            ca_file: None,
+            timeout: T,
+        })
+        .unwrap();
+        (fake, client)
+    }
+
+    fn allowed() -> NamespaceAllowList {
+        NamespaceAllowList::new(["kube-system"])
+    }
+
+    fn ids(names: &[&str]) -> BTreeSet<PodId> {
+        names.iter().map(|n| PodId::new("kube-system", *n)).collect()
+    }
+
+    #[tokio::test]
+    async fn cri_decides_running_and_the_kubelet_names_parents() {
+        let cri = FakeCri::start(true, false);
+        cri.add_pod(
+            "kube-system",
+            "api",
+            proto::SANDBOX_READY,
+            &[proto::CONTAINER_RUNNING],
+        );
+        cri.add_pod(
+            "kube-system",
+            "dead",
+            proto::SANDBOX_NOTREADY,
+            &[proto::CONTAINER_EXITED],
+        );
+        cri.add_pod("default", "elsewhere", proto::SANDBOX_READY, &[]);
+        let (_k, kubelet) = kubelet(vec![
+            kubelet_pod("kube-system", "api", true, "Running", &[true]),
+            kubelet_pod("kube-system", "dead", true, "Failed", &[false]),
+            kubelet_pod("kube-system", "plain", false, "Running", &[true]),
+            kubelet_pod("default", "elsewhere", true, "Running", &[true]),
+        ])
+        .await;
+        let observer = LocalObserver::new(
+            Some(CriClient::new(&cri.endpoint(), T).unwrap()),
+            Some(kubelet),
+            allowed(),
+        );
+        assert_eq!(
+            observer.observe().await,
+            LocalView::Known {
+                running: ids(&["api"]),
+                kubelet_parents: ids(&["api", "dead"]),
+            }
+        );
+
+        // The kubelet fails: running is still known, the kubelet's parents are empty.
+        lock(&_k.state).status = 500;
+        assert_eq!(
+            observer.observe().await,
+            LocalView::Known {
+                running: ids(&["api"]),
+                kubelet_parents: BTreeSet::new(),
+            }
+        );
+
+        // The runtime fails: unknown, never "nothing runs".
+        cri.stop();
+        assert_eq!(observer.observe().await, LocalView::Unknown);
+    }
+
+    #[tokio::test]
+    async fn without_cri_the_kubelet_status_decides() {
+        let (fake, kubelet) = kubelet(vec![
+            kubelet_pod("kube-system", "all-running", true, "Running", &[true, true]),
+            kubelet_pod("kube-system", "one-crashing", true, "Running", &[true, false]),
+            kubelet_pod("kube-system", "pending", false, "Pending", &[false]),
+            kubelet_pod("default", "other-ns", true, "Running", &[true]),
+        ])
+        .await;
+        let observer = LocalObserver::new(None, Some(kubelet), allowed());
+        assert_eq!(
+            observer.observe().await,
+            LocalView::Known {
+                running: ids(&["all-running"]),
+                kubelet_parents: ids(&["all-running", "one-crashing"]),
+            }
+        );
+        lock(&fake.state).status = 403;
+        assert_eq!(observer.observe().await, LocalView::Unknown);
+        assert_eq!(
+            LocalObserver::new(None, None, allowed()).observe().await,
+            LocalView::Unknown
+        );
+    }
+
+    #[test]
+    fn runs_needs_every_container_running() {
+        let pod = |v: Value| serde_json::from_value::<Pod>(v).unwrap();
+        assert!(runs(&pod(kubelet_pod("a", "b", false, "Running", &[true]))));
+        assert!(!runs(&pod(kubelet_pod(
+            "a",
+            "b",
+            false,
+            "Running",
+            &[true, false]
+        ))));
+        assert!(!runs(&pod(kubelet_pod("a", "b", false, "Succeeded", &[true]))));
+        // Fewer statuses than containers: not all running yet.
+        let mut missing = kubelet_pod("a", "b", false, "Running", &[true]);
+        missing["spec"]["containers"] = json!([{"name": "c0"}, {"name": "c1"}]);
+        assert!(!runs(&pod(missing)));
+        assert!(!runs(&Pod::default()));
+    }
 }

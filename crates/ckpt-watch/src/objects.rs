@@ -323,3 +323,135 @@ impl Drop for ObjectWatch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::{FakeApi, Reply, wait_until};
+
+    fn secret(name: &str, value: &str, rv: &str) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": name, "namespace": "ks", "resourceVersion": rv},
+               "data": {"key": value}})
+    }
+
+    fn required(secrets: &[&str], config_maps: &[&str]) -> RequiredObjects {
+        RequiredObjects {
+            secrets: secrets.iter().map(|s| (*s).to_owned()).collect(),
+            config_maps: config_maps.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn watches_each_object_reports_absent_and_forbidden_and_follows_changes() {
+        let (client, fake, _server) = FakeApi::start();
+        fake.set_objects(
+            "secrets",
+            "ks",
+            vec![secret("tls", "b25l", "5"), secret("unrelated", "eA==", "6")],
+        );
+        fake.set_list("configmaps", "ks", Reply::Status(403));
+        let (notify, _) = watch::channel(0);
+        let mut rx = notify.subscribe();
+        let objects = ObjectWatch::new(client, notify);
+        let need = required(&["tls", "missing"], &["cfg"]);
+        objects.ensure("ks", &need);
+        assert_eq!(
+            objects.objects("ks").unresolved(&need).len(),
+            3,
+            "all loading at first"
+        );
+
+        wait_until(5, "every object resolved or failed", rx.clone(), || {
+            let v = objects.objects("ks");
+            v.loading.is_empty()
+        })
+        .await;
+        let view = objects.objects("ks");
+        assert_eq!(view.objects.secrets.keys().collect::<Vec<_>>(), ["tls"]);
+        assert!(view.absent.contains(&ObjectRef::secret("missing")), "{view:?}");
+        let why = &view.failed[&ObjectRef::config_map("cfg")];
+        assert!(
+            why.starts_with("forbidden: needs get/list/watch on configmaps in namespace ks"),
+            "{why}"
+        );
+        assert_eq!(
+            view.unresolved(&need),
+            vec![(ObjectRef::config_map("cfg"), why.clone())]
+        );
+        assert_eq!(
+            view.unresolved(&required(&["other"], &[])),
+            vec![(ObjectRef::secret("other"), "not watched".to_owned())]
+        );
+        // One watch per name, by field selector; nothing else of the namespace is cached.
+        for s in fake
+            .log()
+            .iter()
+            .filter(|s| s.path == "/api/v1/namespaces/ks/secrets")
+        {
+            assert!(
+                s.query.contains("fieldSelector=metadata.name%3Dtls")
+                    || s.query.contains("fieldSelector=metadata.name%3Dmissing"),
+                "{s:?}"
+            );
+        }
+        assert!(objects.objects("other-ns").objects.secrets.is_empty());
+
+        // A change arrives by watch, and notifies.
+        fake.wait_requests(1, "the secret's watch", |s| {
+            s.is_watch() && s.query.contains("metadata.name%3Dtls")
+        })
+        .await;
+        rx.borrow_and_update();
+        assert_eq!(
+            fake.push_event("secrets", "ks", "MODIFIED", &secret("tls", "dHdv", "7")),
+            1
+        );
+        wait_until(5, "the new content", rx.clone(), || {
+            objects.objects("ks").objects.secrets["tls"]
+                .data
+                .as_ref()
+                .is_some_and(|d| d["key"].0 == b"two")
+        })
+        .await;
+        assert!(rx.has_changed().unwrap() || *rx.borrow() > 0);
+        // The missing secret is created.
+        assert_eq!(
+            fake.push_event("secrets", "ks", "ADDED", &secret("missing", "eA==", "8")),
+            1
+        );
+        wait_until(5, "the created secret", rx.clone(), || {
+            objects.objects("ks").objects.secrets.contains_key("missing")
+        })
+        .await;
+
+        // No longer needed: watches stop, the view is empty.
+        let lists_before = fake.count(|s| !s.is_watch());
+        objects.ensure("ks", &RequiredObjects::default());
+        let view = objects.objects("ks");
+        assert!(view.objects.secrets.is_empty() && view.failed.is_empty() && view.absent.is_empty());
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(
+            fake.count(|s| !s.is_watch()),
+            lists_before,
+            "the failing configmap watch stopped retrying"
+        );
+    }
+
+    #[tokio::test]
+    async fn ensure_all_stops_namespaces_that_need_nothing() {
+        let (client, _fake, _server) = FakeApi::start();
+        let (notify, _) = watch::channel(0);
+        let objects = ObjectWatch::new(client, notify).with_request_timeout(Duration::from_secs(1));
+        objects.ensure("a", &required(&["s"], &[]));
+        objects.ensure("b", &required(&[], &["c"]));
+        objects.ensure_all(&BTreeMap::from([("b".to_owned(), required(&[], &["c"]))]));
+        assert!(objects.objects("a").loading.is_empty());
+        assert_eq!(
+            objects.objects("b").loading.len() + objects.objects("b").absent.len(),
+            1
+        );
+    }
+}

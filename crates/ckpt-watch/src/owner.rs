@@ -39,7 +39,9 @@ pub struct OwnerLookup {
 
 impl std::fmt::Debug for OwnerLookup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OwnerLookup").field("timeout", &self.timeout).finish_non_exhaustive()
+        f.debug_struct("OwnerLookup")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -67,5 +69,73 @@ impl OwnerLookup {
             Ok(Ok(None)) => OwnerPresence::Absent,
             Ok(Ok(Some(_))) => OwnerPresence::Present,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::{FakeApi, status_body};
+
+    fn owner(api_version: &str, kind: &str, name: &str) -> ControllerOwner {
+        ControllerOwner {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: "uid-1".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn present_absent_and_unknown() {
+        let (client, fake, _server) = FakeApi::start();
+        let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                        "metadata": {"name": "api", "namespace": "ks", "uid": "uid-other"}});
+        fake.set_get("/apis/apps/v1/namespaces/ks/daemonsets/api", 200, ds);
+        fake.set_get(
+            "/apis/batch/v1/namespaces/ks/jobs/gone",
+            404,
+            status_body(404, "not found"),
+        );
+        fake.set_get(
+            "/apis/apps/v1/namespaces/ks/replicasets/secret",
+            403,
+            status_body(403, "forbidden"),
+        );
+        fake.set_get("/apis/apps/v1/namespaces/ks/statefulsets/hung", 0, json!(null));
+        let lookup = OwnerLookup::new(client, Duration::from_millis(200));
+
+        // Same name, other UID: the re-created controller still counts (see the docs).
+        assert_eq!(
+            lookup
+                .owner_status("ks", &owner("apps/v1", "DaemonSet", "api"))
+                .await,
+            OwnerPresence::Present
+        );
+        assert_eq!(
+            lookup.owner_status("ks", &owner("batch/v1", "Job", "gone")).await,
+            OwnerPresence::Absent
+        );
+        let OwnerPresence::Unknown(why) = lookup
+            .owner_status("ks", &owner("apps/v1", "ReplicaSet", "secret"))
+            .await
+        else {
+            panic!("a 403 is not an answer");
+        };
+        assert!(why.contains("replicasets ks/secret"), "{why}");
+        let OwnerPresence::Unknown(why) = lookup
+            .owner_status("ks", &owner("apps/v1", "StatefulSet", "hung"))
+            .await
+        else {
+            panic!("a hung GET is not an answer");
+        };
+        assert!(why.contains("timed out"), "{why}");
+        assert!(matches!(
+            lookup.owner_status("ks", &owner("", "DaemonSet", "x")).await,
+            OwnerPresence::Unknown(_)
+        ));
+        assert!(fake.log().iter().all(|s| s.method == "GET"));
     }
 }

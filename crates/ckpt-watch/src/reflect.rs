@@ -204,7 +204,9 @@ where
                 }
                 watcher::Event::InitApply(obj) => {
                     let name = name_of(&obj);
-                    slot.buffer.get_or_insert_with(BTreeMap::new).insert(name, prepare(obj));
+                    slot.buffer
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(name, prepare(obj));
                     false
                 }
                 watcher::Event::InitDone => {

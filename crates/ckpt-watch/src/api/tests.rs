@@ -21,7 +21,10 @@ fn config(namespaces: &[&str]) -> ApiWatchConfig {
 }
 
 async fn wait_state(api: &ApiWatch, state: ApiState) {
-    wait_until(5, &format!("state {state:?}"), api.subscribe(), || api.state() == state).await;
+    wait_until(5, &format!("state {state:?}"), api.subscribe(), || {
+        api.state() == state
+    })
+    .await;
 }
 
 fn is_list(ns: &str) -> impl Fn(&Seen) -> bool + '_ {
@@ -76,8 +79,14 @@ async fn one_node_scoped_watch_per_namespace_and_synced_only_after_every_list() 
     let ApiView::Synced { parents } = snap.api_view(&NamespaceAllowList::new(["a", "b"])) else {
         panic!("synced view expected");
     };
-    assert_eq!(parents.keys().cloned().collect::<Vec<_>>(), vec![PodId::new("b", "parent")]);
-    assert_eq!(parents[&PodId::new("b", "parent")].uid.as_deref(), Some("uid-parent"));
+    assert_eq!(
+        parents.keys().cloned().collect::<Vec<_>>(),
+        vec![PodId::new("b", "parent")]
+    );
+    assert_eq!(
+        parents[&PodId::new("b", "parent")].uid.as_deref(),
+        Some("uid-parent")
+    );
 
     // The requests: namespaced, node-scoped, then a watch from the list's version.
     for ns in ["a", "b"] {
@@ -107,7 +116,9 @@ async fn pod_events_update_the_snapshot_and_notify() {
     let mut pod = pod_json("a", "new", NODE, &[(ANNOTATION_CHECKPOINT, "true")]);
     pod["metadata"]["resourceVersion"] = fake.next_rv().into();
     assert_eq!(fake.push_event("pods", "a", "ADDED", &pod), 1);
-    within(5, "a notification", rx.changed()).await.expect("sender alive");
+    within(5, "a notification", rx.changed())
+        .await
+        .expect("sender alive");
     wait_until(5, "the new pod", api.subscribe(), || {
         api.snapshot().pods.contains_key(&PodId::new("a", "new"))
     })
@@ -115,7 +126,10 @@ async fn pod_events_update_the_snapshot_and_notify() {
 
     pod["metadata"]["resourceVersion"] = fake.next_rv().into();
     fake.push_event("pods", "a", "DELETED", &pod);
-    wait_until(5, "the pod gone", api.subscribe(), || api.snapshot().pods.is_empty()).await;
+    wait_until(5, "the pod gone", api.subscribe(), || {
+        api.snapshot().pods.is_empty()
+    })
+    .await;
     assert_eq!(api.state(), ApiState::Synced);
     assert_eq!(fake.count(is_list("a")), 1, "events need no relist");
 }
@@ -158,7 +172,12 @@ async fn a_watch_error_unsyncs_and_relists() {
     fake.wait_requests(1, "the watch", is_watch("a")).await;
 
     assert_eq!(
-        fake.push_event("pods", "a", "ERROR", &status_body(500, "etcdserver: leader changed")),
+        fake.push_event(
+            "pods",
+            "a",
+            "ERROR",
+            &status_body(500, "etcdserver: leader changed")
+        ),
         1
     );
     wait_until(5, "the watch error reported", api.subscribe(), || {
@@ -167,7 +186,11 @@ async fn a_watch_error_unsyncs_and_relists() {
     .await;
     let error = api.snapshot().last_error.expect("an error");
     assert!(error.contains("etcdserver: leader changed"), "{error}");
-    assert_eq!(api.snapshot().pods.len(), 1, "the last view is kept while relisting");
+    assert_eq!(
+        api.snapshot().pods.len(),
+        1,
+        "the last view is kept while relisting"
+    );
 
     wait_state(&api, ApiState::Synced).await;
     assert_eq!(fake.count(is_list("a")), 2, "a fresh list after the error");
@@ -175,28 +198,32 @@ async fn a_watch_error_unsyncs_and_relists() {
     // A refused watch start is an error too.
     fake.set_watch("pods", "a", Reply::Status(500));
     fake.push_event("pods", "a", "ERROR", &status_body(500, "again"));
-    fake.wait_requests(1, "a refused watch", |s| is_watch("a")(s)).await;
+    fake.wait_requests(1, "a refused watch", |s| is_watch("a")(s))
+        .await;
     wait_until(5, "the refused watch reported", api.subscribe(), || {
         api.state() == ApiState::Reachable
     })
     .await;
-    assert_eq!(api.snapshot().outages, 0, "failed requests never mean unreachable");
+    assert_eq!(
+        api.snapshot().outages,
+        0,
+        "failed requests never mean unreachable"
+    );
 }
 
 #[tokio::test]
 async fn probe_failures_make_it_unreachable_with_hysteresis_and_recovery_relists() {
     let (client, fake, _server) = FakeApi::start();
     // One failure at a time never flaps the state.
-    fake.script_readyz(
-        [Reply::Status(503), Reply::Normal]
-            .into_iter()
-            .cycle()
-            .take(12),
-    );
+    fake.script_readyz([Reply::Status(503), Reply::Normal].into_iter().cycle().take(12));
     let api = ApiWatch::spawn(client, config(&["a"]));
     wait_state(&api, ApiState::Synced).await;
     fake.wait_requests(13, "the scripted probes", is_probe).await;
-    assert_eq!(api.snapshot().outages, 0, "single failed probes never make it unreachable");
+    assert_eq!(
+        api.snapshot().outages,
+        0,
+        "single failed probes never make it unreachable"
+    );
     assert_eq!(api.state(), ApiState::Synced);
 
     // Two in a row do.
@@ -205,7 +232,10 @@ async fn probe_failures_make_it_unreachable_with_hysteresis_and_recovery_relists
     let snap = api.snapshot();
     assert_eq!(snap.outages, 1);
     assert_eq!(snap.synced_at, None);
-    assert!(snap.last_error.as_deref().unwrap_or("").contains("503"), "{snap:?}");
+    assert!(
+        snap.last_error.as_deref().unwrap_or("").contains("503"),
+        "{snap:?}"
+    );
 
     // No list or watch while unreachable: only probes.
     let pod_requests = fake.count(|s| s.path.ends_with("/pods"));
@@ -217,7 +247,11 @@ async fn probe_failures_make_it_unreachable_with_hysteresis_and_recovery_relists
     let lists = fake.count(is_list("a"));
     fake.set_readyz(Reply::Normal);
     wait_state(&api, ApiState::Synced).await;
-    assert_eq!(fake.count(is_list("a")), lists + 1, "a fresh list after the outage");
+    assert_eq!(
+        fake.count(is_list("a")),
+        lists + 1,
+        "a fresh list after the outage"
+    );
     assert_eq!(api.snapshot().outages, 1);
 }
 
