@@ -1684,6 +1684,14 @@ mod tests {
     }
 
     #[test]
+    fn store_can_be_shared_between_threads() {
+        // The executor runs store calls on blocking threads.
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Store>();
+        assert_send_sync::<Error>();
+    }
+
+    #[test]
     fn layouts_that_overlap_are_refused() {
         let check = |checkpoint_dir: &str, manifests_dir: &str, ok: bool| {
             let layout = Layout::new(checkpoint_dir, manifests_dir);

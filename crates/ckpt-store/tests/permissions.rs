@@ -125,3 +125,57 @@ fn modes_and_owners() {
         (&secret_dir.join("tls.key"), (0o400, 4321, 8765)),
     ]);
 }
+
+const UNPRIVILEGED_DIR_ENV: &str = "CKPT_STORE_UNPRIVILEGED_DIR";
+
+/// Run by `not_root_chown_is_skipped_when_owners_match` as uid 1234 / gid 5678.
+#[test]
+fn unprivileged_child() {
+    let Ok(dir) = std::env::var(UNPRIVILEGED_DIR_ENV) else {
+        return; // only meaningful as the child of the test below
+    };
+    let layout = common::layout(Path::new(&dir));
+    let store = Store::open(layout.clone()).expect("open as a non-root user");
+    let id = PodId::new("ns", "p");
+    let files = || vec![("key".to_owned(), b"v".to_vec(), 0o600)];
+    let own = FileOwner { uid: 1234, gid: 5678 };
+    let cp = common::checkpoint(&layout, &id, &[], &[(DataKind::Secret, "s", files())], own);
+    store.write_inactive(&cp).expect("our own ids need no chown");
+    store.activate(&id).expect("activate");
+    let root_owned = FileOwner { uid: 0, gid: 0 };
+    let cp = common::checkpoint(&layout, &id, &[], &[(DataKind::Secret, "t", files())], root_owned);
+    match store.write_inactive(&cp) {
+        Err(ckpt_store::Error::Chown { uid: 0, gid: 0, .. }) => {}
+        other => panic!("expected a chown error, got {other:?}"),
+    }
+    println!("unprivileged-child-ok");
+}
+
+#[test]
+fn not_root_chown_is_skipped_when_owners_match_and_an_error_otherwise() {
+    if !common::running_as_root() {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("node");
+    fs::create_dir(&dir).expect("dir");
+    std::os::unix::fs::chown(&dir, Some(1234), Some(5678)).expect("chown");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let output = std::process::Command::new("setpriv")
+        .args(["--reuid=1234", "--regid=5678", "--clear-groups", "--"])
+        .arg(std::env::current_exe().expect("test binary"))
+        .args(["unprivileged_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env(UNPRIVILEGED_DIR_ENV, &dir)
+        .output();
+    let Ok(output) = output else {
+        eprintln!("skipped: setpriv is not available");
+        return;
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("unprivileged-child-ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
