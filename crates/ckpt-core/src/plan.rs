@@ -66,15 +66,6 @@ pub enum LocalView {
     },
 }
 
-impl LocalView {
-    fn runs(&self, id: &PodId) -> Option<bool> {
-        match self {
-            LocalView::Unknown => None,
-            LocalView::Known { running, .. } => Some(running.contains(id)),
-        }
-    }
-}
-
 /// One stored copy of a checkpoint (inactive or active).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredCopy {
@@ -190,110 +181,198 @@ impl Plan {
     }
 }
 
-/// The checkpoints on disk whose parents are absent from a synced API view: ask the GC
-/// strategy about each, then pass the verdicts to [`plan`]. Empty unless synced.
-pub fn orphans(inputs: &PlanInputs<'_>, now: Timestamp) -> Vec<Orphan> {
-    let ApiView::Synced { parents } = inputs.api else {
-        return Vec::new();
+/// Everything the planner knows about one pod id. The inputs are all sorted by id, so
+/// rows are gathered with merge walks: a pass is linear in the number of checkpoints,
+/// not a tree lookup per question (that made 5,000 checkpoints cost ~25 ms).
+struct Row<'a> {
+    id: &'a PodId,
+    disk: Option<&'a DiskCheckpoint>,
+    /// Listed by a synced API view (always `None` unless synced).
+    parent: Option<&'a ApiParent>,
+    desired: Option<&'a String>,
+    verdict: Option<&'a GcDecision>,
+    runs: Option<bool>,
+    previous_absent: Option<Timestamp>,
+    is_self: bool,
+}
+
+impl Row<'_> {
+    fn has_inactive(&self) -> bool {
+        self.disk.is_some_and(|d| d.inactive.is_some())
+    }
+}
+
+/// The values of a sorted map for each of the sorted `ids`, in one walk.
+fn align<'a, V: Copy>(ids: &[&PodId], entries: impl Iterator<Item = (&'a PodId, V)>) -> Vec<Option<V>> {
+    let mut entries = entries.peekable();
+    ids.iter()
+        .map(|id| {
+            while let Some((key, value)) = entries.peek().copied() {
+                match key.cmp(id) {
+                    std::cmp::Ordering::Less => {
+                        entries.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        entries.next();
+                        return Some(value);
+                    }
+                    std::cmp::Ordering::Greater => return None,
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+/// The sorted union of two sorted, duplicate-free sequences of ids, in one walk.
+fn union<'a>(
+    a: impl IntoIterator<Item = &'a PodId>,
+    b: impl IntoIterator<Item = &'a PodId>,
+) -> Vec<&'a PodId> {
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    let mut out = Vec::new();
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => match x.cmp(y) {
+                std::cmp::Ordering::Less => a.next(),
+                std::cmp::Ordering::Greater => b.next(),
+                std::cmp::Ordering::Equal => {
+                    b.next();
+                    a.next()
+                }
+            },
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => return out,
+        };
+        out.extend(next);
+    }
+}
+
+fn rows<'a>(inputs: &PlanInputs<'a>) -> Vec<Row<'a>> {
+    let parents = match inputs.api {
+        ApiView::Synced { parents } => Some(parents),
+        _ => None,
     };
-    let absent_since = absent_since(inputs, now);
-    inputs
-        .disk
-        .iter()
-        .filter(|(id, _)| !parents.contains_key(*id))
-        .map(|(id, disk)| {
-            let meta = disk.meta();
-            Orphan {
-                id: id.clone(),
-                parent_uid: meta.and_then(|m| m.parent_uid.clone()),
-                owner: meta.and_then(|m| m.owner.clone()),
-                is_self: is_self(inputs, id),
-                absent_since: absent_since.get(id).copied().unwrap_or(now),
+    let ids = union(
+        union(inputs.disk.keys(), inputs.desired.keys()),
+        parents.into_iter().flat_map(|p| p.keys()),
+    );
+    let disk = align(&ids, inputs.disk.iter());
+    let parent = align(&ids, parents.into_iter().flat_map(|p| p.iter()));
+    let desired = align(&ids, inputs.desired.iter());
+    let verdicts = align(&ids, inputs.verdicts.iter());
+    let previous = align(&ids, inputs.state.absent_since.iter().map(|(id, t)| (id, *t)));
+    let running: Option<Vec<Option<()>>> = match inputs.local {
+        LocalView::Unknown => None,
+        LocalView::Known { running, .. } => Some(align(&ids, running.iter().map(|id| (id, ())))),
+    };
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let owner = parent[i].and_then(|p| p.owner.as_ref()).or_else(|| {
+                disk[i]
+                    .and_then(DiskCheckpoint::meta)
+                    .and_then(|m| m.owner.as_ref())
+            });
+            Row {
+                id,
+                disk: disk[i],
+                parent: parent[i],
+                desired: desired[i],
+                verdict: verdicts[i],
+                runs: running.as_ref().map(|r| r[i].is_some()),
+                previous_absent: previous[i],
+                is_self: inputs.me.is_self(id, owner),
             }
         })
         .collect()
 }
 
-/// The persisted "absent since" times, updated: only a synced view sets or clears them;
-/// entries for checkpoints no longer on disk are dropped.
-fn absent_since(inputs: &PlanInputs<'_>, now: Timestamp) -> BTreeMap<PodId, Timestamp> {
-    let previous = &inputs.state.absent_since;
-    inputs
-        .disk
-        .keys()
-        .filter_map(|id| match inputs.api {
-            ApiView::Synced { parents } if parents.contains_key(id) => None,
-            ApiView::Synced { .. } => Some((id.clone(), previous.get(id).copied().unwrap_or(now))),
-            _ => previous.get(id).map(|t| (id.clone(), *t)),
+/// Since when each checkpoint's parent has been absent: only a synced view sets or
+/// clears it; entries for checkpoints no longer on disk are dropped.
+fn absent_since(row: &Row<'_>, synced: bool, now: Timestamp) -> Option<Timestamp> {
+    row.disk?;
+    match (synced, row.parent) {
+        (true, Some(_)) => None,
+        (true, None) => Some(row.previous_absent.unwrap_or(now)),
+        (false, _) => row.previous_absent,
+    }
+}
+
+/// The checkpoints on disk whose parents are absent from a synced API view: ask the GC
+/// strategy about each, then pass the verdicts to [`plan`]. Empty unless synced.
+pub fn orphans(inputs: &PlanInputs<'_>, now: Timestamp) -> Vec<Orphan> {
+    if !matches!(inputs.api, ApiView::Synced { .. }) {
+        return Vec::new();
+    }
+    rows(inputs)
+        .iter()
+        .filter(|row| row.parent.is_none())
+        .filter_map(|row| {
+            let meta = row.disk?.meta();
+            Some(Orphan {
+                id: row.id.clone(),
+                parent_uid: meta.and_then(|m| m.parent_uid.clone()),
+                owner: meta.and_then(|m| m.owner.clone()),
+                is_self: row.is_self,
+                absent_since: absent_since(row, true, now).unwrap_or(now),
+            })
         })
         .collect()
-}
-
-fn owner_of<'a>(inputs: &PlanInputs<'a>, id: &PodId) -> Option<&'a ControllerOwner> {
-    let from_api = match inputs.api {
-        ApiView::Synced { parents } => parents.get(id).and_then(|p| p.owner.as_ref()),
-        _ => None,
-    };
-    from_api.or_else(|| {
-        inputs
-            .disk
-            .get(id)
-            .and_then(DiskCheckpoint::meta)
-            .and_then(|m| m.owner.as_ref())
-    })
-}
-
-fn is_self(inputs: &PlanInputs<'_>, id: &PodId) -> bool {
-    inputs.me.is_self(id, owner_of(inputs, id))
 }
 
 /// Plans one pass. Pure: the same inputs and `now` give the same plan, and applying a
 /// plan then planning again with the same observations gives no further actions.
 pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
+    let synced = matches!(inputs.api, ApiView::Synced { .. });
+    let rows = rows(inputs);
     let mut out = Plan {
         state: PersistentState {
-            absent_since: absent_since(inputs, now),
+            absent_since: rows
+                .iter()
+                .filter_map(|row| absent_since(row, synced, now).map(|t| (row.id.clone(), t)))
+                .collect(),
         },
         ..Plan::default()
     };
-    let synced_parents = match inputs.api {
-        ApiView::Synced { parents } => Some(parents),
-        _ => None,
-    };
-    let present = |id: &PodId| synced_parents.is_some_and(|p| p.contains_key(id));
 
     // Writes: only from a synced view, for parents whose stored content differs.
-    if let Some(parents) = synced_parents {
-        for (id, hash) in inputs.desired {
-            let stored = inputs
+    let written: Vec<bool> = rows
+        .iter()
+        .map(|row| {
+            let stored = row
                 .disk
-                .get(id)
                 .and_then(|d| d.inactive.as_ref())
                 .and_then(|c| c.meta.spec_hash.as_ref());
-            if parents.contains_key(id) && stored != Some(hash) {
-                out.writes.push(id.clone());
-            }
-        }
-    }
-    let written_set: BTreeSet<PodId> = out.writes.iter().cloned().collect();
-    let written = |id: &PodId| written_set.contains(id);
-
-    let self_ids: BTreeSet<&PodId> = inputs.disk.keys().filter(|id| is_self(inputs, id)).collect();
-    let self_parent_present = synced_parents.is_some_and(|p| p.keys().any(|id| is_self(inputs, id)));
+            row.parent.is_some() && row.desired.is_some_and(|hash| stored != Some(hash))
+        })
+        .collect();
+    out.writes = rows
+        .iter()
+        .zip(&written)
+        .filter(|(_, w)| **w)
+        .map(|(row, _)| row.id.clone())
+        .collect();
 
     // Self-GC: the agent's own pod is gone from a synced view, no rolled pod replaces it,
     // and the strategy says its time has come.
-    if synced_parents.is_some() && !self_parent_present {
-        let due = self_ids.iter().any(|id| due(inputs.verdicts.get(*id), now));
-        if due {
-            let (own, others): (Vec<&PodId>, Vec<&PodId>) =
-                inputs.disk.keys().partition(|id| self_ids.contains(id));
-            for id in others.into_iter().chain(own) {
+    let self_parent_present = rows.iter().any(|row| row.is_self && row.parent.is_some());
+    if synced && !self_parent_present {
+        let own_due = rows
+            .iter()
+            .any(|row| row.is_self && row.disk.is_some() && due(row.verdict, now));
+        if own_due {
+            let on_disk = || rows.iter().filter(|row| row.disk.is_some());
+            for row in on_disk()
+                .filter(|row| !row.is_self)
+                .chain(on_disk().filter(|row| row.is_self))
+            {
                 out.removes.push(Removal {
-                    id: id.clone(),
+                    id: row.id.clone(),
                     reason: RemovalReason::SelfGc,
                 });
-                out.states.insert(id.clone(), CheckpointState::Removed);
+                out.states.insert(row.id.clone(), CheckpointState::Removed);
             }
             out.writes.clear();
             out.self_gc = true;
@@ -304,46 +383,46 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
 
     // A current pod of the agent's own DaemonSet that is already checkpointed: it
     // supersedes the agent's older checkpoints.
-    let self_successor = self_ids
+    let self_successor = rows
         .iter()
-        .find(|id| present(id) && inputs.disk.get(**id).is_some_and(|d| d.inactive.is_some()));
+        .find(|row| row.is_self && row.parent.is_some() && row.has_inactive());
     let mut self_removes = Vec::new();
-    let ids: BTreeSet<&PodId> = inputs.disk.keys().chain(out.writes.iter()).collect();
-    for id in ids {
-        let disk = inputs.disk.get(id);
-        let has_inactive = disk.is_some_and(|d| d.inactive.is_some()) || written(id);
-        let has_active = disk.is_some_and(|d| d.active.is_some());
-        let deadline = |verdict: Option<&GcDecision>| match verdict.map(|v| v.verdict) {
-            Some(GcVerdict::RemoveAt(t)) => Some(t),
-            _ => None,
-        };
+    // Pushed in id order, so building the map at the end is linear.
+    let mut states = Vec::new();
+    for (row, written) in rows.iter().zip(written) {
+        if row.disk.is_none() && !written {
+            continue;
+        }
+        let id = row.id;
+        let has_inactive = row.has_inactive() || written;
+        let has_active = row.disk.is_some_and(|d| d.active.is_some());
 
-        if self_ids.contains(id) || (written(id) && is_self(inputs, id)) {
-            if synced_parents.is_some() && !present(id) {
+        if row.is_self {
+            if synced && row.parent.is_none() {
                 // An older pod of the agent's own DaemonSet: superseded once a current one
                 // is checkpointed, otherwise kept (a rollout never triggers self-GC).
                 if let Some(successor) = self_successor {
                     self_removes.push(Removal {
                         id: id.clone(),
-                        reason: RemovalReason::SupersededSelf((*successor).clone()),
+                        reason: RemovalReason::SupersededSelf(successor.id.clone()),
                     });
-                    out.states.insert(id.clone(), CheckpointState::Removed);
+                    states.push((id.clone(), CheckpointState::Removed));
                     continue;
                 }
             }
-            let stale = match disk.and_then(|d| d.inactive.as_ref().zip(d.active.as_ref())) {
+            let stale = match row.disk.and_then(|d| d.inactive.as_ref().zip(d.active.as_ref())) {
                 Some((inactive, active)) => inactive.digest != active.digest,
                 None => true,
             };
-            if has_inactive && (written(id) || !has_active || stale) {
+            if has_inactive && (written || !has_active || stale) {
                 out.starts.push(id.clone());
             }
-            out.states.insert(id.clone(), CheckpointState::SelfActive);
+            states.push((id.clone(), CheckpointState::SelfActive));
             continue;
         }
 
-        let verdict = if synced_parents.is_some() && !present(id) {
-            inputs.verdicts.get(id)
+        let verdict = if synced && row.parent.is_none() {
+            row.verdict
         } else {
             None
         };
@@ -353,12 +432,11 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
                 id: id.clone(),
                 reason: RemovalReason::Gc(reason),
             });
-            out.states.insert(id.clone(), CheckpointState::Removed);
+            states.push((id.clone(), CheckpointState::Removed));
             continue;
         }
 
-        let runs = inputs.local.runs(id);
-        let active_after = match (runs, inputs.api) {
+        let active_after = match (row.runs, inputs.api) {
             // The parent runs: the checkpoint steps aside.
             (Some(true), _) => false,
             // Not running (or unknown) and no API: availability first.
@@ -374,17 +452,22 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         if !has_active && active_after && has_inactive {
             out.starts.push(id.clone());
         }
-        let state = match (active_after && (has_active || has_inactive), deadline(verdict)) {
+        let deadline = match verdict.map(|v| v.verdict) {
+            Some(GcVerdict::RemoveAt(t)) => Some(t),
+            _ => None,
+        };
+        let state = match (active_after && (has_active || has_inactive), deadline) {
             (true, Some(t)) => CheckpointState::ActiveGrace(t),
             (true, None) => CheckpointState::Active,
             (false, Some(t)) => CheckpointState::InactiveGrace(t),
             (false, None) => CheckpointState::Inactive,
         };
-        out.states.insert(id.clone(), state);
+        states.push((id.clone(), state));
     }
     // The agent's own old checkpoints go last: removing the active copy may stop the
     // process that runs this very plan.
     out.removes.extend(self_removes);
+    out.states = states.into_iter().collect();
     for removal in &out.removes {
         out.state.absent_since.remove(&removal.id);
     }
