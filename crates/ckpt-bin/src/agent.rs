@@ -150,14 +150,9 @@ impl Agent {
         let allowed = NamespaceAllowList::new(settings.namespaces.iter().cloned());
         let api = ApiWatch::spawn(
             client.clone(),
-            ApiWatchConfig {
-                node: settings.node_name.clone(),
-                namespaces: allowed.clone(),
-                probe_interval: Duration::from_secs(1),
-                probe_timeout: Duration::from_secs(1),
-                unreachable_after: 2,
-                request_timeout: REQUEST_TIMEOUT,
-            },
+            // The crate's defaults: a 500 ms probe with a 1 s timeout, unreachable after two
+            // misses, so a hung server is detected within ~2 s.
+            ApiWatchConfig::new(settings.node_name.clone(), allowed.clone()),
         );
         let objects = ObjectWatch::new(client.clone(), api.notifier());
         let owners = OwnerLookup::new(client.clone(), REQUEST_TIMEOUT);
