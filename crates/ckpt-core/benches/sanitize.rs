@@ -67,7 +67,7 @@ fn large_pod() -> (Pod, ApiObjects) {
 
 fn volume_name(v: usize) -> String {
     match v {
-        0..=19 if v % 2 == 0 => format!("secret-{}", v / 2),
+        0..=19 if v.is_multiple_of(2) => format!("secret-{}", v / 2),
         0..=19 => format!("config-{}", v / 2),
         20..=24 => format!("kube-api-access-{}", v - 20),
         _ => format!("host-{}", v - 25),
