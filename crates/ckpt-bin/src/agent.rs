@@ -41,8 +41,17 @@ const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccou
 
 pub(crate) async fn run(settings: RunSettings) -> Result<()> {
     // Check the kubeconfig before waiting: a bad one is a usage error, not a crash loop
-    // that starts only after the other copy exits.
-    let kube_config = load_kube_config(&settings.kubeconfig).await?;
+    // that starts only after the other copy exits. Without a named kubeconfig the agent
+    // may be the static copy after a reboot (no service-account token, no service
+    // environment): it runs offline rather than leave the node without checkpoints.
+    let kube_config = match load_kube_config(&settings.kubeconfig).await {
+        Ok(config) => Some(config),
+        Err(e) if !settings.kubeconfig.is_explicit() => {
+            warn!(error = %e, "no API credentials: running offline, the API server counts as unreachable");
+            None
+        }
+        Err(e) => return Err(e),
+    };
     let policy = ckpt_gc::build(
         &settings.gc_strategy,
         &ckpt_gc::GcConfig::new(settings.grace_period).with_gc_section(settings.gc_section.clone()),
@@ -73,16 +82,20 @@ pub(crate) async fn run(settings: RunSettings) -> Result<()> {
     health.set_phase(Phase::Starting);
 
     // Only now: clients (DESIGN §3.5, both copies lock before creating any client).
-    let client =
-        kube::Client::try_from(kube_config).map_err(|e| Error::runtime("cannot create the API client", e))?;
     let store = Store::open(settings.disk.layout())
         .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
-    let mut agent = Agent::new(settings, client, store, health, policy)?;
+    let mut agent = Agent::new(settings, store, health, policy)?;
+    if let Some(config) = kube_config {
+        agent.link = Some(ApiLink::connect(config, &agent.settings, &agent.allowed)?);
+    }
     agent.run().await
 }
 
 async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
     match source {
+        KubeconfigSource::Default(path) => {
+            Box::pin(load_kube_config(&KubeconfigSource::File(path.clone()))).await
+        }
         KubeconfigSource::InCluster => kube::Config::incluster().map_err(|e| {
             Error::Usage(format!(
                 "--kubeconfig: in-cluster configuration failed: {}",
@@ -120,17 +133,46 @@ async fn shutdown_signal() {
     }
 }
 
+/// The agent's connection to the API server, once it has credentials.
+struct ApiLink {
+    api: ApiWatch,
+    objects: ObjectWatch,
+    owners: OwnerLookup,
+    events: EventSink,
+}
+
+impl ApiLink {
+    fn connect(config: kube::Config, settings: &RunSettings, allowed: &NamespaceAllowList) -> Result<Self> {
+        let client =
+            kube::Client::try_from(config).map_err(|e| Error::runtime("cannot create the API client", e))?;
+        // The crate's defaults: a 500 ms probe with a 1 s timeout, unreachable after two
+        // misses, so a hung server is detected within ~2 s.
+        let api = ApiWatch::spawn(
+            client.clone(),
+            ApiWatchConfig::new(settings.node_name.clone(), allowed.clone()),
+        );
+        Ok(Self {
+            objects: ObjectWatch::new(client.clone(), api.notifier()),
+            owners: OwnerLookup::new(client.clone(), REQUEST_TIMEOUT),
+            events: EventSink::new(client, &settings.node_name),
+            api,
+        })
+    }
+}
+
+/// How often an offline agent tries to load its API credentials again.
+const RECONNECT: Duration = Duration::from_secs(10);
+
 struct Agent {
     settings: RunSettings,
     allowed: NamespaceAllowList,
     store: Store,
     health: Health,
     policy: Box<dyn GcPolicy>,
-    api: ApiWatch,
-    objects: ObjectWatch,
-    owners: OwnerLookup,
+    link: Option<ApiLink>,
+    /// Never bumped: what the loop waits on while offline.
+    offline_changes: tokio::sync::watch::Sender<u64>,
     local: LocalObserver,
-    events: EventSink,
     me: SelfIdentity,
     state: PersistentState,
     last_local: Option<LocalView>,
@@ -140,22 +182,8 @@ struct Agent {
 }
 
 impl Agent {
-    fn new(
-        settings: RunSettings,
-        client: kube::Client,
-        store: Store,
-        health: Health,
-        policy: Box<dyn GcPolicy>,
-    ) -> Result<Self> {
+    fn new(settings: RunSettings, store: Store, health: Health, policy: Box<dyn GcPolicy>) -> Result<Self> {
         let allowed = NamespaceAllowList::new(settings.namespaces.iter().cloned());
-        let api = ApiWatch::spawn(
-            client.clone(),
-            // The crate's defaults: a 500 ms probe with a 1 s timeout, unreachable after two
-            // misses, so a hung server is detected within ~2 s.
-            ApiWatchConfig::new(settings.node_name.clone(), allowed.clone()),
-        );
-        let objects = ObjectWatch::new(client.clone(), api.notifier());
-        let owners = OwnerLookup::new(client.clone(), REQUEST_TIMEOUT);
         let cri = match &settings.runtime_endpoint {
             Some(endpoint) => Some(
                 CriClient::new(endpoint, REQUEST_TIMEOUT)
@@ -173,7 +201,6 @@ impl Agent {
         })
         .map_err(|e| Error::Usage(format!("--kubelet-url: {}", error_chain(&e))))?;
         let local = LocalObserver::new(cri, Some(kubelet), allowed.clone());
-        let events = EventSink::new(client, &settings.node_name);
         let me = SelfIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name);
         let state = match store.read_journal::<PersistentState>() {
             Ok(state) => state.unwrap_or_default(),
@@ -188,11 +215,9 @@ impl Agent {
             store,
             health,
             policy,
-            api,
-            objects,
-            owners,
+            link: None,
+            offline_changes: tokio::sync::watch::channel(0).0,
             local,
-            events,
             me,
             state,
             last_local: None,
@@ -202,8 +227,38 @@ impl Agent {
         })
     }
 
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        match &self.link {
+            Some(link) => link.api.subscribe(),
+            None => self.offline_changes.subscribe(),
+        }
+    }
+
+    /// While offline: tries the credentials again; true once connected.
+    async fn reconnect(&mut self) -> bool {
+        match load_kube_config(&self.settings.kubeconfig).await {
+            Ok(config) => match ApiLink::connect(config, &self.settings, &self.allowed) {
+                Ok(link) => {
+                    info!("API credentials available: connecting to the API server");
+                    self.link = Some(link);
+                    true
+                }
+                Err(e) => {
+                    debug!(error = %error_chain(&e), "still offline");
+                    false
+                }
+            },
+            Err(e) => {
+                debug!(error = %e, "still offline");
+                false
+            }
+        }
+    }
+
     async fn run(&mut self) -> Result<()> {
-        let mut api_changes = self.api.subscribe();
+        let mut api_changes = self.subscribe();
+        let mut reconnect = tokio::time::interval(RECONNECT);
+        reconnect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut local_tick = tokio::time::interval(LOCAL_POLL);
         local_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut resync = tokio::time::interval(RESYNC);
@@ -242,6 +297,12 @@ impl Agent {
                         break self.local.observe().await;
                     }
                     _ = resync.tick() => break self.local.observe().await,
+                    _ = reconnect.tick(), if self.link.is_none() => {
+                        if self.reconnect().await {
+                            api_changes = self.subscribe();
+                            break self.local.observe().await;
+                        }
+                    }
                     () = sleep_until(deadline) => break self.local.observe().await,
                     _ = local_tick.tick() => {
                         let observed = self.local.observe().await;
@@ -258,7 +319,10 @@ impl Agent {
     async fn pass(&mut self, local: LocalView) -> Result<PassResult> {
         let started = Instant::now();
         let now = Timestamp::now();
-        let snapshot = self.api.snapshot();
+        let snapshot = match &self.link {
+            Some(link) => link.api.snapshot(),
+            None => offline_snapshot(),
+        };
         self.log_api_state(&snapshot);
         let stored = match self.store.read_all() {
             Ok(stored) => stored,
@@ -304,7 +368,7 @@ impl Agent {
         let orphans = ckpt_core::orphans(&inputs, now);
         let context = AgentGcContext {
             now,
-            owners: &self.owners,
+            owners: self.link.as_ref().map(|l| &l.owners),
             parents: &parents,
             disk: &disk,
             desired: &desired,
@@ -352,7 +416,7 @@ impl Agent {
                 &checkpoints,
                 &Reporting {
                     health: &self.health,
-                    events: Some(&self.events),
+                    events: self.link.as_ref().map(|l| &l.events),
                     api_reachable: snapshot.state != ApiState::Unreachable,
                     strategy: &self.settings.gc_strategy,
                     parent_uids: &parent_uids,
@@ -416,6 +480,9 @@ impl Agent {
         parents: &BTreeMap<PodId, Arc<Pod>>,
         now: Timestamp,
     ) -> BTreeMap<PodId, Checkpoint> {
+        let Some(link) = &self.link else {
+            return BTreeMap::new();
+        };
         let mut required_by_ns: BTreeMap<String, RequiredObjects> = BTreeMap::new();
         let mut required: BTreeMap<PodId, RequiredObjects> = BTreeMap::new();
         for (id, pod) in parents {
@@ -426,7 +493,7 @@ impl Agent {
             required.insert(id.clone(), req);
         }
         for ns in self.allowed.namespaces() {
-            self.objects
+            link.objects
                 .ensure(ns, required_by_ns.get(ns).unwrap_or(&RequiredObjects::default()));
         }
         let options = SanitizeOptions {
@@ -436,7 +503,7 @@ impl Agent {
         let mut out = BTreeMap::new();
         let mut still_refused = BTreeSet::new();
         for (id, pod) in parents {
-            let view = self.objects.objects(&id.namespace);
+            let view = link.objects.objects(&id.namespace);
             let req = &required[id];
             let unresolved = view.unresolved(req);
             let waiting: Vec<String> = unresolved
@@ -484,7 +551,7 @@ impl Agent {
                     if self.refusals.get(id) != Some(&message) {
                         warn!(pod = %id, reason = %message, "refusing to checkpoint");
                         self.health.refused();
-                        self.events.publish(
+                        link.events.publish(
                             true,
                             id,
                             pod.metadata.uid.as_deref(),
@@ -565,7 +632,7 @@ fn disk_checkpoint(stored: &StoredCheckpoint) -> DiskCheckpoint {
 /// What a GC strategy may look up, answered from this pass's observations.
 struct AgentGcContext<'a> {
     now: Timestamp,
-    owners: &'a OwnerLookup,
+    owners: Option<&'a OwnerLookup>,
     parents: &'a BTreeMap<PodId, Arc<Pod>>,
     disk: &'a BTreeMap<PodId, DiskCheckpoint>,
     desired: &'a BTreeMap<PodId, String>,
@@ -578,7 +645,10 @@ impl GcContext for AgentGcContext<'_> {
     }
 
     async fn owner_status(&self, namespace: &str, owner: &ControllerOwner) -> OwnerStatus {
-        match self.owners.owner_status(namespace, owner).await {
+        let Some(owners) = self.owners else {
+            return OwnerStatus::Unknown;
+        };
+        match owners.owner_status(namespace, owner).await {
             OwnerPresence::Present => OwnerStatus::Present,
             OwnerPresence::Absent => OwnerStatus::Absent,
             OwnerPresence::Unknown(reason) => {
@@ -607,5 +677,17 @@ impl GcContext for AgentGcContext<'_> {
                 Sibling::new(id.clone(), stored.is_some() && stored == self.desired.get(id))
             })
             .collect()
+    }
+}
+
+/// What an agent without API credentials sees: an unreachable API server.
+fn offline_snapshot() -> ApiSnapshot {
+    ApiSnapshot {
+        state: ApiState::Unreachable,
+        pods: BTreeMap::new(),
+        synced_at: None,
+        last_error: Some("no API credentials (running offline)".into()),
+        namespaces: BTreeMap::new(),
+        outages: 0,
     }
 }

@@ -250,10 +250,22 @@ impl DiskSettings {
 /// How to reach the API server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum KubeconfigSource {
-    /// `--kubeconfig` / `KUBECONFIG` / the file's `kubeconfig`.
+    /// `--kubeconfig` / `KUBECONFIG` / the file's `kubeconfig`: must be readable (exit 2).
     File(PathBuf),
-    /// The pod's service account (KUBERNETES_SERVICE_HOST is set).
+    /// Nothing given, KUBERNETES_SERVICE_HOST set: the pod's service account.
     InCluster,
+    /// Nothing given, not in a cluster: `/etc/kubernetes/kubeconfig`.
+    Default(PathBuf),
+}
+
+impl KubeconfigSource {
+    /// Whether the operator named the kubeconfig. Only then is an unreadable one a usage
+    /// error: otherwise the agent may be the static copy after a reboot, which has no
+    /// service-account token and no service environment, and must still start the other
+    /// checkpoints without an API server.
+    pub(crate) fn is_explicit(&self) -> bool {
+        matches!(self, KubeconfigSource::File(_))
+    }
 }
 
 /// Everything `run` needs, validated.
@@ -316,7 +328,7 @@ impl RunSettings {
         {
             Some(path) => KubeconfigSource::File(path),
             None if env.in_cluster => KubeconfigSource::InCluster,
-            None => KubeconfigSource::File(PathBuf::from(DEFAULT_KUBECONFIG)),
+            None => KubeconfigSource::Default(PathBuf::from(DEFAULT_KUBECONFIG)),
         };
         let kubelet_url = args
             .kubelet_url
@@ -508,7 +520,7 @@ mod tests {
         let s = resolve(&IDS, "", no_env()).expect("ok");
         assert_eq!(
             s.kubeconfig,
-            KubeconfigSource::File(PathBuf::from("/etc/kubernetes/kubeconfig"))
+            KubeconfigSource::Default(PathBuf::from("/etc/kubernetes/kubeconfig"))
         );
         assert_eq!(s.kubelet_url, "https://127.0.0.1:10250");
         assert_eq!(s.runtime_endpoint.as_deref(), Some(DEFAULT_RUNTIME_ENDPOINT));

@@ -247,3 +247,51 @@ fn drain_refuses_while_an_agent_holds_the_lock_unless_forced() {
     let out = bin().args(&args).output().expect("runs");
     assert_eq!(text(&out.stdout), "nothing to remove\n");
 }
+
+/// Scenario B's first step with no credentials at all: the static copy after a reboot has
+/// no service-account token and no service environment. It must run offline and start
+/// the checkpoints, not crash-loop on a missing kubeconfig.
+#[test]
+fn without_credentials_the_agent_runs_offline_and_activates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    seed_checkpoint(dir.path(), "kube-apiserver-abc", false);
+    let mut args: Vec<String> = [
+        "run",
+        "--node-name",
+        "node-1",
+        "--pod-name",
+        "pc-abc-node-1",
+        "--pod-namespace",
+        "kube-system",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(
+        [
+            "--runtime-endpoint",
+            "",
+            "--kubelet-url",
+            "http://127.0.0.1:1",
+            "--metrics-addr",
+            "",
+        ]
+        .map(str::to_owned),
+    );
+    args.extend(disk_args(dir.path()));
+    let mut child = bin()
+        .args(&args)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starts");
+    let active = dir.path().join("manifests/kube-system_kube-apiserver-abc.json");
+    let start = std::time::Instant::now();
+    while !active.exists() && start.elapsed() < std::time::Duration::from_secs(30) {
+        assert!(child.try_wait().expect("wait").is_none(), "the agent exited");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(active.exists(), "the checkpoint was not activated");
+}
