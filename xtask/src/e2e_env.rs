@@ -9,17 +9,19 @@
 
 mod build;
 mod control_plane;
-mod process;
+pub mod process;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub(crate) use build::{BinDir, ensure_built};
-pub(crate) use control_plane::{ControlPlane, StartOptions};
+use crate::harness::cri::CriClient;
+
+pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
+pub use control_plane::{CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions};
 
 /// Build, start and stop the local control plane for the end-to-end tests.
 #[derive(clap::Args)]
-pub(crate) struct E2eEnv {
+pub struct E2eEnv {
     #[command(subcommand)]
     command: E2eEnvCommand,
 }
@@ -42,6 +44,22 @@ enum E2eEnvCommand {
         action: ApiserverAction,
         #[arg(long)]
         workdir: PathBuf,
+    },
+    /// The hollow kubelet's fake container runtime: what runs, or stop a pod like a crash.
+    Cri {
+        #[command(subcommand)]
+        action: CriAction,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum CriAction {
+    /// List the pod sandboxes and containers.
+    Ps,
+    /// StopContainer + StopPodSandbox for one pod (with restartPolicy Never it stays dead).
+    Stop {
+        /// NAMESPACE/NAME
+        pod: String,
     },
 }
 
@@ -78,7 +96,7 @@ enum ApiserverAction {
 }
 
 impl E2eEnv {
-    pub(crate) fn run(&self) -> anyhow::Result<()> {
+    pub fn run(&self) -> anyhow::Result<()> {
         match &self.command {
             E2eEnvCommand::Build => ensure_built().map(drop),
             E2eEnvCommand::Start(args) => start(args),
@@ -101,6 +119,7 @@ impl E2eEnv {
                     ApiserverAction::Restart => plane.restart_apiserver().map(drop),
                 }
             }
+            E2eEnvCommand::Cri { action } => cri(action),
         }
     }
 }
@@ -127,8 +146,40 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn cri(action: &CriAction) -> anyhow::Result<()> {
+    let client = CriClient::new(CRI_SOCKET);
+    match action {
+        CriAction::Ps => {
+            for sandbox in client.sandboxes()? {
+                let state = if sandbox.ready { "ready" } else { "stopped" };
+                println!(
+                    "sandbox {}/{} {state} {}",
+                    sandbox.namespace, sandbox.name, sandbox.id
+                );
+            }
+            for container in client.containers()? {
+                println!(
+                    "container {} {:?} sandbox={} {}",
+                    container.name, container.state, container.sandbox_id, container.id
+                );
+            }
+        }
+        CriAction::Stop { pod } => {
+            let (namespace, name) = pod
+                .split_once('/')
+                .ok_or_else(|| anyhow::anyhow!("expected NAMESPACE/NAME, got {pod:?}"))?;
+            let stopped = client.stop_pod(namespace, name)?;
+            eprintln!(
+                "[e2e-env] stopped {pod}: {} container(s), {} sandbox(es)",
+                stopped.containers, stopped.sandboxes
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `0.4 s`, `12.3 s`, `5 min 33 s`.
-pub(crate) fn human_duration(duration: Duration) -> String {
+pub fn human_duration(duration: Duration) -> String {
     let secs = duration.as_secs_f64();
     if secs < 60.0 {
         format!("{secs:.1} s")

@@ -1,15 +1,19 @@
 //! See <https://github.com/matklad/cargo-xtask/>.
 //!
 //! Developer and operator tasks for pod-checkpointer, run as `cargo xtask <task>`:
-//! `test` runs everything CI runs; `e2e-env` builds, starts and stops the real control plane
-//! of the end-to-end tests. One module per subcommand; each is a struct with a `run` method.
+//! `test` runs everything CI runs; `e2e` runs the end-to-end suite against a real control
+//! plane; `demo` narrates the agent at work on one; `e2e-env` builds, starts and stops that
+//! control plane by hand. One module per subcommand; each is a struct with a `run` method.
+//! What they share with the end-to-end suite lives in the `xtask` library.
 
-mod e2e_env;
+mod demo;
+mod e2e;
 mod test;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use xtask::e2e_env;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "pod-checkpointer developer and operator tasks")]
@@ -22,6 +26,11 @@ struct Cli {
 enum Task {
     /// Formatting, lints, unit, integration and end-to-end tests: what CI runs.
     Test(test::Test),
+    /// Build the control plane and the agent, then run the end-to-end suite against them.
+    E2e(e2e::E2e),
+    /// A narrated run of the agent on a local control plane: checkpoint, API server down,
+    /// activation, recovery, deactivation, garbage collection.
+    Demo(demo::Demo),
     /// The real kube-apiserver, etcd and hollow kubelet for the end-to-end tests.
     E2eEnv(e2e_env::E2eEnv),
 }
@@ -30,6 +39,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.task {
         Task::Test(cmd) => cmd.run(),
+        Task::E2e(cmd) => cmd.run(),
+        Task::Demo(cmd) => cmd.run(),
         Task::E2eEnv(cmd) => cmd.run(),
     }
 }

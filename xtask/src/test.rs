@@ -1,18 +1,31 @@
-//! `cargo xtask test`: the README's test command and what `.ci/run` runs.
+//! `cargo xtask test`: the README's test command and what `.ci/run` runs: formatting, lints,
+//! every unit and integration test of the workspace, then the end-to-end suite against a
+//! real control plane (built into the cache on first use, ~6 minutes).
 
 use std::time::Instant;
 
-/// Formatting and lint gates, then every unit and integration test of the workspace.
+use xtask::e2e_env::{BinDir, human_duration};
+
+/// Formatting and lint gates, unit and integration tests, then the end-to-end suite.
 #[derive(clap::Args)]
 pub(crate) struct Test {
     /// Skip `cargo fmt --check` and clippy (for a quick local loop).
     #[arg(long)]
     no_lint: bool,
+    /// Do not build the end-to-end control plane when it is not cached yet (~6 min): the
+    /// end-to-end tests are then skipped, loudly. Refused when CI=true.
+    #[arg(long)]
+    no_e2e_build: bool,
 }
 
 impl Test {
     pub(crate) fn run(&self) -> anyhow::Result<()> {
         let started = Instant::now();
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        anyhow::ensure!(
+            !(ci && self.no_e2e_build),
+            "--no-e2e-build is refused when CI=true: CI runs the end-to-end tests, never skips them"
+        );
         if !self.no_lint {
             crate::run("cargo", &["fmt", "--all", "--check"])?;
             crate::run(
@@ -27,9 +40,33 @@ impl Test {
                     "warnings",
                 ],
             )?;
+            // `--all-targets` leaves out the e2e target (`test = false`).
+            crate::run(
+                "cargo",
+                &[
+                    "clippy", "-p", "xtask", "--test", "e2e", "--locked", "--", "-D", "warnings",
+                ],
+            )?;
         }
         crate::run("cargo", &["test", "--workspace", "--locked"])?;
-        eprintln!("xtask test: all green in {:.0?}", started.elapsed());
+
+        if self.no_e2e_build
+            && let Err(missing) = BinDir::cached()
+        {
+            eprintln!(
+                "\n################################################################\n\
+                 # END-TO-END TESTS SKIPPED (--no-e2e-build): {missing:#}\n\
+                 # Build the control plane once with `cargo xtask e2e-env build`.\n\
+                 ################################################################"
+            );
+            eprintln!(
+                "xtask test: green WITHOUT the end-to-end tests in {}",
+                human_duration(started.elapsed())
+            );
+            return Ok(());
+        }
+        crate::e2e::run_suite(&[], true)?;
+        eprintln!("xtask test: all green in {}", human_duration(started.elapsed()));
         Ok(())
     }
 }

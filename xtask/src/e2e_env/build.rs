@@ -21,7 +21,7 @@ use super::human_duration;
 use super::process::{in_path, last_log_line, log_tail_section};
 
 /// The Kubernetes version the source package builds (it is `1.20.5+really1.20.2`).
-pub(crate) const KUBERNETES_VERSION: &str = "1.20.2";
+pub const KUBERNETES_VERSION: &str = "1.20.2";
 
 /// Bump when the recipe changes, so cached binaries built the old way are rebuilt.
 const RECIPE_REVISION: u32 = 1;
@@ -56,7 +56,7 @@ const STAMP_FILE: &str = "build-info.txt";
 const SOURCE_READY_FILE: &str = ".source-ready";
 
 /// The cache root: `$E2E_CACHE_DIR` or `/var/cache/pod-checkpointer-e2e`.
-pub(crate) fn cache_root() -> PathBuf {
+pub fn cache_root() -> PathBuf {
     std::env::var_os("E2E_CACHE_DIR")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -65,13 +65,13 @@ pub(crate) fn cache_root() -> PathBuf {
 
 /// A directory holding a complete build of `kube-apiserver` and `kubemark`.
 #[derive(Clone, Debug)]
-pub(crate) struct BinDir {
+pub struct BinDir {
     dir: PathBuf,
 }
 
 impl BinDir {
     /// The cached binaries, without building: fails with a hint when they are missing.
-    pub(crate) fn cached() -> anyhow::Result<BinDir> {
+    pub fn cached() -> anyhow::Result<BinDir> {
         let dir = cache_root().join(format!("k8s-{KUBERNETES_VERSION}"));
         if !is_complete(&dir) {
             bail!(
@@ -82,21 +82,21 @@ impl BinDir {
         Ok(BinDir { dir })
     }
 
-    pub(crate) fn dir(&self) -> &Path {
+    pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    pub(crate) fn kube_apiserver(&self) -> PathBuf {
+    pub fn kube_apiserver(&self) -> PathBuf {
         self.dir.join("kube-apiserver")
     }
 
-    pub(crate) fn kubemark(&self) -> PathBuf {
+    pub fn kubemark(&self) -> PathBuf {
         self.dir.join("kubemark")
     }
 }
 
 /// Installs the runtime packages if needed and builds the binaries unless they are cached.
-pub(crate) fn ensure_built() -> anyhow::Result<BinDir> {
+pub fn ensure_built() -> anyhow::Result<BinDir> {
     let started = Instant::now();
     let root = cache_root();
     fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;

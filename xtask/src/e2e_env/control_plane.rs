@@ -29,10 +29,10 @@ use super::human_duration;
 use super::process::{Managed, POLL_INTERVAL, in_path, log_tail_section, proc_state, random_hex};
 
 /// The node the hollow kubelet registers, and whose identity `kubeconfig-node-1` carries.
-pub(crate) const NODE_NAME: &str = "node-1";
+pub const NODE_NAME: &str = "node-1";
 
 /// kubemark 1.20 hard-codes its fake CRI (runtime.v1alpha2) socket: one hollow node per machine.
-pub(crate) const CRI_SOCKET: &str = "/tmp/kubelet_remote.sock";
+pub const CRI_SOCKET: &str = "/tmp/kubelet_remote.sock";
 
 /// kubemark 1.20 always puts the kubelet's root dir at `/tmp/hollow-kubelet.NNN`.
 const HOLLOW_ROOT_PREFIX: &str = "/tmp/hollow-kubelet.";
@@ -50,23 +50,23 @@ const TERM_GRACE: Duration = Duration::from_secs(10);
 
 /// What to start, and where.
 #[derive(Clone, Debug)]
-pub(crate) struct StartOptions {
-    pub(crate) bins: BinDir,
+pub struct StartOptions {
+    pub bins: BinDir,
     /// A fresh (missing or empty) dir; by default `$TMPDIR/ckpt-e2e.XXXXXX`.
-    pub(crate) workdir: Option<PathBuf>,
+    pub workdir: Option<PathBuf>,
     /// etcd's client port; its peer port is the next one.
-    pub(crate) etcd_port: u16,
-    pub(crate) apiserver_port: u16,
+    pub etcd_port: u16,
+    pub apiserver_port: u16,
     /// Also start kubemark's hollow kubelet as `node-1` and wait for the Node to be Ready.
-    pub(crate) hollow_node: bool,
+    pub hollow_node: bool,
     /// The hollow kubelet's API (plain HTTP in kubemark 1.20) on 0.0.0.0.
-    pub(crate) kubelet_port: u16,
-    pub(crate) kubelet_read_only_port: u16,
+    pub kubelet_port: u16,
+    pub kubelet_read_only_port: u16,
 }
 
 impl StartOptions {
     /// The recipe's ports (2379/2380, 6443, 10250, 10255), a fresh temp work dir, no hollow node.
-    pub(crate) fn new(bins: BinDir) -> StartOptions {
+    pub fn new(bins: BinDir) -> StartOptions {
         StartOptions {
             bins,
             workdir: None,
@@ -82,7 +82,7 @@ impl StartOptions {
 /// A running (or partly started) control plane. Dropping it stops everything it started and
 /// removes the work dir, unless it was [`detach`](ControlPlane::detach)ed or
 /// [`attach`](ControlPlane::attach)ed.
-pub(crate) struct ControlPlane {
+pub struct ControlPlane {
     workdir: PathBuf,
     apiserver_bin: PathBuf,
     etcd_port: u16,
@@ -106,7 +106,7 @@ impl ControlPlane {
     /// Starts etcd and kube-apiserver (and the hollow node if asked) and waits until they are
     /// ready. On failure everything started so far is stopped and the error carries the tail
     /// of the failing log.
-    pub(crate) fn start(options: &StartOptions) -> anyhow::Result<ControlPlane> {
+    pub fn start(options: &StartOptions) -> anyhow::Result<ControlPlane> {
         let started = Instant::now();
         preflight(options)?;
         let workdir = create_workdir(options.workdir.as_deref())?;
@@ -147,7 +147,7 @@ impl ControlPlane {
 
     /// The control plane that `start` left running in `workdir` (e.g. from another process).
     /// Dropping it stops nothing; [`stop`](ControlPlane::stop) stops it.
-    pub(crate) fn attach(workdir: &Path) -> anyhow::Result<ControlPlane> {
+    pub fn attach(workdir: &Path) -> anyhow::Result<ControlPlane> {
         let state_path = workdir.join(STATE_FILE);
         let state = fs::read_to_string(&state_path).with_context(|| {
             format!(
@@ -205,81 +205,81 @@ impl ControlPlane {
     }
 
     /// Leaves the processes running when this value is dropped (`cargo xtask e2e-env start`).
-    pub(crate) fn detach(mut self) {
+    pub fn detach(mut self) {
         self.stop_on_drop = false;
     }
 
     /// Stops the hollow node, kube-apiserver (SIGKILL: on SIGTERM it takes 60 s) and etcd,
     /// waits for them to exit and removes the work dir.
-    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
+    pub fn stop(mut self) -> anyhow::Result<()> {
         self.shutdown()
     }
 
-    pub(crate) fn workdir(&self) -> &Path {
+    pub fn workdir(&self) -> &Path {
         &self.workdir
     }
 
     /// The admin (`system:masters`) kubeconfig.
-    pub(crate) fn kubeconfig(&self) -> PathBuf {
+    pub fn kubeconfig(&self) -> PathBuf {
         self.workdir.join("kubeconfig")
     }
 
     /// The kubeconfig of `system:node:node-1` (group `system:nodes`).
-    pub(crate) fn node_kubeconfig(&self) -> PathBuf {
+    pub fn node_kubeconfig(&self) -> PathBuf {
         self.workdir.join(format!("kubeconfig-{NODE_NAME}"))
     }
 
     /// The kubeconfig of the user `pod-checkpointer`, which has no rights until RBAC grants some.
-    pub(crate) fn agent_kubeconfig(&self) -> PathBuf {
+    pub fn agent_kubeconfig(&self) -> PathBuf {
         self.workdir.join("kubeconfig-agent")
     }
 
     /// The API server's self-signed serving certificate, which clients use as their CA.
-    pub(crate) fn ca_cert(&self) -> PathBuf {
+    pub fn ca_cert(&self) -> PathBuf {
         self.workdir.join("certs/apiserver.crt")
     }
 
     /// `https://127.0.0.1:PORT` (the serving cert has no `localhost` SAN).
-    pub(crate) fn apiserver_url(&self) -> String {
+    pub fn apiserver_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.apiserver_port)
     }
 
-    pub(crate) fn apiserver_port(&self) -> u16 {
+    pub fn apiserver_port(&self) -> u16 {
         self.apiserver_port
     }
 
-    pub(crate) fn etcd_port(&self) -> u16 {
+    pub fn etcd_port(&self) -> u16 {
         self.etcd_port
     }
 
-    pub(crate) fn etcd_pid(&self) -> Option<u32> {
+    pub fn etcd_pid(&self) -> Option<u32> {
         self.etcd.as_ref().map(Managed::pid)
     }
 
-    pub(crate) fn apiserver_pid(&self) -> Option<u32> {
+    pub fn apiserver_pid(&self) -> Option<u32> {
         self.apiserver.as_ref().map(Managed::pid)
     }
 
-    pub(crate) fn hollow_node_pid(&self) -> Option<u32> {
+    pub fn hollow_node_pid(&self) -> Option<u32> {
         self.hollow.as_ref().map(|h| h.process.pid())
     }
 
     /// The hollow kubelet's static pod dir as a stable path in the work dir (a link to the
     /// dir kubemark creates under `/tmp/hollow-kubelet.NNN`). Write manifests (JSON or YAML)
     /// under a dot-name first and rename them in: the kubelet skips dot files.
-    pub(crate) fn static_pod_dir(&self) -> Option<PathBuf> {
+    pub fn static_pod_dir(&self) -> Option<PathBuf> {
         self.hollow.as_ref().map(|_| self.workdir.join("static-pods"))
     }
 
     /// The hollow kubelet's API, plain HTTP (`/pods/`, `/runningpods/`).
-    pub(crate) fn kubelet_url(&self) -> Option<String> {
+    pub fn kubelet_url(&self) -> Option<String> {
         self.hollow
             .as_ref()
             .map(|h| format!("http://127.0.0.1:{}", h.kubelet_port))
     }
 
     /// The hollow kubelet's read-only API (what bootkube's checkpointer falls back to).
-    pub(crate) fn kubelet_read_only_url(&self) -> Option<String> {
+    pub fn kubelet_read_only_url(&self) -> Option<String> {
         self.hollow
             .as_ref()
             .map(|h| format!("http://127.0.0.1:{}", h.kubelet_read_only_port))
@@ -287,16 +287,12 @@ impl ControlPlane {
 
     /// `GET path` on the API server as admin; returns the HTTP status (0 when unreachable
     /// within 5 s) and the body.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "for the e2e harness; the CLI does not need it")
-    )]
-    pub(crate) fn api_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+    pub fn api_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         self.api().get(path)
     }
 
     /// SIGKILLs the API server (connections are refused afterwards) and waits for it to exit.
-    pub(crate) fn kill_apiserver(&mut self) -> anyhow::Result<()> {
+    pub fn kill_apiserver(&mut self) -> anyhow::Result<()> {
         let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
         apiserver.terminate("KILL", Duration::from_secs(10))?;
         say("kube-apiserver killed");
@@ -304,7 +300,7 @@ impl ControlPlane {
     }
 
     /// SIGSTOPs the API server: it keeps its port, accepts connections and answers nothing.
-    pub(crate) fn pause_apiserver(&mut self) -> anyhow::Result<()> {
+    pub fn pause_apiserver(&mut self) -> anyhow::Result<()> {
         let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
         apiserver.ensure_running("cannot pause kube-apiserver")?;
         apiserver.signal("STOP")?;
@@ -322,7 +318,7 @@ impl ControlPlane {
     }
 
     /// SIGCONTs a paused API server.
-    pub(crate) fn resume_apiserver(&mut self) -> anyhow::Result<()> {
+    pub fn resume_apiserver(&mut self) -> anyhow::Result<()> {
         let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
         apiserver.ensure_running("cannot resume kube-apiserver")?;
         apiserver.signal("CONT")?;
@@ -332,7 +328,7 @@ impl ControlPlane {
 
     /// Kills the API server if it runs and starts it again on the same etcd, certs, tokens and
     /// port; returns once `/readyz` answers 200, with the time that took.
-    pub(crate) fn restart_apiserver(&mut self) -> anyhow::Result<Duration> {
+    pub fn restart_apiserver(&mut self) -> anyhow::Result<Duration> {
         if let Some(apiserver) = &mut self.apiserver {
             apiserver.terminate("KILL", Duration::from_secs(10))?;
         }
@@ -349,7 +345,7 @@ impl ControlPlane {
     }
 
     /// What `cargo xtask e2e-env start` prints and the state file holds, as `KEY=VALUE` pairs.
-    pub(crate) fn env_vars(&self) -> Vec<(&'static str, String)> {
+    pub fn env_vars(&self) -> Vec<(&'static str, String)> {
         let path = |p: &Path| p.display().to_string();
         let mut vars = vec![
             ("WORKDIR", path(&self.workdir)),

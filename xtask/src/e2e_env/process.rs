@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 /// Environment variable set on every process the environment starts, valued with its work dir.
-pub(crate) const OWNER_ENV: &str = "POD_CHECKPOINTER_E2E_WORKDIR";
+pub const OWNER_ENV: &str = "POD_CHECKPOINTER_E2E_WORKDIR";
 
 /// How often exits and readiness are polled.
-pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(100);
+pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// One long-running process of the environment (etcd, kube-apiserver, the hollow node).
-pub(crate) struct Managed {
+pub struct Managed {
     name: &'static str,
     pid: u32,
     /// Set for processes spawned by this process, so that they are reaped.
@@ -34,7 +34,7 @@ pub(crate) struct Managed {
 
 impl Managed {
     /// Spawns `command` with stdin closed and stdout and stderr appended to `log`.
-    pub(crate) fn spawn(
+    pub fn spawn(
         name: &'static str,
         command: &mut Command,
         log: &Path,
@@ -64,7 +64,7 @@ impl Managed {
 
     /// A process started by another invocation, known from its pid. A pid that no longer
     /// carries our [`OWNER_ENV`] (the process exited and the pid was reused) counts as exited.
-    pub(crate) fn attach(name: &'static str, pid: u32, log: &Path, owner: &Path) -> Managed {
+    pub fn attach(name: &'static str, pid: u32, log: &Path, owner: &Path) -> Managed {
         let ours = environ_has(pid, OWNER_ENV, &owner.to_string_lossy());
         Managed {
             name,
@@ -75,16 +75,16 @@ impl Managed {
         }
     }
 
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.pid
     }
 
-    pub(crate) fn log(&self) -> &Path {
+    pub fn log(&self) -> &Path {
         &self.log
     }
 
     /// Whether the process still runs (a stopped process runs; a zombie does not).
-    pub(crate) fn is_running(&mut self) -> bool {
+    pub fn is_running(&mut self) -> bool {
         if self.exited {
             return false;
         }
@@ -99,7 +99,7 @@ impl Managed {
     }
 
     /// Sends `signal` (a name such as `KILL`, `STOP`) unless the process has exited.
-    pub(crate) fn signal(&mut self, signal: &str) -> anyhow::Result<()> {
+    pub fn signal(&mut self, signal: &str) -> anyhow::Result<()> {
         if !self.is_running() {
             return Ok(());
         }
@@ -107,7 +107,7 @@ impl Managed {
     }
 
     /// Waits until the process has exited; false when it still runs after `timeout`.
-    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> bool {
+    pub fn wait_exit(&mut self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         while self.is_running() {
             if Instant::now() >= deadline {
@@ -119,7 +119,7 @@ impl Managed {
     }
 
     /// Sends `signal`, waits up to `grace`, then SIGKILLs; returns once the process is gone.
-    pub(crate) fn terminate(&mut self, signal: &str, grace: Duration) -> anyhow::Result<()> {
+    pub fn terminate(&mut self, signal: &str, grace: Duration) -> anyhow::Result<()> {
         self.signal(signal)?;
         if signal != "KILL" {
             // A SIGSTOPped process would keep a SIGTERM pending forever.
@@ -136,7 +136,7 @@ impl Managed {
     }
 
     /// Fails with the tail of the log when the process has exited.
-    pub(crate) fn ensure_running(&mut self, what: &str) -> anyhow::Result<()> {
+    pub fn ensure_running(&mut self, what: &str) -> anyhow::Result<()> {
         if self.is_running() {
             return Ok(());
         }
@@ -154,7 +154,7 @@ impl Managed {
 }
 
 /// Runs `kill -s SIGNAL PID`.
-pub(crate) fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+pub fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .args(["-s", signal, &pid.to_string()])
         .stderr(Stdio::null())
@@ -170,7 +170,7 @@ pub(crate) fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
 /// Whether `pid` exists and is not a zombie (nor dead). The leader of a multi-threaded
 /// process (Go's) turns zombie while its other threads are still exiting and holding its
 /// sockets, so a zombie with threads left still counts as alive.
-pub(crate) fn is_alive(pid: u32) -> bool {
+pub fn is_alive(pid: u32) -> bool {
     match proc_state(pid) {
         None => false,
         Some('Z' | 'X' | 'x') => thread_count(pid) > 1,
@@ -185,14 +185,14 @@ fn thread_count(pid: u32) -> usize {
 }
 
 /// The one-letter state of `pid` from `/proc/PID/stat`, `None` when there is no such process.
-pub(crate) fn proc_state(pid: u32) -> Option<char> {
+pub fn proc_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat_state(&stat)
 }
 
 /// The state field of a `/proc/PID/stat` line. The command name in parentheses may itself
 /// contain spaces and parentheses, so the state is the field after the *last* `)`.
-pub(crate) fn parse_stat_state(stat: &str) -> Option<char> {
+pub fn parse_stat_state(stat: &str) -> Option<char> {
     let (_, rest) = stat.rsplit_once(')')?;
     rest.trim_start().chars().next()
 }
@@ -207,7 +207,7 @@ fn environ_has(pid: u32, key: &str, value: &str) -> bool {
 }
 
 /// The last `lines` lines of a (possibly large) log file, read from its end.
-pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+pub fn log_tail(path: &Path, lines: usize) -> String {
     const MAX_TAIL_BYTES: u64 = 64 * 1024;
     let Ok(mut file) = File::open(path) else {
         return String::new();
@@ -225,13 +225,13 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
 
 /// `--- last lines of NAME ---` followed by the tail, for error messages (only the file name:
 /// a failed start removes its work dir).
-pub(crate) fn log_tail_section(path: &Path, lines: usize) -> String {
+pub fn log_tail_section(path: &Path, lines: usize) -> String {
     let name = path.file_name().unwrap_or(path.as_os_str()).to_string_lossy();
     format!("--- last lines of {name} ---\n{}", log_tail(path, lines))
 }
 
 /// The last non-empty line of a log, shortened for a one-line heartbeat.
-pub(crate) fn last_log_line(path: &Path) -> String {
+pub fn last_log_line(path: &Path) -> String {
     const MAX_CHARS: usize = 100;
     let tail = log_tail(path, 5);
     let line = tail
@@ -249,7 +249,7 @@ pub(crate) fn last_log_line(path: &Path) -> String {
 }
 
 /// Whether `program` is an executable file in one of the `PATH` directories.
-pub(crate) fn in_path(program: &str) -> bool {
+pub fn in_path(program: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::env::var_os("PATH").is_some_and(|path| {
         std::env::split_paths(&path).any(|dir| {
@@ -259,7 +259,7 @@ pub(crate) fn in_path(program: &str) -> bool {
 }
 
 /// `bytes` random bytes from the kernel, hex-encoded (tokens, unique names).
-pub(crate) fn random_hex(bytes: usize) -> anyhow::Result<String> {
+pub fn random_hex(bytes: usize) -> anyhow::Result<String> {
     let mut buf = vec![0u8; bytes];
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut buf))

@@ -1,0 +1,119 @@
+//! `cargo xtask e2e [FILTER…]`: the end-to-end suite (`xtask/tests/e2e`) against a real
+//! control plane. Builds what it needs (the cached Kubernetes binaries, the agent, the suite)
+//! and runs the suite's binary itself rather than through `cargo test`, so that on Ctrl-C it
+//! waits for the suite to stop its control plane before returning.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use xtask::e2e_env::{self, human_duration};
+use xtask::harness::{agent_binary, interrupt};
+
+/// Run the end-to-end suite against a real kube-apiserver, etcd and hollow kubelet.
+#[derive(clap::Args)]
+pub(crate) struct E2e {
+    /// Run only the scenarios whose name contains one of these.
+    filters: Vec<String>,
+    /// List the scenarios and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+impl E2e {
+    pub(crate) fn run(&self) -> anyhow::Result<()> {
+        if self.list {
+            let suite = build_suite(false)?;
+            return run_binary(&suite, &["--list".to_owned()]);
+        }
+        run_suite(&self.filters, false)
+    }
+}
+
+/// Builds the environment, the agent and the suite, then runs the suite (also used by
+/// `cargo xtask test`, with `locked`).
+pub(crate) fn run_suite(filters: &[String], locked: bool) -> anyhow::Result<()> {
+    let started = Instant::now();
+    interrupt::install()?;
+    e2e_env::ensure_built()?;
+    let suite = build_suite(locked)?;
+    run_binary(&suite, filters)?;
+    eprintln!(
+        "[e2e] end-to-end suite passed ({} in all)",
+        human_duration(started.elapsed())
+    );
+    Ok(())
+}
+
+/// `cargo build -p ckpt-bin` and `cargo test -p xtask --test e2e --no-run`; returns the
+/// suite's executable.
+fn build_suite(locked: bool) -> anyhow::Result<PathBuf> {
+    let lock_flag: &[&str] = if locked { &["--locked"] } else { &[] };
+    let mut build = vec!["build", "-p", "ckpt-bin"];
+    build.extend(lock_flag);
+    crate::run("cargo", &build)?;
+
+    let mut args = vec![
+        "test",
+        "-p",
+        "xtask",
+        "--test",
+        "e2e",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ];
+    args.extend(lock_flag);
+    eprintln!("$ cargo {}", args.join(" "));
+    let output = Command::new("cargo")
+        .args(&args)
+        .current_dir(crate::project_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo")?;
+    if !output.status.success() {
+        bail!("building the end-to-end suite failed: {}", output.status);
+    }
+    suite_executable(&String::from_utf8_lossy(&output.stdout))
+        .context("cargo did not report the e2e test executable")
+}
+
+/// The `executable` of the `e2e` test target in cargo's JSON messages.
+fn suite_executable(messages: &str) -> Option<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "e2e")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+}
+
+fn run_binary(suite: &PathBuf, args: &[String]) -> anyhow::Result<()> {
+    let agent = agent_binary()?;
+    eprintln!("$ {} {}", suite.display(), args.join(" "));
+    let status = Command::new(suite)
+        .args(args)
+        .env("POD_CHECKPOINTER_BIN", &agent)
+        .current_dir(crate::project_root())
+        .status()
+        .with_context(|| format!("cannot run {}", suite.display()))?;
+    anyhow::ensure!(status.success(), "the end-to-end suite failed: {status}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_suite_executable_comes_from_the_e2e_artifact() {
+        let messages = r#"{"reason":"compiler-artifact","target":{"name":"xtask"},"executable":"/t/xtask"}
+not json
+{"reason":"compiler-artifact","target":{"name":"e2e"},"executable":"/t/debug/deps/e2e-123"}
+{"reason":"build-finished","success":true}"#;
+        assert_eq!(
+            suite_executable(messages),
+            Some(PathBuf::from("/t/debug/deps/e2e-123"))
+        );
+        assert_eq!(suite_executable("{}"), None);
+    }
+}

@@ -1,0 +1,83 @@
+//! What the end-to-end suite and `cargo xtask demo` drive the agent with, on top of a
+//! [`ControlPlane`](crate::e2e_env::ControlPlane):
+//!
+//! - [`agent`]: `pod-checkpointer run` as a real process with a debug log in the work dir,
+//!   its health endpoints, `inspect -o json` and `drain`;
+//! - [`kubectl`]: the API server through kubectl (JSON in and out);
+//! - [`objects`]: the pods, Secrets, ConfigMaps, DaemonSets and RBAC objects the scenarios
+//!   create, as JSON;
+//! - [`cri`]: the hollow kubelet's fake runtime: what runs, and stopping a pod like a crash;
+//! - [`expect`]: the expectations on those sources, each a bounded poll;
+//! - [`wait`]: bounded polling that says what was expected and what was seen;
+//! - [`interrupt`]: Ctrl-C stops the waits, so the normal clean-up path runs.
+
+pub mod agent;
+pub mod cri;
+pub mod expect;
+pub mod interrupt;
+pub mod kubectl;
+pub mod objects;
+pub mod wait;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde_json::Value;
+
+/// The `pod-checkpointer` binary next to the running executable: `target/<profile>/` holds
+/// both `xtask` and `pod-checkpointer`, and an integration test runs from its `deps/` subdir.
+/// `POD_CHECKPOINTER_BIN` overrides.
+pub fn agent_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("POD_CHECKPOINTER_BIN").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        anyhow::ensure!(
+            path.is_file(),
+            "POD_CHECKPOINTER_BIN={} does not exist",
+            path.display()
+        );
+        return Ok(path);
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    let path = dir.join("pod-checkpointer");
+    anyhow::ensure!(
+        path.is_file(),
+        "{} does not exist: build it with `cargo build -p ckpt-bin` (`cargo xtask e2e` does), or set POD_CHECKPOINTER_BIN",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// Files under `dir` (recursively), relative to it, sorted; empty when it does not exist.
+pub fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        let Ok(entries) = fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else if let Ok(relative) = path.strip_prefix(root) {
+                out.push(relative.display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Reads a checkpoint manifest (compact JSON ending in a newline, DESIGN §3.7).
+pub fn read_manifest(path: &Path) -> anyhow::Result<Value> {
+    let text = fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    anyhow::ensure!(
+        text.ends_with('\n'),
+        "{} does not end with a newline",
+        path.display()
+    );
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
+}

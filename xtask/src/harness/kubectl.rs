@@ -1,0 +1,159 @@
+//! The API server through `kubectl --kubeconfig …` with JSON in and out: what an operator
+//! would type, and no Kubernetes client library in xtask. Every call is bounded by
+//! `--request-timeout`, so a paused (SIGSTOPped) API server cannot hang a test.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+/// kubectl as one identity (one kubeconfig).
+#[derive(Clone, Debug)]
+pub struct Kubectl {
+    kubeconfig: PathBuf,
+    cache_dir: PathBuf,
+}
+
+impl Kubectl {
+    /// kubectl with `kubeconfig`; its discovery cache goes to `cache_dir` (in the work dir, so
+    /// the user's `~/.kube` is never touched).
+    pub fn new(kubeconfig: &Path, cache_dir: &Path) -> Kubectl {
+        Kubectl {
+            kubeconfig: kubeconfig.to_owned(),
+            cache_dir: cache_dir.to_owned(),
+        }
+    }
+
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `kubectl ARGS…` with `stdin`; returns stdout, or fails with the command and its stderr.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
+        let mut command = Command::new("kubectl");
+        command
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg(format!("--cache-dir={}", self.cache_dir.display()))
+            .arg("--request-timeout=10s")
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().context("cannot run kubectl")?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input.as_bytes())
+                .context("cannot write to kubectl")?;
+        }
+        let output = child.wait_with_output().context("kubectl failed")?;
+        if !output.status.success() {
+            bail!(
+                "`kubectl {}` failed ({}): {}",
+                args.join(" "),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// `kubectl create -f -`: creates `object` and returns it as stored (with its uid).
+    pub fn create(&self, object: &Value) -> anyhow::Result<Value> {
+        let out = self.run(&["create", "-f", "-", "-o", "json"], Some(&object.to_string()))?;
+        serde_json::from_str(&out).context("kubectl create printed no JSON")
+    }
+
+    /// `kubectl apply -f -` of several objects at once (created or updated).
+    pub fn apply(&self, objects: &[Value]) -> anyhow::Result<()> {
+        let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": objects });
+        self.run(&["apply", "-f", "-"], Some(&list.to_string())).map(drop)
+    }
+
+    /// The object, or `None` when it does not exist. `resource` is e.g. `pod`, `daemonset`.
+    pub fn get(&self, resource: &str, namespace: &str, name: &str) -> anyhow::Result<Option<Value>> {
+        let out = self.run(
+            &[
+                "get",
+                resource,
+                name,
+                "-n",
+                namespace,
+                "--ignore-not-found",
+                "-o",
+                "json",
+            ],
+            None,
+        )?;
+        if out.trim().is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_str(&out)
+            .map(Some)
+            .context("kubectl get printed no JSON")
+    }
+
+    /// Deletes at once, as a kubelet confirming a deletion does (grace period 0); a missing
+    /// object is fine.
+    pub fn delete_now(&self, resource: &str, namespace: &str, name: &str) -> anyhow::Result<()> {
+        self.run(
+            &[
+                "delete",
+                resource,
+                name,
+                "-n",
+                namespace,
+                "--grace-period=0",
+                "--force",
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        )
+        .map(drop)
+    }
+}
+
+/// A pod's `status.phase` (empty when it has none yet).
+pub fn pod_phase(pod: &Value) -> &str {
+    pod["status"]["phase"].as_str().unwrap_or("")
+}
+
+/// Whether a pod is Running with every container running.
+pub fn pod_running(pod: &Value) -> bool {
+    let statuses = pod["status"]["containerStatuses"].as_array();
+    pod_phase(pod) == "Running"
+        && statuses.is_some_and(|s| !s.is_empty() && s.iter().all(|c| c["state"]["running"].is_object()))
+}
+
+/// An object's `metadata.uid`.
+pub fn uid(object: &Value) -> anyhow::Result<String> {
+    object["metadata"]["uid"]
+        .as_str()
+        .map(str::to_owned)
+        .context("the object has no metadata.uid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn running_means_phase_and_every_container() {
+        let running = json!({"status": {"phase": "Running", "containerStatuses": [
+            {"state": {"running": {"startedAt": "x"}}}]}});
+        let exited = json!({"status": {"phase": "Running", "containerStatuses": [
+            {"state": {"terminated": {"exitCode": 0}}}]}});
+        let failed = json!({"status": {"phase": "Failed"}});
+        assert!(pod_running(&running));
+        assert!(!pod_running(&exited));
+        assert!(!pod_running(&failed));
+        assert_eq!(pod_phase(&failed), "Failed");
+        assert_eq!(pod_phase(&json!({})), "");
+    }
+}

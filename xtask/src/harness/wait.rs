@@ -1,0 +1,139 @@
+//! Bounded polling: every expectation of the suite and the demo waits at most a timeout and,
+//! when it gives up, says what it expected and what it saw last.
+
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use super::interrupt;
+use crate::e2e_env::human_duration;
+
+/// How long an expectation is polled before it fails: generous, since the suite asserts
+/// outcomes, not latencies (those are measured by the benchmarks).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+const INTERVAL: Duration = Duration::from_millis(100);
+
+/// One look at the world: the expected value, or a description of what was seen instead.
+pub enum Probe<T> {
+    Ready(T),
+    Waiting(String),
+}
+
+/// Polls `probe` until it is [`Probe::Ready`]; returns its value and the time it took. A probe
+/// error aborts at once (turn transient errors into [`Probe::Waiting`] with
+/// [`waiting_on_error`]); Ctrl-C aborts too.
+pub fn wait_for<T>(
+    expected: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> anyhow::Result<Probe<T>>,
+) -> anyhow::Result<(T, Duration)> {
+    let started = Instant::now();
+    loop {
+        interrupt::check()?;
+        let seen = match probe()? {
+            Probe::Ready(value) => return Ok((value, started.elapsed())),
+            Probe::Waiting(seen) => seen,
+        };
+        if started.elapsed() >= timeout {
+            bail!(
+                "timed out after {} waiting for {expected}; last seen: {seen}",
+                human_duration(timeout)
+            );
+        }
+        sleep(INTERVAL);
+    }
+}
+
+/// Checks that `probe` stays [`Probe::Ready`] for `duration` (a state that must hold, such as
+/// "no activation while the API server answers"); fails with what was seen when it changes.
+pub fn holds_for(
+    expected: &str,
+    duration: Duration,
+    mut probe: impl FnMut() -> anyhow::Result<Probe<()>>,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while started.elapsed() < duration {
+        interrupt::check()?;
+        if let Probe::Waiting(seen) = probe()? {
+            bail!(
+                "expected {expected} for {}, but after {}: {seen}",
+                human_duration(duration),
+                human_duration(started.elapsed())
+            );
+        }
+        sleep(INTERVAL);
+    }
+    Ok(())
+}
+
+/// Maps an error to [`Probe::Waiting`], for probes whose failures are expected to pass (a
+/// kubectl call while the API server restarts).
+pub fn waiting_on_error<T>(result: anyhow::Result<Probe<T>>) -> anyhow::Result<Probe<T>> {
+    Ok(result.unwrap_or_else(|e| Probe::Waiting(format!("error: {e:#}"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_until_ready_and_reports_the_value() {
+        let mut calls = 0;
+        let (value, _) = wait_for("the third call", Duration::from_secs(5), || {
+            calls += 1;
+            Ok(if calls == 3 {
+                Probe::Ready(calls)
+            } else {
+                Probe::Waiting(format!("call {calls}"))
+            })
+        })
+        .unwrap();
+        assert_eq!(value, 3);
+    }
+
+    #[test]
+    fn a_timeout_names_the_expectation_and_the_last_sight() {
+        let error = wait_for::<()>("a miracle", Duration::from_millis(250), || {
+            Ok(Probe::Waiting("nothing".into()))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("waiting for a miracle"), "{error}");
+        assert!(error.contains("last seen: nothing"), "{error}");
+    }
+
+    #[test]
+    fn a_probe_error_aborts_unless_mapped_to_waiting() {
+        let error = wait_for::<()>("x", Duration::from_secs(5), || anyhow::bail!("boom"));
+        assert!(error.is_err());
+        let mut calls = 0;
+        let result = wait_for("y", Duration::from_secs(5), || {
+            calls += 1;
+            waiting_on_error(if calls < 2 {
+                Err(anyhow::anyhow!("transient"))
+            } else {
+                Ok(Probe::Ready(()))
+            })
+        });
+        assert!(result.is_ok());
+    }
+
+    #[test]
+    fn holds_for_fails_when_the_state_changes() {
+        let mut calls = 0;
+        let error = holds_for("calm", Duration::from_secs(5), || {
+            calls += 1;
+            Ok(if calls < 3 {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting("storm".into())
+            })
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("expected calm"), "{error}");
+        assert!(error.contains("storm"), "{error}");
+    }
+}

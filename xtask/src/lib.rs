@@ -1,0 +1,11 @@
+//! The library behind `cargo xtask`, shared by its commands and the end-to-end suite
+//! (`xtask/tests/e2e`):
+//!
+//! - [`e2e_env`]: build, start and stop the real control plane (kube-apiserver v1.20.2, etcd
+//!   and kubemark's hollow kubelet) and kill, pause or restart its API server;
+//! - [`harness`]: what drives the agent against it: `pod-checkpointer` processes with their
+//!   logs, kubectl, the hollow kubelet's CRI, the Kubernetes objects the scenarios create,
+//!   bounded polling and Ctrl-C handling.
+
+pub mod e2e_env;
+pub mod harness;

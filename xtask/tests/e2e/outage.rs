@@ -1,0 +1,132 @@
+//! The API server goes away, hung (SIGSTOP: connections accepted, nothing answered) or dead
+//! (SIGKILL: connections refused), while the parent's containers have crashed: the parent's
+//! checkpoint becomes a static pod the kubelet runs. When the API server is back the
+//! checkpoint stays active while the parent does not run; once the parent runs again
+//! (re-created, as its controller would) the checkpoint is deactivated.
+
+use std::time::Duration;
+
+use xtask::e2e_env::NODE_NAME;
+use xtask::harness::wait::{Probe, holds_for};
+
+use xtask::harness::read_manifest;
+
+use crate::suite::{KUBELET_AFTER_OUTAGE_TIMEOUT, Scenario};
+
+/// How long "no activation while the API server answers" is watched.
+const NO_ACTIVATION_WATCH: Duration = Duration::from_secs(3);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outage {
+    Hung,
+    Killed,
+}
+
+pub(crate) fn api_hung(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
+    outage(ctx, Outage::Hung)
+}
+
+pub(crate) fn api_killed(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
+    outage(ctx, Outage::Killed)
+}
+
+fn outage(ctx: &mut Scenario<'_>, outage: Outage) -> anyhow::Result<()> {
+    ctx.step("create the checkpointer's pod and an annotated kube-apiserver (restartPolicy Never)");
+    let me = ctx.create_checkpointer_pod()?;
+    let parent = ctx.create_parent_with_data("kube-apiserver")?;
+    ctx.expect_api_pod_running(&parent.name)?;
+    let static_parent = format!("{}-{NODE_NAME}", parent.name);
+
+    ctx.step("start the agent; the parent's checkpoint is written, inactive");
+    let dirs = ctx.dirs("node")?;
+    let config = ctx.agent_config("agent", &me.name, &dirs);
+    let mut agent = ctx.start_agent(&config)?;
+    agent.wait_ready()?;
+    ctx.expect_checkpoint(&dirs, &parent.name, "inactive")?;
+
+    ctx.step("the parent's containers crash (stopped through the CRI); the API server answers, so nothing is activated");
+    ctx.crash(&parent.name)?;
+    let pod = ctx.id(&parent.name);
+    holds_for("the checkpoint to stay inactive", NO_ACTIVATION_WATCH, || {
+        let inspect = ctx.inspect(&dirs)?;
+        Ok(match inspect.get(&pod) {
+            Some(c) if c.state == "inactive" => Probe::Ready(()),
+            _ => Probe::Waiting(inspect.summary()),
+        })
+    })?;
+
+    match outage {
+        Outage::Hung => {
+            ctx.step("SIGSTOP the API server (hung): the checkpoint is activated");
+            ctx.suite.pause_apiserver()?;
+        }
+        Outage::Killed => {
+            ctx.step("SIGKILL the API server (connection refused): the checkpoint is activated");
+            ctx.suite.kill_apiserver()?;
+        }
+    }
+    agent.wait_api_state("unreachable")?;
+    let activated = ctx.expect_checkpoint(&dirs, &parent.name, "active")?;
+    let active = activated
+        .active_manifest
+        .ok_or_else(|| anyhow::anyhow!("no active manifest reported"))?;
+    let manifest = read_manifest(&active)?;
+    anyhow::ensure!(
+        manifest["metadata"]["name"] == parent.name.as_str(),
+        "the static pod {} is not the parent's: {manifest}",
+        active.display()
+    );
+    if outage == Outage::Killed {
+        // With a hung API server the hollow kubelet itself is stuck in API calls, so that
+        // case is checked once the API server is back.
+        ctx.step("the kubelet runs the static copy while the API server is down");
+        ctx.expect_kubelet_runs(&static_parent, KUBELET_AFTER_OUTAGE_TIMEOUT)?;
+    }
+
+    ctx.step("the API server comes back; the kubelet runs the static copy (mirror pod in the API)");
+    match outage {
+        Outage::Hung => ctx.suite.resume_apiserver()?,
+        Outage::Killed => drop(ctx.suite.restart_apiserver()?),
+    }
+    agent.wait_api_state("synced")?;
+    ctx.expect_kubelet_runs(&static_parent, KUBELET_AFTER_OUTAGE_TIMEOUT)?;
+    ctx.expect_api_pod(
+        &static_parent,
+        "present (mirror pod)",
+        KUBELET_AFTER_OUTAGE_TIMEOUT,
+        |_| true,
+    )?;
+
+    ctx.step("the parent is in the API but does not run: the checkpoint stays active");
+    let inspect = ctx.inspect(&dirs)?;
+    anyhow::ensure!(
+        inspect.get(&pod).is_some_and(|c| c.state == "active"),
+        "expected {pod} active with the API server back and the parent not running: {}",
+        inspect.summary()
+    );
+
+    ctx.step("re-create the parent, as its controller would: once it runs, the checkpoint is deactivated");
+    let new_uid = ctx.recreate(&parent)?;
+    let deactivated = ctx.expect_checkpoint_where(
+        &dirs,
+        &parent.name,
+        "state inactive and the new parent's uid",
+        |c| c.state == "inactive" && c.parent_uid.as_deref() == Some(new_uid.as_str()),
+    )?;
+    anyhow::ensure!(
+        !active.exists(),
+        "{} is still in the static pod dir",
+        active.display()
+    );
+    anyhow::ensure!(
+        deactivated.data_files == 3,
+        "data files: {}",
+        deactivated.data_files
+    );
+    ctx.expect_kubelet_stopped(&static_parent)?;
+
+    ctx.step("SIGTERM: the agent exits 0");
+    let status = agent.stop()?;
+    anyhow::ensure!(status.success(), "the agent exited with {status}");
+    Ok(())
+}
