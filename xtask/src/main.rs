@@ -7,7 +7,10 @@
 //! What they share with the end-to-end suite lives in the `xtask` library.
 
 mod demo;
+mod deploy;
 mod e2e;
+mod manifests;
+mod render;
 mod test;
 
 use std::path::PathBuf;
@@ -33,6 +36,12 @@ enum Task {
     Demo(demo::Demo),
     /// The real kube-apiserver, etcd and hollow kubelet for the end-to-end tests.
     E2eEnv(e2e_env::E2eEnv),
+    /// Write the manifests that install pod-checkpointer (ServiceAccount, RBAC, config,
+    /// DaemonSet) as YAML.
+    Render(render::Render),
+    /// Install or update pod-checkpointer in a cluster (server-side apply) and wait for
+    /// the rollout.
+    Deploy(deploy::Deploy),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,6 +51,8 @@ fn main() -> anyhow::Result<()> {
         Task::E2e(cmd) => cmd.run(),
         Task::Demo(cmd) => cmd.run(),
         Task::E2eEnv(cmd) => cmd.run(),
+        Task::Render(cmd) => cmd.run(),
+        Task::Deploy(cmd) => cmd.run(),
     }
 }
 
