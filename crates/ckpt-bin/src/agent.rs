@@ -200,7 +200,11 @@ impl Agent {
             timeout: REQUEST_TIMEOUT,
         })
         .map_err(|e| Error::Usage(format!("--kubelet-url: {}", error_chain(&e))))?;
-        let local = LocalObserver::new(cri, Some(kubelet), allowed.clone());
+        // With the CRI on, the kubelet's `/pods` would only name parents the kubelet knows
+        // (informational: content always comes from the API), so it is not polled every
+        // second; with the CRI off it is the source of "running" (DESIGN §3.6).
+        let kubelet = cri.is_none().then_some(kubelet);
+        let local = LocalObserver::new(cri, kubelet, allowed.clone());
         let me = SelfIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name);
         let state = match store.read_journal::<PersistentState>() {
             Ok(state) => state.unwrap_or_default(),
