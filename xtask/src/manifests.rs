@@ -209,7 +209,7 @@ impl ManifestArgs {
         if !self.runtime_endpoint.is_empty() {
             let socket = self.runtime_endpoint.strip_prefix("unix://");
             ensure!(
-                socket.is_some_and(|path| path.starts_with('/') && socket_dir(path).is_some()),
+                socket.is_some_and(|path| path.starts_with('/') && parent_dir(path).is_some()),
                 "--runtime-endpoint: {:?} is not a unix socket like unix:///run/containerd/containerd.sock (or \"\" for none)",
                 self.runtime_endpoint
             );
@@ -562,7 +562,7 @@ fn pod_spec(options: &ManifestOptions) -> PodSpec {
     if let Some(dir) = options
         .runtime_endpoint
         .strip_prefix("unix://")
-        .and_then(socket_dir)
+        .and_then(parent_dir)
     {
         // The socket's directory, not the socket: a runtime restart re-creates the socket,
         // and a bind mount of the old one would stay dead. Read-only still allows connect.
@@ -673,11 +673,12 @@ fn pod_spec(options: &ManifestOptions) -> PodSpec {
 }
 
 fn lock_dir() -> &'static str {
-    socket_dir(DEFAULT_LOCK_FILE).expect("the lock file has a parent dir")
+    parent_dir(DEFAULT_LOCK_FILE).expect("the lock file has a parent dir")
 }
 
-/// `/run/containerd` of `/run/containerd/containerd.sock`; `None` for `/x.sock`.
-fn socket_dir(path: &str) -> Option<&str> {
+/// `/run/containerd` of `/run/containerd/containerd.sock`; `None` for `/x.sock` (the root
+/// dir is never mounted).
+fn parent_dir(path: &str) -> Option<&str> {
     path.rsplit_once('/')
         .map(|(dir, _)| dir)
         .filter(|dir| !dir.is_empty())
