@@ -8,7 +8,7 @@ use std::time::Duration;
 use ckpt_core::Timestamp;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// Where the agent is in its life, for `/readyz`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,10 +246,31 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Binds `addr` and serves until the process exits.
+/// Serves on `addr` until the process exits. If the address is taken — the other copy
+/// of the agent (DaemonSet and static copy share the host network) holds it — keeps
+/// trying in the background instead of failing: whichever copy holds the port answers
+/// for the node. Any other bind error is returned.
 pub(crate) async fn serve(addr: &str, health: Health) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = match TcpListener::bind(addr).await {
+        Ok(listener) => Some(listener),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            warn!(%addr, "the health address is in use (by the other copy?); retrying in the background");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let addr = addr.to_owned();
     tokio::spawn(async move {
+        let listener = match listener {
+            Some(listener) => listener,
+            None => loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if let Ok(listener) = TcpListener::bind(&addr).await {
+                    info!(%addr, "serving health and metrics");
+                    break listener;
+                }
+            },
+        };
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;

@@ -55,7 +55,10 @@ struct Agent {
 
 impl Agent {
     fn start(dir: &Path, pod_name: &str) -> Agent {
-        let port = free_port();
+        Self::start_on(dir, pod_name, free_port())
+    }
+
+    fn start_on(dir: &Path, pod_name: &str, port: u16) -> Agent {
         let log = std::fs::File::create(dir.join(format!("{pod_name}.log"))).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_pod-checkpointer"))
             .args([
@@ -159,5 +162,33 @@ fn standby_copy_takes_over_when_the_active_one_is_killed() {
     assert!(
         lock.try_acquire().expect("lock").into_guard().is_some(),
         "the lock was released"
+    );
+}
+
+/// The DaemonSet copy and the static copy share the host network and one config: the
+/// second must not exit because the first holds the health port; it serves once the
+/// port is free.
+#[test]
+fn a_taken_health_port_is_retried_not_fatal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("kubeconfig"),
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .expect("kubeconfig");
+    let blocker = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = blocker.local_addr().expect("addr").port();
+    let mut agent = Agent::start_on(dir.path(), "pc-abc", port);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        agent.child.try_wait().expect("wait").is_none(),
+        "the agent exited on a taken port"
+    );
+    drop(blocker);
+    wait_for(
+        "the agent to serve once the port is free",
+        Duration::from_secs(30),
+        || agent.readyz().is_some_and(|(s, _)| s == 200),
     );
 }
