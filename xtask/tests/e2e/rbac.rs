@@ -76,10 +76,12 @@ pub(crate) fn missing_permission(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A warning or error line that names the resource and says it is forbidden.
+/// A warning or error line of the agent's own (not a library's debug dump) that names the
+/// resource and says it is forbidden.
 fn is_forbidden_secrets_error(line: &str) -> bool {
     let lower = line.to_lowercase();
-    (line.contains(" WARN ") || line.contains(" ERROR "))
+    let own = line.contains(" ckpt_") || line.contains(" pod_checkpointer");
+    own && (line.contains(" WARN ") || line.contains(" ERROR "))
         && lower.contains("secret")
         && (lower.contains("forbidden") || lower.contains("403"))
 }
