@@ -48,9 +48,7 @@ impl Demo {
         // on success, on failure and on Ctrl-C alike.
         let outcome = self.demo();
         if interrupt::requested() {
-            eprintln!(
-                "[demo] interrupted: everything the demo started is stopped and its work dir removed"
-            );
+            eprintln!("[demo] interrupted: everything the demo started is stopped and its work dir removed");
             std::process::exit(130);
         }
         outcome
