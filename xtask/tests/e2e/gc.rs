@@ -25,8 +25,9 @@ pub(crate) fn immediate(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
 
 /// `grace-period`: removed once the parent has been gone for the period, not before.
 pub(crate) fn grace_period(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
-    const GRACE: Duration = Duration::from_secs(3);
-    let (dirs, parent, mut agent) = start_with_parent(ctx, "grace-period", Some("3s"))?;
+    // Long enough for the pending state to be seen between two polls on a busy machine.
+    const GRACE: Duration = Duration::from_secs(5);
+    let (dirs, parent, mut agent) = start_with_parent(ctx, "grace-period", Some("5s"))?;
 
     ctx.step("delete the parent: the GC deadline starts, the checkpoint stays for now");
     let deleted = Instant::now();

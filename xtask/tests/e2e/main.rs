@@ -7,7 +7,8 @@
 //! the other, each in a namespace of its own with its own checkpoint dir and lock, and leave
 //! the shared static-pod dir clean behind them. A failing scenario does not stop the others:
 //! its error names the step it was in, and the tails of its agents' logs are printed (the
-//! whole logs are copied to `target/tmp/e2e-logs/`).
+//! whole logs are copied to `target/tmp/e2e-logs/`; `E2E_KEEP_LOGS=1` keeps them for passing
+//! scenarios too).
 //!
 //! Run it with `cargo xtask e2e [FILTER…]`, which builds the control plane's binaries and the
 //! agent first. Directly: `cargo test -p xtask --test e2e -- [--list] [FILTER…]` once

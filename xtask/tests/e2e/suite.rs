@@ -29,6 +29,9 @@ pub(crate) const AGENT_ROLE: &str = "pod-checkpointer";
 /// The same without `secrets`, for the RBAC scenario.
 pub(crate) const AGENT_ROLE_WITHOUT_SECRETS: &str = "pod-checkpointer-without-secrets";
 
+/// Set to keep the logs of passing scenarios too (in `target/tmp/e2e-logs/`).
+pub(crate) const KEEP_LOGS_ENV: &str = "E2E_KEEP_LOGS";
+
 /// How long the hollow kubelet may take to (re)start a static pod after the API server was
 /// hung: its own API calls block until they time out, which holds up its pod workers.
 pub(crate) const KUBELET_AFTER_OUTAGE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -195,8 +198,9 @@ impl<'s> Scenario<'s> {
         what.clone_into(&mut self.step);
     }
 
-    /// Reports a failure (error, step, agent log tails; logs copied out of the work dir),
-    /// then removes what the scenario left in the shared static-pod dir.
+    /// Reports a failure (error, step, agent log tails; logs copied out of the work dir, as
+    /// they are for every scenario with `E2E_KEEP_LOGS` set), then removes what the scenario
+    /// left in the shared static-pod dir.
     pub(crate) fn finish(self, error: Option<&anyhow::Error>) -> anyhow::Result<()> {
         if let Some(error) = error {
             eprintln!("--- {}: error in step \"{}\":\n{error:#}", self.name, self.step);
@@ -207,6 +211,8 @@ impl<'s> Scenario<'s> {
                     xtask::e2e_env::process::log_tail(log, 40)
                 );
             }
+            self.keep_logs();
+        } else if std::env::var_os(KEEP_LOGS_ENV).is_some() {
             self.keep_logs();
         }
         self.clean_up()
