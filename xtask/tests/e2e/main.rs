@@ -22,6 +22,7 @@ mod rbac;
 mod seed;
 mod suite;
 
+use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -124,7 +125,9 @@ fn main() -> ExitCode {
                 continue;
             }
         };
-        let outcome = scenario(&mut ctx);
+        // A panic (a bug in the suite) fails this scenario only; its message is already printed.
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| scenario(&mut ctx)))
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the scenario panicked")));
         let report = ctx.finish(outcome.as_ref().err());
         match (outcome, report) {
             (Ok(()), Ok(())) => eprintln!("--- {name}: ok ({})", human_duration(scenario_started.elapsed())),
