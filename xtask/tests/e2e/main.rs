@@ -144,6 +144,11 @@ fn main() -> ExitCode {
                 failed.push(*name);
             }
         }
+        if interrupt::requested() {
+            failed.extend(selected[index + 1..].iter().map(|(n, _, _)| *n));
+            eprintln!("e2e: interrupted; stopping the control plane");
+            break;
+        }
         if let Err(e) = suite.recover_apiserver() {
             eprintln!("e2e: the API server cannot be brought back ({e:#}); stopping the run");
             failed.extend(selected[index + 1..].iter().map(|(n, _, _)| *n));

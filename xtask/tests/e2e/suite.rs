@@ -15,6 +15,7 @@ use xtask::harness::agent::{self, Agent, AgentConfig, AgentDirs, CheckpointInfo,
 use xtask::harness::agent_binary;
 use xtask::harness::cri::CriClient;
 use xtask::harness::expect::Expect;
+use xtask::harness::interrupt;
 use xtask::harness::kubectl::{self, Kubectl};
 use xtask::harness::objects::{
     AGENT_RULES, AGENT_USER, Owner, PodBuilder, cluster_role, config_map, daemon_set, namespace,
@@ -202,7 +203,7 @@ impl<'s> Scenario<'s> {
     /// they are for every scenario with `E2E_KEEP_LOGS` set), then removes what the scenario
     /// left in the shared static-pod dir.
     pub(crate) fn finish(self, error: Option<&anyhow::Error>) -> anyhow::Result<()> {
-        if let Some(error) = error {
+        if let Some(error) = error.filter(|_| !interrupt::requested()) {
             eprintln!("--- {}: error in step \"{}\":\n{error:#}", self.name, self.step);
             for log in &self.agent_logs {
                 let name = log.file_name().unwrap_or_default().to_string_lossy();
