@@ -21,8 +21,8 @@ use xtask::harness::cri::CriClient;
 use xtask::harness::expect::Expect;
 use xtask::harness::kubectl::{self, Kubectl};
 use xtask::harness::objects::{
-    AGENT_RULES, AGENT_USER, CHECKPOINT_ANNOTATION, Owner, PodBuilder, cluster_role, config_map, daemon_set,
-    role_binding, secret,
+    AGENT_USER, CHECKPOINT_ANNOTATION, Owner, PodBuilder, cluster_role, config_map, daemon_set,
+    deployed_agent_rules, role_binding, secret,
 };
 use xtask::harness::wait::DEFAULT_TIMEOUT;
 use xtask::harness::{agent_binary, files_under, interrupt};
@@ -79,10 +79,10 @@ impl Demo {
         };
 
         say.line(&format!(
-            "granting the agent's identity (user `{AGENT_USER}`) what it needs in {NAMESPACE}: pods, secrets, configmaps (read), events (write), workload controllers (get)"
+            "granting the agent's identity (user `{AGENT_USER}`) in {NAMESPACE} the rules of the deploy manifests' Role (deploy/pod-checkpointer.yaml)"
         ));
         kubectl.apply(&[
-            cluster_role("pod-checkpointer", AGENT_RULES),
+            cluster_role("pod-checkpointer", &deployed_agent_rules()?),
             role_binding(NAMESPACE, "pod-checkpointer", "pod-checkpointer", AGENT_USER),
         ])?;
 

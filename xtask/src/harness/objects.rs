@@ -1,7 +1,7 @@
 //! The Kubernetes objects the scenarios and the demo create, as JSON for kubectl: pods bound
 //! to the hollow node (no scheduler runs), their Secrets and ConfigMaps, DaemonSet objects to
 //! own them (no controller-manager runs either, so the pods are created by hand with
-//! ownerReferences), and the agent's RBAC.
+//! ownerReferences), and the agent's RBAC, taken from the deploy manifests.
 
 use anyhow::Context;
 use serde_json::{Value, json};
@@ -189,32 +189,33 @@ impl PodBuilder {
     }
 }
 
-/// One RBAC rule: API group, resources, verbs.
-type Rule = (&'static str, &'static [&'static str], &'static [&'static str]);
+/// The deploy manifests (`deploy/pod-checkpointer.yaml`, rendered by `cargo xtask render`).
+pub const DEPLOY_MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/pod-checkpointer.yaml");
 
-/// What the agent needs, and nothing more: its pods (watch per allowed namespace), the
-/// Secrets and ConfigMaps they mount, Events about them (both APIs: kube's recorder writes
-/// `events.k8s.io`), and `get` on the controllers that may own a parent (owner-reference GC
-/// and self-GC). Issue 8's deploy manifests render the same rules.
-pub const AGENT_RULES: &[Rule] = &[
-    ("", &["pods"], &["get", "list", "watch"]),
-    ("", &["secrets"], &["get", "list", "watch"]),
-    ("", &["configmaps"], &["get", "list", "watch"]),
-    ("", &["events"], &["create", "patch"]),
-    ("events.k8s.io", &["events"], &["create", "patch"]),
-    (
-        "apps",
-        &["daemonsets", "replicasets", "statefulsets", "deployments"],
-        &["get"],
-    ),
-];
+/// The rules of the namespaced Role `pod-checkpointer` in the deploy manifests: what the
+/// agent is granted in production. The suite and the demo grant exactly these (bound to the
+/// agent's user instead of its ServiceAccount), so they prove the rules are enough.
+pub fn deployed_agent_rules() -> anyhow::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(DEPLOY_MANIFESTS)
+        .with_context(|| format!("cannot read the deploy manifests {DEPLOY_MANIFESTS}"))?;
+    role_rules(&text, "pod-checkpointer").with_context(|| format!("in {DEPLOY_MANIFESTS}"))
+}
+
+/// The rules of the Role `name` in a multi-document YAML stream.
+fn role_rules(yaml: &str, name: &str) -> anyhow::Result<Vec<Value>> {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).context("not valid YAML")?;
+    let role = documents
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == name)
+        .with_context(|| format!("no Role named {name}"))?;
+    role["rules"]
+        .as_array()
+        .cloned()
+        .with_context(|| format!("the Role {name} has no rules"))
+}
 
 /// A ClusterRole with `rules`, for RoleBindings in each namespace the agent may checkpoint.
-pub fn cluster_role(name: &str, rules: &[Rule]) -> Value {
-    let rules: Vec<Value> = rules
-        .iter()
-        .map(|(group, resources, verbs)| json!({ "apiGroups": [group], "resources": resources, "verbs": verbs }))
-        .collect();
+pub fn cluster_role(name: &str, rules: &[Value]) -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": { "name": name },
@@ -222,12 +223,23 @@ pub fn cluster_role(name: &str, rules: &[Rule]) -> Value {
     })
 }
 
-/// `rules` without the rule(s) on `resource`: the same role with one permission missing.
-pub fn rules_without(rules: &[Rule], resource: &str) -> Vec<Rule> {
+/// `rules` without any permission on `resource` (rules left with no resource are dropped).
+pub fn rules_without(rules: &[Value], resource: &str) -> Vec<Value> {
     rules
         .iter()
-        .filter(|(_, resources, _)| !resources.contains(&resource))
-        .copied()
+        .filter_map(|rule| {
+            let resources: Vec<Value> = rule["resources"]
+                .as_array()?
+                .iter()
+                .filter(|r| *r != resource)
+                .cloned()
+                .collect();
+            let mut rule = rule.clone();
+            (!resources.is_empty()).then(|| {
+                rule["resources"] = Value::Array(resources);
+                rule
+            })
+        })
         .collect()
 }
 
@@ -283,11 +295,28 @@ mod tests {
     }
 
     #[test]
-    fn rules_can_drop_one_resource() {
-        let without = rules_without(AGENT_RULES, "secrets");
-        assert_eq!(without.len(), AGENT_RULES.len() - 1);
-        assert!(without.iter().all(|(_, r, _)| !r.contains(&"secrets")));
-        let role = cluster_role("r", &without);
-        assert_eq!(role["rules"].as_array().unwrap().len(), without.len());
+    fn the_role_rules_come_from_the_manifests_and_can_lose_one_resource() {
+        let yaml = "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: pod-checkpointer}\n---\n\
+                    apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: pod-checkpointer}\n\
+                    rules:\n- apiGroups: ['']\n  resources: [pods]\n  verbs: [get, list, watch]\n\
+                    - apiGroups: ['']\n  resources: [secrets, configmaps]\n  verbs: [get]\n";
+        let rules = role_rules(yaml, "pod-checkpointer").unwrap();
+        assert_eq!(rules.len(), 2);
+        assert!(role_rules(yaml, "other").is_err());
+        let without = rules_without(&rules, "secrets");
+        assert_eq!(without[1]["resources"], json!(["configmaps"]));
+        assert_eq!(rules_without(&rules, "pods").len(), 1);
+        assert_eq!(cluster_role("r", &without)["rules"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn the_deploy_manifests_grant_the_agent_its_pods() {
+        let rules = deployed_agent_rules().unwrap();
+        assert!(
+            rules.iter().any(|r| r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.contains(&json!("pods")))),
+            "{rules:?}"
+        );
     }
 }

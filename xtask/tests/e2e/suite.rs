@@ -18,14 +18,14 @@ use xtask::harness::expect::Expect;
 use xtask::harness::interrupt;
 use xtask::harness::kubectl::{self, Kubectl};
 use xtask::harness::objects::{
-    AGENT_RULES, AGENT_USER, Owner, PodBuilder, cluster_role, config_map, daemon_set, namespace,
+    AGENT_USER, Owner, PodBuilder, cluster_role, config_map, daemon_set, deployed_agent_rules, namespace,
     role_binding, rules_without, secret,
 };
 use xtask::harness::wait::{Probe, wait_for};
 
 pub(crate) type ScenarioFn = fn(&mut Scenario<'_>) -> anyhow::Result<()>;
 
-/// The agent's ClusterRole, bound per namespace by RoleBindings.
+/// The deploy manifests' Role as a ClusterRole, bound per namespace by RoleBindings.
 pub(crate) const AGENT_ROLE: &str = "pod-checkpointer";
 /// The same without `secrets`, for the RBAC scenario.
 pub(crate) const AGENT_ROLE_WITHOUT_SECRETS: &str = "pod-checkpointer-without-secrets";
@@ -51,7 +51,7 @@ pub(crate) struct Suite {
 
 impl Suite {
     /// Finds the binaries, starts the plane with its hollow node and creates the agent's
-    /// ClusterRoles.
+    /// ClusterRoles from the deploy manifests' Role.
     pub(crate) fn start() -> anyhow::Result<Suite> {
         let agent_bin = agent_binary()?;
         let bins = BinDir::cached()?;
@@ -72,9 +72,10 @@ impl Suite {
         let static_pods = plane.static_pod_dir().context("the plane has no hollow node")?;
         let kubelet_url = plane.kubelet_url().context("the plane has no hollow node")?;
         let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
+        let rules = deployed_agent_rules()?;
         kubectl.apply(&[
-            cluster_role(AGENT_ROLE, AGENT_RULES),
-            cluster_role(AGENT_ROLE_WITHOUT_SECRETS, &rules_without(AGENT_RULES, "secrets")),
+            cluster_role(AGENT_ROLE, &rules),
+            cluster_role(AGENT_ROLE_WITHOUT_SECRETS, &rules_without(&rules, "secrets")),
         ])?;
         let failure_logs = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs");
         let _ = fs::remove_dir_all(&failure_logs);
