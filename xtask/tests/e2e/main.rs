@@ -57,6 +57,11 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         "seed-c",
         seed::c_self_gc,
     ),
+    (
+        "seed_c_static_copy_follows_the_daemonset_pod",
+        "seed-c-rolled",
+        seed::c_static_copy_follows_the_daemonset,
+    ),
     ("gc_immediate_removes_at_once", "gc-immediate", gc::immediate),
     (
         "gc_grace_period_removes_after_the_period",

@@ -2,7 +2,8 @@
 //! DaemonSet copy checkpoints its parents and itself; B, after a "reboot" without an API
 //! server the static copy takes the lock and brings the checkpoints up; C, the DaemonSet copy
 //! waits on the lock while the static copy runs, and once the checkpointer's own pod is gone
-//! the static copy removes every checkpoint, itself last, and exits.
+//! the static copy removes every checkpoint, itself last, and exits; and while the static
+//! copy runs, it follows the newest spec of the checkpointer's DaemonSet pod.
 
 use std::fs;
 
@@ -254,5 +255,78 @@ pub(crate) fn c_self_gc(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
 
     ctx.step("the kubelet stops the static copy");
     ctx.expect_kubelet_stopped(&me.static_name)?;
+    Ok(())
+}
+
+/// C, continued: while the static copy runs, the checkpointer's DaemonSet pod changes (its
+/// image is updated, then a rolling update replaces the pod): the static copy follows the
+/// newest spec, and a rolled pod never triggers self-GC.
+pub(crate) fn c_static_copy_follows_the_daemonset(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
+    const NEW_IMAGE: &str = "registry.invalid/pod-checkpointer-e2e:2";
+    ctx.step("create the checkpointer's pod and an annotated parent");
+    let me = ctx.create_checkpointer_pod()?;
+    let parent = ctx.create_plain_parent("kube-scheduler")?;
+    ctx.expect_api_pod_running(&me.name)?;
+
+    ctx.step("C2 (the static copy) takes the lock and checkpoints the parent and itself");
+    let dirs = ctx.dirs("node")?;
+    let config = ctx.agent_config("c2-static", &me.static_name, &dirs);
+    let mut c2 = ctx.start_agent(&config)?;
+    c2.wait_ready()?;
+    ctx.expect_checkpoint(&dirs, &parent.name, "inactive")?;
+    ctx.expect_checkpoint(&dirs, &me.name, "active")?;
+
+    ctx.step("the checkpointer pod's image is updated in the API: its static copy is rewritten with it");
+    let patch = format!(r#"[{{"op":"replace","path":"/spec/containers/0/image","value":"{NEW_IMAGE}"}}]"#);
+    ctx.suite.kubectl.run(
+        &[
+            "patch",
+            "pod",
+            &me.name,
+            "-n",
+            &ctx.ns,
+            "--type=json",
+            "-p",
+            &patch,
+        ],
+        None,
+    )?;
+    ctx.expect_checkpoint_where(
+        &dirs,
+        &me.name,
+        &format!("an active manifest with image {NEW_IMAGE}"),
+        |c| {
+            c.state == "active"
+                && c.active_manifest
+                    .as_deref()
+                    .and_then(|path| read_manifest(path).ok())
+                    .is_some_and(|m| m["spec"]["containers"][0]["image"] == NEW_IMAGE)
+        },
+    )?;
+
+    ctx.step("rolling update: a new pod of the same DaemonSet replaces the old one");
+    let rolled = ctx.create_owned_pod(&me.daemon_set, true)?;
+    ctx.expect_checkpoint(&dirs, &rolled.name, "active")?;
+    ctx.delete_pod(&me.name)?;
+
+    ctx.step("the old self checkpoint is superseded; no self-GC: the parent's checkpoint stays");
+    ctx.expect_no_checkpoint(&dirs, &me.name)?;
+    let inspect = ctx.inspect(&dirs)?;
+    for (name, state) in [(&rolled.name, "active"), (&parent.name, "inactive")] {
+        anyhow::ensure!(
+            inspect.get(&ctx.id(name)).is_some_and(|c| c.state == state),
+            "expected {name} {state}: {}",
+            inspect.summary()
+        );
+    }
+    anyhow::ensure!(
+        !c2.log_text().contains("self_gc=true"),
+        "a rolled pod of the checkpointer's DaemonSet must not trigger self-GC"
+    );
+    ctx.expect_kubelet_runs(&format!("{}-{NODE_NAME}", rolled.name), DEFAULT_TIMEOUT)?;
+
+    ctx.step("SIGTERM: C2 exits 0");
+    let status = c2.stop()?;
+    anyhow::ensure!(status.success(), "the static copy exited with {status}");
     Ok(())
 }

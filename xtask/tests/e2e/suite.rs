@@ -141,6 +141,8 @@ pub(crate) struct SelfPod {
     pub(crate) name: String,
     /// The name of its static copy: `<name>-node-1`.
     pub(crate) static_name: String,
+    /// Its DaemonSet, to create a rolled pod of it.
+    pub(crate) daemon_set: Owner,
 }
 
 /// A parent pod and how to create it again.
@@ -334,10 +336,11 @@ impl<'s> Scenario<'s> {
     /// The checkpointer's own pod: a pod of DaemonSet `pod-checkpointer`, annotated so that it
     /// checkpoints itself.
     pub(crate) fn create_checkpointer_pod(&self) -> anyhow::Result<SelfPod> {
-        let (_, pod) = self.create_daemon_set_pod("pod-checkpointer", true)?;
+        let (daemon_set, pod) = self.create_daemon_set_pod("pod-checkpointer", true)?;
         Ok(SelfPod {
             static_name: format!("{}-{NODE_NAME}", pod.name),
             name: pod.name,
+            daemon_set,
         })
     }
 
