@@ -4,13 +4,14 @@
 use std::time::{Duration, Instant};
 
 use xtask::e2e_env::human_duration;
-use xtask::harness::agent::AgentDirs;
+use xtask::harness::agent::{Agent, AgentConfig, AgentDirs};
 
 use crate::suite::{Parent, Scenario};
 
 /// `immediate`: removed as soon as the parent is gone.
 pub(crate) fn immediate(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
-    let (dirs, parent, mut agent) = start_with_parent(ctx, "immediate", None)?;
+    let (config, parent, mut agent) = start_with_parent(ctx, "immediate", None)?;
+    let dirs = config.dirs;
 
     ctx.step("delete the parent: its checkpoint, Secret and ConfigMap files are removed");
     ctx.delete_pod(&parent.name)?;
@@ -23,18 +24,38 @@ pub(crate) fn immediate(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `grace-period`: removed once the parent has been gone for the period, not before.
+/// `grace-period`: removed once the parent has been gone for the period, not before; the
+/// deadline survives a restart of the agent (state journal).
 pub(crate) fn grace_period(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
-    // Long enough for the pending state to be seen between two polls on a busy machine.
-    const GRACE: Duration = Duration::from_secs(5);
-    let (dirs, parent, mut agent) = start_with_parent(ctx, "grace-period", Some("5s"))?;
+    // Long enough to see the pending state and restart the agent within it on a busy machine.
+    const GRACE: Duration = Duration::from_secs(8);
+    let (config, parent, mut agent) = start_with_parent(ctx, "grace-period", Some("8s"))?;
+    let dirs = config.dirs.clone();
 
     ctx.step("delete the parent: the GC deadline starts, the checkpoint stays for now");
     let deleted = Instant::now();
     ctx.delete_pod(&parent.name)?;
-    ctx.expect_checkpoint_where(&dirs, &parent.name, "a GC deadline (parent absent)", |c| {
+    let pending = ctx.expect_checkpoint_where(&dirs, &parent.name, "a GC deadline (parent absent)", |c| {
         c.parent_absent_since.is_some()
     })?;
+
+    ctx.step("restart the agent: the deadline is kept (state journal), not started again");
+    let status = agent.stop()?;
+    anyhow::ensure!(status.success(), "the agent exited with {status}");
+    let config = AgentConfig {
+        label: "agent-restarted".into(),
+        ..config
+    };
+    let mut agent = ctx.start_agent(&config)?;
+    agent.wait_ready()?;
+    let after_restart = ctx.inspect(&dirs)?;
+    let kept = after_restart.get(&ctx.id(&parent.name));
+    anyhow::ensure!(
+        kept.is_some_and(|c| c.parent_absent_since == pending.parent_absent_since),
+        "after the restart the checkpoint should still wait for the deadline that started at {:?}: {}",
+        pending.parent_absent_since,
+        after_restart.summary()
+    );
 
     ctx.step("after the grace period the checkpoint and its files are removed");
     ctx.expect_no_checkpoint(&dirs, &parent.name)?;
@@ -138,12 +159,12 @@ pub(crate) fn owner_reference(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
 }
 
 /// The checkpointer's pod and an annotated parent with a Secret and a ConfigMap; an agent
-/// with `--gc-strategy strategy` has checkpointed the parent.
+/// with `--gc-strategy strategy` (returned with its flags) has checkpointed the parent.
 fn start_with_parent(
     ctx: &mut Scenario<'_>,
     strategy: &str,
     grace_period: Option<&str>,
-) -> anyhow::Result<(AgentDirs, Parent, xtask::harness::agent::Agent)> {
+) -> anyhow::Result<(AgentConfig, Parent, Agent)> {
     ctx.step("create the checkpointer's pod and an annotated parent with a Secret and a ConfigMap");
     let me = ctx.create_checkpointer_pod()?;
     let parent = ctx.create_parent_with_data("kube-controller-manager")?;
@@ -164,7 +185,7 @@ fn start_with_parent(
     ctx.expect_checkpoint_where(&dirs, &parent.name, "state inactive and 3 data files", |c| {
         c.state == "inactive" && c.data_files == 3
     })?;
-    Ok((dirs, parent, agent))
+    Ok((config, parent, agent))
 }
 
 /// No inactive manifest, Secret or ConfigMap file of `name` is left on disk.

@@ -48,6 +48,11 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         outage::api_killed,
     ),
     (
+        "api_killed_with_the_cri_off_uses_the_kubelet_pods_api",
+        "api-killed-kubelet",
+        outage::api_killed_kubelet_only,
+    ),
+    (
         "seed_b_static_copy_takes_the_lock_without_api",
         "seed-b",
         seed::b_static_copy_takes_over,

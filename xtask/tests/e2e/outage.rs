@@ -22,24 +22,44 @@ enum Outage {
     Killed,
 }
 
+/// How the agent sees what runs on the node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LocalSource {
+    /// The CRI socket (and the kubelet's `/pods`).
+    Cri,
+    /// `--runtime-endpoint ""`: only the kubelet's `/pods` (a node whose runtime socket is
+    /// not reachable).
+    KubeletOnly,
+}
+
 pub(crate) fn api_hung(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
-    outage(ctx, Outage::Hung)
+    outage(ctx, Outage::Hung, LocalSource::Cri)
 }
 
 pub(crate) fn api_killed(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
-    outage(ctx, Outage::Killed)
+    outage(ctx, Outage::Killed, LocalSource::Cri)
 }
 
-fn outage(ctx: &mut Scenario<'_>, outage: Outage) -> anyhow::Result<()> {
+/// The same with the CRI off: the kubelet's `/pods` alone says what runs.
+pub(crate) fn api_killed_kubelet_only(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
+    outage(ctx, Outage::Killed, LocalSource::KubeletOnly)
+}
+
+fn outage(ctx: &mut Scenario<'_>, outage: Outage, local: LocalSource) -> anyhow::Result<()> {
     ctx.step("create the checkpointer's pod and an annotated kube-apiserver (restartPolicy Never)");
     let me = ctx.create_checkpointer_pod()?;
     let parent = ctx.create_parent_with_data("kube-apiserver")?;
     ctx.expect_api_pod_running(&parent.name)?;
     let static_parent = format!("{}-{NODE_NAME}", parent.name);
 
-    ctx.step("start the agent; the parent's checkpoint is written, inactive");
     let dirs = ctx.dirs("node")?;
-    let config = ctx.agent_config("agent", &me.name, &dirs);
+    let mut config = ctx.agent_config("agent", &me.name, &dirs);
+    if local == LocalSource::KubeletOnly {
+        ctx.step("start the agent with --runtime-endpoint \"\" (the kubelet's /pods only); the parent's checkpoint is written, inactive");
+        config.runtime_endpoint = String::new();
+    } else {
+        ctx.step("start the agent; the parent's checkpoint is written, inactive");
+    }
     let mut agent = ctx.start_agent(&config)?;
     agent.wait_ready()?;
     ctx.expect_checkpoint(&dirs, &parent.name, "inactive")?;
