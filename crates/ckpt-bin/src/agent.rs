@@ -178,6 +178,8 @@ struct Agent {
     last_local: Option<LocalView>,
     last_api_state: Option<ApiState>,
     refusals: BTreeMap<PodId, String>,
+    /// Parents whose Secrets/ConfigMaps the agent may not read, with the logged reason.
+    waiting_for_access: BTreeMap<PodId, String>,
     next_deadline: Option<Timestamp>,
 }
 
@@ -227,6 +229,7 @@ impl Agent {
             last_local: None,
             last_api_state: None,
             refusals: BTreeMap::new(),
+            waiting_for_access: BTreeMap::new(),
             next_deadline: None,
         })
     }
@@ -506,6 +509,7 @@ impl Agent {
         };
         let mut out = BTreeMap::new();
         let mut still_refused = BTreeSet::new();
+        let mut still_waiting = BTreeSet::new();
         for (id, pod) in parents {
             let view = link.objects.objects(&id.namespace);
             let req = &required[id];
@@ -517,6 +521,19 @@ impl Agent {
                 .collect();
             if !waiting.is_empty() {
                 debug!(pod = %id, ?waiting, "waiting for Secrets/ConfigMaps before checkpointing");
+                continue;
+            }
+            // A Secret/ConfigMap we may not read (RBAC) is not a pod that cannot be
+            // represented: wait for the permission (the watch retries), say so once, and keep
+            // whatever checkpoint exists — no refusal Event, no refusal metric.
+            let forbidden: Vec<String> = unresolved.iter().map(|(r, why)| format!("{r}: {why}")).collect();
+            if !forbidden.is_empty() {
+                let message = format!("cannot read what the pod mounts: {}", forbidden.join("; "));
+                if self.waiting_for_access.get(id) != Some(&message) {
+                    warn!(pod = %id, reason = %message, "not checkpointing until the agent may read it");
+                    self.waiting_for_access.insert(id.clone(), message);
+                }
+                still_waiting.insert(id.clone());
                 continue;
             }
             let objects = ApiObjects {
@@ -545,12 +562,7 @@ impl Agent {
                     out.insert(id.clone(), sanitized.checkpoint);
                 }
                 Err(e) => {
-                    let mut message = e.to_string();
-                    let failures: Vec<String> =
-                        unresolved.iter().map(|(r, why)| format!("{r}: {why}")).collect();
-                    if !failures.is_empty() {
-                        message = format!("{message} ({})", failures.join("; "));
-                    }
+                    let message = e.to_string();
                     still_refused.insert(id.clone());
                     if self.refusals.get(id) != Some(&message) {
                         warn!(pod = %id, reason = %message, "refusing to checkpoint");
@@ -568,6 +580,7 @@ impl Agent {
             }
         }
         self.refusals.retain(|id, _| still_refused.contains(id));
+        self.waiting_for_access.retain(|id, _| still_waiting.contains(id));
         out
     }
 
