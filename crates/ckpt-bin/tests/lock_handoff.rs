@@ -100,15 +100,20 @@ impl Drop for Agent {
     }
 }
 
-#[test]
-fn standby_copy_takes_over_when_the_active_one_is_killed() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// A kubeconfig whose server is a closed port: the agent counts the API as unreachable.
+fn write_unreachable_kubeconfig(dir: &Path) {
     std::fs::write(
-        dir.path().join("kubeconfig"),
+        dir.join("kubeconfig"),
         "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true}}]\n\
          users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
     )
     .expect("kubeconfig");
+}
+
+#[test]
+fn standby_copy_takes_over_when_the_active_one_is_killed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_unreachable_kubeconfig(dir.path());
     let timeout = Duration::from_secs(30);
 
     let mut daemonset_copy = Agent::start(dir.path(), "pc-abc");
@@ -171,12 +176,7 @@ fn standby_copy_takes_over_when_the_active_one_is_killed() {
 #[test]
 fn a_taken_health_port_is_retried_not_fatal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        dir.path().join("kubeconfig"),
-        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true}}]\n\
-         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
-    )
-    .expect("kubeconfig");
+    write_unreachable_kubeconfig(dir.path());
     let blocker = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = blocker.local_addr().expect("addr").port();
     let mut agent = Agent::start_on(dir.path(), "pc-abc", port);
