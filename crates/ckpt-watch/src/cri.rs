@@ -396,7 +396,7 @@ fn labels_pod(labels: &BTreeMap<String, String>) -> Option<PodId> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::FakeCri;
+    use crate::testkit::FakeCri;
 
     const TIMEOUT: Duration = Duration::from_secs(2);
 

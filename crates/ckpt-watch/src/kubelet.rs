@@ -269,7 +269,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::fixtures::{FakeKubelet, TEST_CA_PEM};
+    use crate::testkit::{FakeKubelet, TEST_CA_PEM};
 
     fn config(url: &str) -> KubeletConfig {
         KubeletConfig {

@@ -19,6 +19,9 @@
 //! - [`LocalObserver`]: CRI + kubelet → [`ckpt_core::LocalView`]; a failing source is
 //!   [`LocalView::Unknown`](ckpt_core::LocalView::Unknown), never "nothing runs".
 //!
+//! With the `testkit` feature, the `testkit` module has a fake API server, CRI runtime
+//! and kubelet for other crates' tests (this crate's own tests use them too).
+//!
 //! Every network call has a timeout. The crate emits only `tracing` events, and logs a
 //! failing source once per change of state rather than on every attempt.
 //!
@@ -57,8 +60,8 @@ mod objects;
 mod owner;
 mod reflect;
 
-#[cfg(test)]
-mod fixtures;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 
 #[doc(inline)]
 pub use api::{ApiSnapshot, ApiState, ApiWatch, ApiWatchConfig, NamespaceStatus};

@@ -172,9 +172,9 @@ mod tests {
 
     use super::*;
     use crate::cri::proto;
-    use crate::fixtures::{FakeCri, FakeKubelet};
     use crate::kubelet::KubeletConfig;
     use crate::reflect::lock;
+    use crate::testkit::{FakeCri, FakeKubelet};
 
     const T: Duration = Duration::from_secs(2);
 

@@ -329,7 +329,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::fixtures::{FakeApi, Reply, wait_until};
+    use crate::testkit::{FakeApi, Reply, wait_until};
 
     fn secret(name: &str, value: &str, rv: &str) -> serde_json::Value {
         json!({"apiVersion": "v1", "kind": "Secret",

@@ -77,7 +77,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::fixtures::{FakeApi, status_body};
+    use crate::testkit::{FakeApi, status_body};
 
     fn owner(api_version: &str, kind: &str, name: &str) -> ControllerOwner {
         ControllerOwner {

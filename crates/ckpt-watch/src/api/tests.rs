@@ -6,7 +6,7 @@ use ckpt_core::identity::ANNOTATION_CHECKPOINT;
 use ckpt_core::{ApiView, NamespaceAllowList, PodId};
 
 use super::*;
-use crate::fixtures::{FakeApi, Reply, Seen, pod_json, status_body, wait_until, within};
+use crate::testkit::{FakeApi, Reply, Seen, pod_json, status_body, wait_until, within};
 
 const NODE: &str = "node-1";
 

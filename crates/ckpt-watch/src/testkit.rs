@@ -1,5 +1,17 @@
-//! Test fixtures: a fake API server (kube's `tower-test` pattern), a fake CRI runtime
-//! (tonic over a unix socket) and a fake kubelet (HTTP/1 on 127.0.0.1, optionally TLS).
+//! Test doubles for everything `ckpt-watch` observes: a fake API server (kube's
+//! `tower-test` pattern: a mock service behind a real [`kube::Client`]), a fake CRI
+//! runtime (gRPC over a unix socket) and a fake kubelet (HTTP/1 on 127.0.0.1, optionally
+//! TLS).
+//!
+//! Compiled for this crate's own tests, and for other crates' tests with the `testkit`
+//! feature (`ckpt-bin`'s in-process agent tests dev-depend on it). It lives here rather
+//! than in a crate of its own because it needs this crate's CRI messages and because a
+//! separate crate that depends on `ckpt-watch` could not be used by `ckpt-watch`'s own
+//! unit tests without building the crate twice. Never enable the feature in a build that
+//! ships: the doubles accept anything and panic on misuse.
+//!
+//! Waiting helpers ([`within`], [`wait_until`]) fail the test after a generous timeout
+//! instead of asserting timings.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -22,7 +34,7 @@ use crate::cri::proto;
 use crate::reflect::lock;
 
 /// Fails the test if `fut` does not finish within `secs` seconds.
-pub(crate) async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
+pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(Duration::from_secs(secs), fut).await {
         Ok(v) => v,
         Err(_) => panic!("timed out after {secs}s waiting for {what}"),
@@ -30,12 +42,7 @@ pub(crate) async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T
 }
 
 /// Polls `cond` on every bump of `rx` (and every 10 ms) until it holds; panics after `secs`.
-pub(crate) async fn wait_until(
-    secs: u64,
-    what: &str,
-    mut rx: watch::Receiver<u64>,
-    mut cond: impl FnMut() -> bool,
-) {
+pub async fn wait_until(secs: u64, what: &str, mut rx: watch::Receiver<u64>, mut cond: impl FnMut() -> bool) {
     within(secs, what, async {
         while !cond() {
             let _ = tokio::time::timeout(Duration::from_millis(10), rx.changed()).await;
@@ -53,31 +60,39 @@ type Frames = mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>;
 
 /// How the fake answers a kind of request.
 #[derive(Clone, Debug)]
-pub(crate) enum Reply {
+pub enum Reply {
     /// Normal behaviour: the objects, an open watch stream, `ok` for `/readyz`.
     Normal,
     /// An HTTP status with a `Status` body.
     Status(u16),
     /// Accept the request, never answer (a hung server).
     Hang,
+    /// Fail the request at once, as a closed port does (a killed server).
+    Refuse,
 }
 
 /// One request the fake saw.
 #[derive(Clone, Debug)]
-pub(crate) struct Seen {
-    pub(crate) method: String,
-    pub(crate) path: String,
-    pub(crate) query: String,
+pub struct Seen {
+    /// `GET`, `POST`, …
+    pub method: String,
+    /// The URL path.
+    pub path: String,
+    /// The URL query, without `?`.
+    pub query: String,
 }
 
 impl Seen {
-    pub(crate) fn is_watch(&self) -> bool {
+    /// Whether this is a watch request.
+    pub fn is_watch(&self) -> bool {
         self.query.contains("watch=true")
     }
 }
 
 #[derive(Default)]
 struct FakeState {
+    /// When set, every request gets this answer (a whole-server outage).
+    outage: Option<Reply>,
     /// Scripted `/readyz` answers, then `readyz`.
     readyz_script: VecDeque<Reply>,
     readyz: Option<Reply>,
@@ -98,13 +113,18 @@ struct FakeState {
 }
 
 /// A fake Kubernetes API behind a real `kube::Client`.
+///
+/// Answers `/readyz`, lists and watches of `/api/v1/namespaces/<ns>/<resource>` (with
+/// `fieldSelector=metadata.name=…`), and plain GETs set with [`FakeApi::set_get`];
+/// anything else is a 404. Every request is logged.
 #[derive(Clone)]
-pub(crate) struct FakeApi {
+pub struct FakeApi {
     state: Arc<Mutex<FakeState>>,
     requests: watch::Sender<u64>,
 }
 
-pub(crate) fn status_body(code: u16, message: &str) -> Value {
+/// A `Status` object as the API server sends with an error.
+pub fn status_body(code: u16, message: &str) -> Value {
     let reason = match code {
         403 => "Forbidden",
         404 => "NotFound",
@@ -132,7 +152,7 @@ fn query_param(query: &str, key: &str) -> Option<String> {
 
 impl FakeApi {
     /// A client talking to a new fake.
-    pub(crate) fn start() -> (kube::Client, FakeApi, JoinHandle<()>) {
+    pub fn start() -> (kube::Client, FakeApi, JoinHandle<()>) {
         let (service, mut handle) =
             tower_test::mock::pair::<Request<kube::client::Body>, Response<MockBody>>();
         let (requests, _) = watch::channel(0);
@@ -161,151 +181,86 @@ impl FakeApi {
         };
         let mut st = lock(&self.state);
         st.log.push(seen.clone());
-        let segments: Vec<&str> = seen.path.trim_start_matches('/').split('/').collect();
-        let reply = if seen.path == "/readyz" {
-            let r = st.readyz_script.pop_front().or_else(|| st.readyz.clone());
-            match r.unwrap_or(Reply::Normal) {
-                Reply::Normal => Some(
-                    Response::builder()
-                        .status(200)
-                        .body(Full::new(Bytes::from_static(b"ok")).boxed())
-                        .expect("valid"),
-                ),
-                Reply::Status(code) => Some(respond_json(code, &status_body(code, "readyz says no"))),
-                Reply::Hang => None,
-            }
-        } else if let ["api", "v1", "namespaces", ns, resource] = segments.as_slice() {
-            let key = ((*resource).to_owned(), (*ns).to_owned());
-            let name = query_param(&seen.query, "fieldSelector")
-                .and_then(|s| s.strip_prefix("metadata.name=").map(str::to_owned));
-            if seen.is_watch() {
-                match st.watches.get(&key).cloned().unwrap_or(Reply::Normal) {
-                    Reply::Normal => {
-                        let (tx, rx) = mpsc::unbounded();
-                        st.streams.push((key.0, key.1, name, tx));
-                        Some(
-                            Response::builder()
-                                .status(200)
-                                .body(BodyExt::boxed(StreamBody::new(rx)))
-                                .expect("valid"),
-                        )
-                    }
-                    Reply::Status(code) => Some(respond_json(code, &status_body(code, "watch refused"))),
-                    Reply::Hang => None,
-                }
-            } else {
-                match st.lists.get(&key).cloned().unwrap_or(Reply::Normal) {
-                    Reply::Normal => {
-                        st.resource_version += 1;
-                        let items: Vec<Value> = st
-                            .objects
-                            .get(&key)
-                            .into_iter()
-                            .flatten()
-                            .filter(|o| name.as_ref().is_none_or(|n| o["metadata"]["name"] == n.as_str()))
-                            .cloned()
-                            .collect();
-                        let body = json!({"apiVersion": "v1", "kind": "List",
-                            "metadata": {"resourceVersion": st.resource_version.to_string()}, "items": items});
-                        Some(respond_json(200, &body))
-                    }
-                    Reply::Status(code) => Some(respond_json(
-                        code,
-                        &status_body(
-                            code,
-                            &format!("{resource} is forbidden: User \"agent\" cannot list"),
-                        ),
-                    )),
-                    Reply::Hang => None,
-                }
-            }
-        } else if let Some((code, body)) = st.gets.get(&seen.path) {
-            if *code == 0 {
-                None
-            } else {
-                Some(respond_json(*code, body))
-            }
-        } else {
-            Some(respond_json(404, &status_body(404, "not found")))
-        };
-        match reply {
-            Some(response) => send.send_response(response),
-            None => st.parked.push(send),
+        match answer(&mut st, &seen) {
+            Answer::Respond(response) => send.send_response(response),
+            Answer::Park => st.parked.push(send),
+            // Dropping the responder fails the request, as a closed port would.
+            Answer::Refuse => drop(send),
         }
         drop(st);
         self.requests.send_modify(|n| *n += 1);
     }
 
     /// A receiver bumped on every request.
-    pub(crate) fn requests(&self) -> watch::Receiver<u64> {
+    pub fn requests(&self) -> watch::Receiver<u64> {
         self.requests.subscribe()
     }
 
     /// The requests so far.
-    pub(crate) fn log(&self) -> Vec<Seen> {
+    pub fn log(&self) -> Vec<Seen> {
         lock(&self.state).log.clone()
     }
 
     /// How many requests so far match `pred`.
-    pub(crate) fn count(&self, pred: impl Fn(&Seen) -> bool) -> usize {
+    pub fn count(&self, pred: impl Fn(&Seen) -> bool) -> usize {
         lock(&self.state).log.iter().filter(|s| pred(s)).count()
     }
 
     /// Waits until `n` requests match `pred`.
-    pub(crate) async fn wait_requests(&self, n: usize, what: &str, pred: impl Fn(&Seen) -> bool) {
+    pub async fn wait_requests(&self, n: usize, what: &str, pred: impl Fn(&Seen) -> bool) {
         wait_until(5, what, self.requests(), || self.count(&pred) >= n).await;
     }
 
     /// Sets the objects of a resource in a namespace (served by later lists).
-    pub(crate) fn set_objects(&self, resource: &str, ns: &str, objects: Vec<Value>) {
+    pub fn set_objects(&self, resource: &str, ns: &str, objects: Vec<Value>) {
         lock(&self.state)
             .objects
             .insert((resource.to_owned(), ns.to_owned()), objects);
     }
 
     /// Sets how lists of a resource in a namespace are answered.
-    pub(crate) fn set_list(&self, resource: &str, ns: &str, reply: Reply) {
+    pub fn set_list(&self, resource: &str, ns: &str, reply: Reply) {
         lock(&self.state)
             .lists
             .insert((resource.to_owned(), ns.to_owned()), reply);
     }
 
     /// Sets how watches of a resource in a namespace are answered.
-    pub(crate) fn set_watch(&self, resource: &str, ns: &str, reply: Reply) {
+    pub fn set_watch(&self, resource: &str, ns: &str, reply: Reply) {
         lock(&self.state)
             .watches
             .insert((resource.to_owned(), ns.to_owned()), reply);
     }
 
     /// Queues `/readyz` answers (used before the default).
-    pub(crate) fn script_readyz(&self, replies: impl IntoIterator<Item = Reply>) {
+    pub fn script_readyz(&self, replies: impl IntoIterator<Item = Reply>) {
         lock(&self.state).readyz_script.extend(replies);
     }
 
     /// Sets the default `/readyz` answer.
-    pub(crate) fn set_readyz(&self, reply: Reply) {
+    pub fn set_readyz(&self, reply: Reply) {
         lock(&self.state).readyz = Some(reply);
     }
 
     /// Answers a plain GET of `path` (`code` 0 = hang).
-    pub(crate) fn set_get(&self, path: &str, code: u16, body: Value) {
+    pub fn set_get(&self, path: &str, code: u16, body: Value) {
         lock(&self.state).gets.insert(path.to_owned(), (code, body));
     }
 
     /// Drops every unanswered request (a resumed server closes what hung).
-    pub(crate) fn drop_parked(&self) -> usize {
+    pub fn drop_parked(&self) -> usize {
         let parked = std::mem::take(&mut lock(&self.state).parked);
         parked.len()
     }
 
     /// How many requests hang unanswered.
-    pub(crate) fn parked(&self) -> usize {
+    pub fn parked(&self) -> usize {
         lock(&self.state).parked.len()
     }
 
     /// Sends a watch event to the open streams of (resource, ns) whose name selector
     /// matches the object; returns how many streams got it.
-    pub(crate) fn push_event(&self, resource: &str, ns: &str, event_type: &str, object: &Value) -> usize {
+    pub fn push_event(&self, resource: &str, ns: &str, event_type: &str, object: &Value) -> usize {
         let line = json!({"type": event_type, "object": object}).to_string() + "\n";
         let obj_name = object["metadata"]["name"].as_str().map(str::to_owned);
         let mut st = lock(&self.state);
@@ -322,16 +277,168 @@ impl FakeApi {
         sent
     }
 
+    /// A whole-server outage: every request (probe, lists, watches, GETs) gets `reply`
+    /// until [`FakeApi::end_outage`]. With [`Reply::Refuse`] the open watch streams are
+    /// closed too (a killed server drops its connections); with [`Reply::Hang`] they stay
+    /// open and silent (a SIGSTOPped one). [`Reply::Normal`] is the same as ending it.
+    pub fn set_outage(&self, reply: Reply) {
+        let mut st = lock(&self.state);
+        match reply {
+            Reply::Normal => {
+                st.outage = None;
+                return;
+            }
+            Reply::Refuse => st.streams.clear(),
+            Reply::Hang | Reply::Status(_) => {}
+        }
+        st.outage = Some(reply);
+    }
+
+    /// Ends an outage: requests are answered again; those that hung fail (the resumed
+    /// server's connections were reset), so clients retry.
+    pub fn end_outage(&self) {
+        let mut st = lock(&self.state);
+        st.outage = None;
+        st.parked.clear();
+    }
+
+    /// Adds or replaces an object (by name) of a resource in a namespace, with a new
+    /// resourceVersion, and sends `ADDED`/`MODIFIED` to the open watches.
+    pub fn apply(&self, resource: &str, ns: &str, mut object: Value) {
+        let rv = self.next_rv();
+        object["metadata"]["resourceVersion"] = Value::from(rv);
+        let name = object["metadata"]["name"].clone();
+        let existed = {
+            let mut st = lock(&self.state);
+            let objects = st
+                .objects
+                .entry((resource.to_owned(), ns.to_owned()))
+                .or_default();
+            let existed = objects.iter().any(|o| o["metadata"]["name"] == name);
+            objects.retain(|o| o["metadata"]["name"] != name);
+            objects.push(object.clone());
+            existed
+        };
+        let event = if existed { "MODIFIED" } else { "ADDED" };
+        self.push_event(resource, ns, event, &object);
+    }
+
+    /// Removes an object by name and sends `DELETED` to the open watches; false if it
+    /// was not there.
+    pub fn delete(&self, resource: &str, ns: &str, name: &str) -> bool {
+        let removed = {
+            let mut st = lock(&self.state);
+            let objects = st
+                .objects
+                .entry((resource.to_owned(), ns.to_owned()))
+                .or_default();
+            let at = objects.iter().position(|o| o["metadata"]["name"] == name);
+            at.map(|i| objects.remove(i))
+        };
+        match removed {
+            Some(mut object) => {
+                object["metadata"]["resourceVersion"] = Value::from(self.next_rv());
+                self.push_event(resource, ns, "DELETED", &object);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The next resourceVersion.
-    pub(crate) fn next_rv(&self) -> String {
+    pub fn next_rv(&self) -> String {
         let mut st = lock(&self.state);
         st.resource_version += 1;
         st.resource_version.to_string()
     }
 }
 
+/// What the fake does with one request.
+enum Answer {
+    Respond(Response<MockBody>),
+    Park,
+    Refuse,
+}
+
+fn answer_with(reply: Reply, normal: impl FnOnce() -> Response<MockBody>, refusal: &str) -> Answer {
+    match reply {
+        Reply::Normal => Answer::Respond(normal()),
+        Reply::Status(code) => Answer::Respond(respond_json(code, &status_body(code, refusal))),
+        Reply::Hang => Answer::Park,
+        Reply::Refuse => Answer::Refuse,
+    }
+}
+
+fn answer(st: &mut FakeState, seen: &Seen) -> Answer {
+    if let Some(outage) = st.outage.clone() {
+        return match outage {
+            Reply::Status(code) => Answer::Respond(respond_json(code, &status_body(code, "outage"))),
+            Reply::Hang => Answer::Park,
+            // `set_outage` never stores `Normal`.
+            Reply::Normal | Reply::Refuse => Answer::Refuse,
+        };
+    }
+    if seen.path == "/readyz" {
+        let reply = st
+            .readyz_script
+            .pop_front()
+            .or_else(|| st.readyz.clone())
+            .unwrap_or(Reply::Normal);
+        let ok = || {
+            Response::builder()
+                .status(200)
+                .body(Full::new(Bytes::from_static(b"ok")).boxed())
+                .expect("valid")
+        };
+        return answer_with(reply, ok, "readyz says no");
+    }
+    let segments: Vec<&str> = seen.path.trim_start_matches('/').split('/').collect();
+    if let ["api", "v1", "namespaces", ns, resource] = segments.as_slice() {
+        let key = ((*resource).to_owned(), (*ns).to_owned());
+        let name = query_param(&seen.query, "fieldSelector")
+            .and_then(|s| s.strip_prefix("metadata.name=").map(str::to_owned));
+        if seen.is_watch() {
+            let reply = st.watches.get(&key).cloned().unwrap_or(Reply::Normal);
+            let open = || {
+                let (tx, rx) = mpsc::unbounded();
+                st.streams.push((key.0.clone(), key.1.clone(), name.clone(), tx));
+                Response::builder()
+                    .status(200)
+                    .body(BodyExt::boxed(StreamBody::new(rx)))
+                    .expect("valid")
+            };
+            return answer_with(reply, open, "watch refused");
+        }
+        let reply = st.lists.get(&key).cloned().unwrap_or(Reply::Normal);
+        let list = || {
+            st.resource_version += 1;
+            let items: Vec<Value> = st
+                .objects
+                .get(&key)
+                .into_iter()
+                .flatten()
+                .filter(|o| name.as_ref().is_none_or(|n| o["metadata"]["name"] == n.as_str()))
+                .cloned()
+                .collect();
+            let body = json!({"apiVersion": "v1", "kind": "List",
+                "metadata": {"resourceVersion": st.resource_version.to_string()}, "items": items});
+            respond_json(200, &body)
+        };
+        return answer_with(
+            reply,
+            list,
+            &format!("{resource} is forbidden: User \"agent\" cannot list"),
+        );
+    }
+    match st.gets.get(&seen.path) {
+        Some((0, _)) => Answer::Park,
+        Some((code, body)) => Answer::Respond(respond_json(*code, body)),
+        None => Answer::Respond(respond_json(404, &status_body(404, "not found"))),
+    }
+}
+
 /// A pod object on `node`.
-pub(crate) fn pod_json(ns: &str, name: &str, node: &str, annotations: &[(&str, &str)]) -> Value {
+pub fn pod_json(ns: &str, name: &str, node: &str, annotations: &[(&str, &str)]) -> Value {
     let ann: serde_json::Map<String, Value> = annotations
         .iter()
         .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
@@ -348,26 +455,33 @@ pub(crate) fn pod_json(ns: &str, name: &str, node: &str, annotations: &[(&str, &
 
 /// What the fake runtime serves and holds.
 #[derive(Default)]
-pub(crate) struct CriState {
-    pub(crate) serve_v1: bool,
-    pub(crate) serve_v1alpha2: bool,
-    pub(crate) sandboxes: Vec<proto::PodSandbox>,
-    pub(crate) containers: Vec<proto::Container>,
+pub struct CriState {
+    /// Answers `runtime.v1`.
+    pub serve_v1: bool,
+    /// Answers `runtime.v1alpha2`.
+    pub serve_v1alpha2: bool,
+    /// The pod sandboxes.
+    pub sandboxes: Vec<proto::PodSandbox>,
+    /// The containers.
+    pub containers: Vec<proto::Container>,
     /// gRPC paths called, in order.
-    pub(crate) calls: Vec<String>,
+    pub calls: Vec<String>,
 }
 
 /// A CRI runtime on a unix socket in a temp dir.
-pub(crate) struct FakeCri {
+pub struct FakeCri {
     _dir: Option<tempfile::TempDir>,
-    pub(crate) socket: PathBuf,
-    pub(crate) state: Arc<Mutex<CriState>>,
+    /// The unix socket it listens on.
+    pub socket: PathBuf,
+    /// What it serves; change it at will.
+    pub state: Arc<Mutex<CriState>>,
     task: JoinHandle<()>,
     connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 impl FakeCri {
-    pub(crate) fn start(serve_v1: bool, serve_v1alpha2: bool) -> FakeCri {
+    /// A runtime on a new socket in a temp dir, serving the given API versions.
+    pub fn start(serve_v1: bool, serve_v1alpha2: bool) -> FakeCri {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut fake = Self::start_at(&dir.path().join("cri.sock"), serve_v1, serve_v1alpha2);
         fake._dir = Some(dir);
@@ -375,7 +489,7 @@ impl FakeCri {
     }
 
     /// A runtime on a given socket path (e.g. where a stopped one was).
-    pub(crate) fn start_at(socket: &std::path::Path, serve_v1: bool, serve_v1alpha2: bool) -> FakeCri {
+    pub fn start_at(socket: &std::path::Path, serve_v1: bool, serve_v1alpha2: bool) -> FakeCri {
         let socket = socket.to_path_buf();
         let state = Arc::new(Mutex::new(CriState {
             serve_v1,
@@ -411,7 +525,7 @@ impl FakeCri {
     }
 
     /// Stops serving and removes the socket (the runtime went away).
-    pub(crate) fn stop(&self) {
+    pub fn stop(&self) {
         self.task.abort();
         for conn in lock(&self.connections).drain(..) {
             conn.abort();
@@ -419,13 +533,28 @@ impl FakeCri {
         let _ = std::fs::remove_file(&self.socket);
     }
 
+    /// Removes a pod's sandboxes and containers (the pod is gone, e.g. after a reboot).
+    pub fn remove_pod(&self, ns: &str, name: &str) {
+        let mut st = lock(&self.state);
+        let sandbox_id = format!("sb-{ns}-{name}");
+        st.sandboxes.retain(|s| s.id != sandbox_id);
+        st.containers.retain(|c| c.pod_sandbox_id != sandbox_id);
+    }
+
+    /// Removes every pod (a rebooted node).
+    pub fn clear(&self) {
+        let mut st = lock(&self.state);
+        st.sandboxes.clear();
+        st.containers.clear();
+    }
+
     /// The endpoint string for [`crate::CriClient::new`].
-    pub(crate) fn endpoint(&self) -> String {
+    pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
     }
 
     /// Adds a pod: a sandbox in `sandbox_state` and one container per given state.
-    pub(crate) fn add_pod(&self, ns: &str, name: &str, sandbox_state: i32, container_states: &[i32]) {
+    pub fn add_pod(&self, ns: &str, name: &str, sandbox_state: i32, container_states: &[i32]) {
         let mut st = lock(&self.state);
         let sandbox_id = format!("sb-{ns}-{name}");
         st.sandboxes.push(proto::PodSandbox {
@@ -587,25 +716,28 @@ async fn cri_handle(
 
 /// What the fake kubelet answers and saw.
 #[derive(Default)]
-pub(crate) struct KubeletState {
+pub struct KubeletState {
     /// Status to answer `/pods/` with (200 = the pod list).
-    pub(crate) status: u16,
-    pub(crate) pods: Vec<Value>,
+    pub status: u16,
+    /// The pods `/pods/` lists.
+    pub pods: Vec<Value>,
     /// `Authorization` headers seen, one per request (`None` when absent).
-    pub(crate) auth: Vec<Option<String>>,
+    pub auth: Vec<Option<String>>,
     /// Paths requested.
-    pub(crate) paths: Vec<String>,
+    pub paths: Vec<String>,
 }
 
 /// A kubelet on 127.0.0.1:<random>, plain HTTP or TLS with the test certificate.
-pub(crate) struct FakeKubelet {
-    pub(crate) url: String,
-    pub(crate) state: Arc<Mutex<KubeletState>>,
+pub struct FakeKubelet {
+    /// `http://127.0.0.1:<port>` or `https://…`.
+    pub url: String,
+    /// What it answers and saw; change it at will.
+    pub state: Arc<Mutex<KubeletState>>,
     task: JoinHandle<()>,
 }
 
 /// The CA that signed the fake kubelet's certificate (PEM).
-pub(crate) const TEST_CA_PEM: &str = include_str!("testdata/ca.pem");
+pub const TEST_CA_PEM: &str = include_str!("testdata/ca.pem");
 const TEST_CERT_PEM: &str = include_str!("testdata/kubelet.pem");
 const TEST_KEY_PEM: &str = include_str!("testdata/kubelet.key");
 
@@ -625,7 +757,9 @@ fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
 }
 
 impl FakeKubelet {
-    pub(crate) async fn start(tls: bool) -> FakeKubelet {
+    /// A kubelet on a random port; with `tls`, its certificate is signed by
+    /// [`TEST_CA_PEM`].
+    pub async fn start(tls: bool) -> FakeKubelet {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let state = Arc::new(Mutex::new(KubeletState {
@@ -669,8 +803,14 @@ impl FakeKubelet {
         }
     }
 
-    pub(crate) fn requests(&self) -> usize {
+    /// How many requests it got.
+    pub fn requests(&self) -> usize {
         lock(&self.state).paths.len()
+    }
+
+    /// Answers `/pods/` with this status from now on (200 = the pod list).
+    pub fn set_status(&self, status: u16) {
+        lock(&self.state).status = status;
     }
 }
 
