@@ -131,7 +131,7 @@ impl Deploy {
 }
 
 /// A client from `--kubeconfig`, else kube's usual inference.
-async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+pub(crate) async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)

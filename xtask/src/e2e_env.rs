@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::harness::cri::CriClient;
 
 pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
-pub use control_plane::{CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions};
+pub use control_plane::{AGENT_USER, CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions};
 
 /// Build, start and stop the local control plane for the end-to-end tests.
 #[derive(clap::Args)]

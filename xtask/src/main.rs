@@ -2,10 +2,11 @@
 //!
 //! Developer and operator tasks for pod-checkpointer, run as `cargo xtask <task>`:
 //! `test` runs everything CI runs; `e2e` runs the end-to-end suite against a real control
-//! plane; `demo` narrates the agent at work on one; `e2e-env` builds, starts and stops that
-//! control plane by hand. One module per subcommand; each is a struct with a `run` method.
+//! plane; `bench` measures the release agent against one; `demo` narrates the agent at work
+//! on one; `e2e-env` builds, starts and stops that control plane by hand. One module per subcommand; each is a struct with a `run` method.
 //! What they share with the end-to-end suite lives in the `xtask` library.
 
+mod bench;
 mod demo;
 mod deploy;
 mod e2e;
@@ -36,6 +37,9 @@ enum Task {
     Demo(demo::Demo),
     /// The real kube-apiserver, etcd and hollow kubelet for the end-to-end tests.
     E2eEnv(e2e_env::E2eEnv),
+    /// End-to-end benchmarks of the release agent against the real control plane: latency,
+    /// footprint and API load (DESIGN §5); writes target/bench/e2e-<timestamp>.{json,md}.
+    Bench(bench::Bench),
     /// Write the manifests that install pod-checkpointer (ServiceAccount, RBAC, config,
     /// DaemonSet) as YAML.
     Render(render::Render),
@@ -51,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         Task::E2e(cmd) => cmd.run(),
         Task::Demo(cmd) => cmd.run(),
         Task::E2eEnv(cmd) => cmd.run(),
+        Task::Bench(cmd) => cmd.run(),
         Task::Render(cmd) => cmd.run(),
         Task::Deploy(cmd) => cmd.run(),
     }

@@ -10,8 +10,9 @@
 //! Work dir layout: `e2e-env.state` (the `KEY=VALUE` lines `start` prints; marks the dir as
 //! ours), `*.pid`, `*.log`, `etcd/`, `certs/` (the API server's self-signed serving cert, also
 //! the CA for clients), `sa.key`, `tokens.csv`, `kubeconfig`, `kubeconfig-node-1`,
-//! `kubeconfig-agent`, and with a hollow node `static-pods`, a link to the kubelet's static
-//! pod dir.
+//! `kubeconfig-agent`, `audit-policy.yaml` and `audit.log` (the agent user's requests, see
+//! [`ControlPlane::audit_log`]), and with a hollow node `static-pods`, a link to the kubelet's
+//! static pod dir.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -41,6 +42,23 @@ const STATE_FILE: &str = "e2e-env.state";
 const ETCD_PID_FILE: &str = "etcd.pid";
 const APISERVER_PID_FILE: &str = "apiserver.pid";
 const HOLLOW_PID_FILE: &str = "hollow-node.pid";
+const AUDIT_POLICY_FILE: &str = "audit-policy.yaml";
+const AUDIT_LOG_FILE: &str = "audit.log";
+
+/// The user of `kubeconfig-agent`, the only one whose requests are audited.
+pub const AGENT_USER: &str = "pod-checkpointer";
+
+/// Audits every request of `user` at `Metadata` level (verb, URI, status; no bodies) and
+/// nothing else, so `cargo xtask bench` can count the agent's API load without slowing the API
+/// server down with everybody else's requests. `RequestReceived` is omitted: one event per
+/// request, plus `ResponseStarted` for watches.
+fn audit_policy(user: &str) -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+         - level: Metadata\n  users: [{user}]\n- level: None\n",
+        user = yaml_string(user)
+    )
+}
 
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(20);
 const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -232,6 +250,12 @@ impl ControlPlane {
     /// The kubeconfig of the user `pod-checkpointer`, which has no rights until RBAC grants some.
     pub fn agent_kubeconfig(&self) -> PathBuf {
         self.workdir.join("kubeconfig-agent")
+    }
+
+    /// The API server's audit log (JSON lines, appended to across restarts): every request
+    /// of the agent's user [`AGENT_USER`], nobody else's.
+    pub fn audit_log(&self) -> PathBuf {
+        self.workdir.join(AUDIT_LOG_FILE)
     }
 
     /// The API server's self-signed serving certificate, which clients use as their CA.
@@ -481,12 +505,13 @@ impl ControlPlane {
             },
             Identity {
                 token: random_hex(16)?,
-                user: "pod-checkpointer".into(),
+                user: AGENT_USER.into(),
                 uid: "uid-agent".into(),
                 groups: vec![],
             },
         ];
         fs::write(self.workdir.join("tokens.csv"), render_tokens_csv(&identities))?;
+        fs::write(self.workdir.join(AUDIT_POLICY_FILE), audit_policy(AGENT_USER))?;
         let server = self.apiserver_url();
         let ca = self.ca_cert();
         let kubeconfigs = [self.kubeconfig(), self.node_kubeconfig(), self.agent_kubeconfig()];
@@ -844,6 +869,8 @@ fn apiserver_args(workdir: &Path, etcd_port: u16, apiserver_port: u16) -> Vec<St
         // Loopback addresses are invalid in Endpoints, and nothing here needs that object.
         "--endpoint-reconciler-type=none".into(),
         "--allow-privileged=true".into(),
+        format!("--audit-policy-file={w}/{AUDIT_POLICY_FILE}"),
+        format!("--audit-log-path={w}/{AUDIT_LOG_FILE}"),
     ]
 }
 
@@ -987,6 +1014,12 @@ mod tests {
         assert!(args.contains(&"--secure-port=16443".to_owned()));
         assert!(args.contains(&"--cert-dir=/w/certs".to_owned()));
         assert!(args.contains(&"--token-auth-file=/w/tokens.csv".to_owned()));
+        assert!(args.contains(&"--audit-log-path=/w/audit.log".to_owned()));
+        assert_eq!(
+            audit_policy("pod-checkpointer"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+             - level: Metadata\n  users: [\"pod-checkpointer\"]\n- level: None\n"
+        );
     }
 
     #[test]

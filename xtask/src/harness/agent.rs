@@ -84,6 +84,17 @@ impl Agent {
     /// Starts `bin run …` with `RUST_LOG` set to [`AGENT_LOG_FILTER`] and its output in
     /// `log_dir/agent-<label>.log`, health endpoints on a free loopback port.
     pub fn start(bin: &Path, config: &AgentConfig, log_dir: &Path) -> anyhow::Result<Agent> {
+        Agent::start_with_log_filter(bin, config, log_dir, AGENT_LOG_FILTER)
+    }
+
+    /// [`start`](Agent::start) with another `RUST_LOG`: the benchmarks measure the agent at
+    /// its production log level, since debug logging costs CPU.
+    pub fn start_with_log_filter(
+        bin: &Path,
+        config: &AgentConfig,
+        log_dir: &Path,
+        log_filter: &str,
+    ) -> anyhow::Result<Agent> {
         let metrics_addr = format!("127.0.0.1:{}", free_port()?);
         let log = log_dir.join(format!("agent-{}.log", config.label.replace('/', "-")));
         let out = File::options()
@@ -110,7 +121,7 @@ impl Agent {
             command.arg(format!("--checkpoint-grace-period={grace}"));
         }
         let child = command
-            .env("RUST_LOG", AGENT_LOG_FILTER)
+            .env("RUST_LOG", log_filter)
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)

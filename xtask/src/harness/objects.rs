@@ -12,7 +12,7 @@ pub const CHECKPOINT_ANNOTATION: &str = "checkpointer.alpha.coreos.com/checkpoin
 pub const CHECKPOINT_OF_ANNOTATION: &str = "checkpointer.alpha.coreos.com/checkpoint-of";
 
 /// The user the agent's kubeconfig (`kubeconfig-agent`) authenticates as.
-pub const AGENT_USER: &str = "pod-checkpointer";
+pub use crate::e2e_env::AGENT_USER;
 
 /// An image that is never pulled: the hollow kubelet's runtime is fake.
 const IMAGE: &str = "registry.invalid/pod-checkpointer-e2e:1";

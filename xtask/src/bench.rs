@@ -1,0 +1,472 @@
+//! `cargo xtask bench`: the end-to-end benchmarks (issue 9). The release agent runs as a
+//! process against the real control plane (kube-apiserver v1.20.2, etcd, kubemark's hollow
+//! kubelet, see `e2e_env`), driven by the e2e harness, and every DESIGN §5 target that needs a
+//! real API server and kubelet is measured over repetitions:
+//!
+//! - `checkpoint`: annotated pod created → inactive checkpoint on disk; parent deleted →
+//!   checkpoint removed (`--gc-strategy immediate`);
+//! - `grace`: the same with `--gc-strategy grace-period --checkpoint-grace-period 2s`;
+//! - `outage`: API server SIGSTOPped / SIGKILLed → checkpoint active; API server back and
+//!   the parent running again → checkpoint deactivated;
+//! - `idle`: RSS, CPU, disk writes and requests to the API server (its audit log), the CRI
+//!   and the kubelet (counting proxies) over an idle window;
+//! - `scale`: 200 annotated pods on the node → all checkpointed, RSS, pass duration.
+//!
+//! Latencies are taken from observable events: a watcher thread started before the action
+//! polls the file (or the CRI) every 5 ms, and the latency runs from a mark taken just before
+//! the action (the API request, the signal) to the watcher's first sight. Results go to
+//! `target/bench/e2e-<timestamp>.{json,md}`. CI never runs this (it only compiles xtask).
+
+mod audit;
+mod parts;
+mod procfs;
+mod proxy;
+mod report;
+mod stats;
+mod timing;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::Value;
+use xtask::e2e_env::process::random_hex;
+use xtask::e2e_env::{self, AGENT_USER, CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions, human_duration};
+use xtask::harness::agent::{self, Agent, AgentConfig, AgentDirs};
+use xtask::harness::cri::CriClient;
+use xtask::harness::interrupt;
+use xtask::harness::kubectl::Kubectl;
+use xtask::harness::objects::{
+    Owner, PodBuilder, cluster_role, config_map, daemon_set, deployed_agent_rules, namespace, role_binding,
+    secret,
+};
+
+/// Measure latency, footprint and API load of the release agent against the real control
+/// plane and hollow kubelet; writes target/bench/e2e-<timestamp>.{json,md}.
+#[derive(clap::Args)]
+pub(crate) struct Bench {
+    /// Repetitions of each latency measurement.
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Run only these parts (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Part>,
+    /// Length of the idle window.
+    #[arg(long, default_value_t = 120)]
+    idle_secs: u64,
+    /// Annotated pods created for the scale part.
+    #[arg(long, default_value_t = 200)]
+    scale_pods: usize,
+    /// Cold starts of an agent with the scale part's pods already there.
+    #[arg(long, default_value_t = 3)]
+    scale_reps: usize,
+    /// Use the control plane `cargo xtask e2e-env start --hollow-node` left running in this
+    /// work dir instead of starting one (it is left running).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// Pod created → inactive checkpoint; parent deleted → removed (immediate GC).
+    Checkpoint,
+    /// Parent deleted → removed with a 2 s grace period.
+    Grace,
+    /// API server hung or killed → active; parent running again → deactivated.
+    Outage,
+    /// Idle footprint and request rates.
+    Idle,
+    /// Many annotated pods on the node.
+    Scale,
+}
+
+const ALL_PARTS: [Part; 5] = [
+    Part::Idle,
+    Part::Checkpoint,
+    Part::Grace,
+    Part::Outage,
+    Part::Scale,
+];
+
+/// The agent's log level in the benchmarks: its production default.
+const AGENT_LOG_LEVEL: &str = "info";
+
+impl Bench {
+    pub(crate) fn run(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.reps > 0, "--reps must be at least 1");
+        interrupt::install()?;
+        let outcome = self.bench();
+        if interrupt::requested() {
+            eprintln!(
+                "[bench] interrupted: the agents are stopped, and the control plane if the bench started it"
+            );
+            std::process::exit(130);
+        }
+        outcome
+    }
+
+    fn bench(&self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let started_at = SystemTime::now();
+        let parts: Vec<Part> = ALL_PARTS
+            .into_iter()
+            .filter(|p| self.only.is_empty() || self.only.contains(p))
+            .collect();
+        eprintln!("[bench] building the control plane's binaries (cached) and the release agent");
+        let bins = e2e_env::ensure_built()?;
+        crate::run("cargo", &["build", "-p", "ckpt-bin", "--release"])?;
+        let agent_bin = crate::project_root().join("target/release/pod-checkpointer");
+        anyhow::ensure!(agent_bin.is_file(), "{} was not built", agent_bin.display());
+
+        let build_time = started.elapsed();
+        let load_before = procfs::load_average();
+        let plane = match &self.workdir {
+            Some(dir) => ControlPlane::attach(dir)?,
+            None => ControlPlane::start(&StartOptions {
+                hollow_node: true,
+                ..StartOptions::new(bins)
+            })?,
+        };
+        let mut env = Env::new(plane, agent_bin, started)?;
+        let mut results = parts::Results::default();
+        let mut failures = Vec::new();
+        for part in parts.iter().copied() {
+            interrupt::check()?;
+            env.say(&format!("=== {} ===", part_name(part)));
+            let outcome = match part {
+                Part::Checkpoint => parts::checkpoint(&mut env, self.reps, &mut results),
+                Part::Grace => parts::grace(&mut env, self.reps, &mut results),
+                Part::Outage => parts::outage(&mut env, self.reps, &mut results),
+                Part::Idle => parts::idle(&mut env, Duration::from_secs(self.idle_secs), &mut results),
+                Part::Scale => parts::scale(&mut env, self.scale_pods, self.scale_reps, &mut results),
+            };
+            if let Err(e) = outcome {
+                interrupt::check()?;
+                env.say(&format!("{} FAILED: {e:#}", part_name(part)));
+                failures.push(format!("{}: {e:#}", part_name(part)));
+            }
+        }
+        let run = report::Run {
+            started_at,
+            command: command_line(),
+            commit: git_commit(),
+            machine: procfs::machine(),
+            load_before,
+            load_after: procfs::load_average(),
+            duration: started.elapsed() - build_time,
+            reps: self.reps,
+            failures: failures.clone(),
+        };
+        let (json, md) = report::write(&crate::project_root().join("target/bench"), &run, &results)?;
+        eprintln!("{}", fs::read_to_string(&md).unwrap_or_default());
+        eprintln!(
+            "[bench] done in {} (plus {} building); results in {} and {}",
+            human_duration(run.duration),
+            human_duration(build_time),
+            json.display(),
+            md.display()
+        );
+        drop(env);
+        anyhow::ensure!(failures.is_empty(), "some parts failed:\n{}", failures.join("\n"));
+        Ok(())
+    }
+}
+
+pub(crate) fn part_name(part: Part) -> &'static str {
+    match part {
+        Part::Checkpoint => "checkpoint",
+        Part::Grace => "grace",
+        Part::Outage => "outage",
+        Part::Idle => "idle",
+        Part::Scale => "scale",
+    }
+}
+
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("cargo xtask {}", args.join(" "))
+}
+
+/// `git describe`-like: the short commit, `+dirty` when the tree has changes (the shared tree
+/// often has other people's work in progress, which is not in the agent unless under crates/).
+fn git_commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(crate::project_root())
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    let agent_dirty = !git(&[
+        "status",
+        "--porcelain",
+        "--",
+        "crates",
+        "Cargo.toml",
+        "Cargo.lock",
+    ])
+    .is_empty();
+    if agent_dirty {
+        format!("{commit} (+ uncommitted changes under crates/ or Cargo.*)")
+    } else {
+        commit
+    }
+}
+
+/// The control plane and what the parts share.
+pub(crate) struct Env {
+    pub(crate) plane: ControlPlane,
+    pub(crate) kubectl: Kubectl,
+    pub(crate) cri: CriClient,
+    pub(crate) agent_bin: PathBuf,
+    pub(crate) static_pods: PathBuf,
+    kubelet_url: String,
+    /// The bench's own dir in the plane's work dir (checkpoint dirs, agent logs, sockets).
+    pub(crate) dir: PathBuf,
+    /// Makes namespaces unique, so a reused plane can run the bench again.
+    run_id: String,
+    started: Instant,
+    runtime: tokio::runtime::Runtime,
+}
+
+/// The agent's ClusterRole (the deploy manifests' Role), bound in each part's namespace.
+const AGENT_ROLE: &str = "pod-checkpointer-bench";
+/// The Secret and ConfigMap every parent with data mounts.
+pub(crate) const PARENT_SECRET: &str = "parent-certs";
+pub(crate) const PARENT_CONFIG: &str = "parent-config";
+
+impl Env {
+    fn new(plane: ControlPlane, agent_bin: PathBuf, started: Instant) -> anyhow::Result<Env> {
+        let static_pods = plane
+            .static_pod_dir()
+            .context("the control plane has no hollow node: start it with --hollow-node")?;
+        let kubelet_url = plane
+            .kubelet_url()
+            .context("the control plane has no hollow node")?;
+        anyhow::ensure!(
+            plane.audit_log().is_file(),
+            "{} has no audit log: it was started before audit logging was added; start a new one",
+            plane.workdir().display()
+        );
+        let run_id = random_hex(2)?;
+        let dir = plane.workdir().join(format!("bench-{run_id}"));
+        fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
+        kubectl.apply(&[cluster_role(AGENT_ROLE, &deployed_agent_rules()?)])?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        Ok(Env {
+            plane,
+            kubectl,
+            cri: CriClient::new(CRI_SOCKET),
+            agent_bin,
+            static_pods,
+            kubelet_url,
+            dir,
+            run_id,
+            started,
+            runtime,
+        })
+    }
+
+    /// The hollow kubelet's API, plain HTTP.
+    pub(crate) fn kubelet_url(&self) -> &str {
+        &self.kubelet_url
+    }
+
+    /// A progress line, with the time since the bench started.
+    pub(crate) fn say(&self, line: &str) {
+        eprintln!("[bench {:>6.1} s] {line}", self.started.elapsed().as_secs_f64());
+    }
+
+    /// A fresh namespace for `part`, where the agent's user has its deployed rights, with the
+    /// Secret and ConfigMap parents mount.
+    pub(crate) fn namespace(&self, part: &str) -> anyhow::Result<String> {
+        let ns = format!("bench-{part}-{}", self.run_id);
+        self.kubectl.apply(&[
+            namespace(&ns),
+            role_binding(&ns, "pod-checkpointer", AGENT_ROLE, AGENT_USER),
+        ])?;
+        self.kubectl.apply(&[
+            secret(
+                &ns,
+                PARENT_SECRET,
+                &[("tls.crt", "bench certificate\n"), ("tls.key", "bench key\n")],
+            ),
+            config_map(
+                &ns,
+                PARENT_CONFIG,
+                &[("config.yaml", "apiVersion: v1\nkind: Config\n")],
+            ),
+        ])?;
+        Ok(ns)
+    }
+
+    /// The checkpointer's own pod, as its DaemonSet would create it (annotated: it
+    /// checkpoints itself); returns its name.
+    pub(crate) fn create_self_pod(&self, ns: &str) -> anyhow::Result<String> {
+        let ds = self.kubectl.create(&daemon_set(ns, "pod-checkpointer"))?;
+        let name = format!("pod-checkpointer-{}", random_hex(3)?);
+        let pod = PodBuilder::new(ns, &name, NODE_NAME)
+            .checkpointed()
+            .owned_by(&Owner::of(&ds)?)
+            .label("app", "pod-checkpointer");
+        self.kubectl.create(&pod.build())?;
+        Ok(name)
+    }
+
+    /// An annotated parent mounting the namespace's Secret and ConfigMap.
+    pub(crate) fn parent(&self, ns: &str, name: &str) -> PodBuilder {
+        PodBuilder::new(ns, name, NODE_NAME)
+            .checkpointed()
+            .mount_secret(PARENT_SECRET)
+            .mount_config_map(PARENT_CONFIG)
+    }
+
+    /// Checkpoint dirs of their own for one agent.
+    pub(crate) fn dirs(&self, name: &str) -> anyhow::Result<AgentDirs> {
+        AgentDirs::under(&self.dir.join(name), &self.static_pods)
+    }
+
+    /// `run`'s flags for node-1's checkpointer in `ns`, with the hollow kubelet's API and CRI.
+    pub(crate) fn agent_config(
+        &self,
+        label: &str,
+        ns: &str,
+        self_pod: &str,
+        dirs: &AgentDirs,
+    ) -> AgentConfig {
+        AgentConfig {
+            label: label.to_owned(),
+            node_name: NODE_NAME.to_owned(),
+            pod_name: self_pod.to_owned(),
+            pod_namespace: ns.to_owned(),
+            kubeconfig: self.plane.agent_kubeconfig(),
+            kubelet_url: self.kubelet_url.clone(),
+            runtime_endpoint: format!("unix://{CRI_SOCKET}"),
+            dirs: dirs.clone(),
+            namespaces: vec![ns.to_owned()],
+            gc_strategy: None,
+            grace_period: None,
+        }
+    }
+
+    /// Starts the release agent at its production log level, its log in the bench dir; waits
+    /// until it is ready (holds the lock, completed a pass).
+    pub(crate) fn start_agent(&self, config: &AgentConfig) -> anyhow::Result<Agent> {
+        let mut agent = Agent::start_with_log_filter(&self.agent_bin, config, &self.dir, AGENT_LOG_LEVEL)?;
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    /// Stops the agent, removes its checkpoints (static pods included: the static pod dir is
+    /// shared) and deletes the pods of `ns`, so the next part starts on a quiet node.
+    pub(crate) fn clean_up(
+        &self,
+        agent: Option<&mut Agent>,
+        dirs: &[AgentDirs],
+        ns: &str,
+    ) -> anyhow::Result<()> {
+        if let Some(agent) = agent {
+            agent.stop()?;
+        }
+        for d in dirs {
+            agent::drain(&self.agent_bin, d)?;
+        }
+        self.kubectl
+            .run(
+                &[
+                    "delete",
+                    "pods",
+                    "--all",
+                    "-n",
+                    ns,
+                    "--grace-period=0",
+                    "--force",
+                    "--wait=false",
+                ],
+                None,
+            )
+            .map(drop)
+    }
+
+    /// A client as admin, for the timed API requests: in-process, so the latency measured
+    /// does not include starting kubectl. A fresh one per part (its connections do not
+    /// survive an API server restart).
+    pub(crate) fn api_client(&self) -> anyhow::Result<kube::Client> {
+        self.runtime
+            .block_on(crate::deploy::client(Some(&self.plane.kubeconfig())))
+    }
+
+    pub(crate) fn create_pod(&self, client: &kube::Client, pod: &Value) -> anyhow::Result<()> {
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+        let typed: Pod = serde_json::from_value(pod.clone()).context("not a Pod")?;
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        self.runtime
+            .block_on(api.create(&PostParams::default(), &typed))
+            .with_context(|| format!("cannot create pod {ns}/{}", pod["metadata"]["name"]))?;
+        Ok(())
+    }
+
+    /// Deletes with grace period 0, as the kubelet's final delete does.
+    pub(crate) fn delete_pod_now(&self, client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<()> {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        self.runtime
+            .block_on(api.delete(name, &params))
+            .with_context(|| format!("cannot delete pod {ns}/{name}"))?;
+        Ok(())
+    }
+}
+
+/// Where the checkpoint of `ns/name` lives in `dirs` (`ckpt-store`'s layout).
+pub(crate) struct CheckpointPaths {
+    pub(crate) inactive: PathBuf,
+    pub(crate) active: PathBuf,
+    pub(crate) secrets: PathBuf,
+    pub(crate) config_maps: PathBuf,
+}
+
+impl CheckpointPaths {
+    pub(crate) fn of(dirs: &AgentDirs, ns: &str, name: &str) -> CheckpointPaths {
+        let file = format!("{ns}_{name}.json");
+        CheckpointPaths {
+            inactive: dirs.checkpoint_dir.join("inactive-manifests").join(&file),
+            active: dirs.manifests_dir.join(&file),
+            secrets: dirs.checkpoint_dir.join("checkpoint-secrets").join(ns).join(name),
+            config_maps: dirs
+                .checkpoint_dir
+                .join("checkpoint-configmaps")
+                .join(ns)
+                .join(name),
+        }
+    }
+
+    /// Nothing of the checkpoint is left on disk.
+    pub(crate) fn gone(&self) -> bool {
+        [&self.inactive, &self.active, &self.secrets, &self.config_maps]
+            .iter()
+            .all(|p| !p.exists())
+    }
+}
+
+/// Files in `dir` whose name starts with `prefix`.
+pub(crate) fn count_files(dir: &Path, prefix: &str) -> usize {
+    fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+            .count()
+    })
+}

@@ -1,0 +1,114 @@
+//! The agent's footprint from `/proc/PID/{status,stat,io}`, and the machine's load.
+
+use std::fs;
+
+use anyhow::Context;
+
+/// One look at a process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ProcSample {
+    pub(crate) rss_kib: u64,
+    /// Peak RSS so far.
+    pub(crate) hwm_kib: u64,
+    pub(crate) threads: u64,
+    /// utime + stime, in clock ticks.
+    pub(crate) cpu_ticks: u64,
+    /// Bytes the process caused to be written to storage (`/proc/PID/io`).
+    pub(crate) write_bytes: u64,
+}
+
+pub(crate) fn sample(pid: u32) -> anyhow::Result<ProcSample> {
+    let read = |file: &str| {
+        fs::read_to_string(format!("/proc/{pid}/{file}"))
+            .with_context(|| format!("cannot read /proc/{pid}/{file} (has the agent exited?)"))
+    };
+    let status = read("status")?;
+    let field =
+        |name: &str| status_field(&status, name).with_context(|| format!("no {name} in /proc/{pid}/status"));
+    Ok(ProcSample {
+        rss_kib: field("VmRSS")?,
+        hwm_kib: field("VmHWM")?,
+        threads: field("Threads")?,
+        cpu_ticks: cpu_ticks(&read("stat")?).with_context(|| format!("bad /proc/{pid}/stat"))?,
+        write_bytes: io_field(&read("io")?, "write_bytes").unwrap_or(0),
+    })
+}
+
+/// `Name:   123 kB` → 123.
+fn status_field(status: &str, name: &str) -> Option<u64> {
+    status.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(':')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// utime + stime: fields 14 and 15 of `stat`, counted after the command name in parentheses
+/// (which may contain spaces).
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // fields[0] is field 3 (state).
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+fn io_field(io: &str, name: &str) -> Option<u64> {
+    io.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 on Linux unless configured otherwise).
+pub(crate) fn clock_ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8_lossy(&out.stdout).trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// The 1, 5 and 15 minute load averages.
+pub(crate) fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// CPU count, memory and kernel of this machine.
+pub(crate) fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| status_field(&m, "MemTotal"))
+        .map_or(0.0, |kib| kib as f64 / 1024.0 / 1024.0);
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")?
+                    .split_once(':')
+                    .map(|(_, m)| m.trim().to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs ({model}), {mem_gib:.0} GiB, Linux {}", kernel.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_stat_and_io_fields() {
+        let status = "Name:\tpod-checkpointer\nVmHWM:\t   16400 kB\nVmRSS:\t   16212 kB\nThreads:\t3\n";
+        assert_eq!(status_field(status, "VmRSS"), Some(16212));
+        assert_eq!(status_field(status, "VmHWM"), Some(16400));
+        assert_eq!(status_field(status, "Threads"), Some(3));
+        assert_eq!(status_field(status, "VmSwap"), None);
+        let stat = "4242 (pod checkpointer) S 1 4242 4242 0 -1 4194560 900 0 0 0 12 5 0 0 20 0 3 0";
+        assert_eq!(cpu_ticks(stat), Some(17));
+        assert_eq!(cpu_ticks("garbage"), None);
+        let io = "rchar: 10\nwchar: 20\nwrite_bytes: 4096\ncancelled_write_bytes: 0\n";
+        assert_eq!(io_field(io, "write_bytes"), Some(4096));
+    }
+}

@@ -1,0 +1,487 @@
+//! The results as JSON (everything, samples included) and as the markdown tables that go
+//! into BENCHMARKS.md, side by side with DESIGN §5's targets and bootkube's numbers measured
+//! on the same control plane (`shared/reference/bootkube-measured.md`).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use serde_json::{Value, json};
+
+use super::parts::{Idle, Results, Scale};
+use super::stats::{Samples, Summary, seconds, summarize};
+use super::timing::POLL;
+
+/// What identifies a run.
+pub(crate) struct Run {
+    pub(crate) started_at: SystemTime,
+    pub(crate) command: String,
+    pub(crate) commit: String,
+    pub(crate) machine: String,
+    pub(crate) load_before: String,
+    pub(crate) load_after: String,
+    /// Without the builds.
+    pub(crate) duration: Duration,
+    pub(crate) reps: usize,
+    pub(crate) failures: Vec<String>,
+}
+
+/// One latency row: what, samples, DESIGN §5's target, bootkube's number.
+struct Row<'a> {
+    key: &'static str,
+    what: &'static str,
+    samples: &'a Samples,
+    target: &'static str,
+    bootkube: &'static str,
+}
+
+fn latency_rows(results: &Results) -> Vec<Row<'_>> {
+    vec![
+        Row {
+            key: "create_to_inactive",
+            what: "annotated pod created → inactive checkpoint on disk",
+            samples: &results.create_to_inactive,
+            target: "< 0.5 s",
+            bootkube: "median 3.0 s (1.3–4.5 s; 5 s poll)",
+        },
+        Row {
+            key: "hung_to_active",
+            what: "API server hung (SIGSTOP), parent crashed → checkpoint active",
+            samples: &results.hung_to_active,
+            target: "< 3 s",
+            bootkube: "never (loop blocked 118 s until resumed)",
+        },
+        Row {
+            key: "killed_to_active",
+            what: "API server killed (SIGKILL), parent crashed → checkpoint active",
+            samples: &results.killed_to_active,
+            target: "< 2 s",
+            bootkube: "median 2.1 s (0.3–4.8 s)",
+        },
+        Row {
+            key: "running_to_deactivated",
+            what: "API server back, parent re-created and running (CRI) → checkpoint deactivated",
+            samples: &results.running_to_deactivated,
+            target: "< 2 s",
+            bootkube: "≤ 5 s (poll)",
+        },
+        Row {
+            key: "removed_immediate",
+            what: "parent deleted → checkpoint removed, `immediate`",
+            samples: &results.removed_immediate,
+            target: "—",
+            bootkube: "no such strategy",
+        },
+        Row {
+            key: "removed_grace_2s",
+            what: "parent deleted → checkpoint removed, `grace-period` 2 s",
+            samples: &results.removed_grace,
+            target: "—",
+            bootkube: "grace + 5–10 s (10 s grace: median 11.6 s, 10.3–12.9 s)",
+        },
+    ]
+}
+
+/// Writes `dir/e2e-<timestamp>.json` and `.md`; returns their paths.
+pub(crate) fn write(dir: &Path, run: &Run, results: &Results) -> anyhow::Result<(PathBuf, PathBuf)> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let secs = run
+        .started_at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let stem = format!("e2e-{}", compact_utc(secs));
+    let json_path = dir.join(format!("{stem}.json"));
+    let md_path = dir.join(format!("{stem}.md"));
+    let json = to_json(run, results, secs);
+    fs::write(&json_path, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("cannot write {}", json_path.display()))?;
+    fs::write(&md_path, to_markdown(run, results, secs))
+        .with_context(|| format!("cannot write {}", md_path.display()))?;
+    Ok((json_path, md_path))
+}
+
+const METHOD: &str = "Latencies are timed from observable events: a watcher thread, started before the \
+action, polls the checkpoint file (or, for \"parent running\", the hollow kubelet's CRI every 10 ms) \
+every 5 ms; the latency runs from a mark taken just before the action (the API request from an \
+in-process client, the signal to kube-apiserver) to the watcher's first sight. The agent is the \
+release build at its production log level (`RUST_LOG=info`), one process per part, against \
+kube-apiserver v1.20.2 + etcd + kubemark's hollow kubelet (fake CRI v1alpha2) on loopback. API \
+requests are counted from the kube-apiserver audit log (the agent's user only); CRI calls and \
+kubelet requests through counting proxies the agent is pointed at (HTTP/2 HEADERS frames, HTTP/1 \
+header blocks).";
+
+fn to_json(run: &Run, results: &Results, secs: u64) -> Value {
+    let latencies: serde_json::Map<String, Value> = latency_rows(results)
+        .iter()
+        .map(|row| {
+            let mut entry = row.samples.to_json();
+            entry["what"] = json!(row.what);
+            entry["target"] = json!(row.target);
+            entry["bootkube"] = json!(row.bootkube);
+            (row.key.to_owned(), entry)
+        })
+        .collect();
+    json!({
+        "started_at": iso_utc(secs),
+        "command": run.command,
+        "commit": run.commit,
+        "machine": run.machine,
+        "load_average": { "before": run.load_before, "after": run.load_after },
+        "duration_s": run.duration.as_secs_f64(),
+        "reps": run.reps,
+        "poll_interval_ms": POLL.as_millis(),
+        "method": METHOD,
+        "latencies": latencies,
+        "idle": results.idle.as_ref().map(idle_json),
+        "scale": results.scale.as_ref().map(scale_json),
+        "failures": run.failures,
+    })
+}
+
+fn idle_json(idle: &Idle) -> Value {
+    let window = idle.window.as_secs_f64();
+    let per_minute = |n: u64| n as f64 * 60.0 / window;
+    let rss = summarize(&idle.rss_kib);
+    json!({
+        "window_s": window,
+        "rss_kib": { "samples": idle.rss_kib.len(), "min": rss.map(|s| s.min),
+                     "median": rss.map(|s| s.median), "max": rss.map(|s| s.max) },
+        "hwm_kib_end": idle.after.hwm_kib,
+        "threads": idle.after.threads,
+        "cpu_s": idle.cpu_seconds,
+        "cpu_percent_of_one_core": idle.cpu_seconds / window * 100.0,
+        "api": idle.api.to_json(window),
+        "cri_calls": idle.cri_calls,
+        "cri_calls_per_minute": per_minute(idle.cri_calls),
+        "kubelet_requests": idle.kubelet_requests,
+        "kubelet_requests_per_minute": per_minute(idle.kubelet_requests),
+        "files_watched": idle.files_watched,
+        "files_changed": idle.files_changed,
+        "storage_write_bytes": idle.after.write_bytes - idle.before.write_bytes,
+        "load_average_end": idle.load,
+    })
+}
+
+fn scale_json(scale: &Scale) -> Value {
+    json!({
+        "pods": scale.pods,
+        "create_s": scale.create.as_secs_f64(),
+        "first_create_to_all_checkpointed_s": scale.all_checkpointed.as_secs_f64(),
+        "rss_kib_after": scale.after.rss_kib,
+        "hwm_kib_after": scale.after.hwm_kib,
+        "cpu_s": scale.cpu_seconds,
+        "passes": scale.passes.to_json(),
+        "pods_the_kubelet_runs": scale.running_on_node,
+        "cold_start": scale.cold_start.to_json(),
+        "cold_start_rss_kib": scale.cold_start_rss_kib,
+        "load_average_end": scale.load,
+    })
+}
+
+fn to_markdown(run: &Run, results: &Results, secs: u64) -> String {
+    let mut md = format!(
+        "# pod-checkpointer end-to-end benchmark, {}\n\n\
+         - command: `{}`\n- commit: {}\n- machine: {}\n\
+         - load average (1/5/15 min): {} before, {} after\n\
+         - run time: {} (builds excluded)\n",
+        iso_utc(secs),
+        run.command,
+        run.commit,
+        run.machine,
+        run.load_before,
+        run.load_after,
+        human(run.duration),
+    );
+    if !run.failures.is_empty() {
+        md.push_str(&format!("- **failed parts**: {}\n", run.failures.join("; ")));
+    }
+    md.push_str(&format!("\n{METHOD}\n\n## Latency\n\n"));
+    md.push_str("| what | n | min | median | max | DESIGN §5 target | bootkube (measured here) |\n");
+    md.push_str("|---|---|---|---|---|---|---|\n");
+    for row in latency_rows(results) {
+        let cells = match row.samples.summary() {
+            Some(Summary { n, min, median, max }) => {
+                format!("{n} | {} | {} | {}", seconds(min), seconds(median), seconds(max))
+            }
+            None => "0 | — | — | —".into(),
+        };
+        md.push_str(&format!(
+            "| {} | {cells} | {} | {} |\n",
+            row.what, row.target, row.bootkube
+        ));
+    }
+    if let Some(idle) = &results.idle {
+        md.push_str(&idle_markdown(idle));
+    }
+    if let Some(scale) = &results.scale {
+        md.push_str(&scale_markdown(scale));
+    }
+    md
+}
+
+fn idle_markdown(idle: &Idle) -> String {
+    let window = idle.window.as_secs_f64();
+    let rate = |n: u64| format!("{n} ({:.1} / min)", n as f64 * 60.0 / window);
+    let mib = |kib: f64| format!("{:.1} MiB", kib / 1024.0);
+    let rss = summarize(&idle.rss_kib).map_or("—".into(), |s| {
+        format!("{} / {} / {}", mib(s.min), mib(s.median), mib(s.max))
+    });
+    let verbs: Vec<String> = idle
+        .api
+        .by_verb
+        .iter()
+        .map(|(verb, n)| format!("{n} {verb}"))
+        .chain((idle.api.other > 0).then(|| format!("{} other", idle.api.other)))
+        .collect();
+    let verbs = if verbs.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", verbs.join(", "))
+    };
+    let cpu_percent = idle.cpu_seconds / window * 100.0;
+    let files = if idle.files_changed.is_empty() {
+        format!("0 of {}", idle.files_watched)
+    } else {
+        format!(
+            "{} of {} ({})",
+            idle.files_changed.len(),
+            idle.files_watched,
+            idle.files_changed.join(", ")
+        )
+    };
+    let rows = [
+        (
+            format!(
+                "VmRSS (min / median / max of {} samples, 1 s apart)",
+                idle.rss_kib.len()
+            ),
+            rss,
+            "≤ 15 MiB",
+            "29 MB",
+        ),
+        (
+            "VmHWM at the end; threads".into(),
+            format!(
+                "{}; {} threads",
+                mib(idle.after.hwm_kib as f64),
+                idle.after.threads
+            ),
+            "",
+            "5 threads",
+        ),
+        (
+            "CPU (utime + stime)".into(),
+            format!("{:.2} s = {cpu_percent:.3} % of one core", idle.cpu_seconds),
+            "≤ 0.14 %",
+            "0.14 %",
+        ),
+        (
+            "API requests besides watches and probes (audit log)".into(),
+            format!("{}{verbs}", rate(idle.api.resource_requests())),
+            "0",
+            "14 / min (12 pod LISTs + Secret/ConfigMap GETs)",
+        ),
+        (
+            "API watches opened (audit log)".into(),
+            rate(idle.api.watches),
+            "watches allowed",
+            "none",
+        ),
+        (
+            "API health probes, GET /readyz (audit log)".into(),
+            rate(idle.api.probes),
+            "probes allowed",
+            "none",
+        ),
+        (
+            "CRI calls (counting proxy)".into(),
+            rate(idle.cri_calls),
+            "—",
+            "≈ 48 / min",
+        ),
+        (
+            "kubelet requests (counting proxy)".into(),
+            rate(idle.kubelet_requests),
+            "—",
+            "24 / min",
+        ),
+        (
+            "checkpoint files changed in the window".into(),
+            files,
+            "0 when nothing changed",
+            "Secrets/ConfigMaps rewritten every 60 s",
+        ),
+        (
+            "bytes written to storage (/proc/PID/io write_bytes)".into(),
+            (idle.after.write_bytes - idle.before.write_bytes).to_string(),
+            "",
+            "",
+        ),
+    ];
+    let mut md = format!(
+        "\n## Idle footprint ({} window; load average at its end {})\n\n\
+         One agent looking after its own pod and one parent with a Secret and a ConfigMap, \
+         nothing changing.\n\n| what | measured | DESIGN §5 target | bootkube (measured here) |\n|---|---|---|---|\n",
+        human(idle.window),
+        idle.load
+    );
+    for (what, measured, target, bootkube) in rows {
+        md.push_str(&format!("| {what} | {measured} | {target} | {bootkube} |\n"));
+    }
+    md
+}
+
+fn scale_markdown(scale: &Scale) -> String {
+    let mib = |kib: u64| format!("{:.1} MiB", kib as f64 / 1024.0);
+    let cold = scale.cold_start.summary().map_or("—".into(), |s| {
+        format!(
+            "n = {}: {} / {} / {}",
+            s.n,
+            seconds(s.min),
+            seconds(s.median),
+            seconds(s.max)
+        )
+    });
+    let cold_rss: Vec<String> = scale.cold_start_rss_kib.iter().map(|k| mib(*k)).collect();
+    let passes = &scale.passes;
+    let pass_line = format!(
+        "{} passes, mean {}, slowest ≤ {}",
+        passes.count,
+        passes
+            .mean_seconds()
+            .map_or("—".into(), |m| format!("{:.1} ms", m * 1000.0)),
+        passes
+            .max_at_most()
+            .map_or("> 10 s or none".into(), |m| format!("{} ms", m * 1000.0))
+    );
+    let rows = [
+        (
+            format!(
+                "create {} annotated pods (one request after the other)",
+                scale.pods
+            ),
+            human(scale.create),
+        ),
+        (
+            "first create → all inactive checkpoints on disk".into(),
+            human(scale.all_checkpointed),
+        ),
+        (
+            "pass duration from the first create until 10 s after the last checkpoint (`/metrics`)".into(),
+            pass_line,
+        ),
+        (
+            "VmRSS / VmHWM 10 s after the last checkpoint".into(),
+            format!("{} / {}", mib(scale.after.rss_kib), mib(scale.after.hwm_kib)),
+        ),
+        (
+            "CPU over the same time".into(),
+            format!("{:.2} s", scale.cpu_seconds),
+        ),
+        (
+            "agent started with the pods there → all checkpointed (fresh dirs; min / median / max)".into(),
+            cold,
+        ),
+        ("VmRSS at that moment".into(), cold_rss.join(", ")),
+        (
+            "of these pods, the hollow kubelet runs".into(),
+            format!(
+                "{} (its max-pods is 110; the rest are rejected and stay in the API as Failed, still checkpointed: the agent selects parents by annotation and node, not phase)",
+                scale.running_on_node
+            ),
+        ),
+    ];
+    let mut md = format!(
+        "\n## Scale: {} annotated pods on the node (load average at the end {})\n\n| what | measured |\n|---|---|\n",
+        scale.pods, scale.load
+    );
+    for (what, measured) in rows {
+        md.push_str(&format!("| {what} | {measured} |\n"));
+    }
+    md
+}
+
+fn human(duration: Duration) -> String {
+    xtask::e2e_env::human_duration(duration)
+}
+
+/// Civil date (year, month, day) of a day count since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+fn utc_parts(secs: u64) -> (i64, i64, i64, u64, u64, u64) {
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let rest = secs % 86_400;
+    (y, m, d, rest / 3600, rest / 60 % 60, rest % 60)
+}
+
+/// `20261202T163005Z`, for file names.
+fn compact_utc(secs: u64) -> String {
+    let (y, m, d, h, min, s) = utc_parts(secs);
+    format!("{y:04}{m:02}{d:02}T{h:02}{min:02}{s:02}Z")
+}
+
+/// `2026-12-02 16:30:05 UTC`.
+fn iso_utc(secs: u64) -> String {
+    let (y, m, d, h, min, s) = utc_parts(secs);
+    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02} UTC")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(secs: u64, expected: (&str, &str)) {
+        assert_eq!((compact_utc(secs).as_str(), iso_utc(secs).as_str()), expected);
+    }
+
+    #[test]
+    fn timestamps_are_utc() {
+        check(0, ("19700101T000000Z", "1970-01-01 00:00:00 UTC"));
+        check(1_796_229_005, ("20261202T163005Z", "2026-12-02 16:30:05 UTC"));
+        check(1_709_251_199, ("20240229T235959Z", "2024-02-29 23:59:59 UTC"));
+    }
+
+    #[test]
+    fn the_markdown_has_a_row_per_latency_with_its_summary() {
+        let mut results = Results::default();
+        results.create_to_inactive.push(Duration::from_millis(40));
+        results.create_to_inactive.push(Duration::from_millis(60));
+        let run = Run {
+            started_at: UNIX_EPOCH + Duration::from_secs(1_796_229_005),
+            command: "cargo xtask bench".into(),
+            commit: "abc1234".into(),
+            machine: "2 CPUs".into(),
+            load_before: "0.1 0.2 0.3".into(),
+            load_after: "1.0 0.5 0.3".into(),
+            duration: Duration::from_secs(300),
+            reps: 2,
+            failures: vec![],
+        };
+        let md = to_markdown(&run, &results, 1_796_229_005);
+        assert!(
+            md.contains("| annotated pod created → inactive checkpoint on disk | 2 | 40 ms | 50 ms | 60 ms | < 0.5 s |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| parent deleted → checkpoint removed, `immediate` | 0 | — | — | — |"),
+            "{md}"
+        );
+        let json = to_json(&run, &results, 1_796_229_005);
+        assert_eq!(json["latencies"]["create_to_inactive"]["n"], 2);
+        assert_eq!(json["started_at"], "2026-12-02 16:30:05 UTC");
+    }
+}
