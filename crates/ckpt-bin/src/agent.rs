@@ -39,18 +39,44 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// The service-account token the kubelet API is called with, when running in a pod.
 const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
-pub(crate) async fn run(settings: RunSettings) -> Result<()> {
+/// Where the agent's API client comes from.
+pub enum ApiSource {
+    /// `--kubeconfig`, in-cluster, or `/etc/kubernetes/kubeconfig`: what the binary does.
+    Kubeconfig,
+    /// A ready client (the in-process tests' fake API server). The agent never goes
+    /// offline with one: an API server that does not answer is unreachable, as usual.
+    Client(kube::Client),
+}
+
+impl std::fmt::Debug for ApiSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ApiSource::Kubeconfig => "ApiSource::Kubeconfig",
+            ApiSource::Client(_) => "ApiSource::Client",
+        })
+    }
+}
+
+/// `run` until `shutdown` resolves (the binary passes SIGTERM/SIGINT) or self-GC.
+pub(crate) async fn run(
+    settings: RunSettings,
+    api: ApiSource,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
     // Check the kubeconfig before waiting: a bad one is a usage error, not a crash loop
     // that starts only after the other copy exits. Without a named kubeconfig the agent
     // may be the static copy after a reboot (no service-account token, no service
     // environment): it runs offline rather than leave the node without checkpoints.
-    let kube_config = match load_kube_config(&settings.kubeconfig).await {
-        Ok(config) => Some(config),
-        Err(e) if !settings.kubeconfig.is_explicit() => {
-            warn!(error = %e, "no API credentials: running offline, the API server counts as unreachable");
-            None
-        }
-        Err(e) => return Err(e),
+    let api = match api {
+        ApiSource::Client(client) => Some(Connect::Client(client)),
+        ApiSource::Kubeconfig => match load_kube_config(&settings.kubeconfig).await {
+            Ok(config) => Some(Connect::Config(Box::new(config))),
+            Err(e) if !settings.kubeconfig.is_explicit() => {
+                warn!(error = %e, "no API credentials: running offline, the API server counts as unreachable");
+                None
+            }
+            Err(e) => return Err(e),
+        },
     };
     let policy = ckpt_gc::build(
         &settings.gc_strategy,
@@ -59,11 +85,15 @@ pub(crate) async fn run(settings: RunSettings) -> Result<()> {
     .map_err(|e| Error::Usage(format!("--gc-strategy: {}", error_chain(&e))))?;
 
     let health = Health::new();
-    if let Some(addr) = &settings.metrics_addr {
-        health::serve(addr, health.clone())
-            .await
-            .map_err(|e| Error::Usage(format!("--metrics-addr: cannot listen on {addr}: {e}")))?;
-    }
+    // Held until `run` returns: an in-process agent stops serving when it stops.
+    let _server = match &settings.metrics_addr {
+        Some(addr) => Some(
+            health::serve(addr, health.clone())
+                .await
+                .map_err(|e| Error::Usage(format!("--metrics-addr: cannot listen on {addr}: {e}")))?,
+        ),
+        None => None,
+    };
 
     let identity = format!(
         "pod-checkpointer pod={}/{} node={}",
@@ -71,9 +101,10 @@ pub(crate) async fn run(settings: RunSettings) -> Result<()> {
     );
     let lock = LockFile::new(&settings.disk.lock_file, identity);
     info!(lock = %settings.disk.lock_file.display(), "waiting for the lock");
+    let mut shutdown = std::pin::pin!(shutdown);
     let _guard = tokio::select! {
         guard = lock.acquire() => guard.map_err(|e| Error::runtime(format!("cannot take the lock {}", settings.disk.lock_file.display()), e))?,
-        () = shutdown_signal() => {
+        () = &mut shutdown => {
             info!("signal received while on standby; exiting");
             return Ok(());
         }
@@ -85,10 +116,24 @@ pub(crate) async fn run(settings: RunSettings) -> Result<()> {
     let store = Store::open(settings.disk.layout())
         .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
     let mut agent = Agent::new(settings, store, health, policy)?;
-    if let Some(config) = kube_config {
-        agent.link = Some(ApiLink::connect(config, &agent.settings, &agent.allowed)?);
+    if let Some(api) = api {
+        let client = match api {
+            Connect::Client(client) => client,
+            Connect::Config(config) => client_from(*config)?,
+        };
+        agent.link = Some(ApiLink::new(client, &agent.settings, &agent.allowed));
     }
-    agent.run().await
+    agent.run(shutdown).await
+}
+
+/// How the API client is made once the lock is held.
+enum Connect {
+    Client(kube::Client),
+    Config(Box<kube::Config>),
+}
+
+fn client_from(config: kube::Config) -> Result<kube::Client> {
+    kube::Client::try_from(config).map_err(|e| Error::runtime("cannot create the API client", e))
 }
 
 async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
@@ -118,7 +163,7 @@ async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
@@ -142,21 +187,19 @@ struct ApiLink {
 }
 
 impl ApiLink {
-    fn connect(config: kube::Config, settings: &RunSettings, allowed: &NamespaceAllowList) -> Result<Self> {
-        let client =
-            kube::Client::try_from(config).map_err(|e| Error::runtime("cannot create the API client", e))?;
+    fn new(client: kube::Client, settings: &RunSettings, allowed: &NamespaceAllowList) -> Self {
         // The crate's defaults: a 500 ms probe with a 1 s timeout, unreachable after two
         // misses, so a hung server is detected within ~2 s.
         let api = ApiWatch::spawn(
             client.clone(),
             ApiWatchConfig::new(settings.node_name.clone(), allowed.clone()),
         );
-        Ok(Self {
+        Self {
             objects: ObjectWatch::new(client.clone(), api.notifier()),
             owners: OwnerLookup::new(client.clone(), REQUEST_TIMEOUT),
             events: EventSink::new(client, &settings.node_name),
             api,
-        })
+        }
     }
 }
 
@@ -244,10 +287,10 @@ impl Agent {
     /// While offline: tries the credentials again; true once connected.
     async fn reconnect(&mut self) -> bool {
         match load_kube_config(&self.settings.kubeconfig).await {
-            Ok(config) => match ApiLink::connect(config, &self.settings, &self.allowed) {
-                Ok(link) => {
+            Ok(config) => match client_from(config) {
+                Ok(client) => {
                     info!("API credentials available: connecting to the API server");
-                    self.link = Some(link);
+                    self.link = Some(ApiLink::new(client, &self.settings, &self.allowed));
                     true
                 }
                 Err(e) => {
@@ -262,7 +305,7 @@ impl Agent {
         }
     }
 
-    async fn run(&mut self) -> Result<()> {
+    async fn run(&mut self, mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>) -> Result<()> {
         let mut api_changes = self.subscribe();
         let mut reconnect = tokio::time::interval(RECONNECT);
         reconnect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -270,8 +313,6 @@ impl Agent {
         local_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut resync = tokio::time::interval(RESYNC);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let shutdown = shutdown_signal();
-        tokio::pin!(shutdown);
         let mut local = self.local.observe().await;
         loop {
             let started = Instant::now();

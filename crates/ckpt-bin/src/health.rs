@@ -246,11 +246,21 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Serves on `addr` until the process exits. If the address is taken — the other copy
+/// Stops serving when dropped.
+#[derive(Debug)]
+pub(crate) struct Server(tokio::task::JoinHandle<()>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Serves on `addr` until the returned [`Server`] is dropped. If the address is taken — the other copy
 /// of the agent (DaemonSet and static copy share the host network) holds it — keeps
 /// trying in the background instead of failing: whichever copy holds the port answers
 /// for the node. Any other bind error is returned.
-pub(crate) async fn serve(addr: &str, health: Health) -> std::io::Result<()> {
+pub(crate) async fn serve(addr: &str, health: Health) -> std::io::Result<Server> {
     let listener = match TcpListener::bind(addr).await {
         Ok(listener) => Some(listener),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -260,7 +270,7 @@ pub(crate) async fn serve(addr: &str, health: Health) -> std::io::Result<()> {
         Err(e) => return Err(e),
     };
     let addr = addr.to_owned();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let listener = match listener {
             Some(listener) => listener,
             None => loop {
@@ -283,7 +293,7 @@ pub(crate) async fn serve(addr: &str, health: Health) -> std::io::Result<()> {
             });
         }
     });
-    Ok(())
+    Ok(Server(task))
 }
 
 async fn respond(mut stream: tokio::net::TcpStream, health: &Health) {

@@ -72,10 +72,31 @@ pub fn run_cli(cli: Cli) -> Result<()> {
                 .enable_all()
                 .build()
                 .map_err(|e| Error::runtime("cannot start the async runtime", e))?;
-            runtime.block_on(agent::run(settings))?;
+            runtime.block_on(agent::run(
+                settings,
+                ApiSource::Kubeconfig,
+                agent::shutdown_signal(),
+            ))?;
             Ok(())
         }
     }
+}
+
+#[doc(hidden)]
+pub use agent::ApiSource;
+
+/// The agent of `pod-checkpointer run`, in-process: what the integration tests drive
+/// (`tests/agent_inprocess.rs`). `cli` must be a `run` command line; `api` says where
+/// the API client comes from; `shutdown` stands in for SIGTERM. Logging is the caller's.
+/// Everything else is exactly the binary's `run`. Not a stable API.
+#[doc(hidden)]
+pub async fn run_agent(cli: Cli, api: ApiSource, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let Command::Run(args) = cli.command else {
+        return Err(Error::Usage("run_agent needs a `run` command line".into()));
+    };
+    let file = read_file_config(args.disk.config.as_deref())?;
+    let settings = RunSettings::resolve(*args, file, &Environment::from_process())?;
+    agent::run(settings, api, shutdown).await
 }
 
 /// Writes command output to stdout (the one place the binary prints results).

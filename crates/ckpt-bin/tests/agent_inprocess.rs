@@ -1,0 +1,988 @@
+//! The whole agent in-process (`ckpt_bin::run_agent`, the same code as `pod-checkpointer
+//! run`) against `ckpt_watch::testkit`'s fake API server (kube's `tower-test` pattern), a
+//! fake CRI runtime and a fake kubelet, on temp dirs. Two copies of the agent — the
+//! DaemonSet copy and the static copy — share one lock file as on a node.
+//!
+//! Every step asserts the files on disk (inactive checkpoints, the kubelet's manifests
+//! dir, Secret/ConfigMap data, the state journal). Nothing asserts a duration: steps wait
+//! for conditions with generous timeouts, and "nothing happened" is checked after the
+//! agent has provably looked (two runtime polls, or a pass in a given API state).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ckpt_bin::ApiSource;
+use ckpt_bin::config::Cli;
+use ckpt_watch::cri::proto;
+use ckpt_watch::testkit::{FakeApi, FakeCri, FakeKubelet, Reply};
+use clap::Parser;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+const NS: &str = "kube-system";
+const NODE: &str = "node-1";
+/// The agent's own DaemonSet pod.
+const AGENT: &str = "pod-checkpointer-xyz";
+/// The static copy, as the kubelet names the agent's self checkpoint.
+const AGENT_STATIC: &str = "pod-checkpointer-xyz-node-1";
+/// A parent with a Secret and a ConfigMap.
+const APISERVER: &str = "kube-apiserver-abc";
+/// A parent without data whose name sorts after the agent's (self-GC must still remove
+/// the agent last).
+const NETWORK: &str = "pod-network-abc";
+/// Not annotated: never checkpointed.
+const SCHEDULER: &str = "kube-scheduler-abc";
+/// Generous: the machine is shared, and nothing here is a timing assertion.
+const WAIT: u64 = 30;
+
+// ---------------------------------------------------------------------------------------
+// The world: a node's directories, the fake API server, CRI runtime and kubelet
+// ---------------------------------------------------------------------------------------
+
+fn owner(daemonset: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+           "uid": format!("uid-ds-{daemonset}"), "controller": true, "blockOwnerDeletion": true})
+}
+
+/// A parent pod as the API server lists it: annotated, owned by a DaemonSet, on this node.
+fn parent(name: &str, daemonset: &str, image: &str, volumes: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "resourceVersion": "1",
+                     "annotations": {"checkpointer.alpha.coreos.com/checkpoint": "true"},
+                     "labels": {"app": daemonset},
+                     "ownerReferences": [owner(daemonset)]},
+        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": image}], "volumes": volumes},
+        "status": {"phase": "Running"}})
+}
+
+fn apiserver_pod() -> Value {
+    let mut pod = parent(
+        APISERVER,
+        "kube-apiserver",
+        "kube-apiserver:v1.20.2",
+        json!([{"name": "certs", "secret": {"secretName": "apiserver-certs"}},
+               {"name": "config", "configMap": {"name": "apiserver-config"}}]),
+    );
+    pod["spec"]["containers"][0]["volumeMounts"] = json!([
+        {"name": "certs", "mountPath": "/etc/certs"}, {"name": "config", "mountPath": "/etc/config"}]);
+    pod
+}
+
+fn agent_pod(name: &str, image: &str) -> Value {
+    parent(name, "pod-checkpointer", image, json!([]))
+}
+
+fn network_pod() -> Value {
+    parent(NETWORK, "pod-network", "flannel:v0.13", json!([]))
+}
+
+fn scheduler_pod() -> Value {
+    let mut pod = parent(SCHEDULER, "kube-scheduler", "kube-scheduler:v1.20.2", json!([]));
+    pod["metadata"]["annotations"] = json!({});
+    pod
+}
+
+/// The pod as the kubelet's `/pods` shows it, running (for the CRI-off mode).
+fn kubelet_view(pod: &Value) -> Value {
+    let mut pod = pod.clone();
+    pod["status"] = json!({"phase": "Running", "containerStatuses": [{"name": "main", "ready": true,
+        "restartCount": 0, "image": "i", "imageID": "", "state": {"running": {}}}]});
+    pod
+}
+
+/// Lines of captured logs (JSON, one event per line), shown when a test fails.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn events(&self) -> Vec<Value> {
+        let bytes = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The pods of the "checkpoint removed" events of one copy of the agent, in order.
+    fn removed_by(&self, copy: &str) -> Vec<String> {
+        self.events()
+            .iter()
+            .filter(|e| e["message"] == "checkpoint removed" && e["span"]["copy"] == copy)
+            .filter_map(|e| e["pod"].as_str().map(str::to_owned))
+            .collect()
+    }
+}
+
+/// Where the local view comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Local {
+    /// `--runtime-endpoint` the fake CRI (the kubelet is not polled).
+    Cri,
+    /// `--runtime-endpoint ""`: the kubelet's `/pods` decides.
+    Kubelet,
+}
+
+struct World {
+    root: tempfile::TempDir,
+    api: FakeApi,
+    client: kube::Client,
+    cri: FakeCri,
+    kubelet: FakeKubelet,
+    local: Local,
+    logs: Logs,
+    _log_guard: tracing::subscriber::DefaultGuard,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let bytes = self.logs.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            eprintln!("---- agent logs ----\n{}", String::from_utf8_lossy(&bytes));
+            eprintln!("---- files ----\n{:#?}", self.files());
+        }
+    }
+}
+
+impl World {
+    /// A node with the API up, serving the parents (and the scheduler, not a parent), and
+    /// every given pod running locally. Logs of this test's thread are captured (the
+    /// tests run on a current-thread runtime, so the agents' tasks log here too).
+    async fn new(local: Local, running: &[&str]) -> World {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off"));
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let log_guard = tracing::subscriber::set_default(subscriber);
+
+        let root = tempfile::tempdir().expect("temp dir");
+        for dir in ["ck", "manifests", "run"] {
+            std::fs::create_dir(root.path().join(dir)).expect("dir");
+        }
+        // The kubelet's own static pod: never ours to touch.
+        std::fs::write(root.path().join("manifests/etcd.yaml"), "kind: Pod\n").expect("etcd manifest");
+
+        let (client, api, _task) = FakeApi::start();
+        api.set_objects(
+            "pods",
+            NS,
+            vec![
+                apiserver_pod(),
+                agent_pod(AGENT, "pod-checkpointer:v1"),
+                network_pod(),
+                scheduler_pod(),
+            ],
+        );
+        api.set_objects(
+            "secrets",
+            NS,
+            vec![json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "apiserver-certs", "namespace": NS, "resourceVersion": "1"},
+                "data": {"tls.key": "c2VjcmV0LWtleQ=="}})],
+        );
+        api.set_objects(
+            "configmaps",
+            NS,
+            vec![json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "apiserver-config", "namespace": NS, "resourceVersion": "1"},
+                "data": {"config.yaml": "port: 6443\n"}})],
+        );
+        for ds in [
+            "kube-apiserver",
+            "pod-checkpointer",
+            "pod-network",
+            "kube-scheduler",
+        ] {
+            api.set_get(
+                &format!("/apis/apps/v1/namespaces/{NS}/daemonsets/{ds}"),
+                200,
+                json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                       "metadata": {"name": ds, "namespace": NS, "uid": format!("uid-ds-{ds}")}}),
+            );
+        }
+        let world = World {
+            root,
+            api,
+            client,
+            cri: FakeCri::start(true, false),
+            kubelet: FakeKubelet::start(false).await,
+            local,
+            logs,
+            _log_guard: log_guard,
+        };
+        for pod in running {
+            world.run(pod);
+        }
+        world
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+
+    /// The pod runs on the node (in the CRI, and in the kubelet's `/pods`).
+    fn run(&self, name: &str) {
+        self.cri
+            .add_pod(NS, name, proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+        let pod = match name {
+            APISERVER => apiserver_pod(),
+            NETWORK => network_pod(),
+            SCHEDULER => scheduler_pod(),
+            other => agent_pod(other, "pod-checkpointer:v1"),
+        };
+        self.kubelet
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pods
+            .push(kubelet_view(&pod));
+    }
+
+    /// The pod no longer runs on the node.
+    fn kill(&self, name: &str) {
+        self.cri.remove_pod(NS, name);
+        self.kubelet
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pods
+            .retain(|p| p["metadata"]["name"] != name);
+    }
+
+    /// Every file under the checkpoint dir and the manifests dir, relative to the root.
+    fn files(&self) -> Vec<String> {
+        fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, root, out);
+                } else {
+                    out.push(path.strip_prefix(root).expect("under root").display().to_string());
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for dir in ["ck", "manifests"] {
+            walk(&self.path(dir), self.root.path(), &mut out);
+        }
+        out.sort();
+        out
+    }
+
+    /// Waits until the files are exactly `expected`.
+    async fn expect_files(&self, what: &str, expected: &[String]) {
+        let mut expected = expected.to_vec();
+        expected.sort();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(WAIT);
+        loop {
+            let files = self.files();
+            if files == expected {
+                return;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("{what}: the files on disk are\n{files:#?}\nexpected\n{expected:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The files are exactly `expected`, now.
+    fn assert_files(&self, what: &str, expected: &[String]) {
+        let mut expected = expected.to_vec();
+        expected.sort();
+        assert_eq!(self.files(), expected, "{what}");
+    }
+
+    fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    }
+
+    /// Local observations so far (each pass is preceded by one).
+    fn local_polls(&self) -> usize {
+        match self.local {
+            Local::Cri => self
+                .cri
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .calls
+                .iter()
+                .filter(|c| c.ends_with("/ListPodSandbox"))
+                .count(),
+            Local::Kubelet => self.kubelet.requests(),
+        }
+    }
+
+    /// Returns once the active agent has observed the node twice more: the loop observes
+    /// and passes in turn, so whatever the first observation showed has been acted on.
+    async fn looked_twice(&self, what: &str) {
+        let start = self.local_polls();
+        eventually(what, || async { self.local_polls() >= start + 2 }).await;
+    }
+
+    /// Starts a copy of the agent with this pod name and extra flags.
+    fn start_agent(&self, pod_name: &str, extra: &[&str]) -> Agent {
+        let port = free_port();
+        let dir = |d: &str| self.path(d).display().to_string();
+        let endpoint = match self.local {
+            Local::Cri => self.cri.endpoint(),
+            Local::Kubelet => String::new(),
+        };
+        let mut args: Vec<String> = [
+            "pod-checkpointer",
+            "run",
+            "--node-name",
+            NODE,
+            "--pod-name",
+            pod_name,
+            "--pod-namespace",
+            NS,
+            "--kubelet-url",
+            &self.kubelet.url,
+            "--runtime-endpoint",
+            &endpoint,
+            "--checkpoint-dir",
+            &dir("ck"),
+            "--manifests-dir",
+            &dir("manifests"),
+            "--lock-file",
+            &dir("run/pod-checkpointer.lock"),
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let cli = Cli::try_parse_from(args).expect("a valid command line");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let shutdown = async move {
+            // A dropped Agent stops too.
+            let _ = stopped.await;
+        };
+        let span = tracing::info_span!("agent", copy = pod_name);
+        let task = tokio::spawn(
+            ckpt_bin::run_agent(cli, ApiSource::Client(self.client.clone()), shutdown).instrument(span),
+        );
+        Agent {
+            port,
+            stop: Some(stop),
+            task,
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Waits (polling) until `cond` holds; fails the test after [`WAIT`] seconds.
+async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(WAIT);
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A running copy of the agent
+// ---------------------------------------------------------------------------------------
+
+struct Agent {
+    port: u16,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<ckpt_bin::Result<()>>,
+}
+
+impl Agent {
+    /// `(status, body)` of a GET on the health port; `None` if nothing answers yet.
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .ok()?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+            .await
+            .ok()?
+            .ok()?;
+        let status = response.split_whitespace().nth(1)?.parse().ok()?;
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+        Some((status, body))
+    }
+
+    /// The samples of `/metrics`, by name with labels.
+    async fn metrics(&self) -> BTreeMap<String, f64> {
+        let Some((200, body)) = self.get("/metrics").await else {
+            return BTreeMap::new();
+        };
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                Some((name.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// One sample (`pod_checkpointer_` is added); 0 when absent.
+    async fn metric(&self, name: &str) -> f64 {
+        self.metrics()
+            .await
+            .get(&format!("pod_checkpointer_{name}"))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// The sum of a metric's samples over all labels (0 when none).
+    async fn metric_sum(&self, name: &str) -> f64 {
+        let prefix = format!("pod_checkpointer_{name}");
+        self.metrics()
+            .await
+            .iter()
+            .filter(|(k, _)| *k == &prefix || k.starts_with(&format!("{prefix}{{")))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    async fn readyz(&self) -> Option<(u16, String)> {
+        self.get("/readyz").await
+    }
+
+    /// Waits until `/readyz` answers `status` with `body`.
+    async fn expect_ready(&self, what: &str, status: u16, body: &str) {
+        eventually(what, || async {
+            self.readyz()
+                .await
+                .is_some_and(|(s, b)| s == status && b.trim() == body)
+        })
+        .await;
+    }
+
+    /// Waits until a pass has completed with the API in `state` (the gauge is set at the
+    /// end of every pass).
+    async fn expect_api(&self, state: &str) {
+        eventually(&format!("a pass with the API {state}"), || async {
+            self.metric(&format!("api_state{{state=\"{state}\"}}")).await == 1.0
+        })
+        .await;
+    }
+
+    /// Stops it as SIGTERM does; its result.
+    async fn stop(mut self) -> ckpt_bin::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(WAIT), &mut self.task)
+            .await
+            .expect("the agent stops on the shutdown signal")
+            .expect("the agent task does not panic")
+    }
+
+    /// Waits until it exits by itself; its result.
+    async fn exited(mut self) -> ckpt_bin::Result<()> {
+        tokio::time::timeout(Duration::from_secs(WAIT), &mut self.task)
+            .await
+            .expect("the agent exits by itself")
+            .expect("the agent task does not panic")
+    }
+
+    fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// File names
+// ---------------------------------------------------------------------------------------
+
+fn inactive(pod: &str) -> String {
+    format!("ck/inactive-manifests/{NS}_{pod}.json")
+}
+
+fn active(pod: &str) -> String {
+    format!("manifests/{NS}_{pod}.json")
+}
+
+const ETCD: &str = "manifests/etcd.yaml";
+const JOURNAL: &str = "ck/pod-checkpointer-state.json";
+
+fn apiserver_data() -> Vec<String> {
+    vec![
+        format!("ck/checkpoint-secrets/{NS}/{APISERVER}/apiserver-certs/tls.key"),
+        format!("ck/checkpoint-configmaps/{NS}/{APISERVER}/apiserver-config/config.yaml"),
+    ]
+}
+
+/// Every parent checkpointed, the agent's own checkpoint active (seed scenario A).
+fn checkpointed(self_pod: &str) -> Vec<String> {
+    let mut files = vec![
+        inactive(APISERVER),
+        inactive(self_pod),
+        inactive(NETWORK),
+        active(self_pod),
+        ETCD.to_owned(),
+    ];
+    files.extend(apiserver_data());
+    files
+}
+
+fn with(mut files: Vec<String>, more: &[String]) -> Vec<String> {
+    files.extend(more.iter().cloned());
+    files
+}
+
+/// The pods the state journal says are absent.
+fn journal_absent(world: &World) -> Vec<String> {
+    let journal: Value = serde_json::from_str(&world.read(JOURNAL)).expect("journal is JSON");
+    let mut names: Vec<String> = journal
+        .pointer("/state/absent_since")
+        .and_then(Value::as_array)
+        .unwrap_or_else(|| panic!("no absent_since in {journal}"))
+        .iter()
+        .map(|e| {
+            format!(
+                "{}/{}",
+                e["namespace"].as_str().unwrap_or(""),
+                e["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+// ---------------------------------------------------------------------------------------
+// The tests
+// ---------------------------------------------------------------------------------------
+
+/// Seed scenarios A → B → C as one node's story: checkpoint; reboot without an API
+/// server; API back, descheduling, self-GC.
+#[tokio::test]
+async fn seed_scenarios_checkpoint_reboot_without_api_then_deschedule() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK, SCHEDULER]).await;
+    let gc = ["--gc-strategy", "grace-period", "--checkpoint-grace-period", "2s"];
+
+    // A: the DaemonSet copy, API up: checkpoints the parents and itself, activates itself.
+    let daemonset = world.start_agent(AGENT, &gc);
+    world.expect_files("A: checkpointed", &checkpointed(AGENT)).await;
+    daemonset
+        .expect_ready("A: the DaemonSet copy ready", 200, "ok")
+        .await;
+    assert_eq!(
+        world.read(&active(AGENT)),
+        world.read(&inactive(AGENT)),
+        "A: self active = inactive"
+    );
+    assert_eq!(
+        world.read(&format!(
+            "ck/checkpoint-secrets/{NS}/{APISERVER}/apiserver-certs/tls.key"
+        )),
+        "secret-key"
+    );
+    assert_eq!(
+        world.read(&format!(
+            "ck/checkpoint-configmaps/{NS}/{APISERVER}/apiserver-config/config.yaml"
+        )),
+        "port: 6443\n"
+    );
+    assert_eq!(world.read(ETCD), "kind: Pod\n");
+    world.looked_twice("A: settled").await;
+    world.assert_files("A: nothing else happens", &checkpointed(AGENT));
+    assert_eq!(
+        daemonset.metric("activations_total").await,
+        1.0,
+        "A: only self activated"
+    );
+
+    // B: reboot. Nothing runs, no API server (it is one of the checkpoints). The kubelet
+    // starts the static copy from the self checkpoint; it takes the lock and starts the
+    // other checkpoints.
+    daemonset.stop().await.expect("A: SIGTERM exits 0");
+    world.assert_files(
+        "B: a stopped agent leaves everything in place",
+        &checkpointed(AGENT),
+    );
+    world.cri.clear();
+    world.api.set_outage(Reply::Refuse);
+    let static_copy = world.start_agent(AGENT_STATIC, &gc);
+    let booted = with(checkpointed(AGENT), &[active(APISERVER), active(NETWORK)]);
+    world.expect_files("B: checkpoints activated", &booted).await;
+    static_copy
+        .expect_ready("B: the static copy ready", 200, "ok")
+        .await;
+    assert_eq!(world.read(&active(APISERVER)), world.read(&inactive(APISERVER)));
+    assert_eq!(
+        static_copy.metric("activations_total").await,
+        2.0,
+        "B: self was already active"
+    );
+    // The kubelet runs the checkpoints as static pods (`<name>-<node>`): not their parents.
+    for pod in [APISERVER, NETWORK, AGENT] {
+        world.cri.add_pod(
+            NS,
+            &format!("{pod}-{NODE}"),
+            proto::SANDBOX_READY,
+            &[proto::CONTAINER_RUNNING],
+        );
+    }
+    world.looked_twice("B: static pods running").await;
+    world.assert_files("B: static pods do not count as parents", &booted);
+
+    // C: the API server is back (served by its checkpoint). Its parents do not run yet:
+    // the checkpoints stay active (bootkube's duplicate-apiserver bug).
+    world.api.end_outage();
+    static_copy.expect_api("synced").await;
+    world.looked_twice("C: API back").await;
+    world.assert_files("C: API back, parents not running: still active", &booted);
+    assert_eq!(static_copy.metric("deactivations_total").await, 0.0);
+    // The parents start: their checkpoints step aside.
+    world.run(APISERVER);
+    world.run(NETWORK);
+    world
+        .expect_files("C: parents run again", &checkpointed(AGENT))
+        .await;
+    world.kill(&format!("{APISERVER}-{NODE}"));
+    world.kill(&format!("{NETWORK}-{NODE}"));
+    assert_eq!(static_copy.metric("deactivations_total").await, 2.0);
+    // The DaemonSet copy starts again and waits for the lock.
+    world.run(AGENT);
+    let daemonset = world.start_agent(AGENT, &gc);
+    daemonset
+        .expect_ready("C: the DaemonSet copy on standby", 503, "standby")
+        .await;
+    assert_eq!(daemonset.metric("lock_held").await, 0.0);
+    world.looked_twice("C: standby").await;
+    world.assert_files("C: standby changes nothing", &checkpointed(AGENT));
+
+    // Descheduling: the parents are deleted; absent since now (journal), removed after the
+    // grace period; every other checkpoint first, then the agent's own, then it exits 0.
+    for pod in [APISERVER, NETWORK, AGENT] {
+        assert!(world.api.delete("pods", NS, pod), "{pod} was listed");
+        world.kill(pod);
+    }
+    world
+        .expect_files(
+            "C: deleted parents are remembered",
+            &with(checkpointed(AGENT), &[JOURNAL.to_owned()]),
+        )
+        .await;
+    assert_eq!(
+        journal_absent(&world),
+        [APISERVER, AGENT, NETWORK].map(|p| format!("{NS}/{p}"))
+    );
+    static_copy.exited().await.expect("C: exit 0 after self-GC");
+    world
+        .expect_files(
+            "C: self-GC removed everything",
+            &[ETCD.to_owned(), JOURNAL.to_owned()],
+        )
+        .await;
+    assert_eq!(
+        journal_absent(&world),
+        Vec::<String>::new(),
+        "C: nothing left to remember"
+    );
+    assert_eq!(
+        world.logs.removed_by(AGENT_STATIC),
+        [APISERVER, NETWORK, AGENT].map(|p| format!("{NS}/{p}")),
+        "C: sorted, self last"
+    );
+    // The DaemonSet copy takes the lock; nothing is listed any more, nothing comes back.
+    daemonset
+        .expect_ready("C: the DaemonSet copy takes over", 200, "ok")
+        .await;
+    world.looked_twice("C: after self-GC").await;
+    world.assert_files("C: no resurrection", &[ETCD.to_owned(), JOURNAL.to_owned()]);
+    daemonset.stop().await.expect("SIGTERM exits 0");
+}
+
+/// A rolling update of the agent's own DaemonSet: the old pod is deleted (its copy
+/// stops, the static copy takes over), then a new pod with a new name and a new image
+/// appears. The self checkpoint follows the new pod; no self-GC.
+async fn rolling_update_of_the_agent(strategy: &str) {
+    const NEW: &str = "pod-checkpointer-new";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    // Longer than the rollout: the old pod's absence must not count yet.
+    let gc = ["--gc-strategy", strategy, "--checkpoint-grace-period", "5m"];
+    let daemonset = world.start_agent(AGENT, &gc);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    daemonset
+        .expect_ready("the DaemonSet copy ready", 200, "ok")
+        .await;
+    world.run(AGENT_STATIC);
+    let static_copy = world.start_agent(AGENT_STATIC, &gc);
+    static_copy
+        .expect_ready("the static copy on standby", 503, "standby")
+        .await;
+
+    // The old pod is deleted and its copy stops: the static copy takes over and keeps the
+    // old self checkpoint while no new pod is there (the journal remembers the absence).
+    assert!(world.api.delete("pods", NS, AGENT));
+    world.kill(AGENT);
+    daemonset.stop().await.expect("SIGTERM exits 0");
+    static_copy
+        .expect_ready("the static copy takes over", 200, "ok")
+        .await;
+    static_copy.expect_api("synced").await;
+    let between = with(checkpointed(AGENT), &[JOURNAL.to_owned()]);
+    world.expect_files("old pod gone, no new one yet", &between).await;
+    world.looked_twice("between the pods").await;
+    world.assert_files("old pod gone, no new one yet: kept", &between);
+    assert_eq!(journal_absent(&world), [format!("{NS}/{AGENT}")]);
+    assert!(static_copy.is_running(), "no self-GC during a rollout");
+
+    // The new pod: same DaemonSet, new name, new image.
+    world.api.apply("pods", NS, agent_pod(NEW, "pod-checkpointer:v2"));
+    world.run(NEW);
+    let rolled = with(checkpointed(NEW), &[JOURNAL.to_owned()]);
+    world
+        .expect_files("the self checkpoint follows the new pod", &rolled)
+        .await;
+    assert_eq!(world.read(&active(NEW)), world.read(&inactive(NEW)));
+    assert!(
+        world.read(&active(NEW)).contains("pod-checkpointer:v2"),
+        "the new spec"
+    );
+    assert_eq!(journal_absent(&world), Vec::<String>::new());
+    assert_eq!(world.logs.removed_by(AGENT_STATIC), [format!("{NS}/{AGENT}")]);
+    world.looked_twice("after the rollout").await;
+    world.assert_files("after the rollout: stable", &rolled);
+    assert!(static_copy.is_running(), "no self-GC after a rollout");
+
+    // The new DaemonSet copy waits for the lock.
+    let new_daemonset = world.start_agent(NEW, &gc);
+    new_daemonset
+        .expect_ready("the new DaemonSet copy on standby", 503, "standby")
+        .await;
+    world.assert_files("standby changes nothing", &rolled);
+    static_copy.stop().await.expect("SIGTERM exits 0");
+    new_daemonset
+        .expect_ready("the new DaemonSet copy takes over", 200, "ok")
+        .await;
+    world.looked_twice("the new copy active").await;
+    world.assert_files("the new copy changes nothing", &rolled);
+    new_daemonset.stop().await.expect("SIGTERM exits 0");
+}
+
+#[tokio::test]
+async fn rolling_update_of_the_agent_with_grace_period() {
+    rolling_update_of_the_agent("grace-period").await;
+}
+
+#[tokio::test]
+async fn rolling_update_of_the_agent_with_owner_reference() {
+    rolling_update_of_the_agent("owner-reference").await;
+}
+
+/// The API server flaps every second for 30 s (hung, up, refusing, up, …) while one
+/// parent runs and one crash-loops (listed, not running). With the harshest GC strategy:
+/// nothing is ever removed; the running parent's checkpoint never starts; the other is
+/// started at most once and stays up (an active checkpoint stays while its parent does
+/// not run); nothing is deactivated. A final outage makes the activation certain.
+#[tokio::test]
+async fn api_flapping_every_second_for_30s() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let agent = world.start_agent(AGENT, &["--gc-strategy", "immediate"]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+    world.looked_twice("settled").await;
+    world.assert_files("API up, nothing new starts", &checkpointed(AGENT));
+
+    let done = std::cell::Cell::new(false);
+    let flap = async {
+        for second in 0..30 {
+            match second % 4 {
+                0 => world.api.set_outage(Reply::Hang),
+                2 => world.api.set_outage(Reply::Refuse),
+                _ => world.api.end_outage(),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        world.api.end_outage();
+        done.set(true);
+    };
+    let mut api_states = std::collections::BTreeSet::new();
+    let mut network_active = Vec::new();
+    let watch = async {
+        while !done.get() {
+            let files = world.files();
+            for file in [
+                inactive(APISERVER),
+                inactive(AGENT),
+                inactive(NETWORK),
+                active(AGENT),
+            ] {
+                assert!(files.contains(&file), "{file} removed while flapping: {files:#?}");
+            }
+            assert!(
+                !files.contains(&active(APISERVER)),
+                "a running parent's checkpoint started"
+            );
+            let up = files.contains(&active(NETWORK));
+            if network_active.last() != Some(&up) {
+                network_active.push(up);
+            }
+            for state in ["unreachable", "reachable", "synced"] {
+                if agent.metric(&format!("api_state{{state=\"{state}\"}}")).await == 1.0 {
+                    api_states.insert(state);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::join!(flap, watch);
+    assert!(
+        api_states.contains("unreachable"),
+        "the agent saw an outage: {api_states:?}"
+    );
+    assert!(
+        network_active == [false] || network_active == [false, true],
+        "the crash-looping parent's checkpoint started at most once and stayed: {network_active:?}"
+    );
+    assert_eq!(agent.metric_sum("removals_total").await, 0.0);
+    assert_eq!(agent.metric("deactivations_total").await, 0.0);
+
+    // One more, longer outage: now it certainly starts, once.
+    world.api.set_outage(Reply::Refuse);
+    let started = with(checkpointed(AGENT), &[active(NETWORK)]);
+    world
+        .expect_files(
+            "the outage starts the crash-looping parent's checkpoint",
+            &started,
+        )
+        .await;
+    world.api.end_outage();
+    agent.expect_api("synced").await;
+    world.looked_twice("API back").await;
+    world.assert_files("API back, parent still not running: stays", &started);
+    assert_eq!(
+        agent.metric("activations_total").await,
+        2.0,
+        "self, then the network once"
+    );
+    assert_eq!(agent.metric("deactivations_total").await, 0.0);
+    assert_eq!(agent.metric_sum("removals_total").await, 0.0);
+
+    // The parent runs at last: its checkpoint steps aside, once.
+    world.run(NETWORK);
+    world.expect_files("the parent runs", &checkpointed(AGENT)).await;
+    assert_eq!(agent.metric("deactivations_total").await, 1.0);
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// Modification time and inode: a file rewritten (even with the same bytes) changes.
+fn identity_of(world: &World, rel: &str) -> (std::time::SystemTime, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(world.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    (meta.modified().expect("mtime"), meta.ino())
+}
+
+/// The container runtime and the kubelet both stop answering. The local view is unknown
+/// (not "nothing runs"): with the API up nothing starts or stops; with the API down the
+/// checkpoints start once (availability first) and are never rewritten or stopped while
+/// the API comes and goes.
+async fn local_view_unknown(local: Local) {
+    let world = World::new(local, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(AGENT, &["--gc-strategy", "immediate"]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+    assert_eq!(agent.metric("local_view_available").await, 1.0);
+
+    world.cri.stop();
+    world.kubelet.stop();
+    // The gauge is set at the end of a pass, after its plan ran.
+    eventually("a pass with the local view unknown", || async {
+        agent.metric("local_view_available").await == 0.0
+    })
+    .await;
+    world.assert_files(
+        "local view unknown, API up: nothing starts or stops",
+        &checkpointed(AGENT),
+    );
+
+    world.api.set_outage(Reply::Refuse);
+    let started = with(checkpointed(AGENT), &[active(APISERVER), active(NETWORK)]);
+    world
+        .expect_files("API down, local unknown: availability first", &started)
+        .await;
+    let written: Vec<_> = [active(APISERVER), active(NETWORK), active(AGENT)]
+        .iter()
+        .map(|f| identity_of(&world, f))
+        .collect();
+    for round in 0..2 {
+        world.api.end_outage();
+        agent.expect_api("synced").await;
+        world.assert_files(
+            &format!("round {round}: API up, local unknown: unchanged"),
+            &started,
+        );
+        world.api.set_outage(Reply::Refuse);
+        agent.expect_api("unreachable").await;
+        world.assert_files(&format!("round {round}: API down again: unchanged"), &started);
+    }
+    let rewritten: Vec<_> = [active(APISERVER), active(NETWORK), active(AGENT)]
+        .iter()
+        .map(|f| identity_of(&world, f))
+        .collect();
+    assert_eq!(written, rewritten, "no manifest rewritten");
+    assert_eq!(
+        agent.metric("activations_total").await,
+        3.0,
+        "self, then each checkpoint once"
+    );
+    assert_eq!(agent.metric("deactivations_total").await, 0.0);
+    assert_eq!(agent.metric("local_view_available").await, 0.0, "still unknown");
+    assert_eq!(agent.metric_sum("removals_total").await, 0.0);
+    world.api.end_outage();
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+#[tokio::test]
+async fn cri_and_kubelet_down_with_the_cri_on() {
+    local_view_unknown(Local::Cri).await;
+}
+
+#[tokio::test]
+async fn kubelet_down_with_the_cri_off() {
+    local_view_unknown(Local::Kubelet).await;
+}
