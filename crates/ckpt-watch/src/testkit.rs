@@ -734,6 +734,7 @@ pub struct FakeKubelet {
     /// What it answers and saw; change it at will.
     pub state: Arc<Mutex<KubeletState>>,
     task: JoinHandle<()>,
+    connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 /// The CA that signed the fake kubelet's certificate (PEM).
@@ -768,11 +769,13 @@ impl FakeKubelet {
         }));
         let shared = Arc::clone(&state);
         let acceptor = tls.then(tls_acceptor);
+        let connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let conns = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let shared = Arc::clone(&shared);
                 let acceptor = acceptor.clone();
-                tokio::spawn(async move {
+                let conn = tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                         let shared = Arc::clone(&shared);
                         async move { Ok::<_, Infallible>(kubelet_handle(&shared, &req)) }
@@ -793,6 +796,7 @@ impl FakeKubelet {
                         }
                     }
                 });
+                lock(&conns).push(conn.abort_handle());
             }
         });
         let scheme = if tls { "https" } else { "http" };
@@ -800,12 +804,21 @@ impl FakeKubelet {
             url: format!("{scheme}://127.0.0.1:{port}"),
             state,
             task,
+            connections,
         }
     }
 
     /// How many requests it got.
     pub fn requests(&self) -> usize {
         lock(&self.state).paths.len()
+    }
+
+    /// Stops listening and closes the open connections (the kubelet went away).
+    pub fn stop(&self) {
+        self.task.abort();
+        for conn in lock(&self.connections).drain(..) {
+            conn.abort();
+        }
     }
 
     /// Answers `/pods/` with this status from now on (200 = the pod list).
@@ -816,7 +829,7 @@ impl FakeKubelet {
 
 impl Drop for FakeKubelet {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
     }
 }
 
