@@ -30,6 +30,9 @@ use crate::health::{self, Health, Phase};
 
 /// How often the local runtime is polled.
 const LOCAL_POLL: Duration = Duration::from_secs(1);
+/// Passes run at once after a pass that changed the disk, at most (one is enough for
+/// any plan today; the bound keeps a planner that never settles from spinning).
+const MAX_FOLLOW_UPS: u32 = 3;
 /// A full pass at least this often, whatever else happens.
 const RESYNC: Duration = Duration::from_secs(30);
 /// Events arriving within this window after a trigger are folded into the same pass.
@@ -314,16 +317,23 @@ impl Agent {
         let mut resync = tokio::time::interval(RESYNC);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut local = self.local.observe().await;
+        let mut follow_ups = 0;
         loop {
             let started = Instant::now();
-            match self.pass(local).await? {
-                PassResult::Continue => {}
+            let result = self.pass(local).await?;
+            debug!(elapsed_ms = started.elapsed().as_millis() as u64, "pass complete");
+            match result {
+                PassResult::Changed if follow_ups < MAX_FOLLOW_UPS => {
+                    follow_ups += 1;
+                    local = self.local.observe().await;
+                    continue;
+                }
+                PassResult::Changed | PassResult::Settled => follow_ups = 0,
                 PassResult::SelfGcComplete => {
                     info!("self-GC complete: every checkpoint removed, this one last; exiting");
                     return Ok(());
                 }
             }
-            debug!(elapsed_ms = started.elapsed().as_millis() as u64, "pass complete");
             // Wait for the next reason to look again.
             let deadline = self.next_deadline.map(|t| {
                 let wait = t.since(Timestamp::now());
@@ -378,7 +388,7 @@ impl Agent {
                 warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying on the next pass");
                 self.health.write_error();
                 self.last_local = Some(local);
-                return Ok(PassResult::Continue);
+                return Ok(PassResult::Settled);
             }
         };
         let disk: BTreeMap<PodId, DiskCheckpoint> = stored
@@ -515,10 +525,13 @@ impl Agent {
             warn!("the local runtime is unavailable: treating what runs here as unknown");
         }
         self.last_local = Some(local);
-        if outcome.self_gc_complete {
-            return Ok(PassResult::SelfGcComplete);
-        }
-        Ok(PassResult::Continue)
+        Ok(if outcome.self_gc_complete {
+            PassResult::SelfGcComplete
+        } else if !plan.is_noop() && outcome.failures == 0 {
+            PassResult::Changed
+        } else {
+            PassResult::Settled
+        })
     }
 
     /// Sanitizes every parent whose Secrets and ConfigMaps are loaded; refusals are
@@ -657,7 +670,14 @@ impl Agent {
 }
 
 enum PassResult {
-    Continue,
+    /// Nothing changed on disk, or a step failed (retried on the next trigger, not in a
+    /// tight loop): wait for the next reason to look.
+    Settled,
+    /// The plan changed the disk and every step succeeded: plan again at once. Some
+    /// steps wait for an earlier one to be on disk — a rolled pod supersedes the old
+    /// checkpoint only once its own is written — and would otherwise wait for the resync.
+    Changed,
+    /// Self-GC removed everything: exit.
     SelfGcComplete,
 }
 

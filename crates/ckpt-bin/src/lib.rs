@@ -25,7 +25,9 @@ pub use error::{Error, Result};
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Cli, Command, DiskSettings, Environment, LogFormat, RunSettings, read_file_config};
+use crate::config::{
+    Cli, Command, DiskSettings, Environment, LogFormat, RunArgs, RunSettings, read_file_config,
+};
 
 /// Runs a parsed command line.
 pub fn run_cli(cli: Cli) -> Result<()> {
@@ -64,8 +66,7 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Run(args) => {
-            let file = read_file_config(args.disk.config.as_deref())?;
-            let settings = RunSettings::resolve(*args, file, &Environment::from_process())?;
+            let settings = run_settings(*args)?;
             init_logging(settings.log_format, "info");
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -94,9 +95,13 @@ pub async fn run_agent(cli: Cli, api: ApiSource, shutdown: impl Future<Output = 
     let Command::Run(args) = cli.command else {
         return Err(Error::Usage("run_agent needs a `run` command line".into()));
     };
+    agent::run(run_settings(*args)?, api, shutdown).await
+}
+
+/// `run`'s flags over the environment over `--config` over the defaults.
+fn run_settings(args: RunArgs) -> Result<RunSettings> {
     let file = read_file_config(args.disk.config.as_deref())?;
-    let settings = RunSettings::resolve(*args, file, &Environment::from_process())?;
-    agent::run(settings, api, shutdown).await
+    RunSettings::resolve(args, file, &Environment::from_process())
 }
 
 /// Writes command output to stdout (the one place the binary prints results).

@@ -37,8 +37,12 @@ const APISERVER: &str = "kube-apiserver-abc";
 const NETWORK: &str = "pod-network-abc";
 /// Not annotated: never checkpointed.
 const SCHEDULER: &str = "kube-scheduler-abc";
-/// Generous: the machine is shared, and nothing here is a timing assertion.
-const WAIT: u64 = 30;
+/// Annotated, but mounts a PersistentVolumeClaim: refused, never checkpointed.
+const BACKUP: &str = "etcd-backup-abc";
+/// How long a step may take: generous (the machine is shared; steps take well under a
+/// second), yet below the agent's 30 s resync, so a reaction that only the resync would
+/// bring about fails the test — every reaction must follow from an event.
+const WAIT: u64 = 20;
 
 // ---------------------------------------------------------------------------------------
 // The world: a node's directories, the fake API server, CRI runtime and kubelet
@@ -85,6 +89,21 @@ fn scheduler_pod() -> Value {
     let mut pod = parent(SCHEDULER, "kube-scheduler", "kube-scheduler:v1.20.2", json!([]));
     pod["metadata"]["annotations"] = json!({});
     pod
+}
+
+fn backup_pod() -> Value {
+    parent(
+        BACKUP,
+        "etcd-backup",
+        "etcd-backup:v1",
+        json!([{"name": "data", "persistentVolumeClaim": {"claimName": "backups"}}]),
+    )
+}
+
+fn apiserver_secret(key: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "apiserver-certs", "namespace": NS, "resourceVersion": "1"},
+        "data": {"tls.key": key}})
 }
 
 /// The pod as the kubelet's `/pods` shows it, running (for the CRI-off mode).
@@ -195,15 +214,11 @@ impl World {
                 agent_pod(AGENT, "pod-checkpointer:v1"),
                 network_pod(),
                 scheduler_pod(),
+                backup_pod(),
             ],
         );
-        api.set_objects(
-            "secrets",
-            NS,
-            vec![json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "apiserver-certs", "namespace": NS, "resourceVersion": "1"},
-                "data": {"tls.key": "c2VjcmV0LWtleQ=="}})],
-        );
+        // base64 of "secret-key"
+        api.set_objects("secrets", NS, vec![apiserver_secret("c2VjcmV0LWtleQ==")]);
         api.set_objects(
             "configmaps",
             NS,
@@ -252,6 +267,7 @@ impl World {
             APISERVER => apiserver_pod(),
             NETWORK => network_pod(),
             SCHEDULER => scheduler_pod(),
+            BACKUP => backup_pod(),
             other => agent_pod(other, "pod-checkpointer:v1"),
         };
         self.kubelet
@@ -633,6 +649,28 @@ async fn seed_scenarios_checkpoint_reboot_without_api_then_deschedule() {
         1.0,
         "A: only self activated"
     );
+    assert_eq!(
+        daemonset.metric("refused_total").await,
+        1.0,
+        "A: the PVC pod is refused"
+    );
+    // A rotated Secret is followed (watched, not polled); nothing else is rewritten.
+    let self_written = identity_of(&world, &active(AGENT));
+    world
+        .api
+        .apply("secrets", NS, apiserver_secret("cm90YXRlZC1rZXk=")); // "rotated-key"
+    let key_file = format!("ck/checkpoint-secrets/{NS}/{APISERVER}/apiserver-certs/tls.key");
+    eventually("A: the rotated key on disk", || async {
+        std::fs::read_to_string(world.path(&key_file)).is_ok_and(|k| k == "rotated-key")
+    })
+    .await;
+    world.looked_twice("A: after the rotation").await;
+    world.assert_files("A: after the rotation", &checkpointed(AGENT));
+    assert_eq!(
+        identity_of(&world, &active(AGENT)),
+        self_written,
+        "A: self not rewritten"
+    );
 
     // B: reboot. Nothing runs, no API server (it is one of the checkpoints). The kubelet
     // starts the static copy from the self checkpoint; it takes the lock and starts the
@@ -736,10 +774,20 @@ async fn seed_scenarios_checkpoint_reboot_without_api_then_deschedule() {
     daemonset.stop().await.expect("SIGTERM exits 0");
 }
 
-/// A rolling update of the agent's own DaemonSet: the old pod is deleted (its copy
-/// stops, the static copy takes over), then a new pod with a new name and a new image
-/// appears. The self checkpoint follows the new pod; no self-GC.
-async fn rolling_update_of_the_agent(strategy: &str) {
+/// Which copy of the agent sees a rolling update of its DaemonSet through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rollout {
+    /// The old pod's copy stops when the pod is deleted (the usual order): the static
+    /// copy takes over and sees the new pod.
+    StaticCopy,
+    /// The old pod's copy sees its pod deleted and the new one created before it stops.
+    OldCopy,
+}
+
+/// A rolling update of the agent's own DaemonSet: the old pod is deleted, then a new
+/// pod with a new name and a new image appears. The self checkpoint follows the new
+/// pod; no self-GC; the copy that sees it through keeps running.
+async fn rolling_update_of_the_agent(strategy: &str, rollout: Rollout) {
     const NEW: &str = "pod-checkpointer-new";
     let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
     // Longer than the rollout: the old pod's absence must not count yet.
@@ -755,21 +803,27 @@ async fn rolling_update_of_the_agent(strategy: &str) {
         .expect_ready("the static copy on standby", 503, "standby")
         .await;
 
-    // The old pod is deleted and its copy stops: the static copy takes over and keeps the
-    // old self checkpoint while no new pod is there (the journal remembers the absence).
+    // The old pod is deleted. The active copy keeps the old self checkpoint while no new
+    // pod is there (the journal remembers the absence).
     assert!(world.api.delete("pods", NS, AGENT));
     world.kill(AGENT);
-    daemonset.stop().await.expect("SIGTERM exits 0");
-    static_copy
-        .expect_ready("the static copy takes over", 200, "ok")
-        .await;
-    static_copy.expect_api("synced").await;
+    let (active_copy, active_name, old_copy) = match rollout {
+        Rollout::StaticCopy => {
+            daemonset.stop().await.expect("SIGTERM exits 0");
+            static_copy
+                .expect_ready("the static copy takes over", 200, "ok")
+                .await;
+            (static_copy, AGENT_STATIC, None)
+        }
+        Rollout::OldCopy => (daemonset, AGENT, Some(static_copy)),
+    };
     let between = with(checkpointed(AGENT), &[JOURNAL.to_owned()]);
     world.expect_files("old pod gone, no new one yet", &between).await;
+    active_copy.expect_api("synced").await;
     world.looked_twice("between the pods").await;
     world.assert_files("old pod gone, no new one yet: kept", &between);
     assert_eq!(journal_absent(&world), [format!("{NS}/{AGENT}")]);
-    assert!(static_copy.is_running(), "no self-GC during a rollout");
+    assert!(active_copy.is_running(), "no self-GC during a rollout");
 
     // The new pod: same DaemonSet, new name, new image.
     world.api.apply("pods", NS, agent_pod(NEW, "pod-checkpointer:v2"));
@@ -784,18 +838,22 @@ async fn rolling_update_of_the_agent(strategy: &str) {
         "the new spec"
     );
     assert_eq!(journal_absent(&world), Vec::<String>::new());
-    assert_eq!(world.logs.removed_by(AGENT_STATIC), [format!("{NS}/{AGENT}")]);
+    assert_eq!(world.logs.removed_by(active_name), [format!("{NS}/{AGENT}")]);
     world.looked_twice("after the rollout").await;
     world.assert_files("after the rollout: stable", &rolled);
-    assert!(static_copy.is_running(), "no self-GC after a rollout");
+    assert!(active_copy.is_running(), "no self-GC after a rollout");
 
-    // The new DaemonSet copy waits for the lock.
+    // The old copies go (the kubelet stops what it no longer has a manifest or pod for);
+    // the new DaemonSet copy waits for the lock, then takes over and changes nothing.
     let new_daemonset = world.start_agent(NEW, &gc);
     new_daemonset
         .expect_ready("the new DaemonSet copy on standby", 503, "standby")
         .await;
     world.assert_files("standby changes nothing", &rolled);
-    static_copy.stop().await.expect("SIGTERM exits 0");
+    if let Some(old) = old_copy {
+        old.stop().await.expect("SIGTERM exits 0");
+    }
+    active_copy.stop().await.expect("SIGTERM exits 0");
     new_daemonset
         .expect_ready("the new DaemonSet copy takes over", 200, "ok")
         .await;
@@ -806,12 +864,14 @@ async fn rolling_update_of_the_agent(strategy: &str) {
 
 #[tokio::test]
 async fn rolling_update_of_the_agent_with_grace_period() {
-    rolling_update_of_the_agent("grace-period").await;
+    rolling_update_of_the_agent("grace-period", Rollout::StaticCopy).await;
+    rolling_update_of_the_agent("grace-period", Rollout::OldCopy).await;
 }
 
 #[tokio::test]
 async fn rolling_update_of_the_agent_with_owner_reference() {
-    rolling_update_of_the_agent("owner-reference").await;
+    rolling_update_of_the_agent("owner-reference", Rollout::StaticCopy).await;
+    rolling_update_of_the_agent("owner-reference", Rollout::OldCopy).await;
 }
 
 /// The API server flaps every second for 30 s (hung, up, refusing, up, …) while one
