@@ -612,9 +612,9 @@ fn journal_absent(world: &World) -> Vec<String> {
 // ---------------------------------------------------------------------------------------
 
 /// Seed scenarios A → B → C as one node's story: checkpoint; reboot without an API
-/// server; API back, descheduling, self-GC.
-#[tokio::test]
-async fn seed_scenarios_checkpoint_reboot_without_api_then_deschedule() {
+/// server (`down`: nothing listens, or the address answers nothing); API back,
+/// descheduling, self-GC.
+async fn seed_scenarios(down: Reply) {
     let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK, SCHEDULER]).await;
     let gc = ["--gc-strategy", "grace-period", "--checkpoint-grace-period", "2s"];
 
@@ -681,7 +681,7 @@ async fn seed_scenarios_checkpoint_reboot_without_api_then_deschedule() {
         &checkpointed(AGENT),
     );
     world.cri.clear();
-    world.api.set_outage(Reply::Refuse);
+    world.api.set_outage(down);
     let static_copy = world.start_agent(AGENT_STATIC, &gc);
     let booted = with(checkpointed(AGENT), &[active(APISERVER), active(NETWORK)]);
     world.expect_files("B: checkpoints activated", &booted).await;
@@ -772,6 +772,16 @@ async fn seed_scenarios_checkpoint_reboot_without_api_then_deschedule() {
     world.looked_twice("C: after self-GC").await;
     world.assert_files("C: no resurrection", &[ETCD.to_owned(), JOURNAL.to_owned()]);
     daemonset.stop().await.expect("SIGTERM exits 0");
+}
+
+#[tokio::test]
+async fn seed_scenarios_with_the_api_server_refusing_connections() {
+    seed_scenarios(Reply::Refuse).await;
+}
+
+#[tokio::test]
+async fn seed_scenarios_with_the_api_server_hung() {
+    seed_scenarios(Reply::Hang).await;
 }
 
 /// Which copy of the agent sees a rolling update of its DaemonSet through.
@@ -874,6 +884,53 @@ async fn rolling_update_of_the_agent_with_owner_reference() {
     rolling_update_of_the_agent("owner-reference", Rollout::OldCopy).await;
 }
 
+/// `owner-reference`: a parent's DaemonSet rolls it (new name, same owner). The old
+/// checkpoint goes as soon as the new one is written (never a moment without one), the
+/// new pod's Secret/ConfigMap data is written under its own name and the old pod's is
+/// removed with its checkpoint.
+#[tokio::test]
+async fn owner_reference_follows_a_rolled_parent() {
+    const NEW: &str = "kube-apiserver-new";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(AGENT, &["--gc-strategy", "owner-reference"]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+
+    assert!(world.api.delete("pods", NS, APISERVER));
+    world.kill(APISERVER);
+    agent.expect_api("synced").await;
+    world.looked_twice("the old pod gone").await;
+    world.assert_files(
+        "owner present, no new pod yet: kept (grace period)",
+        &with(checkpointed(AGENT), &[JOURNAL.to_owned()]),
+    );
+
+    let mut rolled_pod = apiserver_pod();
+    rolled_pod["metadata"]["name"] = json!(NEW);
+    rolled_pod["metadata"]["uid"] = json!(format!("uid-{NEW}"));
+    world.api.apply("pods", NS, rolled_pod);
+    world
+        .cri
+        .add_pod(NS, NEW, proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+    let rolled: Vec<String> = checkpointed(AGENT)
+        .into_iter()
+        .filter(|f| !f.contains(APISERVER))
+        .chain([
+            inactive(NEW),
+            format!("ck/checkpoint-secrets/{NS}/{NEW}/apiserver-certs/tls.key"),
+            format!("ck/checkpoint-configmaps/{NS}/{NEW}/apiserver-config/config.yaml"),
+            JOURNAL.to_owned(),
+        ])
+        .collect();
+    world
+        .expect_files("the new checkpoint supersedes the old", &rolled)
+        .await;
+    assert_eq!(journal_absent(&world), Vec::<String>::new());
+    assert_eq!(world.logs.removed_by(AGENT), [format!("{NS}/{APISERVER}")]);
+    world.looked_twice("after the rollout").await;
+    world.assert_files("after the rollout: stable", &rolled);
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 /// The API server flaps every second for 30 s (hung, up, refusing, up, …) while one
 /// parent runs and one crash-loops (listed, not running). With the harshest GC strategy:
 /// nothing is ever removed; the running parent's checkpoint never starts; the other is
@@ -938,6 +995,12 @@ async fn api_flapping_every_second_for_30s() {
     assert!(
         network_active == [false] || network_active == [false, true],
         "the crash-looping parent's checkpoint started at most once and stayed: {network_active:?}"
+    );
+    let network_started = network_active.last() == Some(&true);
+    assert_eq!(
+        agent.metric("activations_total").await,
+        if network_started { 2.0 } else { 1.0 },
+        "self, and the crash-looping parent's checkpoint only if it is up now"
     );
     assert_eq!(agent.metric_sum("removals_total").await, 0.0);
     assert_eq!(agent.metric("deactivations_total").await, 0.0);
