@@ -727,7 +727,7 @@ pub struct KubeletState {
     pub paths: Vec<String>,
 }
 
-/// A kubelet on 127.0.0.1:<random>, plain HTTP or TLS with the test certificate.
+/// A kubelet on `127.0.0.1:<random port>`, plain HTTP or TLS with the test certificate.
 pub struct FakeKubelet {
     /// `http://127.0.0.1:<port>` or `https://…`.
     pub url: String,
