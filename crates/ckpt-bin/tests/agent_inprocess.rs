@@ -5,8 +5,12 @@
 //!
 //! Every step asserts the files on disk (inactive checkpoints, the kubelet's manifests
 //! dir, Secret/ConfigMap data, the state journal). Nothing asserts a duration: steps wait
-//! for conditions with generous timeouts, and "nothing happened" is checked after the
+//! for conditions with generous timeouts (yet shorter than the agent's 30 s resync, so
+//! every reaction must follow from an event), and "nothing happened" is checked after the
 //! agent has provably looked (two runtime polls, or a pass in a given API state).
+//!
+//! The tests run on current-thread runtimes, so each test's agents log into its own
+//! capture (printed when the test fails); the order of removals is read from it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -259,16 +263,18 @@ impl World {
         self.root.path().join(rel)
     }
 
-    /// The pod runs on the node (in the CRI, and in the kubelet's `/pods`).
+    /// The pod runs on the node: in the CRI and, for the parents the API lists from the
+    /// start, in the kubelet's `/pods` (the CRI-off tests run only those).
     fn run(&self, name: &str) {
         self.cri
             .add_pod(NS, name, proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
         let pod = match name {
             APISERVER => apiserver_pod(),
+            AGENT => agent_pod(AGENT, "pod-checkpointer:v1"),
             NETWORK => network_pod(),
             SCHEDULER => scheduler_pod(),
             BACKUP => backup_pod(),
-            other => agent_pod(other, "pod-checkpointer:v1"),
+            _ => return,
         };
         self.kubelet
             .state
