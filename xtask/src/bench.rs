@@ -24,6 +24,7 @@ mod proxy;
 mod report;
 mod stats;
 mod timing;
+mod utc;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -121,6 +122,8 @@ impl Bench {
         let agent_bin = crate::project_root().join("target/release/pod-checkpointer");
         anyhow::ensure!(agent_bin.is_file(), "{} was not built", agent_bin.display());
 
+        // The agent as built now: the shared tree may change while the bench runs.
+        let commit = git_commit();
         let build_time = started.elapsed();
         let load_before = procfs::load_average();
         let plane = match &self.workdir {
@@ -152,7 +155,7 @@ impl Bench {
         let run = report::Run {
             started_at,
             command: command_line(),
-            commit: git_commit(),
+            commit,
             machine: procfs::machine(),
             load_before,
             load_after: procfs::load_average(),

@@ -2,6 +2,11 @@
 //! (`ControlPlane::audit_log`: JSON lines, `RequestReceived` omitted). A window is a byte range
 //! of the log: the API server writes each event with one `write`, so the length of the file
 //! taken before and after the window splits it at event boundaries.
+//!
+//! Watches are the exception: v1.20 writes a quiet watch's `ResponseStarted` event only when
+//! it ends, together with `ResponseComplete`. So watches are read from the log after the agent
+//! has stopped (which ends them), as spans from `requestReceivedTimestamp` to the end, and
+//! compared with the window's wall-clock bounds.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -16,8 +21,6 @@ use serde_json::{Value, json};
 pub(crate) struct ApiRequests {
     /// Resource requests other than watches, by verb (`get`, `list`, `create`, …).
     pub(crate) by_verb: BTreeMap<String, u64>,
-    /// Watches opened (counted at `ResponseStarted`; they stay open for minutes).
-    pub(crate) watches: u64,
     /// Health probes: `GET /readyz`, `/healthz`, `/livez` (non-resource URLs).
     pub(crate) probes: u64,
     /// Other non-resource requests (discovery, `/version`).
@@ -34,13 +37,11 @@ impl ApiRequests {
         let per_minute = |n: u64| n as f64 * 60.0 / window_secs;
         json!({
             "by_verb": self.by_verb,
-            "watches_opened": self.watches,
             "probes": self.probes,
             "other_non_resource": self.other,
             "requests_besides_watches_and_probes": self.resource_requests(),
             "per_minute": {
                 "besides_watches_and_probes": per_minute(self.resource_requests()),
-                "watches_opened": per_minute(self.watches),
                 "probes": per_minute(self.probes),
             },
         })
@@ -56,18 +57,21 @@ pub(crate) fn log_len(log: &Path) -> anyhow::Result<u64> {
 
 /// The requests of `user` whose events were written between the byte offsets `from` and `to`.
 pub(crate) fn requests_between(log: &Path, from: u64, to: u64, user: &str) -> anyhow::Result<ApiRequests> {
+    Ok(count_requests(&read_between(log, from, to)?, user))
+}
+
+fn read_between(log: &Path, from: u64, to: u64) -> anyhow::Result<String> {
     let mut file = File::open(log).with_context(|| format!("cannot open {}", log.display()))?;
     file.seek(SeekFrom::Start(from))?;
     let mut text = String::new();
     file.take(to.saturating_sub(from))
         .read_to_string(&mut text)
         .with_context(|| format!("cannot read {}", log.display()))?;
-    Ok(count_requests(&text, user))
+    Ok(text)
 }
 
-/// Counts the requests of `user` in audit-log lines: one `ResponseComplete` (or `Panic`) event
-/// per request, and for watches the `ResponseStarted` event (a watch that only ends in the
-/// window was opened before it). Lines that are not audit events are skipped.
+/// Counts the requests of `user` in audit-log lines, watches aside: one `ResponseComplete`
+/// (or `Panic`) event per request. Lines that are not audit events are skipped.
 pub(crate) fn count_requests(lines: &str, user: &str) -> ApiRequests {
     let mut requests = ApiRequests::default();
     for event in lines
@@ -80,7 +84,6 @@ pub(crate) fn count_requests(lines: &str, user: &str) -> ApiRequests {
         let stage = event["stage"].as_str().unwrap_or("");
         let verb = event["verb"].as_str().unwrap_or("");
         if verb == "watch" {
-            requests.watches += u64::from(stage == "ResponseStarted");
             continue;
         }
         if stage != "ResponseComplete" && stage != "Panic" {
@@ -101,6 +104,59 @@ pub(crate) fn count_requests(lines: &str, user: &str) -> ApiRequests {
     requests
 }
 
+/// One watch: the resource and when it was opened and ended (the audit log's timestamps,
+/// `2026-12-02T16:30:05.123456Z`, which compare as strings).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct WatchSpan {
+    pub(crate) resource: String,
+    pub(crate) opened: String,
+    pub(crate) ended: String,
+}
+
+/// The ended watches of `user` in audit-log lines.
+pub(crate) fn watch_spans(lines: &str, user: &str) -> Vec<WatchSpan> {
+    lines
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|e| e["user"]["username"] == user && e["verb"] == "watch")
+        .filter(|e| e["stage"] == "ResponseComplete" || e["stage"] == "Panic")
+        .map(|e| {
+            let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+            WatchSpan {
+                resource: text(&e["objectRef"]["resource"]),
+                opened: text(&e["requestReceivedTimestamp"]),
+                ended: text(&e["stageTimestamp"]),
+            }
+        })
+        .collect()
+}
+
+/// The watches of `user` whose events were written between the byte offsets `from` and `to`.
+pub(crate) fn watches_between(log: &Path, from: u64, to: u64, user: &str) -> anyhow::Result<Vec<WatchSpan>> {
+    Ok(watch_spans(&read_between(log, from, to)?, user))
+}
+
+/// What the watches did during the window `[start, end)` (audit-log timestamps).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct WatchesInWindow {
+    /// Opened inside the window: re-established watches.
+    pub(crate) opened: u64,
+    /// Open throughout the window, by resource.
+    pub(crate) held: BTreeMap<String, u64>,
+}
+
+pub(crate) fn watches_in_window(spans: &[WatchSpan], start: &str, end: &str) -> WatchesInWindow {
+    let mut window = WatchesInWindow::default();
+    for span in spans {
+        if span.opened.as_str() >= start && span.opened.as_str() < end {
+            window.opened += 1;
+        } else if span.opened.as_str() < start && span.ended.as_str() >= end {
+            *window.held.entry(span.resource.clone()).or_default() += 1;
+        }
+    }
+    window
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,14 +173,13 @@ mod tests {
         e.to_string()
     }
 
-    fn check(lines: &[String], expected: (&[(&str, u64)], u64, u64, u64)) {
+    fn check(lines: &[String], expected: (&[(&str, u64)], u64, u64)) {
         let got = count_requests(&lines.join("\n"), "pod-checkpointer");
         let by_verb: BTreeMap<String, u64> = expected.0.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect();
         let want = ApiRequests {
             by_verb,
-            watches: expected.1,
-            probes: expected.2,
-            other: expected.3,
+            probes: expected.1,
+            other: expected.2,
         };
         assert_eq!(got, want, "{lines:?}");
     }
@@ -132,7 +187,7 @@ mod tests {
     #[test]
     fn requests_are_split_into_verbs_watches_and_probes() {
         let agent = "pod-checkpointer";
-        check(&[], (&[], 0, 0, 0));
+        check(&[], (&[], 0, 0));
         check(
             &[
                 event(
@@ -193,7 +248,41 @@ mod tests {
                 ),
                 "garbage".to_owned(),
             ],
-            (&[("create", 1), ("get", 2), ("list", 1)], 1, 2, 1),
+            (&[("create", 1), ("get", 2), ("list", 1)], 2, 1),
+        );
+    }
+
+    fn watch(user: &str, resource: &str, stage: &str, opened: &str, ended: &str) -> String {
+        json!({
+            "kind": "Event", "stage": stage, "verb": "watch", "user": {"username": user},
+            "objectRef": {"resource": resource}, "requestURI": "/api/v1/pods?watch=true",
+            "requestReceivedTimestamp": opened, "stageTimestamp": ended,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn watches_are_spans_compared_with_the_window() {
+        let agent = "pod-checkpointer";
+        let t = |s: u32| format!("2026-12-02T16:{:02}:{:02}.000000Z", s / 60, s % 60);
+        let lines = [
+            watch(agent, "pods", "ResponseStarted", &t(0), &t(300)),
+            watch(agent, "pods", "ResponseComplete", &t(0), &t(300)),
+            watch(agent, "secrets", "ResponseComplete", &t(1), &t(300)),
+            // Re-established inside the window.
+            watch(agent, "pods", "ResponseComplete", &t(100), &t(300)),
+            // Ended inside the window: not held throughout.
+            watch(agent, "configmaps", "ResponseComplete", &t(1), &t(50)),
+            watch("admin", "pods", "ResponseComplete", &t(0), &t(300)),
+        ]
+        .join("\n");
+        let spans = watch_spans(&lines, agent);
+        assert_eq!(spans.len(), 4);
+        let window = watches_in_window(&spans, &t(10), &t(130));
+        assert_eq!(window.opened, 1);
+        assert_eq!(
+            window.held,
+            BTreeMap::from([("pods".to_owned(), 1), ("secrets".to_owned(), 1)])
         );
     }
 

@@ -16,11 +16,12 @@ use xtask::harness::interrupt;
 use xtask::harness::objects::PodBuilder;
 use xtask::harness::wait::{Probe, wait_for, waiting_on_error};
 
-use super::audit::{self, ApiRequests};
+use super::audit::{self, ApiRequests, WatchesInWindow};
 use super::procfs::{self, ProcSample};
 use super::proxy::CountingProxy;
 use super::stats::{PassHistogram, Samples, seconds};
 use super::timing::{self, watch};
+use super::utc::rfc3339_micros;
 use super::{CheckpointPaths, Env, count_files};
 
 /// How long one latency is waited for before the part fails.
@@ -55,6 +56,7 @@ pub(crate) struct Idle {
     pub(crate) after: ProcSample,
     pub(crate) cpu_seconds: f64,
     pub(crate) api: ApiRequests,
+    pub(crate) watches: WatchesInWindow,
     pub(crate) cri_calls: u64,
     pub(crate) kubelet_requests: u64,
     /// Checkpoint files (and the namespace's static pods) created, changed or removed.
@@ -299,6 +301,8 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
     config.runtime_endpoint = cri.endpoint.clone();
     config.kubelet_url = kubelet.endpoint.clone();
     env.say("agent with its own pod and one parent (a Secret and a ConfigMap), CRI and kubelet through counting proxies");
+    let audit_log = env.plane.audit_log();
+    let audit_before_agent = audit::log_len(&audit_log)?;
     let mut agent = env.start_agent(&config)?;
     let outcome = (|| {
         let paths = CheckpointPaths::of(&dirs, &ns, PARENT);
@@ -320,13 +324,12 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
         ));
         sleep(SETTLE);
 
-        let audit_log = env.plane.audit_log();
         let pid = agent.pid();
         let files_before = file_states(&dirs, &ns);
         let (audit_from, cri_from, kubelet_from) =
             (audit::log_len(&audit_log)?, cri.requests(), kubelet.requests());
         let before = procfs::sample(pid)?;
-        let started = Instant::now();
+        let (started, window_start) = (Instant::now(), SystemTime::now());
         let mut rss_kib = Vec::new();
         let mut next_progress = Duration::from_secs(30);
         while started.elapsed() < window {
@@ -348,11 +351,22 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
             sleep(next.saturating_sub(started.elapsed()).min(Duration::from_secs(1)));
         }
         let after = procfs::sample(pid)?;
-        let measured = started.elapsed();
+        let (measured, window_end) = (started.elapsed(), SystemTime::now());
         let (audit_to, cri_to, kubelet_to) =
             (audit::log_len(&audit_log)?, cri.requests(), kubelet.requests());
         let files_after = file_states(&dirs, &ns);
         agent.ensure_running()?;
+        // The API server logs a quiet watch only when it ends: stopping the agent ends them.
+        agent.stop()?;
+        sleep(Duration::from_secs(1));
+        let spans = audit::watches_between(
+            &audit_log,
+            audit_before_agent,
+            audit::log_len(&audit_log)?,
+            AGENT_USER,
+        )?;
+        let watches =
+            audit::watches_in_window(&spans, &rfc3339_micros(window_start), &rfc3339_micros(window_end));
 
         let ticks = procfs::clock_ticks_per_second() as f64;
         let idle = Idle {
@@ -362,6 +376,7 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
             after,
             cpu_seconds: (after.cpu_ticks - before.cpu_ticks) as f64 / ticks,
             api: audit::requests_between(&audit_log, audit_from, audit_to, AGENT_USER)?,
+            watches,
             cri_calls: cri_to - cri_from,
             kubelet_requests: kubelet_to - kubelet_from,
             files_changed: changed_files(&files_before, &files_after),

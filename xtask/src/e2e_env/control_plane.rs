@@ -512,6 +512,9 @@ impl ControlPlane {
         ];
         fs::write(self.workdir.join("tokens.csv"), render_tokens_csv(&identities))?;
         fs::write(self.workdir.join(AUDIT_POLICY_FILE), audit_policy(AGENT_USER))?;
+        // The API server creates its log with the first event and appends to an existing one:
+        // created here, its length is a window boundary from the start.
+        fs::write(self.audit_log(), "")?;
         let server = self.apiserver_url();
         let ca = self.ca_cert();
         let kubeconfigs = [self.kubeconfig(), self.node_kubeconfig(), self.agent_kubeconfig()];
