@@ -341,7 +341,7 @@ pub(crate) fn render(options: &ManifestOptions) -> Vec<Manifest> {
     for ns in &options.namespaces {
         objects.push(Manifest::Role(Role {
             metadata: namespaced_meta(NAME, ns),
-            rules: Some(namespace_rules()),
+            rules: Some(namespace_rules(ns == &options.namespace)),
         }));
         objects.push(Manifest::RoleBinding(RoleBinding {
             metadata: namespaced_meta(NAME, ns),
@@ -470,9 +470,9 @@ fn kubelet_api_rule(version: KubernetesVersion) -> PolicyRule {
     rule(&[""], &[subresource], &["get"])
 }
 
-/// What the agent does in each namespace it checkpoints:
-fn namespace_rules() -> Vec<PolicyRule> {
-    vec![
+/// What the agent does in each namespace it checkpoints (`own`: the namespace it runs in):
+fn namespace_rules(own: bool) -> Vec<PolicyRule> {
+    let mut rules = vec![
         // A watch of the pods on its node (field selector spec.nodeName): the parents.
         rule(&[""], &["pods"], &["get", "list", "watch"]),
         // The Secrets and ConfigMaps checkpointed pods mount, each watched by name so a
@@ -491,7 +491,16 @@ fn namespace_rules() -> Vec<PolicyRule> {
         ),
         rule(&["batch"], &["jobs"], &["get"]),
         rule(&[""], &["replicationcontrollers"], &["get"]),
-    ]
+    ];
+    if own {
+        // Tokens of its own service account only, for the kubeconfig it keeps for its
+        // static copy (which has no token of its own, and must still self-GC).
+        rules.push(PolicyRule {
+            resource_names: Some(vec![NAME.to_owned()]),
+            ..rule(&[""], &["serviceaccounts/token"], &["create"])
+        });
+    }
+    rules
 }
 
 fn daemonset(options: &ManifestOptions) -> DaemonSet {

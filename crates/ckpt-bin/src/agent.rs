@@ -23,6 +23,9 @@ use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
 use crate::config::{KubeconfigSource, RunSettings, error_chain};
+use crate::credentials::{
+    RETRY, ServerAccess, ServiceAccountRef, mint_token, refresh_after, render_kubeconfig,
+};
 use crate::error::{Error, Result};
 use crate::events::{EventKind, EventSink};
 use crate::executor::{Reporting, execute};
@@ -72,7 +75,7 @@ pub(crate) async fn run(
     // environment): it runs offline rather than leave the node without checkpoints.
     let api = match api {
         ApiSource::Client(client) => Some(Connect::Client(client)),
-        ApiSource::Kubeconfig => match load_kube_config(&settings.kubeconfig).await {
+        ApiSource::Kubeconfig => match load_api_config(&settings).await {
             Ok(config) => Some(Connect::Config(Box::new(config))),
             Err(e) if !settings.kubeconfig.is_explicit() => {
                 warn!(error = %e, "no API credentials: running offline, the API server counts as unreachable");
@@ -119,12 +122,19 @@ pub(crate) async fn run(
     let store = Store::open(settings.disk.layout())
         .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
     let mut agent = Agent::new(settings, store, health, policy)?;
-    if let Some(api) = api {
-        let client = match api {
-            Connect::Client(client) => client,
-            Connect::Config(config) => client_from(*config)?,
-        };
-        agent.link = Some(ApiLink::new(client, &agent.settings, &agent.allowed));
+    match api {
+        Some(Connect::Client(client)) => {
+            agent.link = Some(ApiLink::new(client, None, &agent.settings, &agent.allowed));
+        }
+        Some(Connect::Config(config)) => {
+            let server = server_access(&config);
+            let client = client_from(*config)?;
+            agent.link = Some(ApiLink::new(client, server, &agent.settings, &agent.allowed));
+        }
+        // The credentials the other copy keeps may have appeared while this one waited.
+        None => {
+            agent.reconnect().await;
+        }
     }
     agent.run(shutdown).await
 }
@@ -135,8 +145,40 @@ enum Connect {
     Config(Box<kube::Config>),
 }
 
+/// How a configuration reaches the API server, for the static copy's kubeconfig.
+fn server_access(config: &kube::Config) -> Option<ServerAccess> {
+    ServerAccess::of(config)
+        .inspect_err(|e| warn!(error = %error_chain(e), "cannot keep API credentials for the static copy"))
+        .ok()
+}
+
 fn client_from(config: kube::Config) -> Result<kube::Client> {
     kube::Client::try_from(config).map_err(|e| Error::runtime("cannot create the API client", e))
+}
+
+/// The API configuration to run with: the named or in-cluster one, and for a copy
+/// without either (the static copy) the kubeconfig the connected copy keeps for it.
+async fn load_api_config(settings: &RunSettings) -> Result<kube::Config> {
+    let primary = load_kube_config(&settings.kubeconfig).await;
+    let Err(primary_error) = primary else {
+        return primary;
+    };
+    if settings.kubeconfig.is_explicit() {
+        return Err(primary_error);
+    }
+    let kept = settings.disk.layout().credentials_path();
+    if !kept.exists() {
+        return Err(primary_error);
+    }
+    match load_kube_config(&KubeconfigSource::File(kept.clone())).await {
+        Ok(config) => {
+            info!(kubeconfig = %kept.display(), "using the API credentials kept for the static copy");
+            Ok(config)
+        }
+        Err(kept_error) => Err(Error::Usage(format!(
+            "{primary_error}; and the kept credentials: {kept_error}"
+        ))),
+    }
 }
 
 async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
@@ -187,10 +229,20 @@ struct ApiLink {
     objects: ObjectWatch,
     owners: OwnerLookup,
     events: EventSink,
+    client: kube::Client,
+    /// How this copy reaches the API server, for the static copy's kubeconfig.
+    server: Option<ServerAccess>,
 }
 
 impl ApiLink {
-    fn new(client: kube::Client, settings: &RunSettings, allowed: &NamespaceAllowList) -> Self {
+    /// `server`: how the client reaches the API server, when known (not for an injected
+    /// client); without it no credentials are kept for the static copy.
+    fn new(
+        client: kube::Client,
+        server: Option<ServerAccess>,
+        settings: &RunSettings,
+        allowed: &NamespaceAllowList,
+    ) -> Self {
         // The crate's defaults: a 500 ms probe with a 1 s timeout, unreachable after two
         // misses, so a hung server is detected within ~2 s.
         let api = ApiWatch::spawn(
@@ -200,8 +252,10 @@ impl ApiLink {
         Self {
             objects: ObjectWatch::new(client.clone(), api.notifier()),
             owners: OwnerLookup::new(client.clone(), REQUEST_TIMEOUT),
-            events: EventSink::new(client, &settings.node_name),
+            events: EventSink::new(client.clone(), &settings.node_name),
             api,
+            client,
+            server,
         }
     }
 }
@@ -227,6 +281,8 @@ struct Agent {
     /// Parents whose Secrets/ConfigMaps the agent may not read, with the logged reason.
     waiting_for_access: BTreeMap<PodId, String>,
     next_deadline: Option<Timestamp>,
+    /// When to mint the static copy's token again.
+    credentials_due: Instant,
 }
 
 impl Agent {
@@ -277,6 +333,7 @@ impl Agent {
             refusals: BTreeMap::new(),
             waiting_for_access: BTreeMap::new(),
             next_deadline: None,
+            credentials_due: Instant::now(),
         })
     }
 
@@ -289,20 +346,22 @@ impl Agent {
 
     /// While offline: tries the credentials again; true once connected.
     async fn reconnect(&mut self) -> bool {
-        match load_kube_config(&self.settings.kubeconfig).await {
-            Ok(config) => match client_from(config) {
-                Ok(client) => {
-                    info!("API credentials available: connecting to the API server");
-                    self.link = Some(ApiLink::new(client, &self.settings, &self.allowed));
-                    true
-                }
-                Err(e) => {
-                    debug!(error = %error_chain(&e), "still offline");
-                    false
-                }
-            },
+        let config = match load_api_config(&self.settings).await {
+            Ok(config) => config,
             Err(e) => {
                 debug!(error = %e, "still offline");
+                return false;
+            }
+        };
+        let server = server_access(&config);
+        match client_from(config) {
+            Ok(client) => {
+                info!("API credentials available: connecting to the API server");
+                self.link = Some(ApiLink::new(client, server, &self.settings, &self.allowed));
+                true
+            }
+            Err(e) => {
+                debug!(error = %error_chain(&e), "still offline");
                 false
             }
         }
@@ -330,6 +389,10 @@ impl Agent {
                 }
                 PassResult::Changed | PassResult::Settled => follow_ups = 0,
                 PassResult::SelfGcComplete => {
+                    // Nothing is left for a static copy to use them on.
+                    if let Err(e) = self.store.remove_credentials() {
+                        warn!(error = %error_chain(&e), "cannot remove the kept API credentials");
+                    }
                     info!("self-GC complete: every checkpoint removed, this one last; exiting");
                     return Ok(());
                 }
@@ -525,9 +588,13 @@ impl Agent {
             warn!("the local runtime is unavailable: treating what runs here as unknown");
         }
         self.last_local = Some(local);
-        Ok(if outcome.self_gc_complete {
-            PassResult::SelfGcComplete
-        } else if !plan.is_noop() && outcome.failures == 0 {
+        if outcome.self_gc_complete {
+            return Ok(PassResult::SelfGcComplete);
+        }
+        if snapshot.state == ApiState::Synced {
+            self.keep_credentials(&snapshot).await;
+        }
+        Ok(if !plan.is_noop() && outcome.failures == 0 {
             PassResult::Changed
         } else {
             PassResult::Settled
@@ -654,6 +721,59 @@ impl Agent {
         if owner.is_some() && owner != self.me.owner {
             info!(owner = ?owner, "recognised the agent's own controller");
             self.me.owner = owner;
+        }
+    }
+
+    /// Mints a token for the agent's own service account and keeps the static copy's
+    /// kubeconfig with it, hourly while the API is synced (see [`crate::credentials`]).
+    async fn keep_credentials(&mut self, snapshot: &ApiSnapshot) {
+        if Instant::now() < self.credentials_due {
+            return;
+        }
+        let Some(link) = &self.link else { return };
+        let Some(server) = &link.server else { return };
+        let own = self.me.parent_id();
+        let own_pod = snapshot.pods.get(&own).or_else(|| {
+            snapshot
+                .pods
+                .iter()
+                .find(|(id, pod)| self.me.is_self(id, ControllerOwner::of(pod).as_ref()))
+                .map(|(_, pod)| pod)
+        });
+        // Descheduled (or not created yet): keep what is stored, it is what self-GC needs.
+        let Some(account) = own_pod.and_then(|p| ServiceAccountRef::of(p)) else {
+            return;
+        };
+        let minted = tokio::time::timeout(REQUEST_TIMEOUT, mint_token(&link.client, &account))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::runtime(
+                    "cannot mint a token for the static copy",
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s"),
+                ))
+            });
+        let written = minted.and_then(|minted| {
+            let kubeconfig = render_kubeconfig(server, &account, &minted.token);
+            self.store
+                .write_credentials(&kubeconfig)
+                .map_err(|e| Error::runtime("cannot store the static copy's API credentials", e))?;
+            Ok(minted.lifetime)
+        });
+        match written {
+            Ok(lifetime) => {
+                let next = refresh_after(lifetime);
+                info!(
+                    service_account = %format!("{}/{}", account.namespace, account.name),
+                    lifetime_s = lifetime.map(|l| l.as_secs()),
+                    next_refresh_s = next.as_secs(),
+                    "kept fresh API credentials for the static copy"
+                );
+                self.credentials_due = Instant::now() + next;
+            }
+            Err(e) => {
+                warn!(error = %error_chain(&e), retry_s = RETRY.as_secs(), "the static copy's API credentials are not refreshed");
+                self.credentials_due = Instant::now() + RETRY;
+            }
         }
     }
 

@@ -83,6 +83,15 @@ pub(crate) fn drain(disk: &DiskSettings, force: bool) -> Result<Vec<String>> {
             ));
         }
     }
+    if store
+        .remove_credentials()
+        .map_err(|e| Error::runtime("cannot remove the kept API credentials", e))?
+    {
+        removed.push(format!(
+            "the static copy's API credentials ({})",
+            store.layout().credentials_path().display()
+        ));
+    }
     store
         .write_journal(&ckpt_core::PersistentState::default())
         .map_err(|e| Error::runtime("cannot reset the state journal", e))?;

@@ -13,6 +13,7 @@
 
 mod agent;
 pub mod config;
+mod credentials;
 mod drain;
 mod duration;
 mod error;

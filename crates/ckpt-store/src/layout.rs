@@ -13,6 +13,7 @@ use ckpt_core::{DataDir, DataKind, PodId};
 /// <checkpoint-dir>/checkpoint-configmaps/<ns>/<pod>/<configmap>/<key>
 /// <checkpoint-dir>/checkpoint-projected/<ns>/<pod>/<volume>/<path>
 /// <checkpoint-dir>/pod-checkpointer-state.json        the state journal
+/// <checkpoint-dir>/pod-checkpointer-kubeconfig        API credentials for the agent's static copy
 /// <checkpoint-dir>/checkpoint-quarantine/             files we could not read, kept for a human
 /// ```
 ///
@@ -41,6 +42,9 @@ impl Layout {
     pub const QUARANTINE_DIR_NAME: &'static str = "checkpoint-quarantine";
     /// The state journal, in the checkpoint dir.
     pub const JOURNAL_FILE_NAME: &'static str = "pod-checkpointer-state.json";
+
+    /// The kubeconfig the agent keeps for its own static copy, in the checkpoint dir.
+    pub const CREDENTIALS_FILE_NAME: &'static str = "pod-checkpointer-kubeconfig";
 
     /// A layout from the two configured directories.
     pub fn new(checkpoint_dir: impl Into<PathBuf>, manifests_dir: impl Into<PathBuf>) -> Self {
@@ -73,6 +77,11 @@ impl Layout {
     /// The state journal.
     pub fn journal_path(&self) -> PathBuf {
         self.checkpoint_dir.join(Self::JOURNAL_FILE_NAME)
+    }
+
+    /// The kubeconfig kept for the agent's static copy (see [`crate::Store::write_credentials`]).
+    pub fn credentials_path(&self) -> PathBuf {
+        self.checkpoint_dir.join(Self::CREDENTIALS_FILE_NAME)
     }
 
     /// The root directory of one kind of materialized data.

@@ -8,6 +8,7 @@
 //! - [`Store`]: [`Store::read_all`] → [`StoredCheckpoint`]s, [`Store::write_inactive`],
 //!   [`Store::activate`], [`Store::deactivate`], [`Store::remove`],
 //!   [`Store::read_journal`]/[`Store::write_journal`].
+//! - [`Store::write_credentials`]: the kubeconfig kept for the agent's static copy.
 //! - [`Error`]: one error type; a full disk or read-only filesystem is
 //!   [`Error::NoSpace`]/[`Error::ReadOnlyFilesystem`] and leaves the previous file intact.
 //!
@@ -80,6 +81,7 @@
 //! # }
 //! ```
 
+mod credentials;
 mod error;
 mod fsops;
 mod journal;

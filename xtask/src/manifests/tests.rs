@@ -325,12 +325,35 @@ fn rbac_is_least_privilege() {
                 .iter()
                 .filter(|v| !["get", "list", "watch"].contains(&v.as_str()))
                 .collect();
+            let own_token = resources == &["serviceaccounts/token"]
+                && rule.resource_names.as_deref() == Some(&[NAME.to_owned()][..])
+                && object.namespace() == Some("kube-system");
             assert!(
-                writes.is_empty() || resources == &["events"],
-                "only Events are written: {rule:?}"
+                writes.is_empty() || resources == &["events"] || own_token,
+                "only Events are written, and tokens of its own service account minted: {rule:?}"
             );
         }
     }
+}
+
+#[test]
+fn tokens_only_of_its_own_service_account_in_its_own_namespace() {
+    let mut options = default_options();
+    options.namespaces = vec!["kube-system".into(), "cni".into()];
+    let token_rules: Vec<(Option<&str>, &PolicyRule)> = render(&options)
+        .iter()
+        .filter_map(|object| match object {
+            Manifest::Role(r) => Some((object.namespace(), r.rules.as_ref()?)),
+            _ => None,
+        })
+        .flat_map(|(ns, rules)| rules.iter().map(move |r| (ns, r)))
+        .filter(|(_, r)| r.resources.iter().flatten().any(|res| res.contains("serviceaccounts")))
+        .collect();
+    assert_eq!(token_rules.len(), 1, "{token_rules:?}");
+    let (ns, rule) = token_rules[0];
+    assert_eq!(ns, Some("kube-system"));
+    assert_eq!(rule.verbs, ["create"]);
+    assert_eq!(rule.resource_names.as_deref(), Some(&[NAME.to_owned()][..]));
 }
 
 #[test]

@@ -1,0 +1,336 @@
+//! API credentials for the agent's own static copy.
+//!
+//! The static copy cannot use a service-account token: projected tokens are bound to the
+//! DaemonSet pod and are dropped from checkpoints (static pods may not reference API
+//! objects), and after a reboot there is no service environment either. Without
+//! credentials the static copy — which holds the lock after a reboot and whenever the
+//! DaemonSet copy is gone — could never checkpoint, garbage-collect or remove itself when
+//! the node is descheduled (DESIGN §3.5, seed scenario C).
+//!
+//! So whichever copy is connected mints a token for its own service account with the
+//! TokenRequest API and keeps a kubeconfig with it in the checkpoint dir (0600, see
+//! `ckpt_store::Store::write_credentials`). The token is not bound to the pod: a token
+//! bound to the DaemonSet pod stops validating exactly when that pod is deleted, which
+//! is when the static copy needs it to self-GC. It is refreshed every hour while the API
+//! is reachable, so the stored token outlives an outage of up to its lifetime (7 days
+//! asked; the API server may grant less, and then it is refreshed at half its lifetime).
+//! The copy started without a named kubeconfig falls back to this file.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::PostParams;
+use serde_json::json;
+
+use crate::error::{Error, Result};
+
+/// The token lifetime asked for: long enough to outlive a long outage.
+pub(crate) const TOKEN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often a connected copy mints a fresh token.
+pub(crate) const REFRESH: Duration = Duration::from_secs(3600);
+/// After a failed attempt (no permission yet, API hiccup), try again this soon.
+pub(crate) const RETRY: Duration = Duration::from_secs(300);
+
+/// Who the kept credentials are for: the agent's own service account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ServiceAccountRef {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+}
+
+impl ServiceAccountRef {
+    /// The service account a pod runs as (`default` when the spec names none).
+    pub(crate) fn of(pod: &Pod) -> Option<Self> {
+        let namespace = pod.metadata.namespace.clone()?;
+        let name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".to_owned());
+        Some(Self { namespace, name })
+    }
+}
+
+/// What the kubeconfig needs to say about the API server: how the agent reached it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ServerAccess {
+    pub(crate) url: String,
+    /// The CA bundle, PEM.
+    pub(crate) ca_pem: Option<Vec<u8>>,
+    pub(crate) insecure: bool,
+    pub(crate) tls_server_name: Option<String>,
+}
+
+impl ServerAccess {
+    /// From the configuration the agent is connected with. In a cluster the CA is the
+    /// service account's `ca.crt` (a file kube re-reads); otherwise the loaded roots.
+    pub(crate) fn of(config: &kube::Config) -> Result<Self> {
+        let ca_pem = match (&config.root_cert_file, &config.root_cert) {
+            (Some(path), _) => Some(std::fs::read(path).map_err(|e| {
+                Error::runtime(format!("cannot read the API server's CA {}", path.display()), e)
+            })?),
+            (None, Some(ders)) => Some(ders.iter().flat_map(|der| pem_certificate(der)).collect()),
+            (None, None) => None,
+        };
+        Ok(Self {
+            url: config.cluster_url.to_string().trim_end_matches('/').to_owned(),
+            ca_pem,
+            insecure: config.accept_invalid_certs,
+            tls_server_name: config.tls_server_name.clone(),
+        })
+    }
+}
+
+/// A DER certificate as PEM text.
+fn pem_certificate(der: &[u8]) -> Vec<u8> {
+    let encoded = BASE64.encode(der);
+    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in encoded.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+        pem.push('\n');
+    }
+    pem.push_str("-----END CERTIFICATE-----\n");
+    pem.into_bytes()
+}
+
+/// The kubeconfig the static copy reads: one cluster, one user with a bearer token.
+/// JSON, which every kubeconfig reader accepts as YAML; deterministic, so an unchanged
+/// token is not rewritten.
+pub(crate) fn render_kubeconfig(server: &ServerAccess, account: &ServiceAccountRef, token: &str) -> Vec<u8> {
+    let mut cluster = json!({ "server": server.url });
+    if let Some(ca) = &server.ca_pem {
+        cluster["certificate-authority-data"] = json!(BASE64.encode(ca));
+    }
+    if server.insecure {
+        cluster["insecure-skip-tls-verify"] = json!(true);
+    }
+    if let Some(name) = &server.tls_server_name {
+        cluster["tls-server-name"] = json!(name);
+    }
+    let user = format!("system:serviceaccount:{}:{}", account.namespace, account.name);
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": "api", "cluster": cluster }],
+        "users": [{ "name": user, "user": { "token": token } }],
+        "contexts": [{
+            "name": "pod-checkpointer",
+            "context": { "cluster": "api", "user": user, "namespace": account.namespace },
+        }],
+        "current-context": "pod-checkpointer",
+    });
+    let mut bytes = serde_json::to_vec_pretty(&config).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+/// A minted token and how long the API server says it is valid.
+pub(crate) struct MintedToken {
+    pub(crate) token: String,
+    pub(crate) lifetime: Option<Duration>,
+}
+
+/// Asks the API server for a token of `account` (TokenRequest, not bound to any object).
+pub(crate) async fn mint_token(client: &kube::Client, account: &ServiceAccountRef) -> Result<MintedToken> {
+    let api: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), &account.namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
+            bound_object_ref: None,
+        },
+        ..TokenRequest::default()
+    };
+    let answer = api
+        .create_token_request(&account.name, &PostParams::default(), &request)
+        .await
+        .map_err(|e| {
+            Error::runtime(
+                format!(
+                    "cannot mint a token for service account {}/{} (needs create on serviceaccounts/token)",
+                    account.namespace, account.name
+                ),
+                e,
+            )
+        })?;
+    let status = answer.status.ok_or_else(|| {
+        Error::runtime(
+            "the TokenRequest answer has no status",
+            std::io::Error::other("empty TokenRequest status"),
+        )
+    })?;
+    let lifetime = answer
+        .spec
+        .expiration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map(Duration::from_secs);
+    Ok(MintedToken {
+        token: status.token,
+        lifetime,
+    })
+}
+
+/// When to mint again after a token valid for `lifetime`: hourly, or at half the
+/// lifetime when the API server granted less than two hours.
+pub(crate) fn refresh_after(lifetime: Option<Duration>) -> Duration {
+    match lifetime {
+        Some(l) => REFRESH.min(l / 2),
+        None => REFRESH,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account() -> ServiceAccountRef {
+        ServiceAccountRef {
+            namespace: "kube-system".into(),
+            name: "pod-checkpointer".into(),
+        }
+    }
+
+    /// The rendered kubeconfig, read back the way the static copy reads it.
+    fn check(server: ServerAccess, expected: (&str, bool, Option<&str>, bool)) {
+        let bytes = render_kubeconfig(&server, &account(), "tok-123");
+        let text = String::from_utf8(bytes).expect("utf-8");
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).expect("a kubeconfig");
+        let cluster = kubeconfig.clusters[0].cluster.as_ref().expect("cluster");
+        let (url, insecure, tls_name, has_ca) = expected;
+        assert_eq!(cluster.server.as_deref(), Some(url), "{text}");
+        assert_eq!(
+            cluster.insecure_skip_tls_verify.unwrap_or(false),
+            insecure,
+            "{text}"
+        );
+        assert_eq!(cluster.tls_server_name.as_deref(), tls_name, "{text}");
+        assert_eq!(cluster.certificate_authority_data.is_some(), has_ca, "{text}");
+        assert!(
+            kubeconfig.auth_infos[0]
+                .auth_info
+                .as_ref()
+                .is_some_and(|u| u.token.is_some())
+        );
+        let raw: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(raw["users"][0]["user"]["token"], "tok-123", "{text}");
+        assert_eq!(kubeconfig.current_context.as_deref(), Some("pod-checkpointer"));
+        assert!(text.ends_with('\n'));
+        // Deterministic: the same token renders the same bytes (no rewrite).
+        assert_eq!(
+            render_kubeconfig(&server, &account(), "tok-123"),
+            text.into_bytes()
+        );
+    }
+
+    #[test]
+    fn kubeconfigs_read_back() {
+        let ca = pem_certificate(b"not really DER");
+        let cases = [
+            (
+                ServerAccess {
+                    url: "https://10.96.0.1".into(),
+                    ca_pem: Some(ca.clone()),
+                    insecure: false,
+                    tls_server_name: None,
+                },
+                ("https://10.96.0.1", false, None, true),
+            ),
+            (
+                ServerAccess {
+                    url: "https://192.0.2.10:6443".into(),
+                    ca_pem: Some(ca),
+                    insecure: false,
+                    tls_server_name: Some("kubernetes.default.svc".into()),
+                },
+                (
+                    "https://192.0.2.10:6443",
+                    false,
+                    Some("kubernetes.default.svc"),
+                    true,
+                ),
+            ),
+            (
+                ServerAccess {
+                    url: "https://127.0.0.1:6443".into(),
+                    ca_pem: None,
+                    insecure: true,
+                    tls_server_name: None,
+                },
+                ("https://127.0.0.1:6443", true, None, false),
+            ),
+        ];
+        for (server, expected) in cases {
+            check(server, expected);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_rendered_kubeconfig_loads_as_a_client_config() {
+        let server = ServerAccess {
+            url: "https://127.0.0.1:6443".into(),
+            ca_pem: None,
+            insecure: true,
+            tls_server_name: None,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("kubeconfig");
+        std::fs::write(&path, render_kubeconfig(&server, &account(), "tok")).unwrap();
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/");
+        assert_eq!(config.default_namespace, "kube-system");
+        assert!(config.accept_invalid_certs);
+    }
+
+    #[test]
+    fn pem_lines_are_64_characters() {
+        let pem = String::from_utf8(pem_certificate(&[7u8; 100])).unwrap();
+        let lines: Vec<&str> = pem.lines().collect();
+        assert_eq!(lines.first(), Some(&"-----BEGIN CERTIFICATE-----"));
+        assert_eq!(lines.last(), Some(&"-----END CERTIFICATE-----"));
+        assert!(lines[1..lines.len() - 1].iter().all(|l| l.len() <= 64));
+        assert_eq!(lines[1].len(), 64);
+    }
+
+    #[test]
+    fn refresh_schedule() {
+        let cases = [
+            (None, REFRESH),
+            (Some(TOKEN_LIFETIME), REFRESH),
+            (Some(Duration::from_secs(3600)), Duration::from_secs(1800)),
+            (Some(Duration::from_secs(600)), Duration::from_secs(300)),
+        ];
+        for (lifetime, expected) in cases {
+            assert_eq!(refresh_after(lifetime), expected, "{lifetime:?}");
+        }
+    }
+
+    #[test]
+    fn service_account_of_a_pod() {
+        let pod = |sa: Option<&str>| {
+            serde_json::from_value::<Pod>(json!({
+                "metadata": {"name": "pc", "namespace": "kube-system"},
+                "spec": {"containers": [], "serviceAccountName": sa},
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            ServiceAccountRef::of(&pod(Some("pod-checkpointer"))),
+            Some(account())
+        );
+        assert_eq!(
+            ServiceAccountRef::of(&pod(None)).map(|a| a.name),
+            Some("default".to_owned())
+        );
+        assert_eq!(
+            ServiceAccountRef::of(&pod(Some(""))).map(|a| a.name),
+            Some("default".to_owned())
+        );
+    }
+}
