@@ -126,7 +126,7 @@ impl Demo {
             node_name: NODE_NAME.into(),
             pod_name: me_name.clone(),
             pod_namespace: NAMESPACE.into(),
-            kubeconfig: plane.agent_kubeconfig(),
+            kubeconfig: Some(plane.agent_kubeconfig()),
             kubelet_url: plane.kubelet_url().unwrap_or_default(),
             runtime_endpoint: format!("unix://{CRI_SOCKET}"),
             dirs: dirs.clone(),

@@ -62,7 +62,9 @@ pub struct AgentConfig {
     /// The DaemonSet pod's name, or for the static copy `<name>-<node>`.
     pub pod_name: String,
     pub pod_namespace: String,
-    pub kubeconfig: PathBuf,
+    /// `None`: no `--kubeconfig` and no service environment, like the static copy after a
+    /// reboot (the agent then falls back to the credentials the connected copy kept).
+    pub kubeconfig: Option<PathBuf>,
     pub kubelet_url: String,
     pub runtime_endpoint: String,
     pub dirs: AgentDirs,
@@ -108,7 +110,6 @@ impl Agent {
             .arg(format!("--node-name={}", config.node_name))
             .arg(format!("--pod-name={}", config.pod_name))
             .arg(format!("--pod-namespace={}", config.pod_namespace))
-            .arg(format!("--kubeconfig={}", config.kubeconfig.display()))
             .arg(format!("--kubelet-url={}", config.kubelet_url))
             .arg(format!("--runtime-endpoint={}", config.runtime_endpoint))
             .arg(format!("--namespaces={}", config.namespaces.join(",")))
@@ -120,9 +121,15 @@ impl Agent {
         if let Some(grace) = &config.grace_period {
             command.arg(format!("--checkpoint-grace-period={grace}"));
         }
+        if let Some(kubeconfig) = &config.kubeconfig {
+            command.arg(format!("--kubeconfig={}", kubeconfig.display()));
+        }
         let child = command
             .env("RUST_LOG", log_filter)
             .env_remove("KUBECONFIG")
+            // Never in-cluster by accident: the suite runs the agent as a process.
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)

@@ -43,6 +43,13 @@ pub fn config_map(namespace: &str, name: &str, data: &[(&str, &str)]) -> Value {
 }
 
 /// A DaemonSet object; nothing turns it into pods here, it only owns the pods a test creates.
+pub fn service_account(namespace: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": { "name": name, "namespace": namespace },
+    })
+}
+
 pub fn daemon_set(namespace: &str, name: &str) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "DaemonSet",
@@ -96,6 +103,7 @@ pub struct PodBuilder {
     config_maps: Vec<String>,
     owner: Option<Owner>,
     labels: Vec<(String, String)>,
+    service_account: Option<String>,
 }
 
 impl PodBuilder {
@@ -111,6 +119,7 @@ impl PodBuilder {
             config_maps: Vec::new(),
             owner: None,
             labels: Vec::new(),
+            service_account: None,
         }
     }
 
@@ -145,6 +154,12 @@ impl PodBuilder {
         self
     }
 
+    /// Runs as ServiceAccount `name` (the suite's API server does not default it).
+    pub fn service_account(mut self, name: &str) -> PodBuilder {
+        self.service_account = Some(name.to_owned());
+        self
+    }
+
     pub fn label(mut self, key: &str, value: &str) -> PodBuilder {
         self.labels.push((key.to_owned(), value.to_owned()));
         self
@@ -176,7 +191,7 @@ impl PodBuilder {
                 "uid": owner.uid, "controller": true, "blockOwnerDeletion": true,
             }]);
         }
-        json!({
+        let mut pod = json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": metadata,
             "spec": {
@@ -185,7 +200,11 @@ impl PodBuilder {
                 "containers": [ { "name": "main", "image": IMAGE, "volumeMounts": mounts } ],
                 "volumes": volumes,
             },
-        })
+        });
+        if let Some(account) = &self.service_account {
+            pod["spec"]["serviceAccountName"] = json!(account);
+        }
+        pod
     }
 }
 

@@ -340,7 +340,8 @@ fn rbac_is_least_privilege() {
 fn tokens_only_of_its_own_service_account_in_its_own_namespace() {
     let mut options = default_options();
     options.namespaces = vec!["kube-system".into(), "cni".into()];
-    let token_rules: Vec<(Option<&str>, &PolicyRule)> = render(&options)
+    let objects = render(&options);
+    let token_rules: Vec<(Option<&str>, &PolicyRule)> = objects
         .iter()
         .filter_map(|object| match object {
             Manifest::Role(r) => Some((object.namespace(), r.rules.as_ref()?)),

@@ -63,6 +63,11 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         seed::c_self_gc,
     ),
     (
+        "seed_c_static_copy_uses_the_kept_credentials",
+        "seed-c-kept",
+        seed::c_static_copy_uses_the_kept_credentials,
+    ),
+    (
         "seed_c_static_copy_follows_the_daemonset_pod",
         "seed-c-rolled",
         seed::c_static_copy_follows_the_daemonset,

@@ -330,3 +330,74 @@ pub(crate) fn c_static_copy_follows_the_daemonset(ctx: &mut Scenario<'_>) -> any
     anyhow::ensure!(status.success(), "the static copy exited with {status}");
     Ok(())
 }
+
+/// C as deployed: the static copy has no service-account token (projected tokens are not
+/// checkpointed) and no kubeconfig. The DaemonSet copy keeps a kubeconfig with a token of its
+/// own ServiceAccount for it (TokenRequest, 0600); the static copy falls back to it, sees the
+/// descheduling with it, removes every checkpoint and the kept credentials, and exits 0.
+pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    ctx.step("create the checkpointer's pod (ServiceAccount pod-checkpointer) and an annotated parent");
+    let me = ctx.create_checkpointer_pod()?;
+    let parent = ctx.create_parent_with_data("kube-apiserver")?;
+    ctx.expect_api_pod_running(&parent.name)?;
+
+    ctx.step("C1 (the DaemonSet copy) checkpoints, and keeps a kubeconfig for the static copy (0600)");
+    let dirs = ctx.dirs("node")?;
+    let mut c1 = ctx.start_agent(&ctx.agent_config("c1", &me.name, &dirs))?;
+    c1.wait_ready()?;
+    ctx.expect_checkpoint(&dirs, &parent.name, "inactive")?;
+    ctx.expect_checkpoint(&dirs, &me.name, "active")?;
+    let kept = dirs.checkpoint_dir.join("pod-checkpointer-kubeconfig");
+    wait_for("the kept kubeconfig", DEFAULT_TIMEOUT, || {
+        c1.ensure_running()?;
+        Ok(if kept.exists() {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(format!("no {}", kept.display()))
+        })
+    })?;
+    let mode = fs::metadata(&kept)?.permissions().mode() & 0o777;
+    anyhow::ensure!(mode == 0o600, "{} has mode {mode:o}, expected 600", kept.display());
+    let text = fs::read_to_string(&kept)?;
+    anyhow::ensure!(
+        text.contains(&format!("system:serviceaccount:{}:pod-checkpointer", ctx.ns)),
+        "the kept kubeconfig is not for the checkpointer's ServiceAccount:\n{text}"
+    );
+
+    ctx.step("C1 stops; C2 (the static copy) starts without any kubeconfig and uses the kept one");
+    let status = c1.stop()?;
+    anyhow::ensure!(status.success(), "C1 exited with {status}");
+    let host_default = std::path::Path::new("/etc/kubernetes/kubeconfig");
+    anyhow::ensure!(
+        !host_default.exists(),
+        "{} exists on this machine: the agent would use it instead of the kept credentials",
+        host_default.display()
+    );
+    let mut c2_config = ctx.agent_config("c2-static", &me.static_name, &dirs);
+    c2_config.kubeconfig = None;
+    let mut c2 = ctx.start_agent(&c2_config)?;
+    c2.wait_ready()?;
+    let log = c2.log_text();
+    anyhow::ensure!(
+        log.contains("using the API credentials kept for the static copy"),
+        "C2 did not say it uses the kept credentials"
+    );
+
+    ctx.step("delete the checkpointer's own pod: C2 removes everything, the kept credentials too, and exits 0");
+    ctx.delete_pod(&me.name)?;
+    let status = c2.wait_exit(DEFAULT_TIMEOUT)?;
+    anyhow::ensure!(status.success(), "C2 exited with {status} after self-GC");
+    let inspect = ctx.inspect(&dirs)?;
+    anyhow::ensure!(
+        inspect.checkpoints.is_empty(),
+        "checkpoints left after self-GC: {}",
+        inspect.summary()
+    );
+    anyhow::ensure!(!kept.exists(), "{} is left after self-GC", kept.display());
+
+    ctx.step("the kubelet stops the static copy");
+    ctx.expect_kubelet_stopped(&me.static_name)?;
+    Ok(())
+}

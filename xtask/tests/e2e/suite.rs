@@ -19,7 +19,7 @@ use xtask::harness::interrupt;
 use xtask::harness::kubectl::{self, Kubectl};
 use xtask::harness::objects::{
     AGENT_USER, Owner, PodBuilder, cluster_role, config_map, daemon_set, deployed_agent_rules, namespace,
-    role_binding, rules_without, secret,
+    role_binding, rules_without, secret, service_account,
 };
 use xtask::harness::wait::{Probe, wait_for};
 
@@ -27,6 +27,8 @@ pub(crate) type ScenarioFn = fn(&mut Scenario<'_>) -> anyhow::Result<()>;
 
 /// The deploy manifests' Role as a ClusterRole, bound per namespace by RoleBindings.
 pub(crate) const AGENT_ROLE: &str = "pod-checkpointer";
+/// The checkpointer's DaemonSet and the ServiceAccount its pods run as.
+pub(crate) const CHECKPOINTER: &str = "pod-checkpointer";
 /// The same without `secrets`, for the RBAC scenario.
 pub(crate) const AGENT_ROLE_WITHOUT_SECRETS: &str = "pod-checkpointer-without-secrets";
 
@@ -282,7 +284,7 @@ impl<'s> Scenario<'s> {
             node_name: NODE_NAME.to_owned(),
             pod_name: pod_name.to_owned(),
             pod_namespace: self.ns.clone(),
-            kubeconfig: self.suite.plane.agent_kubeconfig(),
+            kubeconfig: Some(self.suite.plane.agent_kubeconfig()),
             kubelet_url: self.suite.kubelet_url.clone(),
             runtime_endpoint: format!("unix://{CRI_SOCKET}"),
             dirs: dirs.clone(),
@@ -322,6 +324,10 @@ impl<'s> Scenario<'s> {
         let mut pod = PodBuilder::new(&self.ns, &name, NODE_NAME)
             .owned_by(owner)
             .label("app", &owner.name);
+        if owner.name == CHECKPOINTER {
+            // Like the deployed DaemonSet's pods: the agent mints tokens of this account.
+            pod = pod.service_account(CHECKPOINTER);
+        }
         if checkpointed {
             pod = pod.checkpointed();
         }
@@ -336,7 +342,8 @@ impl<'s> Scenario<'s> {
     /// The checkpointer's own pod: a pod of DaemonSet `pod-checkpointer`, annotated so that it
     /// checkpoints itself.
     pub(crate) fn create_checkpointer_pod(&self) -> anyhow::Result<SelfPod> {
-        let (daemon_set, pod) = self.create_daemon_set_pod("pod-checkpointer", true)?;
+        self.create(&service_account(&self.ns, CHECKPOINTER))?;
+        let (daemon_set, pod) = self.create_daemon_set_pod(CHECKPOINTER, true)?;
         Ok(SelfPod {
             static_name: format!("{}-{NODE_NAME}", pod.name),
             name: pod.name,
