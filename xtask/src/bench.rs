@@ -352,7 +352,7 @@ impl Env {
             node_name: NODE_NAME.to_owned(),
             pod_name: self_pod.to_owned(),
             pod_namespace: ns.to_owned(),
-            kubeconfig: self.plane.agent_kubeconfig(),
+            kubeconfig: Some(self.plane.agent_kubeconfig()),
             kubelet_url: self.kubelet_url.clone(),
             runtime_endpoint: format!("unix://{CRI_SOCKET}"),
             dirs: dirs.clone(),
