@@ -262,13 +262,21 @@ pub fn rules_without(rules: &[Value], resource: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Grants `cluster_role` to `user` in `namespace` only.
+/// The ServiceAccount the checkpointer's pods run as, in each namespace that has them.
+pub const CHECKPOINTER_SERVICE_ACCOUNT: &str = "pod-checkpointer";
+
+/// Grants `cluster_role` in `namespace` only to `user` and, as the deployed RoleBinding
+/// does, to the namespace's ServiceAccount [`CHECKPOINTER_SERVICE_ACCOUNT`] (the static copy
+/// authenticates as it with the token the connected copy keeps).
 pub fn role_binding(namespace: &str, name: &str, cluster_role: &str, user: &str) -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": { "name": name, "namespace": namespace },
         "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role },
-        "subjects": [ { "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user } ],
+        "subjects": [
+            { "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user },
+            { "kind": "ServiceAccount", "name": CHECKPOINTER_SERVICE_ACCOUNT, "namespace": namespace },
+        ],
     })
 }
 

@@ -348,7 +348,12 @@ fn tokens_only_of_its_own_service_account_in_its_own_namespace() {
             _ => None,
         })
         .flat_map(|(ns, rules)| rules.iter().map(move |r| (ns, r)))
-        .filter(|(_, r)| r.resources.iter().flatten().any(|res| res.contains("serviceaccounts")))
+        .filter(|(_, r)| {
+            r.resources
+                .iter()
+                .flatten()
+                .any(|res| res.contains("serviceaccounts"))
+        })
         .collect();
     assert_eq!(token_rules.len(), 1, "{token_rules:?}");
     let (ns, rule) = token_rules[0];

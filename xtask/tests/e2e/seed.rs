@@ -359,7 +359,11 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
         })
     })?;
     let mode = fs::metadata(&kept)?.permissions().mode() & 0o777;
-    anyhow::ensure!(mode == 0o600, "{} has mode {mode:o}, expected 600", kept.display());
+    anyhow::ensure!(
+        mode == 0o600,
+        "{} has mode {mode:o}, expected 600",
+        kept.display()
+    );
     let text = fs::read_to_string(&kept)?;
     anyhow::ensure!(
         text.contains(&format!("system:serviceaccount:{}:pod-checkpointer", ctx.ns)),
@@ -377,6 +381,7 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
     );
     let mut c2_config = ctx.agent_config("c2-static", &me.static_name, &dirs);
     c2_config.kubeconfig = None;
+    c2_config.grace_period = Some("2s".into());
     let mut c2 = ctx.start_agent(&c2_config)?;
     c2.wait_ready()?;
     let log = c2.log_text();
@@ -385,7 +390,9 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
         "C2 did not say it uses the kept credentials"
     );
 
-    ctx.step("delete the checkpointer's own pod: C2 removes everything, the kept credentials too, and exits 0");
+    ctx.step(
+        "delete the checkpointer's own pod: C2 removes everything, the kept credentials too, and exits 0",
+    );
     ctx.delete_pod(&me.name)?;
     let status = c2.wait_exit(DEFAULT_TIMEOUT)?;
     anyhow::ensure!(status.success(), "C2 exited with {status} after self-GC");

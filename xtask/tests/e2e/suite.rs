@@ -18,8 +18,8 @@ use xtask::harness::expect::Expect;
 use xtask::harness::interrupt;
 use xtask::harness::kubectl::{self, Kubectl};
 use xtask::harness::objects::{
-    AGENT_USER, Owner, PodBuilder, cluster_role, config_map, daemon_set, deployed_agent_rules, namespace,
-    role_binding, rules_without, secret, service_account,
+    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, cluster_role, config_map, daemon_set,
+    deployed_agent_rules, namespace, role_binding, rules_without, secret, service_account,
 };
 use xtask::harness::wait::{Probe, wait_for};
 
@@ -28,7 +28,7 @@ pub(crate) type ScenarioFn = fn(&mut Scenario<'_>) -> anyhow::Result<()>;
 /// The deploy manifests' Role as a ClusterRole, bound per namespace by RoleBindings.
 pub(crate) const AGENT_ROLE: &str = "pod-checkpointer";
 /// The checkpointer's DaemonSet and the ServiceAccount its pods run as.
-pub(crate) const CHECKPOINTER: &str = "pod-checkpointer";
+pub(crate) const CHECKPOINTER: &str = CHECKPOINTER_SERVICE_ACCOUNT;
 /// The same without `secrets`, for the RBAC scenario.
 pub(crate) const AGENT_ROLE_WITHOUT_SECRETS: &str = "pod-checkpointer-without-secrets";
 
