@@ -77,7 +77,10 @@ mod tests {
         symlink(&outside, store.layout().credentials_path()).unwrap();
         assert!(store.write_credentials(b"token").unwrap());
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
-        assert_eq!(std::fs::read(store.layout().credentials_path()).unwrap(), b"token");
+        assert_eq!(
+            std::fs::read(store.layout().credentials_path()).unwrap(),
+            b"token"
+        );
     }
 
     #[test]
