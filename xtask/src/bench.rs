@@ -47,6 +47,7 @@ use xtask::harness::objects::{
 
 /// Measure latency, footprint and API load of the release agent against the real control
 /// plane and hollow kubelet; writes target/bench/e2e-<timestamp>.{json,md}.
+/// POD_CHECKPOINTER_BIN=PATH measures that build of the agent instead of building one.
 #[derive(clap::Args)]
 pub(crate) struct Bench {
     /// Repetitions of each latency measurement.
@@ -118,8 +119,17 @@ impl Bench {
             .collect();
         eprintln!("[bench] building the control plane's binaries (cached) and the release agent");
         let bins = e2e_env::ensure_built()?;
-        crate::run("cargo", &["build", "-p", "ckpt-bin", "--release"])?;
-        let agent_bin = crate::project_root().join("target/release/pod-checkpointer");
+        let agent_bin = match std::env::var_os("POD_CHECKPOINTER_BIN").filter(|p| !p.is_empty()) {
+            // Another build of the agent (a profile or runtime variant) measured the same way.
+            Some(path) => PathBuf::from(path),
+            None => {
+                crate::run("cargo", &["build", "-p", "ckpt-bin", "--release"])?;
+                let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+                    .filter(|d| !d.is_empty())
+                    .map_or_else(|| crate::project_root().join("target"), PathBuf::from);
+                target_dir.join("release/pod-checkpointer")
+            }
+        };
         anyhow::ensure!(agent_bin.is_file(), "{} was not built", agent_bin.display());
 
         // The agent as built now: the shared tree may change while the bench runs.

@@ -543,6 +543,7 @@ impl Agent {
                     parent_uids: &parent_uids,
                 },
             )
+            .await
         };
         if plan.state != self.state {
             match self.store.write_journal(&plan.state) {

@@ -42,7 +42,10 @@ impl Reporting<'_> {
     }
 }
 
-pub(crate) fn execute(
+/// Runs the plan's actions in order. Each action is synchronous file work (fsyncs): the
+/// agent yields after every one, so that on a single-threaded runtime a pass that writes
+/// hundreds of checkpoints never starves the health endpoints or the API probe.
+pub(crate) async fn execute(
     store: &Store,
     plan: &Plan,
     checkpoints: &BTreeMap<PodId, Checkpoint>,
@@ -69,6 +72,7 @@ pub(crate) fn execute(
             Ok(_) => {}
             Err(e) => fail("writing the checkpoint", id, &e),
         }
+        tokio::task::yield_now().await;
     }
     for id in &plan.stops {
         match store.deactivate(id) {
@@ -84,6 +88,7 @@ pub(crate) fn execute(
             Ok(false) => {}
             Err(e) => fail("deactivating", id, &e),
         }
+        tokio::task::yield_now().await;
     }
     for id in &plan.starts {
         match store.activate(id) {
@@ -99,6 +104,7 @@ pub(crate) fn execute(
             Ok(false) => {}
             Err(e) => fail("activating", id, &e),
         }
+        tokio::task::yield_now().await;
     }
     let mut removes_ok = true;
     for removal in &plan.removes {
@@ -131,6 +137,7 @@ pub(crate) fn execute(
                 }
             }
         }
+        tokio::task::yield_now().await;
     }
     outcome.self_gc_complete = plan.self_gc && removes_ok;
     outcome
