@@ -21,10 +21,10 @@ use xtask::harness::cri::CriClient;
 use xtask::harness::expect::Expect;
 use xtask::harness::kubectl::{self, Kubectl};
 use xtask::harness::objects::{
-    AGENT_USER, CHECKPOINT_ANNOTATION, Owner, PodBuilder, cluster_role, config_map, daemon_set,
-    deployed_agent_rules, role_binding, secret,
+    AGENT_USER, CHECKPOINT_ANNOTATION, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, cluster_role,
+    config_map, daemon_set, deployed_agent_rules, role_binding, secret, service_account,
 };
-use xtask::harness::wait::DEFAULT_TIMEOUT;
+use xtask::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 use xtask::harness::{agent_binary, files_under, interrupt};
 
 /// A narrated run of pod-checkpointer against a local control plane.
@@ -89,6 +89,7 @@ impl Demo {
         say.line(&format!(
             "creating the checkpointer's own DaemonSet pod, and {NAMESPACE}/{PARENT} (annotation {CHECKPOINT_ANNOTATION}=true, restartPolicy Never) mounting Secret {PARENT}-certs and ConfigMap {PARENT}-config"
         ));
+        kubectl.create(&service_account(NAMESPACE, CHECKPOINTER_SERVICE_ACCOUNT))?;
         let ds = kubectl.create(&daemon_set(NAMESPACE, "pod-checkpointer"))?;
         let me_name = format!("pod-checkpointer-{}", random_hex(3)?);
         kubectl.create(
@@ -96,6 +97,7 @@ impl Demo {
                 .checkpointed()
                 .owned_by(&Owner::of(&ds)?)
                 .label("app", "pod-checkpointer")
+                .service_account(CHECKPOINTER_SERVICE_ACCOUNT)
                 .build(),
         )?;
         kubectl.create(&secret(
@@ -162,6 +164,18 @@ impl Demo {
         say.line(&format!(
             "the checkpointer checkpointed itself too: its static copy is always active in {} and the kubelet runs it as {NAMESPACE}/{me_static}",
             static_pods.display()
+        ));
+        let kept = dirs.checkpoint_dir.join("pod-checkpointer-kubeconfig");
+        wait_for("the static copy's kubeconfig", DEFAULT_TIMEOUT, || {
+            Ok(if kept.is_file() {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(format!("no {}", kept.display()))
+            })
+        })?;
+        say.line(&format!(
+            "and it keeps API credentials for that static copy, which has no service-account token: {} (0600; a token of ServiceAccount {NAMESPACE}/{CHECKPOINTER_SERVICE_ACCOUNT}, refreshed hourly)",
+            kept.display()
         ));
 
         // 2. API server and parent gone.
