@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64_URL};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::PostParams;
@@ -126,6 +126,17 @@ pub(crate) fn render_kubeconfig(server: &ServerAccess, account: &ServiceAccountR
     let mut bytes = serde_json::to_vec_pretty(&config).unwrap_or_default();
     bytes.push(b'\n');
     bytes
+}
+
+/// When the bearer token in a kept kubeconfig expires (its JWT `exp`, Unix seconds), for
+/// `inspect`. `None` for anything else: another kind of kubeconfig, a token that is not a
+/// JWT, a file that is not what this agent writes.
+pub(crate) fn token_expiry(kubeconfig: &[u8]) -> Option<i64> {
+    let config: serde_json::Value = serde_json::from_slice(kubeconfig).ok()?;
+    let token = config["users"][0]["user"]["token"].as_str()?;
+    let payload = token.split('.').nth(1)?;
+    let claims: serde_json::Value = serde_json::from_slice(&BASE64_URL.decode(payload).ok()?).ok()?;
+    claims["exp"].as_i64()
 }
 
 /// A minted token and how long the API server says it is valid.
@@ -296,6 +307,46 @@ mod tests {
         assert_eq!(lines.last(), Some(&"-----END CERTIFICATE-----"));
         assert!(lines[1..lines.len() - 1].iter().all(|l| l.len() <= 64));
         assert_eq!(lines[1].len(), 64);
+    }
+
+    #[test]
+    fn token_expiry_of_kept_kubeconfigs() {
+        let jwt = |claims: &str| {
+            format!(
+                "{}.{}.signature",
+                BASE64_URL.encode(r#"{"alg":"RS256"}"#),
+                BASE64_URL.encode(claims)
+            )
+        };
+        let server = ServerAccess {
+            url: "https://127.0.0.1:6443".into(),
+            ca_pem: None,
+            insecure: true,
+            tls_server_name: None,
+        };
+        let kept = |token: &str| render_kubeconfig(&server, &account(), token);
+        let cases: [(Vec<u8>, Option<i64>); 6] = [
+            (kept(&jwt(r#"{"exp":1767225600,"sub":"x"}"#)), Some(1_767_225_600)),
+            (kept(&jwt(r#"{"sub":"no expiry"}"#)), None),
+            (kept("not-a-jwt"), None),
+            (kept(&format!("a.{}.c", "!!!")), None),
+            (
+                b"apiVersion: v1
+kind: Config
+"
+                .to_vec(),
+                None,
+            ),
+            (Vec::new(), None),
+        ];
+        for (bytes, expected) in cases {
+            assert_eq!(
+                token_expiry(&bytes),
+                expected,
+                "{}",
+                String::from_utf8_lossy(&bytes)
+            );
+        }
     }
 
     #[test]

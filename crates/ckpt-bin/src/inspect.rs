@@ -35,6 +35,19 @@ pub(crate) struct InspectReport {
     pub(crate) lock_holder: Option<String>,
     pub(crate) checkpoints: Vec<CheckpointReport>,
     pub(crate) runs_after_reboot: Vec<String>,
+    /// The kubeconfig kept for the agent's static copy; `None` when there is none (the
+    /// static copy then runs offline unless it is given a kubeconfig).
+    pub(crate) static_copy_credentials: Option<CredentialsReport>,
+}
+
+/// The kept kubeconfig: whether the static copy will still reach the API server.
+#[derive(Debug, Serialize)]
+pub(crate) struct CredentialsReport {
+    pub(crate) path: String,
+    pub(crate) written_at: Option<String>,
+    /// When its token expires, if it can be read (a JWT's `exp`).
+    pub(crate) token_expires_at: Option<String>,
+    pub(crate) token_expired: Option<bool>,
 }
 
 pub(crate) fn report(disk: &DiskSettings, now: Timestamp) -> Result<InspectReport> {
@@ -61,6 +74,29 @@ pub(crate) fn report(disk: &DiskSettings, now: Timestamp) -> Result<InspectRepor
         lock_holder,
         checkpoints,
         runs_after_reboot,
+        static_copy_credentials: credentials_report(&store.layout().credentials_path(), now),
+    })
+}
+
+fn credentials_report(path: &Path, now: Timestamp) -> Option<CredentialsReport> {
+    // symlink_metadata: a planted link is reported, never followed.
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    let bytes = if meta.is_file() {
+        std::fs::read(path).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let written_at = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| Timestamp(d.as_millis() as i64).to_rfc3339());
+    let expiry = crate::credentials::token_expiry(&bytes).map(|secs| Timestamp(secs.saturating_mul(1000)));
+    Some(CredentialsReport {
+        path: path.display().to_string(),
+        written_at,
+        token_expires_at: expiry.map(|t| t.to_rfc3339()),
+        token_expired: expiry.map(|t| t <= now),
     })
 }
 
@@ -168,6 +204,22 @@ fn render_table(report: &InspectReport) -> String {
     out.push_str(&format!(
         "Lock: {}\n",
         report.lock_holder.as_deref().unwrap_or("no holder recorded")
+    ));
+    out.push_str(&format!(
+        "Static copy's API credentials: {}\n",
+        match &report.static_copy_credentials {
+            None => "none kept (the static copy runs offline unless given a kubeconfig)".to_owned(),
+            Some(c) => format!(
+                "{} (written {}; token {})",
+                c.path,
+                c.written_at.as_deref().unwrap_or("at an unknown time"),
+                match (&c.token_expires_at, c.token_expired) {
+                    (Some(at), Some(true)) => format!("EXPIRED at {at}"),
+                    (Some(at), _) => format!("valid until {at}"),
+                    _ => "expiry unknown".to_owned(),
+                }
+            ),
+        }
     ));
     out
 }

@@ -196,11 +196,44 @@ fn inspect_reports_states_and_what_runs_after_a_reboot() {
         report["runs_after_reboot"],
         serde_json::json!(["kube-system/kube-apiserver-abc"])
     );
+    assert_eq!(report["static_copy_credentials"], serde_json::Value::Null);
     let mut args = vec!["inspect".to_owned()];
     args.extend(disk_args(dir.path()));
     let table = text(&bin().args(&args).output().expect("runs").stdout);
     assert!(
         table.contains("After a reboot right now the kubelet would start: kube-system/kube-apiserver-abc"),
+        "{table}"
+    );
+    assert!(
+        table.contains("Static copy's API credentials: none kept"),
+        "{table}"
+    );
+}
+
+#[test]
+fn inspect_reports_the_static_copys_credentials_and_their_expiry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    seed_checkpoint(dir.path(), "kube-apiserver-abc", true);
+    // A kept kubeconfig whose token (a JWT; unsigned here) expired at 2001-09-09T01:46:40.000Z.
+    let claims = "eyJleHAiOjEwMDAwMDAwMDB9"; // {"exp":1000000000}
+    let kept =
+        format!(r#"{{"users":[{{"name":"u","user":{{"token":"eyJhbGciOiJSUzI1NiJ9.{claims}.sig"}}}}]}}"#);
+    let path = dir.path().join("ck/pod-checkpointer-kubeconfig");
+    std::fs::write(&path, kept).expect("write");
+    let mut args = vec!["inspect".to_owned(), "-o".into(), "json".into()];
+    args.extend(disk_args(dir.path()));
+    let out = bin().args(&args).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let credentials = &report["static_copy_credentials"];
+    assert_eq!(credentials["path"], path.display().to_string());
+    assert_eq!(credentials["token_expires_at"], "2001-09-09T01:46:40.000Z");
+    assert_eq!(credentials["token_expired"], true);
+    let mut args = vec!["inspect".to_owned()];
+    args.extend(disk_args(dir.path()));
+    let table = text(&bin().args(&args).output().expect("runs").stdout);
+    assert!(
+        table.contains("token EXPIRED at 2001-09-09T01:46:40.000Z"),
         "{table}"
     );
 }
