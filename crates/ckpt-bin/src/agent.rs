@@ -754,9 +754,10 @@ impl Agent {
                 ))
             });
         let written = minted.and_then(|minted| {
-            let kubeconfig = render_kubeconfig(server, &account, &minted.token);
+            let token_file = self.store.layout().credentials_token_path();
+            let kubeconfig = render_kubeconfig(server, &account, &token_file);
             self.store
-                .write_credentials(&kubeconfig)
+                .write_credentials(&kubeconfig, minted.token.as_bytes())
                 .map_err(|e| Error::runtime("cannot store the static copy's API credentials", e))?;
             Ok(minted.lifetime)
         });

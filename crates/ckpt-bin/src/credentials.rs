@@ -8,14 +8,17 @@
 //! the node is descheduled (DESIGN §3.5, seed scenario C).
 //!
 //! So whichever copy is connected mints a token for its own service account with the
-//! TokenRequest API and keeps a kubeconfig with it in the checkpoint dir (0600, see
-//! `ckpt_store::Store::write_credentials`). The token is not bound to the pod: a token
+//! TokenRequest API and keeps it in the checkpoint dir with a kubeconfig that names it as
+//! its `tokenFile` (both 0600, see `ckpt_store::Store::write_credentials`); kube clients
+//! re-read a token file every minute, so a static copy that runs for weeks keeps using
+//! the token its own refreshes write. The token is not bound to the pod: a token
 //! bound to the DaemonSet pod stops validating exactly when that pod is deleted, which
 //! is when the static copy needs it to self-GC. It is refreshed every hour while the API
 //! is reachable, so the stored token outlives an outage of up to its lifetime (7 days
 //! asked; the API server may grant less, and then it is refreshed at half its lifetime).
 //! The copy started without a named kubeconfig falls back to this file.
 
+use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -97,10 +100,15 @@ fn pem_certificate(der: &[u8]) -> Vec<u8> {
     pem.into_bytes()
 }
 
-/// The kubeconfig the static copy reads: one cluster, one user with a bearer token.
-/// JSON, which every kubeconfig reader accepts as YAML; deterministic, so an unchanged
-/// token is not rewritten.
-pub(crate) fn render_kubeconfig(server: &ServerAccess, account: &ServiceAccountRef, token: &str) -> Vec<u8> {
+/// The kubeconfig the static copy reads: one cluster, one user whose bearer token is in
+/// `token_file` (kube clients re-read it every minute, so a long-running static copy uses
+/// each refreshed token). JSON, which every kubeconfig reader accepts as YAML;
+/// deterministic, so it is rewritten only when the server or its CA change.
+pub(crate) fn render_kubeconfig(
+    server: &ServerAccess,
+    account: &ServiceAccountRef,
+    token_file: &Path,
+) -> Vec<u8> {
     let mut cluster = json!({ "server": server.url });
     if let Some(ca) = &server.ca_pem {
         cluster["certificate-authority-data"] = json!(BASE64.encode(ca));
@@ -116,7 +124,7 @@ pub(crate) fn render_kubeconfig(server: &ServerAccess, account: &ServiceAccountR
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{ "name": "api", "cluster": cluster }],
-        "users": [{ "name": user, "user": { "token": token } }],
+        "users": [{ "name": user, "user": { "tokenFile": token_file.display().to_string() } }],
         "contexts": [{
             "name": "pod-checkpointer",
             "context": { "cluster": "api", "user": user, "namespace": account.namespace },
@@ -128,12 +136,10 @@ pub(crate) fn render_kubeconfig(server: &ServerAccess, account: &ServiceAccountR
     bytes
 }
 
-/// When the bearer token in a kept kubeconfig expires (its JWT `exp`, Unix seconds), for
-/// `inspect`. `None` for anything else: another kind of kubeconfig, a token that is not a
-/// JWT, a file that is not what this agent writes.
-pub(crate) fn token_expiry(kubeconfig: &[u8]) -> Option<i64> {
-    let config: serde_json::Value = serde_json::from_slice(kubeconfig).ok()?;
-    let token = config["users"][0]["user"]["token"].as_str()?;
+/// When a kept token expires (its JWT `exp`, Unix seconds), for `inspect`. `None` for
+/// anything else: a token that is not a JWT, a file that is not what this agent writes.
+pub(crate) fn token_expiry(token: &[u8]) -> Option<i64> {
+    let token = std::str::from_utf8(token).ok()?.trim();
     let payload = token.split('.').nth(1)?;
     let claims: serde_json::Value = serde_json::from_slice(&BASE64_URL.decode(payload).ok()?).ok()?;
     claims["exp"].as_i64()
@@ -205,9 +211,11 @@ mod tests {
         }
     }
 
+    const TOKEN_FILE: &str = "/etc/kubernetes/pod-checkpointer-token";
+
     /// The rendered kubeconfig, read back the way the static copy reads it.
     fn check(server: ServerAccess, expected: (&str, bool, Option<&str>, bool)) {
-        let bytes = render_kubeconfig(&server, &account(), "tok-123");
+        let bytes = render_kubeconfig(&server, &account(), Path::new(TOKEN_FILE));
         let text = String::from_utf8(bytes).expect("utf-8");
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).expect("a kubeconfig");
         let cluster = kubeconfig.clusters[0].cluster.as_ref().expect("cluster");
@@ -220,19 +228,14 @@ mod tests {
         );
         assert_eq!(cluster.tls_server_name.as_deref(), tls_name, "{text}");
         assert_eq!(cluster.certificate_authority_data.is_some(), has_ca, "{text}");
-        assert!(
-            kubeconfig.auth_infos[0]
-                .auth_info
-                .as_ref()
-                .is_some_and(|u| u.token.is_some())
-        );
-        let raw: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-        assert_eq!(raw["users"][0]["user"]["token"], "tok-123", "{text}");
+        let user = kubeconfig.auth_infos[0].auth_info.as_ref().expect("a user");
+        assert_eq!(user.token_file.as_deref(), Some(TOKEN_FILE), "{text}");
+        assert!(user.token.is_none(), "no inline token: {text}");
         assert_eq!(kubeconfig.current_context.as_deref(), Some("pod-checkpointer"));
         assert!(text.ends_with('\n'));
-        // Deterministic: the same token renders the same bytes (no rewrite).
+        // Deterministic: the same server renders the same bytes (no rewrite).
         assert_eq!(
-            render_kubeconfig(&server, &account(), "tok-123"),
+            render_kubeconfig(&server, &account(), Path::new(TOKEN_FILE)),
             text.into_bytes()
         );
     }
@@ -279,8 +282,9 @@ mod tests {
         }
     }
 
+    /// A client from the kept kubeconfig reads the token from the token file.
     #[tokio::test]
-    async fn the_rendered_kubeconfig_loads_as_a_client_config() {
+    async fn the_rendered_kubeconfig_loads_as_a_client() {
         let server = ServerAccess {
             url: "https://127.0.0.1:6443".into(),
             ca_pem: None,
@@ -289,7 +293,8 @@ mod tests {
         };
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("kubeconfig");
-        std::fs::write(&path, render_kubeconfig(&server, &account(), "tok")).unwrap();
+        let token = tmp.path().join("token");
+        std::fs::write(&path, render_kubeconfig(&server, &account(), &token)).unwrap();
         let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
@@ -297,6 +302,12 @@ mod tests {
         assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/");
         assert_eq!(config.default_namespace, "kube-system");
         assert!(config.accept_invalid_certs);
+        assert!(
+            kube::Client::try_from(config.clone()).is_err(),
+            "no token file yet: the client cannot be made"
+        );
+        std::fs::write(&token, "tok").unwrap();
+        assert!(kube::Client::try_from(config).is_ok());
     }
 
     #[test]
@@ -310,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn token_expiry_of_kept_kubeconfigs() {
+    fn token_expiry_of_kept_tokens() {
         let jwt = |claims: &str| {
             format!(
                 "{}.{}.signature",
@@ -318,34 +329,16 @@ mod tests {
                 BASE64_URL.encode(claims)
             )
         };
-        let server = ServerAccess {
-            url: "https://127.0.0.1:6443".into(),
-            ca_pem: None,
-            insecure: true,
-            tls_server_name: None,
-        };
-        let kept = |token: &str| render_kubeconfig(&server, &account(), token);
-        let cases: [(Vec<u8>, Option<i64>); 6] = [
-            (kept(&jwt(r#"{"exp":1767225600,"sub":"x"}"#)), Some(1_767_225_600)),
-            (kept(&jwt(r#"{"sub":"no expiry"}"#)), None),
-            (kept("not-a-jwt"), None),
-            (kept(&format!("a.{}.c", "!!!")), None),
-            (
-                b"apiVersion: v1
-kind: Config
-"
-                .to_vec(),
-                None,
-            ),
-            (Vec::new(), None),
+        let cases: [(String, Option<i64>); 6] = [
+            (jwt(r#"{"exp":1767225600,"sub":"x"}"#), Some(1_767_225_600)),
+            (format!("{}\n", jwt(r#"{"exp":1}"#)), Some(1)),
+            (jwt(r#"{"sub":"no expiry"}"#), None),
+            ("not-a-jwt".into(), None),
+            ("a.!!!.c".into(), None),
+            (String::new(), None),
         ];
-        for (bytes, expected) in cases {
-            assert_eq!(
-                token_expiry(&bytes),
-                expected,
-                "{}",
-                String::from_utf8_lossy(&bytes)
-            );
+        for (token, expected) in cases {
+            assert_eq!(token_expiry(token.as_bytes()), expected, "{token}");
         }
     }
 

@@ -44,6 +44,7 @@ pub(crate) struct InspectReport {
 #[derive(Debug, Serialize)]
 pub(crate) struct CredentialsReport {
     pub(crate) path: String,
+    /// When its token was last refreshed.
     pub(crate) written_at: Option<String>,
     /// When its token expires, if it can be read (a JWT's `exp`).
     pub(crate) token_expires_at: Option<String>,
@@ -74,21 +75,25 @@ pub(crate) fn report(disk: &DiskSettings, now: Timestamp) -> Result<InspectRepor
         lock_holder,
         checkpoints,
         runs_after_reboot,
-        static_copy_credentials: credentials_report(&store.layout().credentials_path(), now),
+        static_copy_credentials: credentials_report(
+            &store.layout().credentials_path(),
+            &store.layout().credentials_token_path(),
+            now,
+        ),
     })
 }
 
-fn credentials_report(path: &Path, now: Timestamp) -> Option<CredentialsReport> {
-    // symlink_metadata: a planted link is reported, never followed.
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    let bytes = if meta.is_file() {
-        std::fs::read(path).unwrap_or_default()
-    } else {
-        Vec::new()
+fn credentials_report(path: &Path, token_path: &Path, now: Timestamp) -> Option<CredentialsReport> {
+    std::fs::symlink_metadata(path).ok()?;
+    // symlink_metadata: a planted link is reported as unknown, never followed.
+    let token_meta = std::fs::symlink_metadata(token_path).ok();
+    let bytes = match &token_meta {
+        Some(meta) if meta.is_file() => std::fs::read(token_path).unwrap_or_default(),
+        _ => Vec::new(),
     };
-    let written_at = meta
-        .modified()
-        .ok()
+    let written_at = token_meta
+        .as_ref()
+        .and_then(|meta| meta.modified().ok())
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| Timestamp(d.as_millis() as i64).to_rfc3339());
     let expiry = crate::credentials::token_expiry(&bytes).map(|secs| Timestamp(secs.saturating_mul(1000)));

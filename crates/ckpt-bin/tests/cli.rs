@@ -216,10 +216,14 @@ fn inspect_reports_the_static_copys_credentials_and_their_expiry() {
     seed_checkpoint(dir.path(), "kube-apiserver-abc", true);
     // A kept kubeconfig whose token (a JWT; unsigned here) expired at 2001-09-09T01:46:40.000Z.
     let claims = "eyJleHAiOjEwMDAwMDAwMDB9"; // {"exp":1000000000}
-    let kept =
-        format!(r#"{{"users":[{{"name":"u","user":{{"token":"eyJhbGciOiJSUzI1NiJ9.{claims}.sig"}}}}]}}"#);
     let path = dir.path().join("ck/pod-checkpointer-kubeconfig");
+    let token = dir.path().join("ck/pod-checkpointer-token");
+    let kept = format!(
+        r#"{{"users":[{{"name":"u","user":{{"tokenFile":"{}"}}}}]}}"#,
+        token.display()
+    );
     std::fs::write(&path, kept).expect("write");
+    std::fs::write(&token, format!("eyJhbGciOiJSUzI1NiJ9.{claims}.sig")).expect("write");
     let mut args = vec!["inspect".to_owned(), "-o".into(), "json".into()];
     args.extend(disk_args(dir.path()));
     let out = bin().args(&args).output().expect("runs");

@@ -4,7 +4,9 @@
 //! tokens cannot be checkpointed) and, after a reboot, without the service environment.
 //! The copy that is connected keeps a kubeconfig with a token of its own service account
 //! here, so that the static copy can still see the API server, garbage-collect and
-//! remove itself when the node is descheduled. One file, written atomically, 0600.
+//! remove itself when the node is descheduled. Two files, each written atomically, 0600:
+//! the token, and a kubeconfig that names it as its `tokenFile` — so a static copy that
+//! runs for weeks picks up each refreshed token without restarting.
 
 use crate::error::Result;
 use crate::layout::Layout;
@@ -14,27 +16,33 @@ use crate::store::Store;
 const CREDENTIALS_MODE: u32 = 0o600;
 
 impl Store {
-    /// Writes the credentials kubeconfig atomically (mode 0600); nothing is written when
-    /// it is unchanged. Returns whether it wrote.
-    pub fn write_credentials(&self, kubeconfig: &[u8]) -> Result<bool> {
+    /// Writes the token, then the kubeconfig that reads it, each atomically (mode 0600);
+    /// a file that is unchanged is not rewritten. Returns whether anything was written.
+    pub fn write_credentials(&self, kubeconfig: &[u8], token: &[u8]) -> Result<bool> {
         self.require_writable()?;
         let checkpoint_dir = self.checkpoint_dir()?;
-        let written =
+        // The token first: a kubeconfig is never on disk naming a token file that is not.
+        let token_written =
+            checkpoint_dir.write_file(Layout::CREDENTIALS_TOKEN_FILE_NAME, token, CREDENTIALS_MODE, None)?;
+        let kubeconfig_written =
             checkpoint_dir.write_file(Layout::CREDENTIALS_FILE_NAME, kubeconfig, CREDENTIALS_MODE, None)?;
+        let written = token_written || kubeconfig_written;
         if written {
             checkpoint_dir.sync()?;
         }
         Ok(written)
     }
 
-    /// Removes the credentials kubeconfig (after self-GC, or on drain). Returns whether
-    /// there was one.
+    /// Removes the kept kubeconfig and its token (after self-GC, or on drain). Returns
+    /// whether there was either.
     pub fn remove_credentials(&self) -> Result<bool> {
         self.require_writable()?;
         let Some(checkpoint_dir) = crate::fsops::Dir::open_trusted(self.layout().checkpoint_dir())? else {
             return Ok(false);
         };
-        let removed = checkpoint_dir.remove_file(Layout::CREDENTIALS_FILE_NAME)?;
+        let kubeconfig_removed = checkpoint_dir.remove_file(Layout::CREDENTIALS_FILE_NAME)?;
+        let token_removed = checkpoint_dir.remove_file(Layout::CREDENTIALS_TOKEN_FILE_NAME)?;
+        let removed = kubeconfig_removed || token_removed;
         if removed {
             checkpoint_dir.sync()?;
         }
@@ -59,14 +67,18 @@ mod tests {
     fn written_0600_not_rewritten_when_unchanged_and_removed() {
         let (_tmp, store) = store();
         let path = store.layout().credentials_path();
+        let token = store.layout().credentials_token_path();
         assert!(!store.remove_credentials().unwrap(), "nothing to remove yet");
-        assert!(store.write_credentials(b"one").unwrap());
-        assert!(!store.write_credentials(b"one").unwrap());
-        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
-        assert!(store.write_credentials(b"two").unwrap());
-        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        assert!(store.write_credentials(b"config", b"one").unwrap());
+        assert!(!store.write_credentials(b"config", b"one").unwrap());
+        for file in [&path, &token] {
+            assert_eq!(std::fs::metadata(file).unwrap().mode() & 0o777, 0o600, "{file:?}");
+        }
+        assert!(store.write_credentials(b"config", b"two").unwrap(), "a new token");
+        assert_eq!(std::fs::read(&token).unwrap(), b"two");
+        assert_eq!(std::fs::read(&path).unwrap(), b"config");
         assert!(store.remove_credentials().unwrap());
-        assert!(!path.exists());
+        assert!(!path.exists() && !token.exists());
     }
 
     #[test]
@@ -75,10 +87,15 @@ mod tests {
         let outside = tmp.path().join("outside");
         std::fs::write(&outside, "keep").unwrap();
         symlink(&outside, store.layout().credentials_path()).unwrap();
-        assert!(store.write_credentials(b"token").unwrap());
+        symlink(&outside, store.layout().credentials_token_path()).unwrap();
+        assert!(store.write_credentials(b"config", b"token").unwrap());
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
         assert_eq!(
             std::fs::read(store.layout().credentials_path()).unwrap(),
+            b"config"
+        );
+        assert_eq!(
+            std::fs::read(store.layout().credentials_token_path()).unwrap(),
             b"token"
         );
     }
@@ -88,7 +105,7 @@ mod tests {
         let (_tmp, store) = store();
         let read_only = Store::open_read_only(store.layout().clone()).unwrap();
         assert!(matches!(
-            read_only.write_credentials(b"x"),
+            read_only.write_credentials(b"x", b"y"),
             Err(Error::ReadOnlyStore { .. })
         ));
     }

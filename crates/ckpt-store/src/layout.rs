@@ -14,6 +14,7 @@ use ckpt_core::{DataDir, DataKind, PodId};
 /// <checkpoint-dir>/checkpoint-projected/<ns>/<pod>/<volume>/<path>
 /// <checkpoint-dir>/pod-checkpointer-state.json        the state journal
 /// <checkpoint-dir>/pod-checkpointer-kubeconfig        API credentials for the agent's static copy
+/// <checkpoint-dir>/pod-checkpointer-token             … and the token that kubeconfig reads
 /// <checkpoint-dir>/checkpoint-quarantine/             files we could not read, kept for a human
 /// ```
 ///
@@ -45,6 +46,8 @@ impl Layout {
 
     /// The kubeconfig the agent keeps for its own static copy, in the checkpoint dir.
     pub const CREDENTIALS_FILE_NAME: &'static str = "pod-checkpointer-kubeconfig";
+    /// The bearer token that kubeconfig names as its `tokenFile`, in the checkpoint dir.
+    pub const CREDENTIALS_TOKEN_FILE_NAME: &'static str = "pod-checkpointer-token";
 
     /// A layout from the two configured directories.
     pub fn new(checkpoint_dir: impl Into<PathBuf>, manifests_dir: impl Into<PathBuf>) -> Self {
@@ -82,6 +85,12 @@ impl Layout {
     /// The kubeconfig kept for the agent's static copy (see [`crate::Store::write_credentials`]).
     pub fn credentials_path(&self) -> PathBuf {
         self.checkpoint_dir.join(Self::CREDENTIALS_FILE_NAME)
+    }
+
+    /// The token file the kept kubeconfig reads (kube clients re-read it every minute, so
+    /// a running static copy picks up every refresh).
+    pub fn credentials_token_path(&self) -> PathBuf {
+        self.checkpoint_dir.join(Self::CREDENTIALS_TOKEN_FILE_NAME)
     }
 
     /// The root directory of one kind of materialized data.

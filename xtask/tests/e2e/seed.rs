@@ -358,12 +358,15 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
             Probe::Waiting(format!("no {}", kept.display()))
         })
     })?;
-    let mode = fs::metadata(&kept)?.permissions().mode() & 0o777;
-    anyhow::ensure!(
-        mode == 0o600,
-        "{} has mode {mode:o}, expected 600",
-        kept.display()
-    );
+    let token = dirs.checkpoint_dir.join("pod-checkpointer-token");
+    for file in [&kept, &token] {
+        let mode = fs::metadata(file)?.permissions().mode() & 0o777;
+        anyhow::ensure!(
+            mode == 0o600,
+            "{} has mode {mode:o}, expected 600",
+            file.display()
+        );
+    }
     let text = fs::read_to_string(&kept)?;
     anyhow::ensure!(
         text.contains(&format!("system:serviceaccount:{}:pod-checkpointer", ctx.ns)),
@@ -402,7 +405,9 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
         "checkpoints left after self-GC: {}",
         inspect.summary()
     );
-    anyhow::ensure!(!kept.exists(), "{} is left after self-GC", kept.display());
+    for file in [&kept, &token] {
+        anyhow::ensure!(!file.exists(), "{} is left after self-GC", file.display());
+    }
 
     ctx.step("the kubelet stops the static copy");
     ctx.expect_kubelet_stopped(&me.static_name)?;
