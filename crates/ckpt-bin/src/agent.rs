@@ -389,9 +389,13 @@ impl Agent {
                 }
                 PassResult::Changed | PassResult::Settled => follow_ups = 0,
                 PassResult::SelfGcComplete => {
-                    // Nothing is left for a static copy to use them on.
+                    // Nothing is left for a static copy to use them on, nor any timer to keep:
+                    // an uninstalled node keeps no file of ours.
                     if let Err(e) = self.store.remove_credentials() {
                         warn!(error = %error_chain(&e), "cannot remove the kept API credentials");
+                    }
+                    if let Err(e) = self.store.remove_journal() {
+                        warn!(error = %error_chain(&e), "cannot remove the state journal");
                     }
                     info!("self-GC complete: every checkpoint removed, this one last; exiting");
                     return Ok(());

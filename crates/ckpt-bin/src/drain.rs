@@ -92,9 +92,10 @@ pub(crate) fn drain(disk: &DiskSettings, force: bool) -> Result<Vec<String>> {
             store.layout().credentials_path().display()
         ));
     }
+    // Nothing is left to time; an uninstalled node keeps no file of ours.
     store
-        .write_journal(&ckpt_core::PersistentState::default())
-        .map_err(|e| Error::runtime("cannot reset the state journal", e))?;
+        .remove_journal()
+        .map_err(|e| Error::runtime("cannot remove the state journal", e))?;
     Ok(removed)
 }
 

@@ -593,6 +593,24 @@ fn with(mut files: Vec<String>, more: &[String]) -> Vec<String> {
     files
 }
 
+/// Waits until the state journal says exactly `expected` are absent. A wait, not a
+/// check: the journal is written at the end of the pass whose file changes a step saw
+/// (the executor yields between actions, so a test can look in between).
+async fn expect_journal_absent(world: &World, what: &str, expected: &[String]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(WAIT);
+    loop {
+        let absent = journal_absent(world);
+        if absent == expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: the journal says absent {absent:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The pods the state journal says are absent.
 fn journal_absent(world: &World) -> Vec<String> {
     let journal: Value = serde_json::from_str(&world.read(JOURNAL)).expect("journal is JSON");
@@ -750,22 +768,17 @@ async fn seed_scenarios(down: Reply) {
             &with(checkpointed(AGENT), &[JOURNAL.to_owned()]),
         )
         .await;
-    assert_eq!(
-        journal_absent(&world),
-        [APISERVER, AGENT, NETWORK].map(|p| format!("{NS}/{p}"))
-    );
+    expect_journal_absent(
+        &world,
+        "C: deleted parents are remembered",
+        &[APISERVER, AGENT, NETWORK].map(|p| format!("{NS}/{p}")),
+    )
+    .await;
     static_copy.exited().await.expect("C: exit 0 after self-GC");
+    // Everything of ours, the state journal too: only the other static pod is left.
     world
-        .expect_files(
-            "C: self-GC removed everything",
-            &[ETCD.to_owned(), JOURNAL.to_owned()],
-        )
+        .expect_files("C: self-GC removed everything", &[ETCD.to_owned()])
         .await;
-    assert_eq!(
-        journal_absent(&world),
-        Vec::<String>::new(),
-        "C: nothing left to remember"
-    );
     assert_eq!(
         world.logs.removed_by(AGENT_STATIC),
         [APISERVER, NETWORK, AGENT].map(|p| format!("{NS}/{p}")),
@@ -776,7 +789,7 @@ async fn seed_scenarios(down: Reply) {
         .expect_ready("C: the DaemonSet copy takes over", 200, "ok")
         .await;
     world.looked_twice("C: after self-GC").await;
-    world.assert_files("C: no resurrection", &[ETCD.to_owned(), JOURNAL.to_owned()]);
+    world.assert_files("C: no resurrection", &[ETCD.to_owned()]);
     daemonset.stop().await.expect("SIGTERM exits 0");
 }
 
@@ -838,7 +851,7 @@ async fn rolling_update_of_the_agent(strategy: &str, rollout: Rollout) {
     active_copy.expect_api("synced").await;
     world.looked_twice("between the pods").await;
     world.assert_files("old pod gone, no new one yet: kept", &between);
-    assert_eq!(journal_absent(&world), [format!("{NS}/{AGENT}")]);
+    expect_journal_absent(&world, "old pod gone", &[format!("{NS}/{AGENT}")]).await;
     assert!(active_copy.is_running(), "no self-GC during a rollout");
 
     // The new pod: same DaemonSet, new name, new image.
@@ -853,7 +866,7 @@ async fn rolling_update_of_the_agent(strategy: &str, rollout: Rollout) {
         world.read(&active(NEW)).contains("pod-checkpointer:v2"),
         "the new spec"
     );
-    assert_eq!(journal_absent(&world), Vec::<String>::new());
+    expect_journal_absent(&world, "the self checkpoint follows the new pod", &[]).await;
     assert_eq!(world.logs.removed_by(active_name), [format!("{NS}/{AGENT}")]);
     world.looked_twice("after the rollout").await;
     world.assert_files("after the rollout: stable", &rolled);
@@ -930,7 +943,7 @@ async fn owner_reference_follows_a_rolled_parent() {
     world
         .expect_files("the new checkpoint supersedes the old", &rolled)
         .await;
-    assert_eq!(journal_absent(&world), Vec::<String>::new());
+    expect_journal_absent(&world, "the new checkpoint supersedes the old", &[]).await;
     assert_eq!(world.logs.removed_by(AGENT), [format!("{NS}/{APISERVER}")]);
     world.looked_twice("after the rollout").await;
     world.assert_files("after the rollout: stable", &rolled);

@@ -100,6 +100,22 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Removes the state journal (after self-GC and drain: nothing is left to time).
+    /// Returns whether there was one.
+    pub fn remove_journal(&self) -> Result<bool> {
+        self.require_writable()?;
+        let Some(checkpoint_dir) = crate::fsops::Dir::open_trusted(self.layout().checkpoint_dir())? else {
+            return Ok(false);
+        };
+        let removed = checkpoint_dir.remove_file(Layout::JOURNAL_FILE_NAME)?;
+        if removed {
+            checkpoint_dir.sync()?;
+        }
+        Ok(removed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -140,6 +156,10 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with(r#"{"version":1,"state":"#), "{text}");
         assert!(text.ends_with('\n'));
+        assert!(store.remove_journal().unwrap());
+        assert!(!path.exists());
+        assert!(!store.remove_journal().unwrap(), "already gone");
+        assert_eq!(store.read_journal::<State>().unwrap(), None);
     }
 
     #[test]
