@@ -1,5 +1,5 @@
 //! The command line (DESIGN §3.7) and the YAML config file, merged with the precedence
-//! flags > environment > file > defaults into [`RunSettings`] / [`DiskSettings`].
+//! flags > environment > file > defaults into `RunSettings` / `DiskSettings`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
