@@ -36,17 +36,10 @@ impl Store {
     /// Removes the kept kubeconfig and its token (after self-GC, or on drain). Returns
     /// whether there was either.
     pub fn remove_credentials(&self) -> Result<bool> {
-        self.require_writable()?;
-        let Some(checkpoint_dir) = crate::fsops::Dir::open_trusted(self.layout().checkpoint_dir())? else {
-            return Ok(false);
-        };
-        let kubeconfig_removed = checkpoint_dir.remove_file(Layout::CREDENTIALS_FILE_NAME)?;
-        let token_removed = checkpoint_dir.remove_file(Layout::CREDENTIALS_TOKEN_FILE_NAME)?;
-        let removed = kubeconfig_removed || token_removed;
-        if removed {
-            checkpoint_dir.sync()?;
-        }
-        Ok(removed)
+        self.remove_checkpoint_dir_files(&[
+            Layout::CREDENTIALS_FILE_NAME,
+            Layout::CREDENTIALS_TOKEN_FILE_NAME,
+        ])
     }
 }
 
@@ -56,12 +49,7 @@ mod tests {
 
     use super::*;
     use crate::error::Error;
-
-    fn store() -> (tempfile::TempDir, Store) {
-        let tmp = tempfile::tempdir().unwrap();
-        let layout = Layout::new(tmp.path().join("k8s"), tmp.path().join("k8s/manifests"));
-        (tmp, Store::open(layout).unwrap())
-    }
+    use crate::testutil::store;
 
     #[test]
     fn written_0600_not_rewritten_when_unchanged_and_removed() {

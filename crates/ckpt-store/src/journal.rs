@@ -104,15 +104,7 @@ impl Store {
     /// Removes the state journal (after self-GC and drain: nothing is left to time).
     /// Returns whether there was one.
     pub fn remove_journal(&self) -> Result<bool> {
-        self.require_writable()?;
-        let Some(checkpoint_dir) = crate::fsops::Dir::open_trusted(self.layout().checkpoint_dir())? else {
-            return Ok(false);
-        };
-        let removed = checkpoint_dir.remove_file(Layout::JOURNAL_FILE_NAME)?;
-        if removed {
-            checkpoint_dir.sync()?;
-        }
-        Ok(removed)
+        self.remove_checkpoint_dir_files(&[Layout::JOURNAL_FILE_NAME])
     }
 }
 
@@ -122,6 +114,7 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, symlink};
 
     use super::*;
+    use crate::testutil::store;
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
     struct State {
@@ -132,12 +125,6 @@ mod tests {
         State {
             absent_since: entries.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
         }
-    }
-
-    fn store() -> (tempfile::TempDir, Store) {
-        let tmp = tempfile::tempdir().unwrap();
-        let layout = Layout::new(tmp.path().join("k8s"), tmp.path().join("k8s/manifests"));
-        (tmp, Store::open(layout).unwrap())
     }
 
     #[test]

@@ -231,6 +231,23 @@ impl Store {
         Dir::open_trusted(self.layout.checkpoint_dir())
     }
 
+    /// Removes these files from the top of the checkpoint dir (the journal, the kept
+    /// credentials); returns whether any of them was there.
+    pub(crate) fn remove_checkpoint_dir_files(&self, names: &[&str]) -> Result<bool> {
+        self.require_writable()?;
+        let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
+            return Ok(false);
+        };
+        let mut removed = false;
+        for name in names {
+            removed |= checkpoint_dir.remove_file(name)?;
+        }
+        if removed {
+            checkpoint_dir.sync()?;
+        }
+        Ok(removed)
+    }
+
     fn existing_manifests_dir(&self) -> Result<Option<Dir>> {
         Dir::open_trusted(self.layout.manifests_dir())
     }
