@@ -1,50 +1,33 @@
-//! UTC timestamps without a date-time dependency: file names, report headers, and the
-//! API server's audit-log format for comparisons with it.
+//! UTC timestamps in the forms the bench needs (file names, report headers, the API
+//! server's audit-log format for comparisons with it), on ckpt-core's calendar.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Civil date (year, month, day) of a day count since 1970-01-01 (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
+use ckpt_core::Timestamp;
 
-fn utc_parts(secs: u64) -> (i64, i64, i64, u64, u64, u64) {
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let rest = secs % 86_400;
-    (y, m, d, rest / 3600, rest / 60 % 60, rest % 60)
+/// `2026-12-02T16:30:05` for whole seconds since the epoch: ckpt-core's calendar, without
+/// its milliseconds.
+fn date_time(secs: u64) -> String {
+    let millis = i64::try_from(secs).unwrap_or(i64::MAX).saturating_mul(1000);
+    let rfc3339 = Timestamp(millis).to_rfc3339();
+    rfc3339.split('.').next().unwrap_or_default().to_owned()
 }
 
 /// `20261202T163005Z`, for file names.
 pub(crate) fn compact_utc(secs: u64) -> String {
-    let (y, m, d, h, min, s) = utc_parts(secs);
-    format!("{y:04}{m:02}{d:02}T{h:02}{min:02}{s:02}Z")
+    format!("{}Z", date_time(secs).replace(['-', ':'], ""))
 }
 
 /// `2026-12-02 16:30:05 UTC`.
 pub(crate) fn iso_utc(secs: u64) -> String {
-    let (y, m, d, h, min, s) = utc_parts(secs);
-    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02} UTC")
+    format!("{} UTC", date_time(secs).replacen('T', " ", 1))
 }
 
 /// `2026-12-02T16:30:05.123456Z`: the API server's `MicroTime`, as its audit log writes
 /// timestamps, so the two compare as strings.
 pub(crate) fn rfc3339_micros(time: SystemTime) -> String {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let (y, m, d, h, min, s) = utc_parts(since.as_secs());
-    format!(
-        "{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{:06}Z",
-        since.subsec_micros()
-    )
+    format!("{}.{:06}Z", date_time(since.as_secs()), since.subsec_micros())
 }
 
 #[cfg(test)]
