@@ -6,10 +6,12 @@
 use serde::{Deserialize, Serialize};
 
 use crate::identity::{ControllerOwner, PodId};
+use crate::observation::OwnerStatus;
 use crate::time::Timestamp;
 
 /// A checkpoint whose parent is absent from a successful, synced API view: the question
-/// a GC strategy answers.
+/// a GC strategy answers, with every fact it may decide on (gathered before deciding:
+/// a strategy never calls back into the agent).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Orphan {
     /// The (absent) parent's id.
@@ -23,6 +25,38 @@ pub struct Orphan {
     /// Since when the parent has been continuously absent from synced views (persisted
     /// in the state journal, so restarts do not reset it).
     pub absent_since: Timestamp,
+    /// Whether `owner` exists, when the strategy asked for it
+    /// ([`OwnerStatus::Unknown`] when not looked up, the lookup failed, or no owner).
+    pub owner_status: OwnerStatus,
+    /// The parents on this node in the synced view whose controller is `owner` (by
+    /// [`ControllerOwner::same_controller`]), sorted, the orphan itself left out. Only pods
+    /// the agent will checkpoint count (annotated, allowed namespace, representable);
+    /// otherwise a pod that can never be checkpointed would hold an old checkpoint forever.
+    pub siblings: Vec<Sibling>,
+}
+
+impl Orphan {
+    /// An orphan with no owner facts (no siblings, owner status unknown).
+    pub fn new(id: PodId, absent_since: Timestamp) -> Self {
+        Self {
+            id,
+            parent_uid: None,
+            owner: None,
+            is_self: false,
+            absent_since,
+            owner_status: OwnerStatus::Unknown,
+            siblings: Vec::new(),
+        }
+    }
+}
+
+/// A pod on this node with the same controller as an orphan's parent.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Sibling {
+    /// The pod.
+    pub id: PodId,
+    /// Whether its current content is checkpointed on disk.
+    pub checkpointed: bool,
 }
 
 /// A strategy's verdict on an [`Orphan`].

@@ -15,9 +15,11 @@
 //! ```
 
 pub mod checkpoint;
+pub mod decide;
 mod error;
 pub mod gc;
 pub mod identity;
+pub mod observation;
 pub mod plan;
 pub mod references;
 pub mod sanitize;
@@ -29,11 +31,17 @@ pub use checkpoint::{
     sha256_hex,
 };
 #[doc(inline)]
+pub use decide::{
+    Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, orphan_owners, required_by_namespace,
+};
+#[doc(inline)]
 pub use error::{Error, Result};
 #[doc(inline)]
-pub use gc::{GcDecision, GcVerdict, Orphan};
+pub use gc::{GcDecision, GcVerdict, Orphan, Sibling};
 #[doc(inline)]
 pub use identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_parent};
+#[doc(inline)]
+pub use observation::{ApiState, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey, OwnerStatus};
 #[doc(inline)]
 pub use plan::{
     ApiParent, ApiView, CheckpointState, DiskCheckpoint, LocalView, PersistentState, Plan, PlanInputs,

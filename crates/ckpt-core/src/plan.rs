@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::CheckpointMeta;
 use crate::gc::{GcDecision, GcVerdict, Orphan};
 use crate::identity::{ControllerOwner, PodId, SelfIdentity};
+use crate::observation::OwnerStatus;
 use crate::time::Timestamp;
 
 /// What the API server tells us, in the three states that matter.
@@ -85,7 +86,8 @@ pub struct DiskCheckpoint {
 }
 
 impl DiskCheckpoint {
-    fn meta(&self) -> Option<&CheckpointMeta> {
+    /// What the inactive copy (else the active one) says about itself.
+    pub fn meta(&self) -> Option<&CheckpointMeta> {
         self.inactive.as_ref().or(self.active.as_ref()).map(|c| &c.meta)
     }
 }
@@ -153,6 +155,21 @@ pub enum CheckpointState {
     SelfActive,
     /// Removed in this pass.
     Removed,
+}
+
+impl CheckpointState {
+    /// The state's name for metrics (`inactive`, `inactive-grace`, `active`,
+    /// `active-grace`, `self`); `None` for a removed checkpoint.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self {
+            CheckpointState::Inactive => "inactive",
+            CheckpointState::InactiveGrace(_) => "inactive-grace",
+            CheckpointState::Active => "active",
+            CheckpointState::ActiveGrace(_) => "active-grace",
+            CheckpointState::SelfActive => "self",
+            CheckpointState::Removed => return None,
+        })
+    }
 }
 
 /// What to do, in execution order: `writes`, `stops`, `starts`, `removes`.
@@ -317,6 +334,8 @@ pub fn orphans(inputs: &PlanInputs<'_>, now: Timestamp) -> Vec<Orphan> {
                 owner: meta.and_then(|m| m.owner.clone()),
                 is_self: row.is_self,
                 absent_since: absent_since(row, true, now).unwrap_or(now),
+                owner_status: OwnerStatus::Unknown,
+                siblings: Vec::new(),
             })
         })
         .collect()

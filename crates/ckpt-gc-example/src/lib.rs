@@ -22,10 +22,8 @@
 //!
 //! [inventory#7]: https://github.com/dtolnay/inventory/issues/7
 
-use ckpt_core::{GcDecision, GcVerdict, Orphan};
-use ckpt_gc::{
-    GcContext, GcPolicy, GcStrategyRegistration, GracePeriod, StrategyConfig, async_trait, inventory,
-};
+use ckpt_core::{GcDecision, GcVerdict, Orphan, Timestamp};
+use ckpt_gc::{GcPolicy, GcStrategyRegistration, GracePeriod, StrategyConfig, async_trait, inventory};
 use serde::Deserialize;
 
 const NAME: &str = "keep-forever";
@@ -47,9 +45,9 @@ struct KeepForever {
 
 #[async_trait]
 impl GcPolicy for KeepForever {
-    async fn decide(&self, orphan: &Orphan, ctx: &dyn GcContext) -> GcDecision {
+    async fn decide(&self, orphan: &Orphan, now: Timestamp) -> GcDecision {
         match &self.for_self {
-            Some(grace) if orphan.is_self => grace.decide(orphan, ctx).await,
+            Some(grace) if orphan.is_self => grace.decide(orphan, now).await,
             _ => GcDecision::new(GcVerdict::Keep, "kept forever (keep-forever)"),
         }
     }

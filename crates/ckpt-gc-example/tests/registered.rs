@@ -8,16 +8,16 @@ use ckpt_gc_example as _;
 use std::time::Duration;
 
 use ckpt_core::{GcVerdict, Orphan, PodId, Timestamp};
-use ckpt_gc::{GcConfig, StaticContext};
+use ckpt_gc::GcConfig;
 use serde_json::json;
 
 fn orphan(is_self: bool) -> Orphan {
     Orphan {
-        id: PodId::new("kube-system", "pod-checkpointer-abc"),
-        parent_uid: None,
-        owner: None,
         is_self,
-        absent_since: Timestamp(1_000),
+        ..Orphan::new(
+            PodId::new("kube-system", "pod-checkpointer-abc"),
+            Timestamp(1_000),
+        )
     }
 }
 
@@ -35,16 +35,13 @@ fn registered_alongside_the_built_ins() {
 
 #[tokio::test]
 async fn built_from_its_own_gc_section() {
-    let ctx = StaticContext::new(Timestamp(1_000));
+    let now = Timestamp(1_000);
     let config = |section| GcConfig::new(Duration::from_secs(5)).with_gc_section(section);
 
     let keep_all = ckpt_gc::build("keep-forever", &config(json!(null))).expect("built");
+    assert_eq!(keep_all.decide(&orphan(true), now).await.verdict, GcVerdict::Keep);
     assert_eq!(
-        keep_all.decide(&orphan(true), &ctx).await.verdict,
-        GcVerdict::Keep
-    );
-    assert_eq!(
-        keep_all.decide(&orphan(false), &ctx).await.verdict,
+        keep_all.decide(&orphan(false), now).await.verdict,
         GcVerdict::Keep
     );
 
@@ -54,11 +51,11 @@ async fn built_from_its_own_gc_section() {
     )
     .expect("built");
     assert_eq!(
-        except_self.decide(&orphan(true), &ctx).await.verdict,
+        except_self.decide(&orphan(true), now).await.verdict,
         GcVerdict::RemoveAt(Timestamp(6_000))
     );
     assert_eq!(
-        except_self.decide(&orphan(false), &ctx).await.verdict,
+        except_self.decide(&orphan(false), now).await.verdict,
         GcVerdict::Keep
     );
 }

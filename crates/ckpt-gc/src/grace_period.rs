@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ckpt_core::{GcDecision, GcVerdict, Orphan, Timestamp};
 
-use crate::{GcContext, GcPolicy, GcStrategyRegistration, NoSettings, Result, StrategyConfig};
+use crate::{GcPolicy, GcStrategyRegistration, NoSettings, Result, StrategyConfig};
 
 const NAME: &str = "grace-period";
 
@@ -45,7 +45,7 @@ impl GracePeriod {
 
 #[async_trait]
 impl GcPolicy for GracePeriod {
-    async fn decide(&self, orphan: &Orphan, _ctx: &dyn GcContext) -> GcDecision {
+    async fn decide(&self, orphan: &Orphan, _now: Timestamp) -> GcDecision {
         self.decision(orphan, "parent gone")
     }
 }
@@ -70,7 +70,6 @@ mod tests {
     use ckpt_core::PodId;
 
     use super::*;
-    use crate::StaticContext;
 
     async fn check(grace_ms: u64, absent_since: i64, now: i64, expected_deadline: i64) {
         let orphan = Orphan {
@@ -79,9 +78,11 @@ mod tests {
             owner: None,
             is_self: false,
             absent_since: Timestamp(absent_since),
+            owner_status: ckpt_core::OwnerStatus::Unknown,
+            siblings: Vec::new(),
         };
         let policy = GracePeriod::new(Duration::from_millis(grace_ms));
-        let decision = policy.decide(&orphan, &StaticContext::new(Timestamp(now))).await;
+        let decision = policy.decide(&orphan, Timestamp(now)).await;
         let expected = GcDecision::new(
             GcVerdict::RemoveAt(Timestamp(expected_deadline)),
             format!("parent gone; grace period {:?}", Duration::from_millis(grace_ms)),
@@ -133,9 +134,11 @@ mod tests {
             owner: None,
             is_self: true,
             absent_since: Timestamp(1_000),
+            owner_status: ckpt_core::OwnerStatus::Unknown,
+            siblings: Vec::new(),
         };
         let decision = GracePeriod::new(Duration::from_secs(1))
-            .decide(&orphan, &StaticContext::new(Timestamp(1_000)))
+            .decide(&orphan, Timestamp(1_000))
             .await;
         assert_eq!(decision.verdict, GcVerdict::RemoveAt(Timestamp(2_000)));
     }

@@ -1,9 +1,9 @@
 //! `immediate`: remove a checkpoint as soon as its parent is absent.
 
 use async_trait::async_trait;
-use ckpt_core::{GcDecision, GcVerdict, Orphan};
+use ckpt_core::{GcDecision, GcVerdict, Orphan, Timestamp};
 
-use crate::{GcContext, GcPolicy, GcStrategyRegistration, NoSettings, Result, StrategyConfig};
+use crate::{GcPolicy, GcStrategyRegistration, NoSettings, Result, StrategyConfig};
 
 const NAME: &str = "immediate";
 
@@ -15,7 +15,7 @@ pub struct Immediate;
 
 #[async_trait]
 impl GcPolicy for Immediate {
-    async fn decide(&self, _orphan: &Orphan, _ctx: &dyn GcContext) -> GcDecision {
+    async fn decide(&self, _orphan: &Orphan, _now: Timestamp) -> GcDecision {
         GcDecision::new(GcVerdict::RemoveNow, "parent gone (immediate)")
     }
 }
@@ -38,7 +38,6 @@ mod tests {
     use ckpt_core::{PodId, Timestamp};
 
     use super::*;
-    use crate::StaticContext;
 
     async fn check(is_self: bool, absent_since: i64, now: i64) {
         let orphan = Orphan {
@@ -47,10 +46,10 @@ mod tests {
             owner: None,
             is_self,
             absent_since: Timestamp(absent_since),
+            owner_status: ckpt_core::OwnerStatus::Unknown,
+            siblings: Vec::new(),
         };
-        let decision = Immediate
-            .decide(&orphan, &StaticContext::new(Timestamp(now)))
-            .await;
+        let decision = Immediate.decide(&orphan, Timestamp(now)).await;
         assert_eq!(
             decision,
             GcDecision::new(GcVerdict::RemoveNow, "parent gone (immediate)"),

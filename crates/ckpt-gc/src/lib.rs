@@ -5,9 +5,9 @@
 //! remove it at a deadline (a [`ckpt_core::GcDecision`]). The agent asks on every pass,
 //! persists when the parent went missing, and hands the verdicts to the pure planner.
 //!
-//! - [`GcPolicy`]: the strategy trait; [`GcContext`]: what a strategy may look up while
-//!   deciding (the clock, whether a controller owner exists, its pods on this node), which
-//!   the agent implements; [`StaticContext`]: an in-memory context for tests.
+//! - [`GcPolicy`]: the strategy trait. A strategy receives facts, not callbacks: each
+//!   [`Orphan`](ckpt_core::Orphan) carries its owner, its siblings on this node and (when
+//!   the strategy asks for it) whether its owner exists, gathered before deciding.
 //! - [`GcStrategyRegistration`]: a strategy's name, one-line summary and constructor,
 //!   submitted with [`inventory`]. [`Registry`] looks names up; [`names`], [`strategies`]
 //!   and [`build`] use the program-wide one. A name registered twice is ambiguous and
@@ -42,8 +42,8 @@
 //! merges doctests into one binary, so the strategy would appear in all of them.)
 //!
 //! ```standalone_crate
-//! use ckpt_core::{GcDecision, GcVerdict, Orphan};
-//! use ckpt_gc::{GcContext, GcPolicy, GcStrategyRegistration, StrategyConfig, async_trait, inventory};
+//! use ckpt_core::{GcDecision, GcVerdict, Orphan, Timestamp};
+//! use ckpt_gc::{GcPolicy, GcStrategyRegistration, StrategyConfig, async_trait, inventory};
 //!
 //! /// Never removes a checkpoint by itself; `pod-checkpointer drain` does it by hand.
 //! #[derive(Debug)]
@@ -51,7 +51,7 @@
 //!
 //! #[async_trait]
 //! impl GcPolicy for KeepForever {
-//!     async fn decide(&self, _orphan: &Orphan, _ctx: &dyn GcContext) -> GcDecision {
+//!     async fn decide(&self, _orphan: &Orphan, _now: Timestamp) -> GcDecision {
 //!         GcDecision::new(GcVerdict::Keep, "kept forever")
 //!     }
 //! }
@@ -98,11 +98,12 @@ mod immediate;
 mod owner_reference;
 mod policy;
 mod registry;
-mod static_context;
 
 pub use async_trait::async_trait;
 pub use inventory;
 
+#[doc(inline)]
+pub use ckpt_core::{OwnerStatus, Sibling};
 #[doc(inline)]
 pub use config::{DEFAULT_GRACE_PERIOD, GcConfig, NoSettings, StrategyConfig};
 #[doc(inline)]
@@ -114,11 +115,9 @@ pub use immediate::Immediate;
 #[doc(inline)]
 pub use owner_reference::OwnerReference;
 #[doc(inline)]
-pub use policy::{GcContext, GcPolicy, OwnerStatus, Sibling};
+pub use policy::GcPolicy;
 #[doc(inline)]
 pub use registry::{BuildStrategy, GcStrategyRegistration, Registry, build, names, registry, strategies};
-#[doc(inline)]
-pub use static_context::StaticContext;
 
 /// The strategy used when none is chosen.
 pub const DEFAULT_STRATEGY: &str = "grace-period";

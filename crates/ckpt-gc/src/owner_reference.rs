@@ -3,11 +3,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ckpt_core::{ControllerOwner, GcDecision, GcVerdict, Orphan};
+use ckpt_core::{ControllerOwner, GcDecision, GcVerdict, Orphan, Timestamp};
 
-use crate::{
-    GcContext, GcPolicy, GcStrategyRegistration, GracePeriod, NoSettings, OwnerStatus, Result, StrategyConfig,
-};
+use crate::{GcPolicy, GcStrategyRegistration, GracePeriod, NoSettings, OwnerStatus, Result, StrategyConfig};
 
 const NAME: &str = "owner-reference";
 
@@ -18,8 +16,8 @@ const NAME: &str = "owner-reference";
 ///    written: remove now, "superseded by ns/name". A rolling update thus replaces the old
 ///    checkpoint without a window in which the node has none.
 /// 3. The owner is gone (404): remove now, "owner Kind/name deleted".
-/// 4. A sibling exists but is not checkpointed yet: keep, until step 2 applies. (The agent
-///    lists only pods it will checkpoint as siblings, so this cannot hold on forever.)
+/// 4. A sibling exists but is not checkpointed yet: keep, until step 2 applies. (Only pods
+///    the agent will checkpoint are [`Orphan::siblings`], so this cannot hold on forever.)
 /// 5. The owner exists but has no pod here (the node was deselected): as [`GracePeriod`].
 /// 6. The owner lookup failed: as [`GracePeriod`]; a failed lookup never removes early.
 ///
@@ -45,21 +43,18 @@ fn owner_label(owner: &ControllerOwner) -> String {
 
 #[async_trait]
 impl GcPolicy for OwnerReference {
-    async fn decide(&self, orphan: &Orphan, ctx: &dyn GcContext) -> GcDecision {
+    async fn decide(&self, orphan: &Orphan, _now: Timestamp) -> GcDecision {
         let Some(owner) = &orphan.owner else {
             return self.fallback.decision(orphan, "no controller owner");
         };
-        let namespace = orphan.id.namespace.as_str();
         // Sorted, so the reason names the same sibling every pass.
-        let mut siblings = ctx.siblings(namespace, owner).await;
-        siblings.retain(|sibling| sibling.id != orphan.id);
+        let mut siblings: Vec<_> = orphan.siblings.iter().filter(|s| s.id != orphan.id).collect();
         siblings.sort();
         if let Some(newer) = siblings.iter().find(|sibling| sibling.checkpointed) {
             return GcDecision::new(GcVerdict::RemoveNow, format!("superseded by {}", newer.id));
         }
-        let status = ctx.owner_status(namespace, owner).await;
         let owner = owner_label(owner);
-        match (status, siblings.first()) {
+        match (orphan.owner_status, siblings.first()) {
             (OwnerStatus::Absent, _) => {
                 GcDecision::new(GcVerdict::RemoveNow, format!("owner {owner} deleted"))
             }
@@ -76,6 +71,10 @@ impl GcPolicy for OwnerReference {
                     .decision(orphan, &format!("owner {owner} unknown (lookup failed)"))
             }
         }
+    }
+
+    fn needs_owner_status(&self) -> bool {
+        true
     }
 }
 
@@ -95,10 +94,9 @@ inventory::submit! {
 
 #[cfg(test)]
 mod tests {
-    use ckpt_core::{PodId, Timestamp};
+    use ckpt_core::{PodId, Sibling};
 
     use super::*;
-    use crate::StaticContext;
 
     const NS: &str = "kube-system";
     const GRACE: Duration = Duration::from_secs(60);
@@ -114,182 +112,164 @@ mod tests {
 
     fn orphan(name: &str, owner: Option<&ControllerOwner>, absent_since: i64) -> Orphan {
         Orphan {
-            id: PodId::new(NS, name),
             parent_uid: Some(format!("uid-{name}")),
             owner: owner.cloned(),
-            is_self: false,
-            absent_since: Timestamp(absent_since),
+            ..Orphan::new(PodId::new(NS, name), Timestamp(absent_since))
         }
     }
 
-    fn pod(name: &str) -> PodId {
-        PodId::new(NS, name)
+    /// The facts the agent gathered about an orphan (the agent filters siblings to pods
+    /// of the same controller in the same namespace: ckpt-core's `assess` tests).
+    trait Facts {
+        fn owner_is(self, status: OwnerStatus) -> Self;
+        fn sibling(self, name: &str, checkpointed: bool) -> Self;
     }
 
-    async fn check(ctx: StaticContext, orphan: Orphan, verdict: GcVerdict, reason: &str) {
-        let decision = OwnerReference::new(GRACE).decide(&orphan, &ctx).await;
-        assert_eq!(decision, GcDecision::new(verdict, reason), "{orphan:?}\n{ctx:?}");
+    impl Facts for Orphan {
+        fn owner_is(mut self, status: OwnerStatus) -> Self {
+            self.owner_status = status;
+            self
+        }
+
+        fn sibling(mut self, name: &str, checkpointed: bool) -> Self {
+            self.siblings.push(Sibling {
+                id: PodId::new(NS, name),
+                checkpointed,
+            });
+            self
+        }
+    }
+
+    async fn check(now: Timestamp, orphan: Orphan, verdict: GcVerdict, reason: &str) {
+        let decision = OwnerReference::new(GRACE).decide(&orphan, now).await;
+        assert_eq!(decision, GcDecision::new(verdict, reason), "{orphan:?}");
     }
 
     #[tokio::test]
     async fn decisions() {
+        use OwnerStatus::{Absent, Present, Unknown};
         let api = daemon_set("kube-apiserver", "u1");
-        // The same DaemonSet deleted and re-created: new UID, same controller.
-        let api_recreated = daemon_set("kube-apiserver", "u2");
-        let other = daemon_set("kube-scheduler", "u3");
         let now = Timestamp(130_000);
         let at = |ms| GcVerdict::RemoveAt(Timestamp(ms));
-        let cases: Vec<(&str, StaticContext, Orphan, GcVerdict, &str)> = vec![
+        let old = || orphan("kube-apiserver-old", Some(&api), 100_000);
+        let cases: Vec<(&str, Timestamp, Orphan, GcVerdict, &str)> = vec![
             (
                 "rolling update: the new pod is checkpointed",
-                StaticContext::new(now)
-                    .with_owner(NS, &api, OwnerStatus::Present)
-                    .with_pod(pod("kube-apiserver-new"), &api, true),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old().owner_is(Present).sibling("kube-apiserver-new", true),
                 GcVerdict::RemoveNow,
                 "superseded by kube-system/kube-apiserver-new",
             ),
             (
                 "rolling update: the new pod is not checkpointed yet",
-                StaticContext::new(now)
-                    .with_owner(NS, &api, OwnerStatus::Present)
-                    .with_pod(pod("kube-apiserver-new"), &api, false),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old().owner_is(Present).sibling("kube-apiserver-new", false),
                 GcVerdict::Keep,
                 "waiting for kube-system/kube-apiserver-new of DaemonSet/kube-apiserver to be checkpointed",
             ),
             (
-                "rolling update: superseding needs no owner lookup (lookup failing)",
-                StaticContext::new(now).with_pod(pod("kube-apiserver-new"), &api, true),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                "rolling update: superseding needs no owner status (lookup failing)",
+                now,
+                old().owner_is(Unknown).sibling("kube-apiserver-new", true),
                 GcVerdict::RemoveNow,
                 "superseded by kube-system/kube-apiserver-new",
             ),
             (
                 "rolling update: pending sibling and failed lookup keep",
-                StaticContext::new(now).with_pod(pod("kube-apiserver-new"), &api, false),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old().owner_is(Unknown).sibling("kube-apiserver-new", false),
                 GcVerdict::Keep,
                 "waiting for kube-system/kube-apiserver-new of DaemonSet/kube-apiserver to be checkpointed",
             ),
             (
-                "controller re-created under the same name supersedes too",
-                StaticContext::new(now)
-                    .with_owner(NS, &api_recreated, OwnerStatus::Present)
-                    .with_pod(pod("kube-apiserver-new"), &api_recreated, true),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
-                GcVerdict::RemoveNow,
-                "superseded by kube-system/kube-apiserver-new",
-            ),
-            (
                 "several siblings: the first checkpointed one by name",
-                StaticContext::new(now)
-                    .with_owner(NS, &api, OwnerStatus::Present)
-                    .with_pod(pod("kube-apiserver-c"), &api, true)
-                    .with_pod(pod("kube-apiserver-a"), &api, false)
-                    .with_pod(pod("kube-apiserver-b"), &api, true),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old()
+                    .owner_is(Present)
+                    .sibling("kube-apiserver-c", true)
+                    .sibling("kube-apiserver-a", false)
+                    .sibling("kube-apiserver-b", true),
                 GcVerdict::RemoveNow,
                 "superseded by kube-system/kube-apiserver-b",
             ),
             (
-                "a pod of another controller supersedes nothing",
-                StaticContext::new(now)
-                    .with_owner(NS, &api, OwnerStatus::Present)
-                    .with_pod(pod("kube-scheduler-x"), &other, true),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
-                at(160_000),
-                "owner DaemonSet/kube-apiserver has no pod on this node; grace period 60s",
-            ),
-            (
-                "a same-named controller in another namespace supersedes nothing",
-                StaticContext::new(now)
-                    .with_owner(NS, &api, OwnerStatus::Present)
-                    .with_pod(PodId::new("default", "kube-apiserver-new"), &api, true),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
-                at(160_000),
-                "owner DaemonSet/kube-apiserver has no pod on this node; grace period 60s",
-            ),
-            (
                 "the orphan is never its own sibling",
-                StaticContext::new(now)
-                    .with_owner(NS, &api, OwnerStatus::Present)
-                    .with_pod(pod("kube-apiserver-old"), &api, true),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old().owner_is(Present).sibling("kube-apiserver-old", true),
                 at(160_000),
                 "owner DaemonSet/kube-apiserver has no pod on this node; grace period 60s",
             ),
             (
                 "owner deleted",
-                StaticContext::new(now).with_owner(NS, &api, OwnerStatus::Absent),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old().owner_is(Absent),
                 GcVerdict::RemoveNow,
                 "owner DaemonSet/kube-apiserver deleted",
             ),
             (
                 "owner deleted wins over a pending sibling (it is being deleted too)",
-                StaticContext::new(now)
-                    .with_owner(NS, &api, OwnerStatus::Absent)
-                    .with_pod(pod("kube-apiserver-new"), &api, false),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old().owner_is(Absent).sibling("kube-apiserver-new", false),
                 GcVerdict::RemoveNow,
                 "owner DaemonSet/kube-apiserver deleted",
             ),
             (
                 "owner present, no pod here (node deselected)",
-                StaticContext::new(now).with_owner(NS, &api, OwnerStatus::Present),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old().owner_is(Present),
                 at(160_000),
                 "owner DaemonSet/kube-apiserver has no pod on this node; grace period 60s",
             ),
             (
                 "owner lookup failed: grace period, never now",
-                StaticContext::new(now).with_owner(NS, &api, OwnerStatus::Unknown),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                now,
+                old().owner_is(Unknown),
                 at(160_000),
                 "owner DaemonSet/kube-apiserver unknown (lookup failed); grace period 60s",
             ),
             (
                 "pod without owner: grace period",
-                StaticContext::new(now).with_pod(pod("kube-apiserver-new"), &api, true),
-                orphan("static-ish", None, 100_000),
+                now,
+                orphan("static-ish", None, 100_000).sibling("kube-apiserver-new", true),
                 at(160_000),
                 "no controller owner; grace period 60s",
             ),
             (
                 "deadline exactly reached is still reported as the deadline",
-                StaticContext::new(Timestamp(160_000)).with_owner(NS, &api, OwnerStatus::Present),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                Timestamp(160_000),
+                old().owner_is(Present),
                 at(160_000),
                 "owner DaemonSet/kube-apiserver has no pod on this node; grace period 60s",
             ),
             (
                 "clock went backwards: the deadline does not move earlier",
-                StaticContext::new(Timestamp(10_000)).with_owner(NS, &api, OwnerStatus::Present),
-                orphan("kube-apiserver-old", Some(&api), 100_000),
+                Timestamp(10_000),
+                old().owner_is(Present),
                 at(160_000),
                 "owner DaemonSet/kube-apiserver has no pod on this node; grace period 60s",
             ),
             (
                 "parent back and gone again: a fresh absent_since, a fresh deadline",
-                StaticContext::new(Timestamp(200_000)).with_owner(NS, &api, OwnerStatus::Present),
-                orphan("kube-apiserver-old", Some(&api), 200_000),
+                Timestamp(200_000),
+                orphan("kube-apiserver-old", Some(&api), 200_000).owner_is(Present),
                 at(260_000),
                 "owner DaemonSet/kube-apiserver has no pod on this node; grace period 60s",
             ),
         ];
-        for (name, ctx, orphan, verdict, reason) in cases {
+        for (name, now, orphan, verdict, reason) in cases {
             eprintln!("case: {name}");
-            check(ctx, orphan, verdict, reason).await;
+            check(now, orphan, verdict, reason).await;
         }
     }
 
     #[tokio::test]
     async fn grace_zero_falls_back_to_absent_since() {
         let api = daemon_set("kube-apiserver", "u1");
-        let ctx = StaticContext::new(Timestamp(100_000)).with_owner(NS, &api, OwnerStatus::Unknown);
         let decision = OwnerReference::new(Duration::ZERO)
-            .decide(&orphan("kube-apiserver-old", Some(&api), 100_000), &ctx)
+            .decide(
+                &orphan("kube-apiserver-old", Some(&api), 100_000),
+                Timestamp(100_000),
+            )
             .await;
         assert_eq!(decision.verdict, GcVerdict::RemoveAt(Timestamp(100_000)));
     }
@@ -299,21 +279,25 @@ mod tests {
         let agent = daemon_set("pod-checkpointer", "u1");
         let mut me = orphan("pod-checkpointer-abc", Some(&agent), 100_000);
         me.is_self = true;
-        let deleted = StaticContext::new(Timestamp(100_000)).with_owner(NS, &agent, OwnerStatus::Absent);
+        let now = Timestamp(100_000);
         check(
-            deleted,
-            me.clone(),
+            now,
+            me.clone().owner_is(OwnerStatus::Absent),
             GcVerdict::RemoveNow,
             "owner DaemonSet/pod-checkpointer deleted",
         )
         .await;
-        let deselected = StaticContext::new(Timestamp(100_000)).with_owner(NS, &agent, OwnerStatus::Present);
         check(
-            deselected,
-            me,
+            now,
+            me.owner_is(OwnerStatus::Present),
             GcVerdict::RemoveAt(Timestamp(160_000)),
             "owner DaemonSet/pod-checkpointer has no pod on this node; grace period 60s",
         )
         .await;
+    }
+
+    #[test]
+    fn asks_for_owner_status() {
+        assert!(OwnerReference::new(GRACE).needs_owner_status());
     }
 }

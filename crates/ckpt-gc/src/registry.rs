@@ -161,7 +161,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::{DEFAULT_STRATEGY, GcContext, StaticContext};
+    use crate::DEFAULT_STRATEGY;
 
     /// A policy that answers with the name it was registered under, to tell registrations apart.
     #[derive(Debug)]
@@ -169,7 +169,7 @@ mod tests {
 
     #[async_trait]
     impl GcPolicy for Named {
-        async fn decide(&self, _orphan: &Orphan, _ctx: &dyn GcContext) -> GcDecision {
+        async fn decide(&self, _orphan: &Orphan, _now: Timestamp) -> GcDecision {
             GcDecision::new(GcVerdict::Keep, self.0)
         }
     }
@@ -269,11 +269,12 @@ mod tests {
             owner: None,
             is_self: false,
             absent_since: Timestamp(1_000),
+            owner_status: ckpt_core::OwnerStatus::Unknown,
+            siblings: Vec::new(),
         };
-        let ctx = StaticContext::new(Timestamp(1_000));
         for name in names() {
             let policy = build(name, &GcConfig::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let decision = policy.decide(&orphan, &ctx).await;
+            let decision = policy.decide(&orphan, Timestamp(1_000)).await;
             assert!(!decision.reason.is_empty(), "{name}");
             // An empty section or an explicit null is "no settings" too.
             let empty = GcConfig::default().with_gc_section(json!({ name: {} }));

@@ -1,0 +1,411 @@
+//! One pass's decision, as a pure function: [`Observation`] + disk + persisted state +
+//! GC verdicts + clock → [`Decision`] (what to write, stop, start and remove, and what to
+//! report). See ARCHITECTURE.md, "The pass".
+//!
+//! GC strategies may do I/O (they are async plugins), so the decision comes in two pure
+//! steps with the strategy in between:
+//!
+//! 1. [`assess`]: filters the parents, selects the objects each one needs, sanitizes them,
+//!    and finds the [`Orphan`]s (checkpoints whose parent is absent from a synced view),
+//!    each with the facts a strategy needs (siblings, owner status);
+//! 2. the agent asks its strategy about each orphan;
+//! 3. [`Assessment::decide`]: plans with the verdicts ([`crate::plan`]).
+//!
+//! [`decide`](decide()) does 1 and 3 in one call, for verdicts known in advance.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::checkpoint::Checkpoint;
+use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
+use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent};
+use crate::observation::{ApiState, Observation, OwnerKey};
+use crate::plan::{
+    ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal, orphans, plan,
+};
+use crate::references::{RequiredObjects, required_objects};
+use crate::sanitize::{SanitizeOptions, sanitize};
+use crate::time::Timestamp;
+
+/// The agent's settings that decisions depend on.
+#[derive(Clone, Debug)]
+pub struct DecideConfig {
+    /// `--namespaces`: only pods here are parents.
+    pub allowed: NamespaceAllowList,
+    /// Who the agent is. Its controller owner, when not set, is learned each pass from its
+    /// own pod or checkpoint ([`Report::own_owner`]).
+    pub me: SelfIdentity,
+    /// `--checkpoint-dir`: the hostPath volumes of checkpoints point below it.
+    pub checkpoint_dir: String,
+}
+
+/// What one pass does, in execution order (writes → stops → starts → removes), with the
+/// state to persist and what to report.
+#[derive(Clone, Debug, Default)]
+pub struct Decision {
+    /// Write (or rewrite) these inactive checkpoints, sorted by parent.
+    pub writes: Vec<Checkpoint>,
+    /// Remove the active manifest (deactivate).
+    pub stops: Vec<PodId>,
+    /// Copy the inactive manifest into the manifests directory (activate or refresh).
+    pub starts: Vec<PodId>,
+    /// Remove the checkpoint entirely; the agent's own last.
+    pub removes: Vec<Removal>,
+    /// A self-GC decision: once executed, the agent exits.
+    pub self_gc: bool,
+    /// The persistent state to save after executing.
+    pub state: PersistentState,
+    /// What to log, count and publish.
+    pub report: Report,
+}
+
+impl Decision {
+    /// Whether the decision changes anything on disk.
+    pub fn is_noop(&self) -> bool {
+        self.writes.is_empty() && self.stops.is_empty() && self.starts.is_empty() && self.removes.is_empty()
+    }
+}
+
+/// A parent that cannot be represented as a static pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why, naming the field.
+    pub message: String,
+    /// The parent's UID (the Event's subject).
+    pub uid: Option<String>,
+}
+
+/// What a pass found worth logging, counting and publishing.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The API state the decision was made in.
+    pub api: Option<ApiState>,
+    /// Every checkpoint's state after the pass.
+    pub states: BTreeMap<PodId, CheckpointState>,
+    /// Parents that cannot be checkpointed, with why.
+    pub refusals: BTreeMap<PodId, Refusal>,
+    /// Parents not checkpointed because the agent may not read what they mount (RBAC):
+    /// a wait, not a refusal.
+    pub waiting_for_access: BTreeMap<PodId, String>,
+    /// Parents whose Secrets/ConfigMaps are still loading, with what is missing.
+    pub loading: BTreeMap<PodId, Vec<String>>,
+    /// Deliberate differences between a parent and its checkpoint (a dropped token, …).
+    pub warnings: BTreeMap<PodId, Vec<String>>,
+    /// The parent UID of each checkpoint or parent: the subject of its Events.
+    pub parent_uids: BTreeMap<PodId, String>,
+    /// The earliest future GC deadline: when to look again.
+    pub next_deadline: Option<Timestamp>,
+    /// The agent's controller owner, from its own pod in the API or its own checkpoint.
+    pub own_owner: Option<ControllerOwner>,
+    /// How many checkpoints are on disk before the pass.
+    pub on_disk: usize,
+}
+
+impl Report {
+    /// Checkpoints by state name (`inactive`, `active-grace`, `self`, …), removed ones
+    /// left out: the metric.
+    pub fn counts_by_state(&self) -> BTreeMap<&'static str, u64> {
+        let mut counts = BTreeMap::new();
+        for state in self.states.values() {
+            if let Some(name) = state.name() {
+                *counts.entry(name).or_default() += 1;
+            }
+        }
+        counts
+    }
+}
+
+/// The first step of a pass: everything but the GC verdicts. Made by [`assess`].
+#[derive(Clone, Debug)]
+pub struct Assessment<'a> {
+    disk: &'a BTreeMap<PodId, DiskCheckpoint>,
+    state: &'a PersistentState,
+    now: Timestamp,
+    me: SelfIdentity,
+    api: ApiView,
+    local: &'a crate::plan::LocalView,
+    checkpoints: BTreeMap<PodId, Checkpoint>,
+    desired: BTreeMap<PodId, String>,
+    orphans: Vec<Orphan>,
+    report: Report,
+}
+
+impl Assessment<'_> {
+    /// The checkpoints whose parents are absent from a synced view, with the facts a GC
+    /// strategy decides on. Empty unless the API is synced.
+    pub fn orphans(&self) -> &[Orphan] {
+        &self.orphans
+    }
+
+    /// The agent's identity as this pass knows it (its controller owner learned).
+    pub fn me(&self) -> &SelfIdentity {
+        &self.me
+    }
+
+    /// Plans the pass with a verdict for each orphan (a missing verdict keeps the
+    /// checkpoint).
+    pub fn decide(mut self, verdicts: &BTreeMap<PodId, GcDecision>) -> Decision {
+        let inputs = PlanInputs {
+            api: &self.api,
+            local: self.local,
+            disk: self.disk,
+            desired: &self.desired,
+            verdicts,
+            state: self.state,
+            me: &self.me,
+        };
+        let planned = plan(&inputs, self.now);
+        let now = self.now;
+        self.report.next_deadline = verdicts
+            .values()
+            .filter_map(|v| match v.verdict {
+                GcVerdict::RemoveAt(t) if t > now => Some(t),
+                _ => None,
+            })
+            .min();
+        self.report.states = planned.states;
+        let writes = (planned.writes.iter())
+            .filter_map(|id| self.checkpoints.remove(id))
+            .collect();
+        Decision {
+            writes,
+            stops: planned.stops,
+            starts: planned.starts,
+            removes: planned.removes,
+            self_gc: planned.self_gc,
+            state: planned.state,
+            report: self.report,
+        }
+    }
+}
+
+/// Decides a pass whose GC verdicts are known in advance: [`assess`], then
+/// [`Assessment::decide`].
+pub fn decide(
+    observation: &Observation,
+    disk: &BTreeMap<PodId, DiskCheckpoint>,
+    state: &PersistentState,
+    verdicts: &BTreeMap<PodId, GcDecision>,
+    config: &DecideConfig,
+    now: Timestamp,
+) -> Decision {
+    assess(observation, disk, state, config, now).decide(verdicts)
+}
+
+/// The owners to look up before deciding: those of checkpoints on disk whose parents
+/// are absent from a synced view (empty unless synced). Orphan candidates are known
+/// before deciding; their owners' status is an [`Observation`] fact.
+pub fn orphan_owners(
+    api: ApiState,
+    pods: &BTreeMap<PodId, Arc<Pod>>,
+    disk: &BTreeMap<PodId, DiskCheckpoint>,
+    allowed: &NamespaceAllowList,
+) -> BTreeSet<OwnerKey> {
+    if api != ApiState::Synced {
+        return BTreeSet::new();
+    }
+    disk.iter()
+        .filter(|(id, _)| !pods.get(*id).is_some_and(|pod| is_parent(pod, allowed)))
+        .filter_map(|(id, d)| Some(OwnerKey::new(&id.namespace, d.meta()?.owner.as_ref()?)))
+        .collect()
+}
+
+/// The first step of a pass: parents, their sanitized checkpoints, the orphans and
+/// their facts.
+pub fn assess<'a>(
+    observation: &'a Observation,
+    disk: &'a BTreeMap<PodId, DiskCheckpoint>,
+    state: &'a PersistentState,
+    config: &DecideConfig,
+    now: Timestamp,
+) -> Assessment<'a> {
+    let synced = observation.api == ApiState::Synced;
+    let parents: BTreeMap<&PodId, &Pod> = (observation.pods.iter())
+        .filter(|(_, pod)| is_parent(pod, &config.allowed))
+        .map(|(id, pod)| (id, pod.as_ref()))
+        .collect();
+    let mut me = config.me.clone();
+    let own_owner = own_owner(&me, &observation.pods, disk);
+    if own_owner.is_some() {
+        me.owner = own_owner.clone();
+    }
+    let mut report = Report {
+        api: Some(observation.api),
+        own_owner,
+        on_disk: disk.len(),
+        ..Report::default()
+    };
+    let checkpoints = if synced {
+        sanitize_parents(observation, &parents, config, now, &mut report)
+    } else {
+        BTreeMap::new()
+    };
+    let desired: BTreeMap<PodId, String> = (checkpoints.iter())
+        .map(|(id, c)| (id.clone(), c.spec_hash.clone()))
+        .collect();
+    report.parent_uids = (disk.iter())
+        .filter_map(|(id, d)| Some((id.clone(), d.meta()?.parent_uid.clone()?)))
+        .chain(
+            parents
+                .iter()
+                .filter_map(|(id, p)| Some(((*id).clone(), p.metadata.uid.clone()?))),
+        )
+        .collect();
+    let api = match observation.api {
+        ApiState::Unreachable => ApiView::Unreachable,
+        ApiState::Reachable => ApiView::Reachable,
+        ApiState::Synced => ApiView::Synced {
+            parents: (parents.iter())
+                .map(|(id, pod)| {
+                    let parent = ApiParent {
+                        uid: pod.metadata.uid.clone(),
+                        owner: ControllerOwner::of(pod),
+                    };
+                    ((*id).clone(), parent)
+                })
+                .collect(),
+        },
+    };
+    let inputs = PlanInputs {
+        api: &api,
+        local: &observation.local,
+        disk,
+        desired: &desired,
+        verdicts: &BTreeMap::new(),
+        state,
+        me: &me,
+    };
+    let mut found = orphans(&inputs, now);
+    for orphan in &mut found {
+        let Some(owner) = &orphan.owner else { continue };
+        let namespace = orphan.id.namespace.as_str();
+        orphan.owner_status = observation.owner_status(namespace, owner);
+        // Only parents the agent can checkpoint count (`desired` holds the sanitizable
+        // ones): a pod that can never be checkpointed must not supersede anything.
+        orphan.siblings = (parents.iter())
+            .filter(|(id, pod)| {
+                id.namespace == namespace
+                    && **id != &orphan.id
+                    && desired.contains_key(**id)
+                    && ControllerOwner::of(pod).is_some_and(|o| o.same_controller(owner))
+            })
+            .map(|(id, _)| {
+                let stored = (disk.get(*id))
+                    .and_then(|d| d.inactive.as_ref())
+                    .and_then(|c| c.meta.spec_hash.as_ref());
+                Sibling {
+                    id: (*id).clone(),
+                    checkpointed: stored.is_some() && stored == desired.get(*id),
+                }
+            })
+            .collect();
+    }
+    Assessment {
+        disk,
+        state,
+        now,
+        me,
+        api,
+        local: &observation.local,
+        checkpoints,
+        desired,
+        orphans: found,
+        report,
+    }
+}
+
+/// The agent's controller owner, from its own pod in the API or its own checkpoint: it
+/// recognises the agent's rolled pods (same DaemonSet, new name). Once known it stays
+/// known (`me.owner`).
+fn own_owner(
+    me: &SelfIdentity,
+    pods: &BTreeMap<PodId, Arc<Pod>>,
+    disk: &BTreeMap<PodId, DiskCheckpoint>,
+) -> Option<ControllerOwner> {
+    let own = me.parent_id();
+    (pods.get(&own).and_then(|p| ControllerOwner::of(p)))
+        .or_else(|| {
+            disk.get(&own)
+                .and_then(DiskCheckpoint::meta)
+                .and_then(|m| m.owner.clone())
+        })
+        .or_else(|| me.owner.clone())
+}
+
+/// Sanitizes every parent whose Secrets and ConfigMaps are all known; the others are
+/// waits (still loading, or forbidden) or refusals, in the report.
+fn sanitize_parents(
+    observation: &Observation,
+    parents: &BTreeMap<&PodId, &Pod>,
+    config: &DecideConfig,
+    now: Timestamp,
+    report: &mut Report,
+) -> BTreeMap<PodId, Checkpoint> {
+    let options = SanitizeOptions {
+        checkpoint_dir: config.checkpoint_dir.clone(),
+        checkpointed_at: now,
+    };
+    let none = Default::default();
+    let mut out = BTreeMap::new();
+    for (&id, &pod) in parents {
+        let required = required_objects(pod);
+        let view = observation.objects.get(&id.namespace).unwrap_or(&none);
+        let unresolved = view.unresolved(&required);
+        let loading: Vec<String> = (unresolved.iter())
+            .filter(|(r, _)| !view.failed.contains_key(r))
+            .map(|(r, why)| format!("{r} ({why})"))
+            .collect();
+        if !loading.is_empty() {
+            report.loading.insert(id.clone(), loading);
+            continue;
+        }
+        // A Secret/ConfigMap we may not read (RBAC) is not a pod that cannot be
+        // represented: wait for the permission (the watch retries) and keep whatever
+        // checkpoint exists.
+        if !unresolved.is_empty() {
+            let forbidden: Vec<String> = unresolved.iter().map(|(r, why)| format!("{r}: {why}")).collect();
+            let message = format!("cannot read what the pod mounts: {}", forbidden.join("; "));
+            report.waiting_for_access.insert(id.clone(), message);
+            continue;
+        }
+        match sanitize(pod, &view.select(&required), &options) {
+            Ok(sanitized) => {
+                if !sanitized.warnings.is_empty() {
+                    report.warnings.insert(id.clone(), sanitized.warnings);
+                }
+                out.insert(id.clone(), sanitized.checkpoint);
+            }
+            Err(e) => {
+                let refusal = Refusal {
+                    message: e.to_string(),
+                    uid: pod.metadata.uid.clone(),
+                };
+                report.refusals.insert(id.clone(), refusal);
+            }
+        }
+    }
+    out
+}
+
+/// What the objects of every parent in `pods` need, by allowed namespace (each allowed
+/// namespace present, possibly empty): what the Secret/ConfigMap watches must cover.
+pub fn required_by_namespace(
+    pods: &BTreeMap<PodId, Arc<Pod>>,
+    allowed: &NamespaceAllowList,
+) -> BTreeMap<String, RequiredObjects> {
+    let mut out: BTreeMap<String, RequiredObjects> = (allowed.namespaces())
+        .map(|ns| (ns.to_owned(), RequiredObjects::default()))
+        .collect();
+    for (id, pod) in pods.iter().filter(|(_, pod)| is_parent(pod, allowed)) {
+        let required = required_objects(pod);
+        let ns = out.entry(id.namespace.clone()).or_default();
+        ns.secrets.extend(required.secrets);
+        ns.config_maps.extend(required.config_maps);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

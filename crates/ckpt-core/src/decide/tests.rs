@@ -1,0 +1,521 @@
+//! `decide` tests: what the pass decides from an observation, beyond the planner's own
+//! transition table (plan/tests.rs): which pods are parents, which objects they wait
+//! for, refusals, the facts each orphan carries, the learned owner, the next deadline.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use serde_json::json;
+
+use super::*;
+use crate::checkpoint::CheckpointMeta;
+use crate::observation::{ObjectRef, ObjectsView, OwnerStatus};
+use crate::plan::{LocalView, StoredCopy};
+
+const NS: &str = "kube-system";
+const NOW: Timestamp = Timestamp(1_000_000);
+
+fn id(name: &str) -> PodId {
+    PodId::new(NS, name)
+}
+
+fn owner(name: &str) -> ControllerOwner {
+    ControllerOwner {
+        api_version: "apps/v1".into(),
+        kind: "DaemonSet".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    }
+}
+
+/// A pod on this node: `annotated` opts it in; `ds` names its DaemonSet; `mounts` a
+/// secret volume; `pvc` makes it unrepresentable.
+#[derive(Clone, Copy, Default)]
+struct PodSpec<'a> {
+    ns: &'a str,
+    annotated: bool,
+    ds: Option<&'a str>,
+    mounts: Option<&'a str>,
+    pvc: bool,
+}
+
+fn pod(name: &str, spec: PodSpec<'_>) -> (PodId, Arc<Pod>) {
+    let ns = if spec.ns.is_empty() { NS } else { spec.ns };
+    let mut volumes = Vec::new();
+    if let Some(secret) = spec.mounts {
+        volumes.push(json!({"name": "s", "secret": {"secretName": secret}}));
+    }
+    if spec.pvc {
+        volumes.push(json!({"name": "data", "persistentVolumeClaim": {"claimName": "data"}}));
+    }
+    let owners: Vec<_> = (spec.ds.map(owner).into_iter())
+        .map(|o| json!({"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid, "controller": true}))
+        .collect();
+    let annotations = if spec.annotated {
+        json!({"checkpointer.alpha.coreos.com/checkpoint": "true"})
+    } else {
+        json!({})
+    };
+    let value = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"),
+                     "annotations": annotations, "ownerReferences": owners},
+        "spec": {"nodeName": "node-1", "volumes": volumes,
+                 "containers": [{"name": "c", "image": "registry.example/c:1"}]},
+    });
+    let pod: Pod = serde_json::from_value(value).expect("a valid pod");
+    (PodId::new(ns, name), Arc::new(pod))
+}
+
+fn parent(name: &str) -> PodSpec<'static> {
+    PodSpec {
+        annotated: true,
+        ..PodSpec::default()
+    }
+    .named(name)
+}
+
+impl PodSpec<'_> {
+    /// Pods named `pc-…` belong to the agent's DaemonSet, `api-…` to `kube-apiserver`.
+    fn named(mut self, name: &str) -> Self {
+        if name.starts_with("pc-") {
+            self.ds = Some("pod-checkpointer");
+        } else if name.starts_with("api-") {
+            self.ds = Some("kube-apiserver");
+        }
+        self
+    }
+}
+
+fn stored(name: &str, hash: &str) -> (PodId, DiskCheckpoint) {
+    let ds = if name.starts_with("pc-") {
+        Some(owner("pod-checkpointer"))
+    } else if name.starts_with("api-") {
+        Some(owner("kube-apiserver"))
+    } else {
+        None
+    };
+    let copy = StoredCopy {
+        meta: CheckpointMeta {
+            parent: id(name),
+            parent_uid: Some(format!("uid-{name}")),
+            owner: ds,
+            spec_hash: Some(hash.into()),
+            checkpointed_at: None,
+        },
+        digest: hash.into(),
+    };
+    let disk = DiskCheckpoint {
+        inactive: Some(copy),
+        active: None,
+    };
+    (id(name), disk)
+}
+
+/// The world a pass observes.
+struct World {
+    observation: Observation,
+    disk: BTreeMap<PodId, DiskCheckpoint>,
+    verdicts: BTreeMap<PodId, GcDecision>,
+    config: DecideConfig,
+}
+
+impl World {
+    fn synced(pods: &[(&str, PodSpec<'_>)]) -> Self {
+        let mut secrets = ObjectsView::default();
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "present", "namespace": NS}, "data": {"k": "dg=="}}))
+        .expect("a valid secret");
+        secrets.objects.secrets.insert("present".into(), secret);
+        secrets.loading.insert(ObjectRef::secret("loading"));
+        secrets
+            .failed
+            .insert(ObjectRef::secret("forbidden"), "forbidden: needs get".into());
+        Self {
+            observation: Observation {
+                api: ApiState::Synced,
+                pods: pods.iter().map(|(n, spec)| pod(n, *spec)).collect(),
+                objects: BTreeMap::from([(NS.to_owned(), secrets)]),
+                local: LocalView::Known {
+                    running: BTreeSet::new(),
+                    kubelet_parents: BTreeSet::new(),
+                },
+                owners: BTreeMap::new(),
+            },
+            disk: BTreeMap::new(),
+            verdicts: BTreeMap::new(),
+            config: DecideConfig {
+                allowed: NamespaceAllowList::new([NS]),
+                me: SelfIdentity::new(NS, "pc-abc", "node-1"),
+                checkpoint_dir: "/etc/kubernetes".into(),
+            },
+        }
+    }
+
+    fn allow(mut self, namespace: &str) -> Self {
+        let allowed = self.config.allowed.namespaces().chain([namespace]);
+        self.config.allowed = NamespaceAllowList::new(allowed.map(str::to_owned).collect::<Vec<_>>());
+        self
+    }
+
+    fn api(mut self, api: ApiState) -> Self {
+        self.observation.api = api;
+        self
+    }
+
+    fn disk(mut self, entries: &[(&str, &str)]) -> Self {
+        self.disk = entries.iter().map(|(n, h)| stored(n, h)).collect();
+        self
+    }
+
+    fn owner_status(mut self, ds: &str, status: OwnerStatus) -> Self {
+        (self.observation.owners).insert(OwnerKey::new(NS, &owner(ds)), status);
+        self
+    }
+
+    fn verdict(mut self, name: &str, verdict: GcVerdict) -> Self {
+        self.verdicts.insert(id(name), GcDecision::new(verdict, "test"));
+        self
+    }
+
+    fn decide(&self) -> Decision {
+        decide(
+            &self.observation,
+            &self.disk,
+            &PersistentState::default(),
+            &self.verdicts,
+            &self.config,
+            NOW,
+        )
+    }
+
+    /// The spec hash `name`'s checkpoint would have now.
+    fn hash_of(&self, name: &str) -> String {
+        let decision = self.decide();
+        let written = decision.writes.iter().find(|c| c.parent == id(name));
+        written.expect("a checkpoint of the pod").spec_hash.clone()
+    }
+}
+
+/// What a decision says, in names.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Expect {
+    writes: Vec<String>,
+    starts: Vec<String>,
+    removes: Vec<String>,
+    refused: Vec<String>,
+    waiting_for_access: Vec<String>,
+    loading: Vec<String>,
+}
+
+fn names<'a>(ids: impl IntoIterator<Item = &'a PodId>) -> Vec<String> {
+    ids.into_iter().map(|id| id.to_string()).collect()
+}
+
+fn check(world: &World, expected: Expect) {
+    let d = world.decide();
+    let actual = Expect {
+        writes: names(d.writes.iter().map(|c| &c.parent)),
+        starts: names(&d.starts),
+        removes: names(d.removes.iter().map(|r| &r.id)),
+        refused: names(d.report.refusals.keys()),
+        waiting_for_access: names(d.report.waiting_for_access.keys()),
+        loading: names(d.report.loading.keys()),
+    };
+    assert_eq!(actual, expected);
+}
+
+fn list(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| format!("{NS}/{n}")).collect()
+}
+
+#[test]
+fn which_pods_are_checkpointed() {
+    let other_ns = PodSpec {
+        ns: "default",
+        annotated: true,
+        ..PodSpec::default()
+    };
+    let cases: Vec<(&str, World, Expect)> = vec![
+        (
+            "an annotated pod is written with its content",
+            World::synced(&[("a", parent("a"))]),
+            Expect {
+                writes: list(&["a"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "a pod without the annotation, or outside --namespaces, is no parent",
+            World::synced(&[("a", PodSpec::default()), ("b", other_ns)]),
+            Expect::default(),
+        ),
+        (
+            "a pod waits for its Secret to load, and for the right to read one",
+            World::synced(&[
+                (
+                    "a",
+                    PodSpec {
+                        mounts: Some("present"),
+                        ..parent("a")
+                    },
+                ),
+                (
+                    "b",
+                    PodSpec {
+                        mounts: Some("loading"),
+                        ..parent("b")
+                    },
+                ),
+                (
+                    "c",
+                    PodSpec {
+                        mounts: Some("forbidden"),
+                        ..parent("c")
+                    },
+                ),
+                (
+                    "d",
+                    PodSpec {
+                        mounts: Some("unwatched"),
+                        ..parent("d")
+                    },
+                ),
+            ]),
+            Expect {
+                writes: list(&["a"]),
+                loading: list(&["b", "d"]),
+                waiting_for_access: list(&["c"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "an unrepresentable pod is refused, its old checkpoint kept",
+            World::synced(&[(
+                "a",
+                PodSpec {
+                    pvc: true,
+                    ..parent("a")
+                },
+            )])
+            .disk(&[("a", "h1")]),
+            Expect {
+                refused: list(&["a"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "nothing is sanitized unless synced; unreachable activates what is stored",
+            World::synced(&[("a", parent("a"))])
+                .disk(&[("a", "h1")])
+                .api(ApiState::Unreachable),
+            Expect {
+                starts: list(&["a"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "reachable, not synced: nothing at all",
+            World::synced(&[("a", parent("a"))])
+                .disk(&[("b", "h1")])
+                .api(ApiState::Reachable),
+            Expect::default(),
+        ),
+        (
+            "an orphan goes when its verdict says so",
+            World::synced(&[])
+                .disk(&[("a", "h1")])
+                .verdict("a", GcVerdict::RemoveNow),
+            Expect {
+                removes: list(&["a"]),
+                ..Expect::default()
+            },
+        ),
+    ];
+    for (name, world, expected) in cases {
+        eprintln!("case: {name}");
+        check(&world, expected);
+    }
+}
+
+/// The orphans of a world, as (name, owner status, siblings as `name` or `name*` when
+/// checkpointed).
+fn check_orphans(world: &World, expected: &[(&str, OwnerStatus, &[&str])]) {
+    let state = PersistentState::default();
+    let assessment = assess(&world.observation, &world.disk, &state, &world.config, NOW);
+    let actual: Vec<(String, OwnerStatus, Vec<String>)> = (assessment.orphans().iter())
+        .map(|o| {
+            let siblings = (o.siblings.iter())
+                .map(|s| format!("{}{}", s.id.name, if s.checkpointed { "*" } else { "" }))
+                .collect();
+            (o.id.name.clone(), o.owner_status, siblings)
+        })
+        .collect();
+    let expected: Vec<(String, OwnerStatus, Vec<String>)> = (expected.iter())
+        .map(|(n, s, sib)| ((*n).to_owned(), *s, sib.iter().map(|x| (*x).to_owned()).collect()))
+        .collect();
+    assert_eq!(actual, expected);
+}
+
+#[test]
+fn orphans_carry_their_facts() {
+    use OwnerStatus::{Absent, Present, Unknown};
+    let current = World::synced(&[("api-new", parent("api-new"))]);
+    let new_hash = current.hash_of("api-new");
+    let with_new = [("api-old", "h1"), ("api-new", new_hash.as_str())];
+    let cases: Vec<(&str, World, &[(&str, OwnerStatus, &[&str])])> = vec![
+        (
+            "a sibling not yet checkpointed; the owner not looked up",
+            World::synced(&[("api-new", parent("api-new"))]).disk(&[("api-old", "h1")]),
+            &[("api-old", Unknown, &["api-new"])],
+        ),
+        (
+            "a checkpointed sibling; the owner looked up and present",
+            World::synced(&[("api-new", parent("api-new"))])
+                .disk(&with_new)
+                .owner_status("kube-apiserver", Present),
+            &[("api-old", Present, &["api-new*"])],
+        ),
+        (
+            "a sibling that cannot be checkpointed is no sibling",
+            World::synced(&[(
+                "api-new",
+                PodSpec {
+                    pvc: true,
+                    ..parent("api-new")
+                },
+            )])
+            .disk(&[("api-old", "h1")])
+            .owner_status("kube-apiserver", Absent),
+            &[("api-old", Absent, &[])],
+        ),
+        (
+            "an unannotated pod of the same owner is no sibling; no owner, no facts",
+            World::synced(&[("api-x", PodSpec::default().named("api-x"))])
+                .disk(&[("api-old", "h1"), ("b", "h1")]),
+            &[("api-old", Unknown, &[]), ("b", Unknown, &[])],
+        ),
+        (
+            "pods of another controller, or of the same-named one in another namespace, are no siblings",
+            World::synced(&[
+                (
+                    "sched-x",
+                    PodSpec {
+                        ds: Some("kube-scheduler"),
+                        ..parent("sched-x")
+                    },
+                ),
+                (
+                    "api-y",
+                    PodSpec {
+                        ns: "default",
+                        ..parent("api-y")
+                    },
+                ),
+            ])
+            .allow("default")
+            .disk(&[("api-old", "h1")]),
+            &[("api-old", Unknown, &[])],
+        ),
+        (
+            "no orphans unless synced",
+            World::synced(&[])
+                .disk(&[("api-old", "h1")])
+                .api(ApiState::Reachable),
+            &[],
+        ),
+    ];
+    for (name, world, expected) in cases {
+        eprintln!("case: {name}");
+        check_orphans(&world, expected);
+    }
+}
+
+#[test]
+fn owners_to_look_up_are_those_of_absent_parents() {
+    let world = World::synced(&[("api-new", parent("api-new")), ("pc-abc", parent("pc-abc"))]).disk(&[
+        ("api-old", "h1"),
+        ("api-new", "h1"),
+        ("pc-abc", "h1"),
+        ("b", "h1"),
+    ]);
+    let check = |api: ApiState, expected: &[&str]| {
+        let wanted = orphan_owners(api, &world.observation.pods, &world.disk, &world.config.allowed);
+        let actual: Vec<&str> = wanted.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(actual, expected, "{api:?}");
+    };
+    check(ApiState::Synced, &["kube-apiserver"]);
+    check(ApiState::Reachable, &[]);
+    check(ApiState::Unreachable, &[]);
+}
+
+#[test]
+fn the_agents_owner_is_learned_from_its_pod_or_its_checkpoint() {
+    let check = |world: World, expected: Option<&str>| {
+        let report = world.decide().report;
+        assert_eq!(report.own_owner.map(|o| o.name), expected.map(str::to_owned));
+    };
+    check(
+        World::synced(&[("pc-abc", parent("pc-abc"))]),
+        Some("pod-checkpointer"),
+    );
+    check(
+        World::synced(&[]).disk(&[("pc-abc", "h1")]),
+        Some("pod-checkpointer"),
+    );
+    check(World::synced(&[]).disk(&[("api-old", "h1")]), None);
+    // Once known it stays known.
+    let mut world = World::synced(&[]);
+    world.config.me.owner = Some(owner("pod-checkpointer"));
+    check(world, Some("pod-checkpointer"));
+}
+
+#[test]
+fn reports_the_next_deadline_and_event_subjects() {
+    let world = World::synced(&[("a", parent("a"))])
+        .disk(&[("b", "h1"), ("c", "h1"), ("d", "h1")])
+        .verdict("b", GcVerdict::RemoveAt(Timestamp(NOW.0 + 5_000)))
+        .verdict("c", GcVerdict::RemoveAt(Timestamp(NOW.0 + 2_000)))
+        .verdict("d", GcVerdict::RemoveAt(Timestamp(NOW.0 - 1)));
+    let decision = world.decide();
+    assert_eq!(decision.report.next_deadline, Some(Timestamp(NOW.0 + 2_000)));
+    assert_eq!(names(decision.removes.iter().map(|r| &r.id)), list(&["d"]));
+    let subjects: Vec<(String, String)> = (decision.report.parent_uids.iter())
+        .map(|(id, uid)| (id.name.clone(), uid.clone()))
+        .collect();
+    let expected: Vec<(String, String)> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| ((*n).to_owned(), format!("uid-{n}")))
+        .collect();
+    assert_eq!(subjects, expected);
+    let counts = decision.report.counts_by_state();
+    assert_eq!(counts.get("inactive-grace"), Some(&2));
+}
+
+#[test]
+fn watches_cover_what_parents_need_in_every_allowed_namespace() {
+    let world = World::synced(&[
+        (
+            "a",
+            PodSpec {
+                mounts: Some("s1"),
+                ..parent("a")
+            },
+        ),
+        (
+            "b",
+            PodSpec {
+                mounts: Some("s2"),
+                ..PodSpec::default()
+            },
+        ),
+    ]);
+    let mut allowed = world.config.allowed.clone();
+    allowed = NamespaceAllowList::new(allowed.namespaces().chain(["default"]));
+    let required = required_by_namespace(&world.observation.pods, &allowed);
+    let secrets: Vec<(&str, Vec<&str>)> = (required.iter())
+        .map(|(ns, r)| (ns.as_str(), r.secrets.iter().map(String::as_str).collect()))
+        .collect();
+    assert_eq!(secrets, [("default", vec![]), (NS, vec!["s1"])]);
+}

@@ -1,0 +1,231 @@
+//! What the agent observed at the start of a pass, as one owned value: the input of
+//! [`decide`](crate::decide()). `ckpt-watch` produces it; nothing here does I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::identity::{ControllerOwner, PodId};
+use crate::plan::LocalView;
+use crate::references::RequiredObjects;
+use crate::sanitize::ApiObjects;
+
+/// How the API server is, in the three states the planner distinguishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApiState {
+    /// The health probe fails: down, refusing or hung. The only state that allows
+    /// activating checkpoints.
+    Unreachable,
+    /// It answers, but there is no complete list of every namespace since the last
+    /// outage or watch error (e.g. a 403 while RBAC warms up). Neither activates nor
+    /// garbage-collects. Also the state at start, before anything is known.
+    Reachable,
+    /// Every namespace's pod list is complete and current. The only state that allows
+    /// removing anything.
+    Synced,
+}
+
+impl ApiState {
+    /// `unreachable`, `reachable` or `synced`, for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiState::Unreachable => "unreachable",
+            ApiState::Reachable => "reachable",
+            ApiState::Synced => "synced",
+        }
+    }
+}
+
+/// The kind of an object a pod mounts or reads env from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    /// A `v1` Secret.
+    Secret,
+    /// A `v1` ConfigMap.
+    ConfigMap,
+}
+
+impl ObjectKind {
+    /// The resource name as in RBAC rules: `secrets`, `configmaps`.
+    pub fn resource(self) -> &'static str {
+        match self {
+            ObjectKind::Secret => "secrets",
+            ObjectKind::ConfigMap => "configmaps",
+        }
+    }
+}
+
+/// An object's kind and name (its namespace is implied by the view).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    /// Secret or ConfigMap.
+    pub kind: ObjectKind,
+    /// The object's name.
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// A secret reference.
+    pub fn secret(name: impl Into<String>) -> Self {
+        Self {
+            kind: ObjectKind::Secret,
+            name: name.into(),
+        }
+    }
+
+    /// A configmap reference.
+    pub fn config_map(name: impl Into<String>) -> Self {
+        Self {
+            kind: ObjectKind::ConfigMap,
+            name: name.into(),
+        }
+    }
+
+    /// Every object in `required`, secrets first, each sorted.
+    pub fn all(required: &RequiredObjects) -> impl Iterator<Item = ObjectRef> + '_ {
+        let secrets = required.secrets.iter().map(ObjectRef::secret);
+        secrets.chain(required.config_maps.iter().map(ObjectRef::config_map))
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            ObjectKind::Secret => "secret",
+            ObjectKind::ConfigMap => "configmap",
+        };
+        write!(f, "{kind} {}", self.name)
+    }
+}
+
+/// What is known about the watched Secrets and ConfigMaps of one namespace.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectsView {
+    /// The objects that exist (their last known content; a watch that fails after a
+    /// complete list keeps it while it relists).
+    pub objects: ApiObjects,
+    /// Objects known not to exist (a complete, empty list). Whether that is fine is the
+    /// pod's business (`optional`), not an error here.
+    pub absent: BTreeSet<ObjectRef>,
+    /// Objects whose first list has not arrived yet.
+    pub loading: BTreeSet<ObjectRef>,
+    /// Objects never listed because the watch fails, with why (e.g. `forbidden: needs
+    /// get/list/watch on secrets in namespace kube-system (…)`).
+    pub failed: BTreeMap<ObjectRef, String>,
+}
+
+impl ObjectsView {
+    /// What keeps `required` from being resolved: each object that is still loading, has
+    /// failed, or is not watched at all, with a reason. Empty means every required object
+    /// is known (present or absent).
+    pub fn unresolved(&self, required: &RequiredObjects) -> Vec<(ObjectRef, String)> {
+        ObjectRef::all(required)
+            .filter_map(|r| {
+                let known = match r.kind {
+                    ObjectKind::Secret => self.objects.secrets.contains_key(&r.name),
+                    ObjectKind::ConfigMap => self.objects.config_maps.contains_key(&r.name),
+                } || self.absent.contains(&r);
+                if known {
+                    return None;
+                }
+                let reason = if let Some(why) = self.failed.get(&r) {
+                    why.clone()
+                } else if self.loading.contains(&r) {
+                    "still loading".to_owned()
+                } else {
+                    "not watched".to_owned()
+                };
+                Some((r, reason))
+            })
+            .collect()
+    }
+
+    /// The objects of `required` that exist, for sanitizing one pod.
+    pub fn select(&self, required: &RequiredObjects) -> ApiObjects {
+        ApiObjects {
+            secrets: (self.objects.secrets.iter())
+                .filter(|(n, _)| required.secrets.contains(*n))
+                .map(|(n, s)| (n.clone(), s.clone()))
+                .collect(),
+            config_maps: (self.objects.config_maps.iter())
+                .filter(|(n, _)| required.config_maps.contains(*n))
+                .map(|(n, c)| (n.clone(), c.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// Whether a controller owner exists, as looked up before deciding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OwnerStatus {
+    /// The owner exists.
+    Present,
+    /// The API server said it does not exist (404).
+    Absent,
+    /// Not looked up, or the lookup failed: nothing is known. Never a reason to remove
+    /// anything early.
+    Unknown,
+}
+
+/// A controller owner in a namespace: the key of [`Observation::owners`]. Matched by
+/// kind and name, as [`ControllerOwner::same_controller`] does.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OwnerKey {
+    /// The owner's namespace (the pod's).
+    pub namespace: String,
+    /// `apiVersion` of the owner.
+    pub api_version: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl OwnerKey {
+    /// The key of `owner` in `namespace`.
+    pub fn new(namespace: &str, owner: &ControllerOwner) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            api_version: owner.api_version.clone(),
+            kind: owner.kind.clone(),
+            name: owner.name.clone(),
+        }
+    }
+}
+
+/// Everything the agent observed for one pass.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    /// The API server's state.
+    pub api: ApiState,
+    /// The pods on this node in the allowed namespaces (all of them, not only parents).
+    /// Complete and current only when `api` is [`ApiState::Synced`].
+    pub pods: BTreeMap<PodId, Arc<Pod>>,
+    /// The watched Secrets and ConfigMaps, by namespace.
+    pub objects: BTreeMap<String, ObjectsView>,
+    /// What runs on this node.
+    pub local: LocalView,
+    /// Whether the controller owners of orphan candidates exist (looked up only when the
+    /// GC strategy uses it; a missing entry is [`OwnerStatus::Unknown`]).
+    pub owners: BTreeMap<OwnerKey, OwnerStatus>,
+}
+
+impl Observation {
+    /// What an agent sees without any API server: unreachable, nothing listed.
+    pub fn offline(local: LocalView) -> Self {
+        Self {
+            api: ApiState::Unreachable,
+            pods: BTreeMap::new(),
+            objects: BTreeMap::new(),
+            local,
+            owners: BTreeMap::new(),
+        }
+    }
+
+    /// The status of `owner` in `namespace`; [`OwnerStatus::Unknown`] when not looked up.
+    pub fn owner_status(&self, namespace: &str, owner: &ControllerOwner) -> OwnerStatus {
+        (self.owners.get(&OwnerKey::new(namespace, owner)).copied()).unwrap_or(OwnerStatus::Unknown)
+    }
+}
