@@ -1,9 +1,9 @@
-//! Executes a [`Plan`] against the [`Store`], in the order writes → stops → starts →
+//! Applies a [`Decision`] to the [`Store`], in the order writes → stops → starts →
 //! removes, each step idempotent and crash-safe (the store writes atomically).
 
 use std::collections::BTreeMap;
 
-use ckpt_core::{Checkpoint, Plan, PodId, RemovalReason};
+use ckpt_core::{Decision, PodId, RemovalReason};
 use ckpt_store::Store;
 use tracing::{info, warn};
 
@@ -42,25 +42,18 @@ impl Reporting<'_> {
     }
 }
 
-/// Runs the plan's actions in order. Each action is synchronous file work (fsyncs): the
+/// Runs the decision's actions in order. Each action is synchronous file work (fsyncs): the
 /// agent yields after every one, so that on a single-threaded runtime a pass that writes
 /// hundreds of checkpoints never starves the health endpoints or the API probe.
-pub(crate) async fn execute(
-    store: &Store,
-    plan: &Plan,
-    checkpoints: &BTreeMap<PodId, Checkpoint>,
-    report: &Reporting<'_>,
-) -> Outcome {
+pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'_>) -> Outcome {
     let mut outcome = Outcome::default();
     let mut fail = |what: &str, id: &PodId, e: &dyn std::error::Error| {
         warn!(pod = %id, error = %crate::config::error_chain(e), "{what} failed");
         report.health.write_error();
         outcome.failures += 1;
     };
-    for id in &plan.writes {
-        let Some(checkpoint) = checkpoints.get(id) else {
-            continue;
-        };
+    for checkpoint in &plan.writes {
+        let id = &checkpoint.parent;
         match store.write_inactive(checkpoint) {
             Ok(summary) if summary.changed() => info!(
                 pod = %id,

@@ -200,6 +200,8 @@ impl OwnerKey {
 pub struct Observation {
     /// The API server's state.
     pub api: ApiState,
+    /// The API server's current problem (the failing probe's or a watch's error), for logs.
+    pub api_error: Option<String>,
     /// The pods on this node in the allowed namespaces (all of them, not only parents).
     /// Complete and current only when `api` is [`ApiState::Synced`].
     pub pods: BTreeMap<PodId, Arc<Pod>>,
@@ -217,6 +219,7 @@ impl Observation {
     pub fn offline(local: LocalView) -> Self {
         Self {
             api: ApiState::Unreachable,
+            api_error: Some("no API credentials (running offline)".into()),
             pods: BTreeMap::new(),
             objects: BTreeMap::new(),
             local,

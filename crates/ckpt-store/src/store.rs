@@ -62,6 +62,18 @@ pub struct StoredCheckpoint {
 }
 
 impl StoredCheckpoint {
+    /// What the planner needs to know of it: each copy's self-description and digest.
+    pub fn disk_checkpoint(&self) -> ckpt_core::DiskCheckpoint {
+        let copy = |m: &StoredManifest| ckpt_core::StoredCopy {
+            meta: m.meta.clone(),
+            digest: m.digest.clone(),
+        };
+        ckpt_core::DiskCheckpoint {
+            inactive: self.inactive.as_ref().map(copy),
+            active: self.active.as_ref().map(copy),
+        }
+    }
+
     /// Whether the active manifest has the same content as the inactive one.
     pub fn active_matches_inactive(&self) -> bool {
         match (&self.inactive, &self.active) {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ckpt_core::{ApiParent, ApiView, ControllerOwner, NamespaceAllowList, PodId, Timestamp, is_parent};
+use ckpt_core::{NamespaceAllowList, PodId, Timestamp};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -53,31 +53,8 @@ impl ApiWatchConfig {
     }
 }
 
-/// How the API server is, in the three states the planner distinguishes (DESIGN §3.3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ApiState {
-    /// The health probe failed `unreachable_after` times in a row: down, refusing or hung.
-    /// The only state that allows activating checkpoints.
-    Unreachable,
-    /// It answers, but there is no complete list of every namespace since the last
-    /// outage or watch error (e.g. a 403 while RBAC warms up). Neither activates nor
-    /// garbage-collects. Also the state at start, before anything is known.
-    Reachable,
-    /// Every namespace's pod list is complete and current. The only state that allows
-    /// removing anything.
-    Synced,
-}
-
-impl ApiState {
-    /// `unreachable`, `reachable` or `synced`, for logs and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApiState::Unreachable => "unreachable",
-            ApiState::Reachable => "reachable",
-            ApiState::Synced => "synced",
-        }
-    }
-}
+/// The API server's state, as ckpt-core defines it (re-exported: the watch produces it).
+pub use ckpt_core::ApiState;
 
 /// One namespace's pod watch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,42 +84,6 @@ pub struct ApiSnapshot {
     pub namespaces: BTreeMap<String, NamespaceStatus>,
     /// How many times the API became unreachable since the start (for metrics).
     pub outages: u64,
-}
-
-impl ApiSnapshot {
-    /// The planner's view: the parents among `pods` when synced.
-    pub fn api_view(&self, allowed: &NamespaceAllowList) -> ApiView {
-        match self.state {
-            ApiState::Unreachable => ApiView::Unreachable,
-            ApiState::Reachable => ApiView::Reachable,
-            ApiState::Synced => ApiView::Synced {
-                parents: self
-                    .pods
-                    .iter()
-                    .filter(|(_, pod)| is_parent(pod, allowed))
-                    .map(|(id, pod)| {
-                        (
-                            id.clone(),
-                            ApiParent {
-                                uid: pod.metadata.uid.clone(),
-                                owner: ControllerOwner::of(pod),
-                            },
-                        )
-                    })
-                    .collect(),
-            },
-        }
-    }
-
-    /// The pods on this node whose controller is `owner` (matched by kind and name, as
-    /// [`ControllerOwner::same_controller`]).
-    pub fn pods_of_owner(&self, owner: &ControllerOwner) -> Vec<PodId> {
-        self.pods
-            .iter()
-            .filter(|(_, pod)| ControllerOwner::of(pod).is_some_and(|o| o.same_controller(owner)))
-            .map(|(id, _)| id.clone())
-            .collect()
-    }
 }
 
 /// Probe and state bookkeeping, under one lock.

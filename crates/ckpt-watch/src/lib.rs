@@ -12,6 +12,8 @@
 //! - [`ObjectWatch`]: per-object watches of the Secrets and ConfigMaps checkpointed pods
 //!   mount, started and stopped as the pods need them; no periodic re-fetch.
 //! - [`OwnerLookup`]: does a pod's controller owner still exist (404 vs. any error).
+//! - [`Observer`]: the three above as one: an owned [`ckpt_core::Observation`] per pass,
+//!   the object watches kept in step with the parents, owners looked up before deciding.
 //! - [`CriClient`]: CRI `runtime.v1` / `runtime.v1alpha2` (negotiated) over a unix socket:
 //!   running pods, and stopping one (end-to-end tests).
 //! - [`KubeletClient`]: the kubelet's `/pods` with a service-account token, TLS with or
@@ -57,6 +59,7 @@ mod error;
 mod kubelet;
 mod local;
 mod objects;
+mod observer;
 mod owner;
 mod reflect;
 
@@ -75,5 +78,7 @@ pub use kubelet::{KubeletClient, KubeletConfig};
 pub use local::{LocalObserver, runs};
 #[doc(inline)]
 pub use objects::{ObjectKind, ObjectRef, ObjectWatch, ObjectsView};
+#[doc(inline)]
+pub use observer::Observer;
 #[doc(inline)]
 pub use owner::{OwnerLookup, OwnerPresence};

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ckpt_core::{ApiObjects, RequiredObjects};
+use ckpt_core::RequiredObjects;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use kube::runtime::watcher;
@@ -15,107 +15,7 @@ use tracing::debug;
 
 use crate::reflect::{Driver, SharedSlot, Slot, lock};
 
-/// The kind of a watched object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ObjectKind {
-    /// A `v1` Secret.
-    Secret,
-    /// A `v1` ConfigMap.
-    ConfigMap,
-}
-
-impl ObjectKind {
-    /// The resource name as in RBAC rules: `secrets`, `configmaps`.
-    pub fn resource(self) -> &'static str {
-        match self {
-            ObjectKind::Secret => "secrets",
-            ObjectKind::ConfigMap => "configmaps",
-        }
-    }
-}
-
-/// A watched object's kind and name (its namespace is implied by the view).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectRef {
-    /// Secret or ConfigMap.
-    pub kind: ObjectKind,
-    /// The object's name.
-    pub name: String,
-}
-
-impl ObjectRef {
-    /// A secret reference.
-    pub fn secret(name: impl Into<String>) -> Self {
-        Self {
-            kind: ObjectKind::Secret,
-            name: name.into(),
-        }
-    }
-
-    /// A configmap reference.
-    pub fn config_map(name: impl Into<String>) -> Self {
-        Self {
-            kind: ObjectKind::ConfigMap,
-            name: name.into(),
-        }
-    }
-}
-
-impl fmt::Display for ObjectRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.kind {
-            ObjectKind::Secret => "secret",
-            ObjectKind::ConfigMap => "configmap",
-        };
-        write!(f, "{kind} {}", self.name)
-    }
-}
-
-/// What is known about the watched objects of one namespace.
-#[derive(Clone, Debug, Default)]
-pub struct ObjectsView {
-    /// The objects that exist (their last known content; a watch that fails after a
-    /// complete list keeps it while it relists).
-    pub objects: ApiObjects,
-    /// Objects known not to exist (a complete, empty list). Whether that is fine is the
-    /// pod's business (`optional`), not an error here.
-    pub absent: BTreeSet<ObjectRef>,
-    /// Objects whose first list has not arrived yet.
-    pub loading: BTreeSet<ObjectRef>,
-    /// Objects never listed because the watch fails, with why (e.g. `forbidden: needs
-    /// get/list/watch on secrets in namespace kube-system (…)`).
-    pub failed: BTreeMap<ObjectRef, String>,
-}
-
-impl ObjectsView {
-    /// What keeps `required` from being resolved: each object that is still loading, has
-    /// failed, or is not watched at all (call [`ObjectWatch::ensure`] first), with a
-    /// reason. Empty means every required object is known (present or absent).
-    pub fn unresolved(&self, required: &RequiredObjects) -> Vec<(ObjectRef, String)> {
-        let secrets = required.secrets.iter().map(ObjectRef::secret);
-        let config_maps = required.config_maps.iter().map(ObjectRef::config_map);
-        secrets
-            .chain(config_maps)
-            .filter_map(|r| {
-                let known = match r.kind {
-                    ObjectKind::Secret => self.objects.secrets.contains_key(&r.name),
-                    ObjectKind::ConfigMap => self.objects.config_maps.contains_key(&r.name),
-                } || self.absent.contains(&r);
-                if known {
-                    return None;
-                }
-                let reason = if let Some(why) = self.failed.get(&r) {
-                    why.clone()
-                } else if self.loading.contains(&r) {
-                    "still loading".to_owned()
-                } else {
-                    "not watched".to_owned()
-                };
-                Some((r, reason))
-            })
-            .collect()
-    }
-}
+pub use ckpt_core::{ObjectKind, ObjectRef, ObjectsView};
 
 enum Watched {
     Secret(SharedSlot<Secret>),
@@ -176,12 +76,7 @@ impl ObjectWatch {
     /// # Panics
     /// Outside a Tokio runtime when a watch must be started.
     pub fn ensure(&self, namespace: &str, required: &RequiredObjects) {
-        let wanted: BTreeSet<ObjectRef> = required
-            .secrets
-            .iter()
-            .map(ObjectRef::secret)
-            .chain(required.config_maps.iter().map(ObjectRef::config_map))
-            .collect();
+        let wanted: BTreeSet<ObjectRef> = ObjectRef::all(required).collect();
         let mut entries = lock(&self.entries);
         entries.retain(|(ns, r), entry| {
             let keep = ns != namespace || wanted.contains(r);

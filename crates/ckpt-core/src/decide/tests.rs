@@ -135,6 +135,7 @@ impl World {
         Self {
             observation: Observation {
                 api: ApiState::Synced,
+                api_error: None,
                 pods: pods.iter().map(|(n, spec)| pod(n, *spec)).collect(),
                 objects: BTreeMap::from([(NS.to_owned(), secrets)]),
                 local: LocalView::Known {
@@ -364,7 +365,8 @@ fn orphans_carry_their_facts() {
     let current = World::synced(&[("api-new", parent("api-new"))]);
     let new_hash = current.hash_of("api-new");
     let with_new = [("api-old", "h1"), ("api-new", new_hash.as_str())];
-    let cases: Vec<(&str, World, &[(&str, OwnerStatus, &[&str])])> = vec![
+    type Case<'a> = (&'a str, World, &'a [(&'a str, OwnerStatus, &'a [&'a str])]);
+    let cases: Vec<Case<'_>> = vec![
         (
             "a sibling not yet checkpointed; the owner not looked up",
             World::synced(&[("api-new", parent("api-new"))]).disk(&[("api-old", "h1")]),

@@ -1,0 +1,243 @@
+//! Connecting to the API server: which credentials (named, in-cluster, or the ones kept
+//! for the static copy), the [`ApiLink`] made from them, and keeping the static copy's
+//! credentials fresh while connected.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ckpt_core::{ControllerOwner, PodId, SelfIdentity};
+use ckpt_store::Store;
+use ckpt_watch::{ApiWatchConfig, Observer};
+use k8s_openapi::api::core::v1::Pod;
+use tracing::{debug, info, warn};
+
+use crate::config::{KubeconfigSource, RunSettings, error_chain};
+use crate::credentials::{
+    RETRY, ServerAccess, ServiceAccountRef, mint_token, refresh_after, render_kubeconfig,
+};
+use crate::error::{Error, Result};
+use crate::events::EventSink;
+
+use super::REQUEST_TIMEOUT;
+
+/// Where the agent's API client comes from.
+pub enum ApiSource {
+    /// `--kubeconfig`, in-cluster, or `/etc/kubernetes/kubeconfig`: what the binary does.
+    Kubeconfig,
+    /// A ready client (the in-process tests' fake API server). The agent never goes
+    /// offline with one: an API server that does not answer is unreachable, as usual.
+    Client(kube::Client),
+}
+
+impl std::fmt::Debug for ApiSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ApiSource::Kubeconfig => "ApiSource::Kubeconfig",
+            ApiSource::Client(_) => "ApiSource::Client",
+        })
+    }
+}
+
+/// How the API client is made once the lock is held (the credentials are checked before
+/// waiting for it, the client made after).
+pub(super) enum Connect {
+    Client(kube::Client),
+    Config(Box<kube::Config>),
+}
+
+impl Connect {
+    /// Checks the credentials before the lock is waited for: a bad named kubeconfig is a
+    /// usage error, not a crash loop that starts only after the other copy exits. Without
+    /// a named kubeconfig the agent may be the static copy after a reboot (no
+    /// service-account token, no service environment): `None`, it runs offline rather
+    /// than leave the node without checkpoints.
+    pub(super) async fn prepare(api: ApiSource, settings: &RunSettings) -> Result<Option<Connect>> {
+        Ok(match api {
+            ApiSource::Client(client) => Some(Connect::Client(client)),
+            ApiSource::Kubeconfig => match load_api_config(settings).await {
+                Ok(config) => Some(Connect::Config(Box::new(config))),
+                Err(e) if !settings.kubeconfig.is_explicit() => {
+                    warn!(error = %e, "no API credentials: running offline, the API server counts as unreachable");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        })
+    }
+
+    /// The link (starts the watches).
+    pub(super) fn link(self, settings: &RunSettings) -> Result<ApiLink> {
+        Ok(match self {
+            Connect::Client(client) => ApiLink::new(client, None, settings),
+            Connect::Config(config) => {
+                let server = server_access(&config);
+                ApiLink::new(client_from(*config)?, server, settings)
+            }
+        })
+    }
+}
+
+/// While offline: the link, once credentials can be loaded.
+pub(super) async fn reconnect(settings: &RunSettings) -> Option<ApiLink> {
+    let config = load_api_config(settings)
+        .await
+        .inspect_err(|e| debug!(error = %e, "still offline"))
+        .ok()?;
+    let server = server_access(&config);
+    let client = client_from(config)
+        .inspect_err(|e| debug!(error = %error_chain(e), "still offline"))
+        .ok()?;
+    info!("API credentials available: connecting to the API server");
+    Some(ApiLink::new(client, server, settings))
+}
+
+/// How a configuration reaches the API server, for the static copy's kubeconfig.
+fn server_access(config: &kube::Config) -> Option<ServerAccess> {
+    ServerAccess::of(config)
+        .inspect_err(|e| warn!(error = %error_chain(e), "cannot keep API credentials for the static copy"))
+        .ok()
+}
+
+fn client_from(config: kube::Config) -> Result<kube::Client> {
+    kube::Client::try_from(config).map_err(|e| Error::runtime("cannot create the API client", e))
+}
+
+/// The API configuration to run with: the named or in-cluster one, and for a copy
+/// without either (the static copy) the kubeconfig the connected copy keeps for it.
+async fn load_api_config(settings: &RunSettings) -> Result<kube::Config> {
+    let primary = load_kube_config(&settings.kubeconfig).await;
+    let Err(primary_error) = primary else {
+        return primary;
+    };
+    if settings.kubeconfig.is_explicit() {
+        return Err(primary_error);
+    }
+    let kept = settings.disk.layout().credentials_path();
+    if !kept.exists() {
+        return Err(primary_error);
+    }
+    match load_kube_config(&KubeconfigSource::File(kept.clone())).await {
+        Ok(config) => {
+            info!(kubeconfig = %kept.display(), "using the API credentials kept for the static copy");
+            Ok(config)
+        }
+        Err(kept_error) => Err(Error::Usage(format!(
+            "{primary_error}; and the kept credentials: {kept_error}"
+        ))),
+    }
+}
+
+async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
+    match source {
+        KubeconfigSource::Default(path) => {
+            Box::pin(load_kube_config(&KubeconfigSource::File(path.clone()))).await
+        }
+        KubeconfigSource::InCluster => kube::Config::incluster().map_err(|e| {
+            Error::Usage(format!(
+                "--kubeconfig: in-cluster configuration failed: {}",
+                error_chain(&e)
+            ))
+        }),
+        KubeconfigSource::File(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                Error::Usage(format!(
+                    "--kubeconfig: cannot read {}: {}",
+                    path.display(),
+                    error_chain(&e)
+                ))
+            })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Usage(format!("--kubeconfig: {}: {}", path.display(), error_chain(&e))))
+        }
+    }
+}
+
+/// The agent's connection to the API server, once it has credentials.
+pub(super) struct ApiLink {
+    pub(super) observer: Observer,
+    pub(super) events: EventSink,
+    client: kube::Client,
+    /// How this copy reaches the API server, for the static copy's kubeconfig (`None` for
+    /// an injected client: then no credentials are kept).
+    server: Option<ServerAccess>,
+    /// When to mint the static copy's token again.
+    credentials_due: Instant,
+}
+
+impl ApiLink {
+    fn new(client: kube::Client, server: Option<ServerAccess>, settings: &RunSettings) -> Self {
+        let allowed = ckpt_core::NamespaceAllowList::new(settings.namespaces.iter().cloned());
+        // The crate's defaults: a 500 ms probe with a 1 s timeout, unreachable after two
+        // misses, so a hung server is detected within ~2 s.
+        let config = ApiWatchConfig::new(settings.node_name.clone(), allowed);
+        Self {
+            observer: Observer::spawn(client.clone(), config, REQUEST_TIMEOUT),
+            events: EventSink::new(client.clone(), &settings.node_name),
+            client,
+            server,
+            credentials_due: Instant::now(),
+        }
+    }
+
+    /// Mints a token for the agent's own service account and keeps the static copy's
+    /// kubeconfig with it, hourly while the API is synced (see [`crate::credentials`]).
+    pub(super) async fn keep_credentials(
+        &mut self,
+        store: &Store,
+        pods: &BTreeMap<PodId, Arc<Pod>>,
+        me: &SelfIdentity,
+    ) {
+        if Instant::now() < self.credentials_due {
+            return;
+        }
+        let Some(server) = &self.server else { return };
+        let own_pod = pods.get(&me.parent_id()).or_else(|| {
+            (pods.iter())
+                .find(|(id, pod)| me.is_self(id, ControllerOwner::of(pod).as_ref()))
+                .map(|(_, pod)| pod)
+        });
+        // Descheduled (or not created yet): keep what is stored, it is what self-GC needs.
+        let Some(account) = own_pod.and_then(|p| ServiceAccountRef::of(p)) else {
+            return;
+        };
+        let minted = tokio::time::timeout(REQUEST_TIMEOUT, mint_token(&self.client, &account))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::runtime(
+                    "cannot mint a token for the static copy",
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s"),
+                ))
+            });
+        let written = minted.and_then(|minted| {
+            let token_file = store.layout().credentials_token_path();
+            let kubeconfig = render_kubeconfig(server, &account, &token_file);
+            store
+                .write_credentials(&kubeconfig, minted.token.as_bytes())
+                .map_err(|e| Error::runtime("cannot store the static copy's API credentials", e))?;
+            Ok(minted.lifetime)
+        });
+        self.credentials_due = Instant::now() + credentials_refresh(written, &account);
+    }
+}
+
+/// When to mint again: logs the outcome.
+fn credentials_refresh(written: Result<Option<Duration>>, account: &ServiceAccountRef) -> Duration {
+    match written {
+        Ok(lifetime) => {
+            let next = refresh_after(lifetime);
+            info!(
+                service_account = %format!("{}/{}", account.namespace, account.name),
+                lifetime_s = lifetime.map(|l| l.as_secs()),
+                next_refresh_s = next.as_secs(),
+                "kept fresh API credentials for the static copy"
+            );
+            next
+        }
+        Err(e) => {
+            warn!(error = %error_chain(&e), retry_s = RETRY.as_secs(), "the static copy's API credentials are not refreshed");
+            RETRY
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! `pod-checkpointer run`: take the lock, then pass after pass — observe (ckpt-watch) →
+//! decide (ckpt-core, pure, with the GC strategy's verdicts) → apply (the executor) →
+//! report — triggered by API events, reachability changes, the local runtime poll, GC
+//! deadlines and a slow resync. Bursts are coalesced into one pass. This module is
+//! plumbing: every decision is made in `ckpt_core::decide`.
+
+mod connect;
+mod report;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ckpt_core::{
+    DecideConfig, DiskCheckpoint, GcDecision, LocalView, NamespaceAllowList, Observation, PersistentState,
+    PodId, SelfIdentity, Timestamp,
+};
+use ckpt_gc::GcPolicy;
+use ckpt_lock::LockFile;
+use ckpt_store::Store;
+use ckpt_watch::{CriClient, KubeletClient, KubeletConfig, LocalObserver};
+use tracing::{debug, info, warn};
+
+pub use connect::ApiSource;
+use connect::{ApiLink, Connect};
+use report::Reporter;
+
+use crate::config::{RunSettings, error_chain};
+use crate::error::{Error, Result};
+use crate::executor::{Reporting, execute};
+use crate::health::{self, Health, Phase};
+
+/// How often the local runtime is polled.
+const LOCAL_POLL: Duration = Duration::from_secs(1);
+/// Passes run at once after a pass that changed the disk, at most (one is enough for
+/// any plan today; the bound keeps a planner that never settles from spinning).
+const MAX_FOLLOW_UPS: u32 = 3;
+/// A full pass at least this often, whatever else happens.
+const RESYNC: Duration = Duration::from_secs(30);
+/// Events arriving within this window after a trigger are folded into the same pass.
+const COALESCE: Duration = Duration::from_millis(20);
+/// Timeout for every request the agent makes itself.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an offline agent tries to load its API credentials again.
+const RECONNECT: Duration = Duration::from_secs(10);
+/// The service-account token the kubelet API is called with, when running in a pod.
+const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// `run` until `shutdown` resolves (the binary passes SIGTERM/SIGINT) or self-GC.
+pub(crate) async fn run(
+    settings: RunSettings,
+    api: ApiSource,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let connect = Connect::prepare(api, &settings).await?;
+    let policy = ckpt_gc::build(
+        &settings.gc_strategy,
+        &ckpt_gc::GcConfig::new(settings.grace_period).with_gc_section(settings.gc_section.clone()),
+    )
+    .map_err(|e| Error::Usage(format!("--gc-strategy: {}", error_chain(&e))))?;
+
+    let health = Health::new();
+    // Held until `run` returns: an in-process agent stops serving when it stops.
+    let _server = match &settings.metrics_addr {
+        Some(addr) => Some(
+            health::serve(addr, health.clone())
+                .await
+                .map_err(|e| Error::Usage(format!("--metrics-addr: cannot listen on {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+
+    let identity = format!(
+        "pod-checkpointer pod={}/{} node={}",
+        settings.pod_namespace, settings.pod_name, settings.node_name
+    );
+    let lock = LockFile::new(&settings.disk.lock_file, identity);
+    info!(lock = %settings.disk.lock_file.display(), "waiting for the lock");
+    let mut shutdown = std::pin::pin!(shutdown);
+    let _guard = tokio::select! {
+        guard = lock.acquire() => guard.map_err(|e| Error::runtime(format!("cannot take the lock {}", settings.disk.lock_file.display()), e))?,
+        () = &mut shutdown => {
+            info!("signal received while on standby; exiting");
+            return Ok(());
+        }
+    };
+    info!("lock taken: this copy is active");
+    health.set_phase(Phase::Starting);
+
+    // Only now: clients (both copies lock before creating any client).
+    let store = Store::open(settings.disk.layout())
+        .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+    let link = match connect {
+        Some(connect) => Some(connect.link(&settings)?),
+        // The credentials the other copy keeps may have appeared while this one waited.
+        None => connect::reconnect(&settings).await,
+    };
+    let mut agent = Agent::new(settings, store, health, policy, link)?;
+    agent.run(shutdown).await
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub(crate) async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+struct Agent {
+    settings: RunSettings,
+    config: DecideConfig,
+    store: Store,
+    health: Health,
+    policy: Box<dyn GcPolicy>,
+    link: Option<ApiLink>,
+    /// Never bumped: what the loop waits on while offline.
+    offline_changes: tokio::sync::watch::Sender<u64>,
+    local: LocalObserver,
+    state: PersistentState,
+    last_local: Option<LocalView>,
+    reporter: Reporter,
+    next_deadline: Option<Timestamp>,
+}
+
+impl Agent {
+    fn new(
+        settings: RunSettings,
+        store: Store,
+        health: Health,
+        policy: Box<dyn GcPolicy>,
+        link: Option<ApiLink>,
+    ) -> Result<Self> {
+        let allowed = NamespaceAllowList::new(settings.namespaces.iter().cloned());
+        let cri = match &settings.runtime_endpoint {
+            Some(endpoint) => Some(
+                CriClient::new(endpoint, REQUEST_TIMEOUT)
+                    .map_err(|e| Error::Usage(format!("--runtime-endpoint: {}", error_chain(&e))))?,
+            ),
+            None => None,
+        };
+        let token = std::path::Path::new(SERVICE_ACCOUNT_TOKEN);
+        let kubelet = KubeletClient::new(KubeletConfig {
+            url: settings.kubelet_url.clone(),
+            readonly_url: settings.kubelet_readonly_url.clone(),
+            token_file: token.exists().then(|| token.to_path_buf()),
+            ca_file: None,
+            timeout: REQUEST_TIMEOUT,
+        })
+        .map_err(|e| Error::Usage(format!("--kubelet-url: {}", error_chain(&e))))?;
+        // With the CRI on, the kubelet's `/pods` would only name parents the kubelet knows
+        // (informational: content always comes from the API), so it is not polled every
+        // second; with the CRI off it is the source of "running".
+        let kubelet = cri.is_none().then_some(kubelet);
+        let local = LocalObserver::new(cri, kubelet, allowed.clone());
+        let state = match store.read_journal::<PersistentState>() {
+            Ok(state) => state.unwrap_or_default(),
+            Err(e) => {
+                warn!(error = %error_chain(&e), "the state journal is unreadable; starting with empty GC timers");
+                PersistentState::default()
+            }
+        };
+        let config = DecideConfig {
+            allowed,
+            me: SelfIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name),
+            checkpoint_dir: settings.disk.checkpoint_dir.display().to_string(),
+        };
+        Ok(Self {
+            settings,
+            config,
+            store,
+            health,
+            policy,
+            link,
+            offline_changes: tokio::sync::watch::channel(0).0,
+            local,
+            state,
+            last_local: None,
+            reporter: Reporter::default(),
+            next_deadline: None,
+        })
+    }
+
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        match &self.link {
+            Some(link) => link.observer.subscribe(),
+            None => self.offline_changes.subscribe(),
+        }
+    }
+
+    async fn run(&mut self, mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>) -> Result<()> {
+        let mut api_changes = self.subscribe();
+        let mut reconnect = tokio::time::interval(RECONNECT);
+        reconnect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut local_tick = tokio::time::interval(LOCAL_POLL);
+        local_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut resync = tokio::time::interval(RESYNC);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut local = self.local.observe().await;
+        let mut follow_ups = 0;
+        loop {
+            let started = Instant::now();
+            let result = self.pass(local).await?;
+            debug!(elapsed_ms = started.elapsed().as_millis() as u64, "pass complete");
+            match result {
+                PassResult::Changed if follow_ups < MAX_FOLLOW_UPS => {
+                    follow_ups += 1;
+                    local = self.local.observe().await;
+                    continue;
+                }
+                PassResult::Changed | PassResult::Settled => follow_ups = 0,
+                PassResult::SelfGcComplete => {
+                    // Nothing is left for a static copy to use them on, nor any timer to keep:
+                    // an uninstalled node keeps no file of ours.
+                    if let Err(e) = self.store.remove_credentials() {
+                        warn!(error = %error_chain(&e), "cannot remove the kept API credentials");
+                    }
+                    if let Err(e) = self.store.remove_journal() {
+                        warn!(error = %error_chain(&e), "cannot remove the state journal");
+                    }
+                    info!("self-GC complete: every checkpoint removed, this one last; exiting");
+                    return Ok(());
+                }
+            }
+            // Wait for the next reason to look again.
+            let deadline = self.next_deadline.map(|t| {
+                let wait = t.since(Timestamp::now());
+                tokio::time::Instant::now() + wait
+            });
+            local = loop {
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => {
+                        info!("signal received; released the lock and exiting");
+                        return Ok(());
+                    }
+                    changed = api_changes.changed() => {
+                        if changed.is_err() {
+                            return Err(Error::runtime("the API watch stopped", std::io::Error::other("watch channel closed")));
+                        }
+                        tokio::time::sleep(COALESCE).await;
+                        api_changes.borrow_and_update();
+                        break self.local.observe().await;
+                    }
+                    _ = resync.tick() => break self.local.observe().await,
+                    _ = reconnect.tick(), if self.link.is_none() => {
+                        if let Some(link) = connect::reconnect(&self.settings).await {
+                            self.link = Some(link);
+                            api_changes = self.subscribe();
+                            break self.local.observe().await;
+                        }
+                    }
+                    () = sleep_until(deadline) => break self.local.observe().await,
+                    _ = local_tick.tick() => {
+                        let observed = self.local.observe().await;
+                        if self.last_local.as_ref() != Some(&observed) {
+                            break observed;
+                        }
+                    }
+                }
+            };
+        }
+    }
+
+    /// One pass: observe, decide (with the strategy's verdicts), apply, report.
+    async fn pass(&mut self, local: LocalView) -> Result<PassResult> {
+        let started = Instant::now();
+        let now = Timestamp::now();
+        let disk: BTreeMap<PodId, DiskCheckpoint> = match self.store.read_all() {
+            Ok(stored) => stored
+                .iter()
+                .map(|(id, s)| (id.clone(), s.disk_checkpoint()))
+                .collect(),
+            Err(e) => {
+                warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying on the next pass");
+                self.health.write_error();
+                self.last_local = Some(local);
+                return Ok(PassResult::Settled);
+            }
+        };
+        let observation = match &self.link {
+            Some(link) => {
+                (link.observer)
+                    .observe(local, &disk, self.policy.needs_owner_status())
+                    .await
+            }
+            None => Observation::offline(local),
+        };
+        self.reporter.observed(&observation);
+
+        let assessment = ckpt_core::assess(&observation, &disk, &self.state, &self.config, now);
+        let mut verdicts: BTreeMap<PodId, GcDecision> = BTreeMap::new();
+        for orphan in assessment.orphans() {
+            verdicts.insert(orphan.id.clone(), self.policy.decide(orphan, now).await);
+        }
+        let decision = assessment.decide(&verdicts);
+        let report = &decision.report;
+        if report.own_owner.is_some() && report.own_owner != self.config.me.owner {
+            info!(owner = ?report.own_owner, "recognised the agent's own controller");
+            self.config.me.owner.clone_from(&report.own_owner);
+        }
+        let events = self.link.as_ref().map(|l| &l.events);
+        self.reporter.checkpointing(report, &self.health, events);
+
+        let outcome = if decision.is_noop() {
+            Default::default()
+        } else {
+            info!(
+                writes = decision.writes.len(),
+                stops = decision.stops.len(),
+                starts = decision.starts.len(),
+                removes = decision.removes.len(),
+                self_gc = decision.self_gc,
+                api = observation.api.as_str(),
+                "executing plan"
+            );
+            let reporting = Reporting {
+                health: &self.health,
+                events,
+                api_reachable: observation.api != ckpt_core::ApiState::Unreachable,
+                strategy: &self.settings.gc_strategy,
+                parent_uids: &report.parent_uids,
+            };
+            execute(&self.store, &decision, &reporting).await
+        };
+        if decision.state != self.state {
+            match self.store.write_journal(&decision.state) {
+                Ok(_) => self.state = decision.state.clone(),
+                Err(e) => {
+                    warn!(error = %error_chain(&e), "cannot save the state journal");
+                    self.health.write_error();
+                }
+            }
+        }
+        self.next_deadline = report.next_deadline;
+        self.reporter
+            .metrics(&self.health, report, now, started.elapsed());
+        if self.health.phase() == Phase::Starting {
+            self.health.set_phase(Phase::Ready);
+            info!(checkpoints = report.on_disk, "first pass complete: ready");
+        }
+        self.last_local = Some(observation.local.clone());
+        if outcome.self_gc_complete {
+            return Ok(PassResult::SelfGcComplete);
+        }
+        if observation.api == ckpt_core::ApiState::Synced
+            && let Some(link) = &mut self.link
+        {
+            link.keep_credentials(&self.store, &observation.pods, &self.config.me)
+                .await;
+        }
+        Ok(if !decision.is_noop() && outcome.failures == 0 {
+            PassResult::Changed
+        } else {
+            PassResult::Settled
+        })
+    }
+}
+
+enum PassResult {
+    /// Nothing changed on disk, or a step failed (retried on the next trigger, not in a
+    /// tight loop): wait for the next reason to look.
+    Settled,
+    /// The plan changed the disk and every step succeeded: plan again at once. Some
+    /// steps wait for an earlier one to be on disk — a rolled pod supersedes the old
+    /// checkpoint only once its own is written — and would otherwise wait for the resync.
+    Changed,
+    /// Self-GC removed everything: exit.
+    SelfGcComplete,
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,85 @@
+//! Reporting a decision: log lines once per change (never every pass), refusal Events,
+//! and the health endpoint's metrics.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ckpt_core::{ApiState, LocalView, Observation, PodId, Refusal, Report, Timestamp};
+use tracing::{debug, info, warn};
+
+use crate::events::{EventKind, EventSink};
+use crate::health::Health;
+
+/// What was last said, so each line is logged once per change.
+#[derive(Debug, Default)]
+pub(super) struct Reporter {
+    api: Option<ApiState>,
+    local_unknown: bool,
+    refusals: BTreeMap<PodId, Refusal>,
+    waiting_for_access: BTreeMap<PodId, String>,
+    warnings: BTreeMap<PodId, Vec<String>>,
+}
+
+impl Reporter {
+    /// Logs a change of the API state, with the current problem.
+    pub(super) fn observed(&mut self, observation: &Observation) {
+        if self.api != Some(observation.api) {
+            info!(
+                api = observation.api.as_str(),
+                error = observation.api_error.as_deref().unwrap_or(""),
+                "API server view changed"
+            );
+            self.api = Some(observation.api);
+        }
+        let unknown = observation.local == LocalView::Unknown;
+        if unknown && !self.local_unknown {
+            warn!("the local runtime is unavailable: treating what runs here as unknown");
+        }
+        self.local_unknown = unknown;
+    }
+
+    /// Logs what kept parents from being checkpointed, and what their checkpoints leave
+    /// out; a new refusal is also counted and published as an Event.
+    pub(super) fn checkpointing(&mut self, report: &Report, health: &Health, events: Option<&EventSink>) {
+        for (id, missing) in &report.loading {
+            debug!(pod = %id, waiting = ?missing, "waiting for Secrets/ConfigMaps before checkpointing");
+        }
+        for (id, message) in &report.waiting_for_access {
+            if self.waiting_for_access.get(id) != Some(message) {
+                warn!(pod = %id, reason = %message, "not checkpointing until the agent may read it");
+            }
+        }
+        for (id, refusal) in &report.refusals {
+            if self.refusals.get(id) == Some(refusal) {
+                continue;
+            }
+            warn!(pod = %id, reason = %refusal.message, "refusing to checkpoint");
+            health.refused();
+            if let Some(events) = events {
+                let (uid, note) = (refusal.uid.as_deref(), refusal.message.clone());
+                events.publish(true, id, uid, EventKind::Refused, note);
+            }
+        }
+        for (id, warnings) in &report.warnings {
+            if self.warnings.get(id) != Some(warnings) {
+                for warning in warnings {
+                    info!(pod = %id, "{warning}");
+                }
+            }
+        }
+        // Only a synced pass sanitizes: in the others, what was said still holds.
+        if report.api == Some(ApiState::Synced) {
+            self.refusals.clone_from(&report.refusals);
+            self.waiting_for_access.clone_from(&report.waiting_for_access);
+            self.warnings.clone_from(&report.warnings);
+        }
+    }
+
+    /// The pass's metrics.
+    pub(super) fn metrics(&self, health: &Health, report: &Report, now: Timestamp, elapsed: Duration) {
+        let api = report.api.unwrap_or(ApiState::Unreachable);
+        let synced_now = (api == ApiState::Synced).then_some(now);
+        health.record_views(api.as_str(), !self.local_unknown, synced_now);
+        health.record_pass(elapsed, report.counts_by_state());
+    }
+}

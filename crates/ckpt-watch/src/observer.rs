@@ -1,0 +1,108 @@
+//! [`Observer`]: the API server's pods, the objects they mount and the owners of orphan
+//! candidates, gathered into one [`Observation`] per pass.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ckpt_core::{
+    ControllerOwner, DiskCheckpoint, LocalView, NamespaceAllowList, Observation, OwnerStatus, PodId,
+    orphan_owners, required_by_namespace,
+};
+use tokio::sync::watch;
+use tracing::debug;
+
+use crate::api::{ApiSnapshot, ApiState, ApiWatch, ApiWatchConfig};
+use crate::objects::ObjectWatch;
+use crate::owner::{OwnerLookup, OwnerPresence};
+
+/// Everything the agent watches on the API server: the pods of this node
+/// ([`ApiWatch`]), the Secrets and ConfigMaps the parents among them mount
+/// ([`ObjectWatch`], kept in step with the pods by the observer itself) and, on demand,
+/// whether the controller owners of orphan candidates exist ([`OwnerLookup`]).
+///
+/// Every change bumps the counter of [`Observer::subscribe`]: await it, then
+/// [`Observer::observe`].
+#[derive(Debug)]
+pub struct Observer {
+    api: ApiWatch,
+    objects: ObjectWatch,
+    owners: OwnerLookup,
+    allowed: NamespaceAllowList,
+}
+
+impl Observer {
+    /// Starts the pod watches and the probe; object watches start as parents need them.
+    /// Owner lookups are bounded by `request_timeout` each.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (it spawns tasks).
+    pub fn spawn(client: kube::Client, config: ApiWatchConfig, request_timeout: Duration) -> Self {
+        let allowed = config.namespaces.clone();
+        let api = ApiWatch::spawn(client.clone(), config);
+        Self {
+            objects: ObjectWatch::new(client.clone(), api.notifier()),
+            owners: OwnerLookup::new(client, request_timeout),
+            api,
+            allowed,
+        }
+    }
+
+    /// A counter bumped on every pod or object event and every change of the API state.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.api.subscribe()
+    }
+
+    /// The pod watch's current view, with its bookkeeping (sync time, outages, per-namespace
+    /// errors).
+    pub fn snapshot(&self) -> ApiSnapshot {
+        self.api.snapshot()
+    }
+
+    /// One observation. On a synced view the object watches are first made to cover
+    /// exactly what the parents need; with `owner_status`, the controller owners of the
+    /// checkpoints in `disk` whose parents are absent are looked up (one `GET` each).
+    pub async fn observe(
+        &self,
+        local: LocalView,
+        disk: &BTreeMap<PodId, DiskCheckpoint>,
+        owner_status: bool,
+    ) -> Observation {
+        let snapshot = self.api.snapshot();
+        let synced = snapshot.state == ApiState::Synced;
+        if synced {
+            self.objects
+                .ensure_all(&required_by_namespace(&snapshot.pods, &self.allowed));
+        }
+        let objects = (self.allowed.namespaces())
+            .map(|ns| (ns.to_owned(), self.objects.objects(ns)))
+            .collect();
+        let mut owners = BTreeMap::new();
+        if owner_status {
+            for key in orphan_owners(snapshot.state, &snapshot.pods, disk, &self.allowed) {
+                let owner = ControllerOwner {
+                    api_version: key.api_version.clone(),
+                    kind: key.kind.clone(),
+                    name: key.name.clone(),
+                    uid: String::new(),
+                };
+                let status = match self.owners.owner_status(&key.namespace, &owner).await {
+                    OwnerPresence::Present => OwnerStatus::Present,
+                    OwnerPresence::Absent => OwnerStatus::Absent,
+                    OwnerPresence::Unknown(reason) => {
+                        debug!(owner = %owner.to_annotation(), %reason, "owner lookup failed");
+                        OwnerStatus::Unknown
+                    }
+                };
+                owners.insert(key, status);
+            }
+        }
+        Observation {
+            api: snapshot.state,
+            api_error: snapshot.last_error,
+            pods: snapshot.pods,
+            objects,
+            local,
+            owners,
+        }
+    }
+}
