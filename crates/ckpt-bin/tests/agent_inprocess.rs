@@ -1,5 +1,5 @@
 //! The whole agent in-process (`ckpt_bin::run_agent`, the same code as `pod-checkpointer
-//! run`) against `ckpt_watch::testkit`'s fake API server (kube's `tower-test` pattern), a
+//! run`) against `ckpt_testkit`'s fake API server (kube's `tower-test` pattern), a
 //! fake CRI runtime and a fake kubelet, on temp dirs. Two copies of the agent — the
 //! DaemonSet copy and the static copy — share one lock file as on a node.
 //!
@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use ckpt_bin::ApiSource;
 use ckpt_bin::config::Cli;
+use ckpt_testkit::{FakeApi, FakeCri, FakeKubelet, Reply};
 use ckpt_watch::cri::proto;
-use ckpt_watch::testkit::{FakeApi, FakeCri, FakeKubelet, Reply};
 use clap::Parser;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

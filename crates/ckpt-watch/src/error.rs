@@ -3,55 +3,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ckpt_core::PodId;
-
 /// Everything that can go wrong while observing. Each variant names where: the URL, the
 /// socket or the file concerned. Causes are chained with `#[source]`; [`Error::chain`]
 /// formats the whole chain on one line for logs.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A CRI endpoint that is neither `unix:///path` nor `/path`.
-    #[error("unsupported CRI endpoint {endpoint:?}: expected unix:///path or an absolute socket path")]
-    CriEndpoint {
-        /// The endpoint as given.
-        endpoint: String,
-    },
-    /// A CRI call failed (connection refused, socket missing, an error status).
-    #[error("CRI call {method} on {socket} failed")]
-    CriCall {
-        /// The socket path.
-        socket: PathBuf,
-        /// The gRPC method, e.g. `/runtime.v1.RuntimeService/ListPodSandbox`.
-        method: String,
-        /// The gRPC status.
-        #[source]
-        source: Box<tonic::Status>,
-    },
-    /// A CRI call did not finish within the timeout.
-    #[error("CRI call {method} on {socket} timed out after {timeout:?}")]
-    CriTimeout {
-        /// The socket path.
-        socket: PathBuf,
-        /// The gRPC method.
-        method: String,
-        /// The timeout.
-        timeout: Duration,
-    },
-    /// The runtime answered `Unimplemented` to both `runtime.v1` and `runtime.v1alpha2`.
-    #[error("CRI runtime on {socket} serves neither runtime.v1 nor runtime.v1alpha2")]
-    CriUnsupported {
-        /// The socket path.
-        socket: PathBuf,
-    },
-    /// [`crate::CriClient::stop_pod`]: the runtime has no sandbox or container of that pod.
-    #[error("CRI runtime on {socket} has no sandbox or container of pod {pod}")]
-    CriPodNotFound {
-        /// The socket path.
-        socket: PathBuf,
-        /// The pod.
-        pod: PodId,
-    },
+    /// A CRI call failed, timed out, or the endpoint is unusable (the error names the
+    /// socket and the method).
+    #[error(transparent)]
+    Cri(#[from] ckpt_cri::Error),
     /// A kubelet URL that does not parse or has no `http`/`https` scheme.
     #[error("invalid kubelet URL {url:?}")]
     KubeletUrl {

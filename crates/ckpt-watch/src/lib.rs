@@ -14,15 +14,14 @@
 //! - [`OwnerLookup`]: does a pod's controller owner still exist (404 vs. any error).
 //! - [`Observer`]: the three above as one: an owned [`ckpt_core::Observation`] per pass,
 //!   the object watches kept in step with the parents, owners looked up before deciding.
-//! - [`CriClient`]: CRI `runtime.v1` / `runtime.v1alpha2` (negotiated) over a unix socket:
-//!   running pods, and stopping one (end-to-end tests).
+//! - [`CriClient`]: which pods run, from the CRI runtime (`ckpt-cri`'s client:
+//!   `runtime.v1` / `runtime.v1alpha2`, negotiated, over a unix socket).
 //! - [`KubeletClient`]: the kubelet's `/pods` with a service-account token, TLS with or
 //!   without a CA, plain HTTP, a read-only fallback URL.
 //! - [`LocalObserver`]: CRI + kubelet → [`ckpt_core::LocalView`]; a failing source is
 //!   [`LocalView::Unknown`](ckpt_core::LocalView::Unknown), never "nothing runs".
 //!
-//! With the `testkit` feature, the `testkit` module has a fake API server, CRI runtime
-//! and kubelet for other crates' tests (this crate's own tests use them too).
+//! The unit tests run against `ckpt-testkit`'s fake API server, CRI runtime and kubelet.
 //!
 //! Every network call has a timeout. The crate emits only `tracing` events, and logs a
 //! failing source once per change of state rather than on every attempt.
@@ -63,8 +62,9 @@ mod observer;
 mod owner;
 mod reflect;
 
-#[cfg(any(test, feature = "testkit"))]
-pub mod testkit;
+// The test doubles, under the path the unit tests have always used.
+#[cfg(test)]
+use ckpt_testkit as testkit;
 
 #[doc(inline)]
 pub use api::{ApiSnapshot, ApiState, ApiWatch, ApiWatchConfig, NamespaceStatus};
