@@ -231,8 +231,12 @@ impl ManifestArgs {
         };
         // The agent's own parser: a config it would refuse (a bad duration, strategy
         // settings) never reaches a cluster.
-        ckpt_bin::config::check_config_file(&options.agent_config())
-            .map_err(|e| anyhow::anyhow!("the agent would refuse this config: {e}"))?;
+        ckpt_bin::config::check_config_file(&options.agent_config()).map_err(|e| {
+            anyhow::anyhow!(
+                "the agent would refuse this config: {}",
+                ckpt_core::error_chain(&e)
+            )
+        })?;
         Ok(options)
     }
 }

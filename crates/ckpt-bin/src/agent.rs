@@ -22,7 +22,9 @@ use ckpt_watch::{
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
-use crate::config::{KubeconfigSource, RunSettings, error_chain};
+use ckpt_core::{LockIdentity, error_chain};
+
+use crate::config::{KubeconfigSource, RunSettings};
 use crate::credentials::{
     RETRY, ServerAccess, ServiceAccountRef, mint_token, refresh_after, render_kubeconfig,
 };
@@ -78,7 +80,7 @@ pub(crate) async fn run(
         ApiSource::Kubeconfig => match load_api_config(&settings).await {
             Ok(config) => Some(Connect::Config(Box::new(config))),
             Err(e) if !settings.kubeconfig.is_explicit() => {
-                warn!(error = %e, "no API credentials: running offline, the API server counts as unreachable");
+                warn!(error = %error_chain(&e), "no API credentials: running offline, the API server counts as unreachable");
                 None
             }
             Err(e) => return Err(e),
@@ -88,7 +90,7 @@ pub(crate) async fn run(
         &settings.gc_strategy,
         &ckpt_gc::GcConfig::new(settings.grace_period).with_gc_section(settings.gc_section.clone()),
     )
-    .map_err(|e| Error::Usage(format!("--gc-strategy: {}", error_chain(&e))))?;
+    .map_err(|e| Error::usage("--gc-strategy", e))?;
 
     let health = Health::new();
     // Held until `run` returns: an in-process agent stops serving when it stops.
@@ -96,16 +98,13 @@ pub(crate) async fn run(
         Some(addr) => Some(
             health::serve(addr, health.clone())
                 .await
-                .map_err(|e| Error::Usage(format!("--metrics-addr: cannot listen on {addr}: {e}")))?,
+                .map_err(|e| Error::usage(format!("--metrics-addr: cannot listen on {addr}"), e))?,
         ),
         None => None,
     };
 
-    let identity = format!(
-        "pod-checkpointer pod={}/{} node={}",
-        settings.pod_namespace, settings.pod_name, settings.node_name
-    );
-    let lock = LockFile::new(&settings.disk.lock_file, identity);
+    let identity = LockIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name);
+    let lock = LockFile::new(&settings.disk.lock_file, identity.to_string());
     info!(lock = %settings.disk.lock_file.display(), "waiting for the lock");
     let mut shutdown = std::pin::pin!(shutdown);
     let _guard = tokio::select! {
@@ -175,9 +174,10 @@ async fn load_api_config(settings: &RunSettings) -> Result<kube::Config> {
             info!(kubeconfig = %kept.display(), "using the API credentials kept for the static copy");
             Ok(config)
         }
-        Err(kept_error) => Err(Error::Usage(format!(
-            "{primary_error}; and the kept credentials: {kept_error}"
-        ))),
+        Err(kept_error) => Err(Error::usage(
+            format!("{}; and the kept credentials", error_chain(&primary_error)),
+            kept_error,
+        )),
     }
 }
 
@@ -186,23 +186,14 @@ async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
         KubeconfigSource::Default(path) => {
             Box::pin(load_kube_config(&KubeconfigSource::File(path.clone()))).await
         }
-        KubeconfigSource::InCluster => kube::Config::incluster().map_err(|e| {
-            Error::Usage(format!(
-                "--kubeconfig: in-cluster configuration failed: {}",
-                error_chain(&e)
-            ))
-        }),
+        KubeconfigSource::InCluster => kube::Config::incluster()
+            .map_err(|e| Error::usage("--kubeconfig: in-cluster configuration failed", e)),
         KubeconfigSource::File(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                Error::Usage(format!(
-                    "--kubeconfig: cannot read {}: {}",
-                    path.display(),
-                    error_chain(&e)
-                ))
-            })?;
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| Error::usage(format!("--kubeconfig: cannot read {}", path.display()), e))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| Error::Usage(format!("--kubeconfig: {}: {}", path.display(), error_chain(&e))))
+                .map_err(|e| Error::usage(format!("--kubeconfig: {}", path.display()), e))
         }
     }
 }
@@ -291,7 +282,7 @@ impl Agent {
         let cri = match &settings.runtime_endpoint {
             Some(endpoint) => Some(
                 CriClient::new(endpoint, REQUEST_TIMEOUT)
-                    .map_err(|e| Error::Usage(format!("--runtime-endpoint: {}", error_chain(&e))))?,
+                    .map_err(|e| Error::usage("--runtime-endpoint", e))?,
             ),
             None => None,
         };
@@ -303,7 +294,7 @@ impl Agent {
             ca_file: None,
             timeout: REQUEST_TIMEOUT,
         })
-        .map_err(|e| Error::Usage(format!("--kubelet-url: {}", error_chain(&e))))?;
+        .map_err(|e| Error::usage("--kubelet-url", e))?;
         // With the CRI on, the kubelet's `/pods` would only name parents the kubelet knows
         // (informational: content always comes from the API), so it is not polled every
         // second; with the CRI off it is the source of "running" (DESIGN §3.6).
@@ -349,7 +340,7 @@ impl Agent {
         let config = match load_api_config(&self.settings).await {
             Ok(config) => config,
             Err(e) => {
-                debug!(error = %e, "still offline");
+                debug!(error = %error_chain(&e), "still offline");
                 return false;
             }
         };
@@ -532,7 +523,7 @@ impl Agent {
                 starts = plan.starts.len(),
                 removes = plan.removes.len(),
                 self_gc = plan.self_gc,
-                api = api_state_name(snapshot.state),
+                api = snapshot.state.as_str(),
                 "executing plan"
             );
             execute(
@@ -579,11 +570,8 @@ impl Agent {
             *by_state.entry(name).or_default() += 1;
         }
         let synced_now = (snapshot.state == ApiState::Synced).then_some(now);
-        self.health.record_views(
-            api_state_name(snapshot.state),
-            local != LocalView::Unknown,
-            synced_now,
-        );
+        self.health
+            .record_views(snapshot.state.as_str(), local != LocalView::Unknown, synced_now);
         self.health.record_pass(started.elapsed(), by_state);
         if self.health.phase() == Phase::Starting {
             self.health.set_phase(Phase::Ready);
@@ -786,7 +774,7 @@ impl Agent {
     fn log_api_state(&mut self, snapshot: &ApiSnapshot) {
         if self.last_api_state != Some(snapshot.state) {
             info!(
-                api = api_state_name(snapshot.state),
+                api = snapshot.state.as_str(),
                 error = snapshot.last_error.as_deref().unwrap_or(""),
                 "API server view changed"
             );
@@ -811,14 +799,6 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
-    }
-}
-
-fn api_state_name(state: ApiState) -> &'static str {
-    match state {
-        ApiState::Unreachable => "unreachable",
-        ApiState::Reachable => "reachable",
-        ApiState::Synced => "synced",
     }
 }
 

@@ -53,7 +53,7 @@ pub(crate) async fn execute(
 ) -> Outcome {
     let mut outcome = Outcome::default();
     let mut fail = |what: &str, id: &PodId, e: &dyn std::error::Error| {
-        warn!(pod = %id, error = %crate::config::error_chain(e), "{what} failed");
+        warn!(pod = %id, error = %ckpt_core::error_chain(e), "{what} failed");
         report.health.write_error();
         outcome.failures += 1;
     };

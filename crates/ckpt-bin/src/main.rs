@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.exit_code();
-            eprintln!("pod-checkpointer: {:#}", anyhow::Error::from(e));
+            eprintln!("pod-checkpointer: {}", ckpt_core::error_chain(&e));
             ExitCode::from(code)
         }
     }

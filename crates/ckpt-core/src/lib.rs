@@ -1,11 +1,13 @@
 //! `ckpt-core`: the pure domain model of pod-checkpointer. No I/O, no async.
 //!
 //! - [`identity`]: [`PodId`], the annotations, what is a parent, a checkpoint, the agent
-//!   itself ([`SelfIdentity`]) and a controller owner ([`ControllerOwner`]).
+//!   itself ([`SelfIdentity`], and [`LockIdentity`] as the lock holder) and a controller
+//!   owner ([`ControllerOwner`]).
 //! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
 //!   [`MaterializedDir`]s it mounts.
 //! - [`gc`]: what a GC strategy is asked ([`Orphan`]) and answers ([`GcDecision`]).
 //! - [`time`]: [`Timestamp`], the planner's clock.
+//! - [`error_chain`]: an error and its causes on one line, as every crate here logs them.
 //!
 //! ```
 //! use ckpt_core::PodId;
@@ -29,11 +31,13 @@ pub use checkpoint::{
     sha256_hex,
 };
 #[doc(inline)]
-pub use error::{Error, Result};
+pub use error::{Error, Result, error_chain};
 #[doc(inline)]
 pub use gc::{GcDecision, GcVerdict, Orphan};
 #[doc(inline)]
-pub use identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_parent};
+pub use identity::{
+    ControllerOwner, LockIdentity, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_parent,
+};
 #[doc(inline)]
 pub use plan::{
     ApiParent, ApiView, CheckpointState, DiskCheckpoint, LocalView, PersistentState, Plan, PlanInputs,
