@@ -389,7 +389,7 @@ impl RunSettings {
             namespaces.push(pod_namespace.clone());
         }
         for ns in &namespaces {
-            if !is_dns_label(ns) {
+            if !ckpt_core::is_dns_label(ns) {
                 return Err(Error::usage_message(format!(
                     "--namespaces: {ns:?} is not a valid namespace name"
                 )));
@@ -447,16 +447,6 @@ fn check_url(flag: &str, url: &str) -> Result<()> {
             "{flag}: {url:?} is not an http:// or https:// URL"
         )))
     }
-}
-
-/// A DNS label (RFC 1123): what a namespace name must be.
-pub(crate) fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 #[cfg(test)]

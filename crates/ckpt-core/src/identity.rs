@@ -237,6 +237,31 @@ impl SelfIdentity {
     }
 }
 
+/// Whether `name` is a DNS-1123 label, what Kubernetes requires of a namespace name:
+/// at most 63 characters of `[a-z0-9-]`, starting and ending with a letter or digit.
+pub fn is_dns_label(name: &str) -> bool {
+    name.len() <= 63 && is_label_text(name)
+}
+
+/// Whether `name` is a DNS-1123 subdomain, what Kubernetes requires of a pod, Secret or
+/// ConfigMap name: at most 253 characters, dot-separated labels (as Kubernetes checks it,
+/// a label in a subdomain has no length limit of its own).
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_label_text)
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
+fn is_label_text(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
+        }
+        _ => false,
+    }
+}
+
 /// How a running agent names itself as the holder of its lock file (see `ckpt-lock`):
 /// `pod-checkpointer pod=<namespace>/<pod name> node=<node>`. `drain` reads it back to
 /// remove the agent's own checkpoint last (removing it stops the static copy).
@@ -322,6 +347,45 @@ mod tests {
                 ..Default::default()
             },
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn dns_names() {
+        // (name, a DNS label, a DNS subdomain)
+        let check = |name: &str, expected: (bool, bool)| {
+            assert_eq!((is_dns_label(name), is_dns_subdomain(name)), expected, "{name:?}")
+        };
+        let label_63 = "a".repeat(63);
+        let label_64 = "a".repeat(64);
+        let subdomain_253 = format!("{}.{}", "a".repeat(199), "b".repeat(53));
+        let subdomain_254 = format!("{subdomain_253}c");
+        let cases: &[(&str, (bool, bool))] = &[
+            ("kube-system", (true, true)),
+            ("a", (true, true)),
+            ("0a-9", (true, true)),
+            (&label_63, (true, true)),
+            (&label_64, (false, true)),
+            ("a.b.c", (false, true)),
+            (&subdomain_253, (false, true)),
+            (&subdomain_254, (false, false)),
+            ("", (false, false)),
+            ("-a", (false, false)),
+            ("a-", (false, false)),
+            ("A", (false, false)),
+            ("Kube_System", (false, false)),
+            ("a_b", (false, false)),
+            (".", (false, false)),
+            ("..", (false, false)),
+            ("a..b", (false, false)),
+            (".a", (false, false)),
+            ("a.", (false, false)),
+            ("a/b", (false, false)),
+            ("a\0b", (false, false)),
+            ("é", (false, false)),
+        ];
+        for (name, expected) in cases {
+            check(name, *expected);
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! - [`identity`]: [`PodId`], the annotations, what is a parent, a checkpoint, the agent
 //!   itself ([`SelfIdentity`], and [`LockIdentity`] as the lock holder) and a controller
-//!   owner ([`ControllerOwner`]).
+//!   owner ([`ControllerOwner`]); what a Kubernetes name may be ([`is_dns_label`],
+//!   [`is_dns_subdomain`]).
 //! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
 //!   [`MaterializedDir`]s it mounts.
 //! - [`gc`]: what a GC strategy is asked ([`Orphan`]) and answers ([`GcDecision`]).
@@ -36,7 +37,8 @@ pub use error::{Error, Result, error_chain};
 pub use gc::{GcDecision, GcVerdict, Orphan};
 #[doc(inline)]
 pub use identity::{
-    ControllerOwner, LockIdentity, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_parent,
+    ControllerOwner, LockIdentity, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_dns_label,
+    is_dns_subdomain, is_parent,
 };
 #[doc(inline)]
 pub use plan::{
