@@ -183,7 +183,7 @@ impl ManifestArgs {
     pub(crate) fn options(&self, version: KubernetesVersion) -> anyhow::Result<ManifestOptions> {
         check_strategy(&self.gc_strategy)?;
         ensure!(
-            is_dns_label(&self.namespace),
+            ckpt_core::is_dns_label(&self.namespace),
             "--namespace: {:?} is not a valid namespace name",
             self.namespace
         );
@@ -197,7 +197,7 @@ impl ManifestArgs {
         namespaces.push(self.namespace.clone());
         namespaces.sort();
         namespaces.dedup();
-        if let Some(bad) = namespaces.iter().find(|ns| !is_dns_label(ns)) {
+        if let Some(bad) = namespaces.iter().find(|ns| !ckpt_core::is_dns_label(ns)) {
             bail!("--namespaces: {bad:?} is not a valid namespace name");
         }
         ensure!(!self.image.trim().is_empty(), "--image must not be empty");
@@ -231,8 +231,12 @@ impl ManifestArgs {
         };
         // The agent's own parser: a config it would refuse (a bad duration, strategy
         // settings) never reaches a cluster.
-        ckpt_bin::config::check_config_file(&options.agent_config())
-            .map_err(|e| anyhow::anyhow!("the agent would refuse this config: {e}"))?;
+        ckpt_bin::config::check_config_file(&options.agent_config()).map_err(|e| {
+            anyhow::anyhow!(
+                "the agent would refuse this config: {}",
+                ckpt_core::error_chain(&e)
+            )
+        })?;
         Ok(options)
     }
 }
@@ -744,17 +748,6 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
-}
-
-/// RFC 1123 label, as namespace names are.
-fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
 }
 
 #[cfg(test)]

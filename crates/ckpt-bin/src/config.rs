@@ -1,4 +1,4 @@
-//! The command line (DESIGN §3.7) and the YAML config file, merged with the precedence
+//! The command line (ARCHITECTURE.md, Command-line contract) and the YAML config file, merged with the precedence
 //! flags > environment > file > defaults into `RunSettings` / `DiskSettings`.
 
 use std::collections::BTreeMap;
@@ -200,7 +200,7 @@ fn parse_file_config(text: &str, origin: &str) -> Result<FileConfig> {
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
     }
-    serde_saphyr::from_str(text).map_err(|e| Error::Usage(format!("--config: {origin}: {e}")))
+    serde_saphyr::from_str(text).map_err(|e| Error::usage(format!("--config: {origin}"), e))
 }
 
 /// Reads the config file (empty when none is given).
@@ -209,7 +209,7 @@ pub(crate) fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
         return Ok(FileConfig::default());
     };
     let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::Usage(format!("--config: cannot read {}: {e}", path.display())))?;
+        .map_err(|e| Error::usage(format!("--config: cannot read {}", path.display()), e))?;
     parse_file_config(&text, &path.display().to_string())
 }
 
@@ -307,7 +307,7 @@ impl RunSettings {
     pub(crate) fn resolve(args: RunArgs, file: FileConfig, env: &Environment) -> Result<Self> {
         let required = |flag: Option<String>, file: Option<String>, name: &str, var: &str| {
             flag.or(file).filter(|v| !v.is_empty()).ok_or_else(|| {
-                Error::Usage(format!(
+                Error::usage_message(format!(
                     "--{name} is required (or set {var}, or `{name}:` in --config)"
                 ))
             })
@@ -350,7 +350,7 @@ impl RunSettings {
         if let Some(endpoint) = &runtime_endpoint {
             let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
             if !path.starts_with('/') {
-                return Err(Error::Usage(format!(
+                return Err(Error::usage_message(format!(
                     "--runtime-endpoint: {endpoint:?} is not a unix socket (use unix:///path/to.sock, or \"\" to turn the CRI off)"
                 )));
             }
@@ -361,9 +361,7 @@ impl RunSettings {
             .or(file.gc_strategy)
             .unwrap_or_else(|| ckpt_gc::DEFAULT_STRATEGY.to_owned());
         let grace_period = match args.checkpoint_grace_period.or(file.checkpoint_grace_period) {
-            Some(text) => {
-                parse_duration(&text).map_err(|e| Error::Usage(format!("--checkpoint-grace-period: {e}")))?
-            }
+            Some(text) => parse_duration(&text).map_err(|e| Error::usage("--checkpoint-grace-period", e))?,
             None => ckpt_gc::DEFAULT_GRACE_PERIOD,
         };
         let gc_section = match file.gc {
@@ -376,7 +374,7 @@ impl RunSettings {
             &gc_strategy,
             &ckpt_gc::GcConfig::new(grace_period).with_gc_section(gc_section.clone()),
         )
-        .map_err(|e| Error::Usage(format!("--gc-strategy: {}", error_chain(&e))))?;
+        .map_err(|e| Error::usage("--gc-strategy", e))?;
 
         let namespaces = match args.namespaces {
             Some(list) => list,
@@ -391,8 +389,8 @@ impl RunSettings {
             namespaces.push(pod_namespace.clone());
         }
         for ns in &namespaces {
-            if !is_dns_label(ns) {
-                return Err(Error::Usage(format!(
+            if !ckpt_core::is_dns_label(ns) {
+                return Err(Error::usage_message(format!(
                     "--namespaces: {ns:?} is not a valid namespace name"
                 )));
             }
@@ -408,7 +406,7 @@ impl RunSettings {
         if let Some(addr) = &metrics_addr
             && addr.parse::<std::net::SocketAddr>().is_err()
         {
-            return Err(Error::Usage(format!(
+            return Err(Error::usage_message(format!(
                 "--metrics-addr: {addr:?} is not an address like 127.0.0.1:8080"
             )));
         }
@@ -445,36 +443,10 @@ fn check_url(flag: &str, url: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Usage(format!(
+        Err(Error::usage_message(format!(
             "{flag}: {url:?} is not an http:// or https:// URL"
         )))
     }
-}
-
-/// A DNS label (RFC 1123): what a namespace name must be.
-pub(crate) fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// An error with its causes, `a: b: c`.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        // Many errors already quote their cause in their own message.
-        let cause = s.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]
@@ -487,14 +459,14 @@ mod tests {
                 .chain(std::iter::once("run"))
                 .chain(argv.iter().copied()),
         )
-        .map_err(|e| Error::Usage(e.to_string()))?;
+        .map_err(|e| Error::usage_message(e.to_string()))?;
         let Command::Run(args) = cli.command else {
             unreachable!("run")
         };
         let file = if yaml.is_empty() {
             FileConfig::default()
         } else {
-            serde_saphyr::from_str(yaml).map_err(|e| Error::Usage(e.to_string()))?
+            serde_saphyr::from_str(yaml).map_err(|e| Error::usage_message(e.to_string()))?
         };
         RunSettings::resolve(*args, file, &env)
     }
@@ -589,9 +561,7 @@ mod tests {
         let check = |argv: &[&str], yaml: &str, expected: &str| {
             let mut all = IDS.to_vec();
             all.extend(argv);
-            let err = resolve(&all, yaml, no_env())
-                .expect_err("usage error")
-                .to_string();
+            let err = ckpt_core::error_chain(&resolve(&all, yaml, no_env()).expect_err("usage error"));
             assert!(err.contains(expected), "{err:?} should contain {expected:?}");
         };
         check(

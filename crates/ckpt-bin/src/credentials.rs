@@ -5,7 +5,7 @@
 //! objects), and after a reboot there is no service environment either. Without
 //! credentials the static copy — which holds the lock after a reboot and whenever the
 //! DaemonSet copy is gone — could never checkpoint, garbage-collect or remove itself when
-//! the node is descheduled (DESIGN §3.5, seed scenario C).
+//! the node is descheduled (ARCHITECTURE.md, Self-checkpoint, lock and self-GC, seed scenario C).
 //!
 //! So whichever copy is connected mints a token for its own service account with the
 //! TokenRequest API and keeps it in the checkpoint dir with a kubeconfig that names it as
@@ -26,7 +26,7 @@ use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BAS
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::PostParams;
-use serde_json::json;
+use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
 
 use crate::error::{Error, Result};
 
@@ -102,35 +102,49 @@ fn pem_certificate(der: &[u8]) -> Vec<u8> {
 
 /// The kubeconfig the static copy reads: one cluster, one user whose bearer token is in
 /// `token_file` (kube clients re-read it every minute, so a long-running static copy uses
-/// each refreshed token). JSON, which every kubeconfig reader accepts as YAML;
-/// deterministic, so it is rewritten only when the server or its CA change.
+/// each refreshed token). kube's own [`Kubeconfig`] serialized as JSON, which every
+/// kubeconfig reader accepts as YAML; deterministic, so it is rewritten only when the server or its CA change.
 pub(crate) fn render_kubeconfig(
     server: &ServerAccess,
     account: &ServiceAccountRef,
     token_file: &Path,
 ) -> Vec<u8> {
-    let mut cluster = json!({ "server": server.url });
-    if let Some(ca) = &server.ca_pem {
-        cluster["certificate-authority-data"] = json!(BASE64.encode(ca));
-    }
-    if server.insecure {
-        cluster["insecure-skip-tls-verify"] = json!(true);
-    }
-    if let Some(name) = &server.tls_server_name {
-        cluster["tls-server-name"] = json!(name);
-    }
     let user = format!("system:serviceaccount:{}:{}", account.namespace, account.name);
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{ "name": "api", "cluster": cluster }],
-        "users": [{ "name": user, "user": { "tokenFile": token_file.display().to_string() } }],
-        "contexts": [{
-            "name": "pod-checkpointer",
-            "context": { "cluster": "api", "user": user, "namespace": account.namespace },
+    let config = Kubeconfig {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Config".to_owned()),
+        clusters: vec![NamedCluster {
+            name: "api".to_owned(),
+            cluster: Some(Cluster {
+                server: Some(server.url.clone()),
+                certificate_authority_data: server.ca_pem.as_ref().map(|ca| BASE64.encode(ca)),
+                insecure_skip_tls_verify: server.insecure.then_some(true),
+                tls_server_name: server.tls_server_name.clone(),
+                ..Cluster::default()
+            }),
+            ..NamedCluster::default()
         }],
-        "current-context": "pod-checkpointer",
-    });
+        auth_infos: vec![NamedAuthInfo {
+            name: user.clone(),
+            auth_info: Some(AuthInfo {
+                token_file: Some(token_file.display().to_string()),
+                ..AuthInfo::default()
+            }),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "pod-checkpointer".to_owned(),
+            context: Some(Context {
+                cluster: "api".to_owned(),
+                user: Some(user),
+                namespace: Some(account.namespace.clone()),
+                ..Context::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some("pod-checkpointer".to_owned()),
+        ..Kubeconfig::default()
+    };
     let mut bytes = serde_json::to_vec_pretty(&config).unwrap_or_default();
     bytes.push(b'\n');
     bytes
@@ -202,6 +216,8 @@ pub(crate) fn refresh_after(lifetime: Option<Duration>) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn account() -> ServiceAccountRef {

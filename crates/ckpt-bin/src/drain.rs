@@ -1,7 +1,7 @@
 //! `pod-checkpointer drain`: remove every checkpoint safely, for uninstalling or
 //! migrating to plain static pods.
 
-use ckpt_core::PodId;
+use ckpt_core::{LockIdentity, PodId};
 use ckpt_lock::{LockFile, TryAcquire};
 use ckpt_store::Store;
 
@@ -21,14 +21,17 @@ pub(crate) fn drain(disk: &DiskSettings, force: bool) -> Result<Vec<String>> {
     let _guard = match lock.try_acquire() {
         Ok(TryAcquire::Acquired(guard)) => Some(guard),
         Ok(TryAcquire::Busy { holder }) if force => {
-            holder_pod = holder.as_ref().and_then(|h| pod_of_identity(&h.identity));
+            holder_pod = holder
+                .as_ref()
+                .and_then(|h| LockIdentity::parse(&h.identity))
+                .map(|i| i.parent_id());
             None
         }
         Ok(TryAcquire::Busy { holder }) => {
             let who = holder
                 .map(|h| h.to_string())
                 .unwrap_or_else(|| "another process".into());
-            return Err(Error::Usage(format!(
+            return Err(Error::usage_message(format!(
                 "a running pod-checkpointer holds {} ({who}); stop it first, or use --force",
                 disk.lock_file.display()
             )));
@@ -97,40 +100,4 @@ pub(crate) fn drain(disk: &DiskSettings, force: bool) -> Result<Vec<String>> {
         .remove_journal()
         .map_err(|e| Error::runtime("cannot remove the state journal", e))?;
     Ok(removed)
-}
-
-/// The agent writes `pod-checkpointer pod=<ns>/<name> node=<node>` as its lock identity.
-fn pod_of_identity(identity: &str) -> Option<PodId> {
-    let pod = identity.split_whitespace().find_map(|w| w.strip_prefix("pod="))?;
-    let (ns, name) = pod.split_once('/')?;
-    Some(PodId::new(
-        ns,
-        ckpt_core::SelfIdentity::new(ns, name, node_of_identity(identity)?).parent_name,
-    ))
-}
-
-fn node_of_identity(identity: &str) -> Option<&str> {
-    identity.split_whitespace().find_map(|w| w.strip_prefix("node="))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn identity_names_the_agent_parent() {
-        let check = |identity: &str, expected: Option<PodId>| {
-            assert_eq!(pod_of_identity(identity), expected, "{identity}")
-        };
-        check(
-            "pod-checkpointer pod=kube-system/pc-abc node=n1",
-            Some(PodId::new("kube-system", "pc-abc")),
-        );
-        check(
-            "pod-checkpointer pod=kube-system/pc-abc-n1 node=n1",
-            Some(PodId::new("kube-system", "pc-abc")),
-        );
-        check("flock", None);
-        check("pod-checkpointer pod=broken node=n1", None);
-    }
 }

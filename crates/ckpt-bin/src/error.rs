@@ -1,11 +1,21 @@
 //! The agent's errors, and how each maps to an exit code.
 
-/// What can go wrong in the `pod-checkpointer` binary.
+/// A cause of either kind, kept with `#[source]`.
+type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// What can go wrong in the `pod-checkpointer` binary. Messages name what failed; the
+/// cause is the `source()`, and [`ckpt_core::error_chain`] prints both on one line.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A bad flag, config file, strategy or kubeconfig: exit code 2, the message names it.
-    #[error("{0}")]
-    Usage(String),
+    #[error("{context}")]
+    Usage {
+        /// What is wrong, starting with the flag (`--kubeconfig: cannot read …`).
+        context: String,
+        /// Why, when another error says it.
+        #[source]
+        source: Option<Cause>,
+    },
     /// Anything else at run time: exit code 1.
     #[error("{context}")]
     Runtime {
@@ -13,25 +23,38 @@ pub enum Error {
         context: String,
         /// Why.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: Cause,
     },
 }
 
 impl Error {
-    pub(crate) fn runtime(
-        context: impl Into<String>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
+    /// A usage error caused by `source`: `context` names the flag and what was done.
+    pub(crate) fn usage(context: impl Into<String>, source: impl Into<Cause>) -> Self {
+        Error::Usage {
+            context: context.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A usage error that `message` says all of.
+    pub(crate) fn usage_message(message: impl Into<String>) -> Self {
+        Error::Usage {
+            context: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn runtime(context: impl Into<String>, source: impl Into<Cause>) -> Self {
         Error::Runtime {
             context: context.into(),
             source: source.into(),
         }
     }
 
-    /// The process exit code for this error (DESIGN §3.7).
+    /// The process exit code for this error (ARCHITECTURE.md, Command-line contract).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Usage(_) => 2,
+            Error::Usage { .. } => 2,
             Error::Runtime { .. } => 1,
         }
     }

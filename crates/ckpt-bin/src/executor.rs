@@ -48,7 +48,7 @@ impl Reporting<'_> {
 pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'_>) -> Outcome {
     let mut outcome = Outcome::default();
     let mut fail = |what: &str, id: &PodId, e: &dyn std::error::Error| {
-        warn!(pod = %id, error = %crate::config::error_chain(e), "{what} failed");
+        warn!(pod = %id, error = %ckpt_core::error_chain(e), "{what} failed");
         report.health.write_error();
         outcome.failures += 1;
     };

@@ -96,7 +96,7 @@ pub use agent::ApiSource;
 #[doc(hidden)]
 pub async fn run_agent(cli: Cli, api: ApiSource, shutdown: impl Future<Output = ()>) -> Result<()> {
     let Command::Run(args) = cli.command else {
-        return Err(Error::Usage("run_agent needs a `run` command line".into()));
+        return Err(Error::usage_message("run_agent needs a `run` command line"));
     };
     agent::run(run_settings(*args)?, api, shutdown).await
 }

@@ -1,5 +1,5 @@
 //! `pod-checkpointer`: the node agent that keeps a self-hosted Kubernetes control plane
-//! bootable (see the workspace README and DESIGN §3.7 for the command-line contract).
+//! bootable (see the workspace README and ARCHITECTURE.md, Command-line contract for the command-line contract).
 //!
 //! Exit codes: 0 success (also after self-GC and SIGTERM), 2 usage or configuration
 //! error (the message names the flag), 1 runtime failure.
@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.exit_code();
-            eprintln!("pod-checkpointer: {:#}", anyhow::Error::from(e));
+            eprintln!("pod-checkpointer: {}", ckpt_core::error_chain(&e));
             ExitCode::from(code)
         }
     }

@@ -1,4 +1,4 @@
-//! The command-line contract (DESIGN §3.7), driven through the real binary: exit codes,
+//! The command-line contract (ARCHITECTURE.md, Command-line contract), driven through the real binary: exit codes,
 //! usage errors that name the flag, `strategies`, `inspect` and `drain` on real files.
 
 use std::path::Path;

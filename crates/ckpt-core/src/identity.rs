@@ -237,6 +237,94 @@ impl SelfIdentity {
     }
 }
 
+/// Whether `name` is a DNS-1123 label, what Kubernetes requires of a namespace name:
+/// at most 63 characters of `[a-z0-9-]`, starting and ending with a letter or digit.
+pub fn is_dns_label(name: &str) -> bool {
+    name.len() <= 63 && is_label_text(name)
+}
+
+/// Whether `name` is a DNS-1123 subdomain, what Kubernetes requires of a pod, Secret or
+/// ConfigMap name: at most 253 characters, dot-separated labels (as Kubernetes checks it,
+/// a label in a subdomain has no length limit of its own).
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_label_text)
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
+fn is_label_text(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
+        }
+        _ => false,
+    }
+}
+
+/// How a running agent names itself as the holder of its lock file (see `ckpt-lock`):
+/// `pod-checkpointer pod=<namespace>/<pod name> node=<node>`. `drain` reads it back to
+/// remove the agent's own checkpoint last (removing it stops the static copy).
+///
+/// ```
+/// use ckpt_core::{LockIdentity, PodId};
+///
+/// let identity = LockIdentity::new("kube-system", "pc-abc-node-1", "node-1");
+/// let text = identity.to_string();
+/// assert_eq!(text, "pod-checkpointer pod=kube-system/pc-abc-node-1 node=node-1");
+/// let parsed = LockIdentity::parse(&text).expect("an agent's identity");
+/// assert_eq!(parsed.parent_id(), PodId::new("kube-system", "pc-abc"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockIdentity {
+    /// The agent's namespace (`POD_NAMESPACE`).
+    pub namespace: String,
+    /// The agent's pod name as it runs (`POD_NAME`): the static copy's has the `-<node>` suffix.
+    pub pod_name: String,
+    /// The node (`NODE_NAME`).
+    pub node: String,
+}
+
+impl LockIdentity {
+    /// The identity from the downward-API values.
+    pub fn new(namespace: &str, pod_name: &str, node: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            pod_name: pod_name.to_owned(),
+            node: node.to_owned(),
+        }
+    }
+
+    /// Reads an identity back from a lock holder record: the `pod=<namespace>/<name>` and
+    /// `node=<node>` words, in any order. `None` for another holder (`drain`, `flock(1)`,
+    /// bootkube) or a record without both words.
+    pub fn parse(text: &str) -> Option<Self> {
+        let word = |key: &str| {
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .filter(|v| !v.is_empty())
+        };
+        let (namespace, pod_name) = word("pod=")?.split_once('/')?;
+        let node = word("node=")?;
+        (!namespace.is_empty() && !pod_name.is_empty()).then(|| Self::new(namespace, pod_name, node))
+    }
+
+    /// The agent's parent pod, the same for its DaemonSet copy and its static copy.
+    pub fn parent_id(&self) -> PodId {
+        SelfIdentity::new(&self.namespace, &self.pod_name, &self.node).parent_id()
+    }
+}
+
+impl fmt::Display for LockIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pod-checkpointer pod={}/{} node={}",
+            self.namespace, self.pod_name, self.node
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -260,6 +348,93 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn dns_names() {
+        // (name, a DNS label, a DNS subdomain)
+        let check = |name: &str, expected: (bool, bool)| {
+            assert_eq!((is_dns_label(name), is_dns_subdomain(name)), expected, "{name:?}")
+        };
+        let label_63 = "a".repeat(63);
+        let label_64 = "a".repeat(64);
+        let subdomain_253 = format!("{}.{}", "a".repeat(199), "b".repeat(53));
+        let subdomain_254 = format!("{subdomain_253}c");
+        let cases: &[(&str, (bool, bool))] = &[
+            ("kube-system", (true, true)),
+            ("a", (true, true)),
+            ("0a-9", (true, true)),
+            (&label_63, (true, true)),
+            (&label_64, (false, true)),
+            ("a.b.c", (false, true)),
+            (&subdomain_253, (false, true)),
+            (&subdomain_254, (false, false)),
+            ("", (false, false)),
+            ("-a", (false, false)),
+            ("a-", (false, false)),
+            ("A", (false, false)),
+            ("Kube_System", (false, false)),
+            ("a_b", (false, false)),
+            (".", (false, false)),
+            ("..", (false, false)),
+            ("a..b", (false, false)),
+            (".a", (false, false)),
+            ("a.", (false, false)),
+            ("a/b", (false, false)),
+            ("a\0b", (false, false)),
+            ("é", (false, false)),
+        ];
+        for (name, expected) in cases {
+            check(name, *expected);
+        }
+    }
+
+    #[test]
+    fn lock_identity_round_trips_and_names_the_parent() {
+        let check = |text: &str, expected: Option<(LockIdentity, PodId)>| {
+            let parsed = LockIdentity::parse(text);
+            assert_eq!(
+                parsed.clone().map(|i| {
+                    let parent = i.parent_id();
+                    (i, parent)
+                }),
+                expected,
+                "{text:?}"
+            );
+            if let Some(identity) = parsed
+                && text.starts_with("pod-checkpointer pod=")
+            {
+                assert_eq!(identity.to_string(), text, "Display writes what parse reads");
+            }
+        };
+        let id = LockIdentity::new;
+        check(
+            "pod-checkpointer pod=kube-system/pc-abc node=n1",
+            Some((
+                id("kube-system", "pc-abc", "n1"),
+                PodId::new("kube-system", "pc-abc"),
+            )),
+        );
+        // The static copy: the kubelet's `-<node>` suffix is not part of the parent.
+        check(
+            "pod-checkpointer pod=kube-system/pc-abc-n1 node=n1",
+            Some((
+                id("kube-system", "pc-abc-n1", "n1"),
+                PodId::new("kube-system", "pc-abc"),
+            )),
+        );
+        check(
+            "node=n1 pod=ns/p",
+            Some((id("ns", "p", "n1"), PodId::new("ns", "p"))),
+        );
+        check("flock", None);
+        check("pod-checkpointer drain pid=42", None);
+        check("pod-checkpointer pod=broken node=n1", None);
+        check("pod-checkpointer pod=kube-system/pc-abc", None);
+        check("pod-checkpointer pod=/pc node=n1", None);
+        check("pod-checkpointer pod=ns/ node=n1", None);
+        check("pod-checkpointer pod=ns/p node=", None);
+        check("", None);
     }
 
     #[test]

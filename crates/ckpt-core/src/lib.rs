@@ -1,17 +1,49 @@
 //! `ckpt-core`: the pure domain model of pod-checkpointer. No I/O, no async.
 //!
 //! - [`identity`]: [`PodId`], the annotations, what is a parent, a checkpoint, the agent
-//!   itself ([`SelfIdentity`]) and a controller owner ([`ControllerOwner`]).
+//!   itself ([`SelfIdentity`], and [`LockIdentity`] as the lock holder) and a controller
+//!   owner ([`ControllerOwner`]); what a Kubernetes name may be ([`is_dns_label`],
+//!   [`is_dns_subdomain`]).
 //! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
 //!   [`MaterializedDir`]s it mounts.
-//! - [`gc`]: what a GC strategy is asked ([`Orphan`]) and answers ([`GcDecision`]).
+//! - [`observation`]: what the agent observed for a pass ([`Observation`]), produced by
+//!   `ckpt-watch`.
+//! - [`decide`](mod@decide): one pass's decision as a pure function: [`assess`] finds the
+//!   parents, sanitizes them and finds the [`Orphan`]s; the GC strategy's verdicts go into
+//!   [`Assessment::decide`], which returns a [`Decision`] (what to write, stop, start and
+//!   remove, the state to persist, a [`Report`]). [`plan`](mod@plan) is the planner under it.
+//! - [`gc`]: what a GC strategy is asked ([`Orphan`], with its facts) and answers
+//!   ([`GcDecision`]).
 //! - [`time`]: [`Timestamp`], the planner's clock.
+//! - [`error_chain`]: an error and its causes on one line, as every crate here logs them.
 //!
 //! ```
-//! use ckpt_core::PodId;
+//! use std::collections::BTreeMap;
+//!
+//! use ckpt_core::{
+//!     DecideConfig, LocalView, NamespaceAllowList, Observation, PersistentState, PodId, SelfIdentity,
+//!     Timestamp, decide,
+//! };
 //!
 //! let id = PodId::new("kube-system", "kube-apiserver-abc");
 //! assert_eq!(id.manifest_file_name(), "kube-system_kube-apiserver-abc.json");
+//!
+//! // Offline, with nothing on disk: nothing to do.
+//! let observation = Observation::offline(LocalView::Unknown);
+//! let config = DecideConfig {
+//!     allowed: NamespaceAllowList::new(["kube-system"]),
+//!     me: SelfIdentity::new("kube-system", "pod-checkpointer-x7k2p", "node-1"),
+//!     checkpoint_dir: "/etc/kubernetes".into(),
+//! };
+//! let decision = decide(
+//!     &observation,
+//!     &BTreeMap::new(),
+//!     &PersistentState::default(),
+//!     &BTreeMap::new(),
+//!     &config,
+//!     Timestamp::now(),
+//! );
+//! assert!(decision.is_noop());
 //! ```
 
 pub mod checkpoint;
@@ -35,11 +67,14 @@ pub use decide::{
     Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, orphan_owners, required_by_namespace,
 };
 #[doc(inline)]
-pub use error::{Error, Result};
+pub use error::{Error, Result, error_chain};
 #[doc(inline)]
 pub use gc::{GcDecision, GcVerdict, Orphan, Sibling};
 #[doc(inline)]
-pub use identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_parent};
+pub use identity::{
+    ControllerOwner, LockIdentity, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_dns_label,
+    is_dns_subdomain, is_parent,
+};
 #[doc(inline)]
 pub use observation::{ApiState, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey, OwnerStatus};
 #[doc(inline)]

@@ -5,7 +5,7 @@
 //! [`Plan`]: writes, then stops, starts and removes (each sorted), the updated
 //! persistent state, and the state of every checkpoint for reporting.
 //!
-//! The rules (DESIGN §3.3, §3.5), and where they differ from bootkube on purpose:
+//! The rules (ARCHITECTURE.md, Planner rules and Self-checkpoint, lock and self-GC), and where they differ from bootkube on purpose:
 //! - **Activate** an inactive checkpoint only when the API server is unreachable and the
 //!   parent is not running locally (an unknown runtime counts as not running here:
 //!   availability first). bootkube also activated when the API listed a parent that was

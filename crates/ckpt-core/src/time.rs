@@ -1,4 +1,5 @@
-//! Wall-clock time as the planner sees it: a plain number, so plans are reproducible.
+//! Wall-clock time as the planner sees it: a plain number, so plans are reproducible;
+//! its text form is RFC 3339, through `jiff`.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,32 +31,23 @@ impl Timestamp {
         Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
     }
 
-    /// RFC 3339 in UTC with millisecond precision, e.g. `2026-12-02T12:19:19.000Z`.
+    /// RFC 3339 in UTC with millisecond precision, e.g. `2026-12-02T12:19:19.000Z`. A
+    /// time beyond what the calendar holds (years past ±9999) is written as its limit.
     pub fn to_rfc3339(self) -> String {
-        let millis = self.0.rem_euclid(1000);
-        let secs = self.0.div_euclid(1000);
-        let (days, secs_of_day) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-        let (y, m, d) = civil_from_days(days);
-        let (hh, mm, ss) = (secs_of_day / 3600, secs_of_day % 3600 / 60, secs_of_day % 60);
-        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}.{millis:03}Z")
+        let time = jiff::Timestamp::from_millisecond(self.0).unwrap_or(if self.0 < 0 {
+            jiff::Timestamp::MIN
+        } else {
+            jiff::Timestamp::MAX
+        });
+        format!("{time:.3}")
     }
 
-    /// Parses what [`Timestamp::to_rfc3339`] writes (and the same without fraction).
+    /// Parses an RFC 3339 time (what [`Timestamp::to_rfc3339`] writes, with or without a
+    /// fraction, with any UTC offset); `None` for anything else, including dates that do
+    /// not exist (`2026-02-31`). Digits below the millisecond are dropped.
     pub fn parse_rfc3339(s: &str) -> Option<Self> {
-        let s = s.strip_suffix('Z')?;
-        let (date, time) = s.split_once('T')?;
-        let mut date = date.splitn(3, '-').map(str::parse::<i64>);
-        let (y, m, d) = (date.next()?.ok()?, date.next()?.ok()?, date.next()?.ok()?);
-        let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-        let mut hms = hms.splitn(3, ':').map(str::parse::<i64>);
-        let (hh, mm, ss) = (hms.next()?.ok()?, hms.next()?.ok()?, hms.next()?.ok()?);
-        let valid = (1..=12).contains(&m) && (1..=31).contains(&d) && hh < 24 && mm < 60 && ss < 61;
-        if !valid || frac.is_empty() || frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        let millis: i64 = format!("{frac:0<3}")[..3].parse().ok()?;
-        let secs = days_from_civil(y, m, d) * 86_400 + hh * 3600 + mm * 60 + ss;
-        Some(Self(secs * 1000 + millis))
+        let time: jiff::Timestamp = s.parse().ok()?;
+        Some(Self(time.as_millisecond()))
     }
 }
 
@@ -74,29 +66,6 @@ impl fmt::Display for Timestamp {
     }
 }
 
-// Howard Hinnant's civil calendar algorithms (public domain).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,11 +80,26 @@ mod tests {
         check(1_796_213_959_123, "2026-12-02T12:19:19.123Z");
         check(951_782_400_000, "2000-02-29T00:00:00.000Z");
         check(-1, "1969-12-31T23:59:59.999Z");
-        assert_eq!(
-            Timestamp::parse_rfc3339("2026-12-02T12:19:19Z"),
-            Some(Timestamp(1_796_213_959_000))
-        );
+        for (text, ms) in [
+            ("2026-12-02T12:19:19Z", 1_796_213_959_000),
+            // Another offset is the same instant.
+            ("2026-12-02T13:19:19.123+01:00", 1_796_213_959_123),
+            // Digits below the millisecond are dropped.
+            ("2026-12-02T12:19:19.123999999Z", 1_796_213_959_123),
+            ("2024-02-29T00:00:00Z", 1_709_164_800_000),
+        ] {
+            assert_eq!(Timestamp::parse_rfc3339(text), Some(Timestamp(ms)), "{text:?}");
+        }
+        // Beyond the calendar's years: written as its limit, not as garbage.
+        assert_eq!(Timestamp(i64::MAX).to_rfc3339(), "9999-12-30T22:00:00.999Z");
         for bad in [
+            // Days that do not exist.
+            "2026-02-31T00:00:00Z",
+            "2025-02-29T00:00:00Z",
+            "2026-04-31T00:00:00Z",
+            "2026-12-00T00:00:00Z",
+            // No offset: not an instant.
+            "2026-12-02T12:19:19",
             "",
             "2026-12-02",
             "2026-13-02T00:00:00Z",

@@ -223,6 +223,7 @@ impl LockFile {
             // locking notices and we reopen.
             open_file = Some(file);
             tokio::time::sleep(interval).await;
+            // A doubling poll needs no backoff crate (this crate does not depend on kube).
             interval = (interval * 2).min(self.poll_interval);
         }
     }

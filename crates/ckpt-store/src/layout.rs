@@ -1,4 +1,4 @@
-//! Where everything lives on disk (DESIGN §3.1; the defaults are bootkube's).
+//! Where everything lives on disk (ARCHITECTURE.md, Identity and layout; the defaults are bootkube's).
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 //! already validates them; checking again means a bug elsewhere (or a hand-edited
 //! manifest) can never make the store write `../../etc/passwd`.
 
-use ckpt_core::PodId;
+use ckpt_core::{PodId, is_dns_label, is_dns_subdomain};
 
 use crate::error::{Error, Result};
 
@@ -21,24 +21,12 @@ fn invalid(what: &'static str, value: &str, reason: &'static str) -> Error {
     }
 }
 
-/// One DNS-1123 label without a length check: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`.
-fn is_label_text(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    match (bytes.first(), bytes.last()) {
-        (Some(first), Some(last)) => {
-            alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
-        }
-        _ => false,
-    }
-}
-
 /// A namespace: a DNS-1123 label (at most 63 characters).
 pub(crate) fn check_namespace(value: &str) -> Result<()> {
     if value.len() > 63 {
         return Err(invalid("namespace", value, "longer than 63 characters"));
     }
-    if !is_label_text(value) {
+    if !is_dns_label(value) {
         return Err(invalid(
             "namespace",
             value,
@@ -54,7 +42,7 @@ pub(crate) fn check_subdomain(what: &'static str, value: &str) -> Result<()> {
     if value.len() > 253 {
         return Err(invalid(what, value, "longer than 253 characters"));
     }
-    if !value.split('.').all(is_label_text) {
+    if !is_dns_subdomain(value) {
         return Err(invalid(
             what,
             value,

@@ -157,7 +157,7 @@ struct Scanned {
 enum Slot {
     Empty,
     /// A checkpoint of the pod asked about.
-    Ours(Box<(Contents, Pod)>),
+    Ours(Box<ParsedManifest>),
     /// Anything else: never touched.
     Foreign,
 }
@@ -563,7 +563,7 @@ impl Store {
         };
         for name in [id.manifest_file_name(), id.legacy_manifest_file_name()] {
             if let Slot::Ours(found) = slot(&manifests_dir, &name, id)? {
-                let volumes = found.1.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+                let volumes = found.pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
                 paths.extend(
                     volumes
                         .filter_map(|v| v.host_path.as_ref())
@@ -645,7 +645,7 @@ impl Store {
         let mut source = None;
         for name in [id.manifest_file_name(), id.legacy_manifest_file_name()] {
             if let Slot::Ours(found) = slot(&inactive_dir, &name, id)? {
-                source = Some(found.0);
+                source = Some(found.contents);
                 break;
             }
         }
@@ -751,29 +751,72 @@ fn check_layout(layout: &Layout) -> Result<()> {
     }
 }
 
+/// What one file in a manifest directory holds, read and parsed once for both
+/// [`load`] (reading every file back) and [`slot`] (looking at one pod's names).
+enum ManifestFile {
+    Missing,
+    /// Not a checkpoint, and why: not a regular file, too large, not a JSON Pod, or a
+    /// pod without the checkpoint-of annotation.
+    NotCheckpoint(String),
+    /// A checkpoint manifest.
+    Checkpoint(Box<ParsedManifest>),
+}
+
+struct ParsedManifest {
+    contents: Contents,
+    pod: Pod,
+    meta: CheckpointMeta,
+}
+
+/// Reads and classifies the file at `name` (a read error is the caller's to handle).
+fn read_manifest(dir: &Dir, name: &str) -> Result<ManifestFile> {
+    let contents = match dir.read_file(name, MAX_MANIFEST_BYTES)? {
+        ReadOutcome::Read(contents) => contents,
+        ReadOutcome::Missing => return Ok(ManifestFile::Missing),
+        ReadOutcome::NotRegular(kind) => {
+            return Ok(ManifestFile::NotCheckpoint(format!(
+                "a {kind}, not a regular file"
+            )));
+        }
+        ReadOutcome::TooLarge(len) => {
+            return Ok(ManifestFile::NotCheckpoint(format!(
+                "{len} bytes, too large for a checkpoint"
+            )));
+        }
+    };
+    let pod: Pod = match serde_json::from_slice(&contents.bytes) {
+        Ok(pod) => pod,
+        Err(e) => return Ok(ManifestFile::NotCheckpoint(format!("not a JSON Pod: {e}"))),
+    };
+    let Some(meta) = CheckpointMeta::from_manifest(&pod) else {
+        return Ok(ManifestFile::NotCheckpoint(
+            "not a checkpoint (no checkpoint-of annotation)".into(),
+        ));
+    };
+    Ok(ManifestFile::Checkpoint(Box::new(ParsedManifest {
+        contents,
+        pod,
+        meta,
+    })))
+}
+
 /// Parses and validates one manifest file.
 fn load(dir: &Dir, name: &str) -> Loaded {
-    let invalid = |reason: String| Loaded::Invalid {
-        reason,
-        checkpoint: false,
-    };
-    let contents = match dir.read_file(name, MAX_MANIFEST_BYTES) {
-        Ok(ReadOutcome::Read(contents)) => contents,
-        Ok(ReadOutcome::Missing) => return Loaded::Skipped,
-        Ok(ReadOutcome::NotRegular(kind)) => return invalid(format!("a {kind}, not a regular file")),
-        Ok(ReadOutcome::TooLarge(len)) => return invalid(format!("{len} bytes, too large for a checkpoint")),
+    let parsed = match read_manifest(dir, name) {
+        Ok(ManifestFile::Checkpoint(parsed)) => *parsed,
+        Ok(ManifestFile::Missing) => return Loaded::Skipped,
+        Ok(ManifestFile::NotCheckpoint(reason)) => {
+            return Loaded::Invalid {
+                reason,
+                checkpoint: false,
+            };
+        }
         Err(error) => {
             warn!(path = %dir.child_path(name).display(), %error, "skipping an unreadable file");
             return Loaded::Skipped;
         }
     };
-    let pod: Pod = match serde_json::from_slice(&contents.bytes) {
-        Ok(pod) => pod,
-        Err(e) => return invalid(format!("not a JSON Pod: {e}")),
-    };
-    let Some(meta) = CheckpointMeta::from_manifest(&pod) else {
-        return invalid("not a checkpoint (no checkpoint-of annotation)".into());
-    };
+    let ParsedManifest { contents, pod, meta } = parsed;
     let id = &meta.parent;
     let invalid_checkpoint = |reason: String| Loaded::Invalid {
         reason,
@@ -806,18 +849,11 @@ fn load(dir: &Dir, name: &str) -> Loaded {
 /// What is at `name`: nothing, a checkpoint of `id` (regular file, parses, right id),
 /// or something foreign.
 fn slot(dir: &Dir, name: &str, id: &PodId) -> Result<Slot> {
-    let contents = match dir.read_file(name, MAX_MANIFEST_BYTES)? {
-        ReadOutcome::Missing => return Ok(Slot::Empty),
-        ReadOutcome::NotRegular(_) | ReadOutcome::TooLarge(_) => return Ok(Slot::Foreign),
-        ReadOutcome::Read(contents) => contents,
-    };
-    let Ok(pod) = serde_json::from_slice::<Pod>(&contents.bytes) else {
-        return Ok(Slot::Foreign);
-    };
-    match CheckpointMeta::from_manifest(&pod) {
-        Some(meta) if &meta.parent == id => Ok(Slot::Ours(Box::new((contents, pod)))),
-        _ => Ok(Slot::Foreign),
-    }
+    Ok(match read_manifest(dir, name)? {
+        ManifestFile::Missing => Slot::Empty,
+        ManifestFile::Checkpoint(parsed) if &parsed.meta.parent == id => Slot::Ours(parsed),
+        ManifestFile::Checkpoint(_) | ManifestFile::NotCheckpoint(_) => Slot::Foreign,
+    })
 }
 
 /// Moves an unusable file from `dir` to the quarantine dir under a unique name, with a

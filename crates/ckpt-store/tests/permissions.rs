@@ -1,4 +1,4 @@
-//! Modes and owners of everything the store writes (DESIGN §3.7): directories 0700,
+//! Modes and owners of everything the store writes (ARCHITECTURE.md, Identity and layout): directories 0700,
 //! data files at the checkpoint's modes and owned by the pod's uid/gid (so are the
 //! volume directories), manifests 0644 or 0600 with secret values, the kubelet's
 //! directory 0755 when we create it. Changing owners needs root, which the tests have.

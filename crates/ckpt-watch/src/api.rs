@@ -202,7 +202,7 @@ impl Inner {
 /// (`fieldSelector=spec.nodeName=<node>`, event-driven) and a `/readyz` probe loop.
 /// Dropping the `ApiWatch` (or [`ApiWatch::shutdown`]) stops them.
 ///
-/// The state follows DESIGN §3.3/§3.6:
+/// The state follows ARCHITECTURE.md, Planner rules and Observing:
 /// - only the probe makes the API [`ApiState::Unreachable`]: a connection error, a
 ///   timeout (a hung server) or a 5xx on `/readyz`, `unreachable_after` times in a row.
 ///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success.

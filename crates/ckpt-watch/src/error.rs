@@ -3,6 +3,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+// The workspace's one formatting of a cause chain, used by the modules here for errors of
+// other crates (kube, hyper) too.
+pub(crate) use ckpt_core::error_chain;
+
 /// Everything that can go wrong while observing. Each variant names where: the URL, the
 /// socket or the file concerned. Causes are chained with `#[source]`; [`Error::chain`]
 /// formats the whole chain on one line for logs.
@@ -92,22 +96,6 @@ impl Error {
     pub fn chain(&self) -> String {
         error_chain(self)
     }
-}
-
-/// Formats any error with its `source()` chain as `outer: cause: root cause`, skipping
-/// causes whose text the outer message already contains.
-pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut next = err.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !text.is_empty() && !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = cause.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `ckpt-watch`: observing the world for pod-checkpointer.
 //!
 //! The API server, the kubelet and the container runtime, each reduced to a view that
-//! says explicitly when the source is unavailable (DESIGN §3.6). Nothing here decides
+//! says explicitly when the source is unavailable (ARCHITECTURE.md, Observing). Nothing here decides
 //! anything: the planner in `ckpt-core` does.
 //!
 //! - [`ApiWatch`]: one kube watcher per allowed namespace over the pods bound to this node

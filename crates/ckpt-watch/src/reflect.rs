@@ -64,6 +64,8 @@ impl<K> Default for Slot<K> {
 pub(crate) type SharedSlot<K> = Arc<Mutex<Slot<K>>>;
 
 /// Exponential backoff between restarts: 250 ms doubling to 10 s, reset by a complete list.
+/// Not kube's `DefaultBackoff` (fixed 0.8 s → 30 s, jittered, reset by a timer): a watch
+/// here must retry within 10 s and starts over after a complete list, not after a while.
 #[derive(Debug)]
 struct Backoff {
     next: Duration,

@@ -139,7 +139,8 @@ fn every_registered_strategy_renders_a_config_the_agent_accepts() {
         };
         let objects = render(&options(&args));
         let config = config_of(&objects);
-        ckpt_bin::config::check_config_file(config).unwrap_or_else(|e| panic!("{name}: {e}\n{config}"));
+        ckpt_bin::config::check_config_file(config)
+            .unwrap_or_else(|e| panic!("{name}: {}\n{config}", ckpt_core::error_chain(&e)));
         let parsed: serde_json::Value = serde_saphyr::from_str(config).unwrap();
         assert_eq!(parsed["gc-strategy"], name);
         assert!(from_yaml(&to_yaml(&objects).unwrap()).is_ok(), "{name}");

@@ -12,7 +12,9 @@ use ckpt_watch::{ApiWatchConfig, Observer};
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
-use crate::config::{KubeconfigSource, RunSettings, error_chain};
+use ckpt_core::error_chain;
+
+use crate::config::{KubeconfigSource, RunSettings};
 use crate::credentials::{
     RETRY, ServerAccess, ServiceAccountRef, mint_token, refresh_after, render_kubeconfig,
 };
@@ -58,7 +60,7 @@ impl Connect {
             ApiSource::Kubeconfig => match load_api_config(settings).await {
                 Ok(config) => Some(Connect::Config(Box::new(config))),
                 Err(e) if !settings.kubeconfig.is_explicit() => {
-                    warn!(error = %e, "no API credentials: running offline, the API server counts as unreachable");
+                    warn!(error = %error_chain(&e), "no API credentials: running offline, the API server counts as unreachable");
                     None
                 }
                 Err(e) => return Err(e),
@@ -82,7 +84,7 @@ impl Connect {
 pub(super) async fn reconnect(settings: &RunSettings) -> Option<ApiLink> {
     let config = load_api_config(settings)
         .await
-        .inspect_err(|e| debug!(error = %e, "still offline"))
+        .inspect_err(|e| debug!(error = %error_chain(e), "still offline"))
         .ok()?;
     let server = server_access(&config);
     let client = client_from(config)
@@ -122,9 +124,10 @@ async fn load_api_config(settings: &RunSettings) -> Result<kube::Config> {
             info!(kubeconfig = %kept.display(), "using the API credentials kept for the static copy");
             Ok(config)
         }
-        Err(kept_error) => Err(Error::Usage(format!(
-            "{primary_error}; and the kept credentials: {kept_error}"
-        ))),
+        Err(kept_error) => Err(Error::usage(
+            format!("{}; and the kept credentials", error_chain(&primary_error)),
+            kept_error,
+        )),
     }
 }
 
@@ -133,23 +136,14 @@ async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
         KubeconfigSource::Default(path) => {
             Box::pin(load_kube_config(&KubeconfigSource::File(path.clone()))).await
         }
-        KubeconfigSource::InCluster => kube::Config::incluster().map_err(|e| {
-            Error::Usage(format!(
-                "--kubeconfig: in-cluster configuration failed: {}",
-                error_chain(&e)
-            ))
-        }),
+        KubeconfigSource::InCluster => kube::Config::incluster()
+            .map_err(|e| Error::usage("--kubeconfig: in-cluster configuration failed", e)),
         KubeconfigSource::File(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                Error::Usage(format!(
-                    "--kubeconfig: cannot read {}: {}",
-                    path.display(),
-                    error_chain(&e)
-                ))
-            })?;
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| Error::usage(format!("--kubeconfig: cannot read {}", path.display()), e))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| Error::Usage(format!("--kubeconfig: {}: {}", path.display(), error_chain(&e))))
+                .map_err(|e| Error::usage(format!("--kubeconfig: {}", path.display()), e))
         }
     }
 }

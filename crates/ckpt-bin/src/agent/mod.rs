@@ -24,7 +24,9 @@ pub use connect::ApiSource;
 use connect::{ApiLink, Connect};
 use report::Reporter;
 
-use crate::config::{RunSettings, error_chain};
+use ckpt_core::{LockIdentity, error_chain};
+
+use crate::config::RunSettings;
 use crate::error::{Error, Result};
 use crate::executor::{Reporting, execute};
 use crate::health::{self, Health, Phase};
@@ -56,7 +58,7 @@ pub(crate) async fn run(
         &settings.gc_strategy,
         &ckpt_gc::GcConfig::new(settings.grace_period).with_gc_section(settings.gc_section.clone()),
     )
-    .map_err(|e| Error::Usage(format!("--gc-strategy: {}", error_chain(&e))))?;
+    .map_err(|e| Error::usage("--gc-strategy", e))?;
 
     let health = Health::new();
     // Held until `run` returns: an in-process agent stops serving when it stops.
@@ -64,16 +66,13 @@ pub(crate) async fn run(
         Some(addr) => Some(
             health::serve(addr, health.clone())
                 .await
-                .map_err(|e| Error::Usage(format!("--metrics-addr: cannot listen on {addr}: {e}")))?,
+                .map_err(|e| Error::usage(format!("--metrics-addr: cannot listen on {addr}"), e))?,
         ),
         None => None,
     };
 
-    let identity = format!(
-        "pod-checkpointer pod={}/{} node={}",
-        settings.pod_namespace, settings.pod_name, settings.node_name
-    );
-    let lock = LockFile::new(&settings.disk.lock_file, identity);
+    let identity = LockIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name);
+    let lock = LockFile::new(&settings.disk.lock_file, identity.to_string());
     info!(lock = %settings.disk.lock_file.display(), "waiting for the lock");
     let mut shutdown = std::pin::pin!(shutdown);
     let _guard = tokio::select! {
@@ -142,7 +141,7 @@ impl Agent {
         let cri = match &settings.runtime_endpoint {
             Some(endpoint) => Some(
                 CriClient::new(endpoint, REQUEST_TIMEOUT)
-                    .map_err(|e| Error::Usage(format!("--runtime-endpoint: {}", error_chain(&e))))?,
+                    .map_err(|e| Error::usage("--runtime-endpoint", e))?,
             ),
             None => None,
         };
@@ -154,7 +153,7 @@ impl Agent {
             ca_file: None,
             timeout: REQUEST_TIMEOUT,
         })
-        .map_err(|e| Error::Usage(format!("--kubelet-url: {}", error_chain(&e))))?;
+        .map_err(|e| Error::usage("--kubelet-url", e))?;
         // With the CRI on, the kubelet's `/pods` would only name parents the kubelet knows
         // (informational: content always comes from the API), so it is not polled every
         // second; with the CRI off it is the source of "running".

@@ -1,4 +1,4 @@
-//! Planner tests: bootkube's transition table as adapted by DESIGN §3.3, self handling,
+//! Planner tests: bootkube's transition table as adapted by ARCHITECTURE.md, Planner rules, self handling,
 //! one test per fixed bootkube bug, and properties over random worlds.
 
 use std::time::Duration;
