@@ -15,16 +15,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent};
-use crate::observation::{ApiState, Observation, OwnerKey};
+use crate::observation::{ApiState, Fetched, Observation, OwnerKey};
 use crate::plan::{
-    ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal, orphans, plan,
+    ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal, SelfScheduling,
+    orphans, plan,
 };
+use crate::scheduling::daemon_pod_continues_running;
 use crate::references::{RequiredObjects, required_objects};
 use crate::sanitize::{SanitizeOptions, sanitize};
 use crate::time::Timestamp;
@@ -39,6 +42,9 @@ pub struct DecideConfig {
     pub me: SelfIdentity,
     /// `--checkpoint-dir`: the hostPath volumes of checkpoints point below it.
     pub checkpoint_dir: String,
+    /// `--checkpoint-grace-period`: self-GC never comes sooner after the agent's own pod
+    /// left, unless its DaemonSet no longer targets this node.
+    pub grace: Duration,
 }
 
 /// What one pass does, in execution order (writes → stops → starts → removes), with the
@@ -101,6 +107,9 @@ pub struct Report {
     pub own_owner: Option<ControllerOwner>,
     /// How many checkpoints are on disk before the pass.
     pub on_disk: usize,
+    /// Whether the agent's own DaemonSet still targets this node, when it mattered (a
+    /// synced view without the agent's own pod).
+    pub scheduling: Option<SelfScheduling>,
 }
 
 impl Report {
@@ -124,6 +133,8 @@ pub struct Assessment<'a> {
     state: &'a PersistentState,
     now: Timestamp,
     me: SelfIdentity,
+    scheduling: SelfScheduling,
+    grace: Duration,
     api: ApiView,
     local: &'a crate::plan::LocalView,
     checkpoints: BTreeMap<PodId, Checkpoint>,
@@ -155,15 +166,18 @@ impl Assessment<'_> {
             verdicts,
             state: self.state,
             me: &self.me,
+            scheduling: &self.scheduling,
+            grace: self.grace,
         };
         let planned = plan(&inputs, self.now);
         let now = self.now;
-        self.report.next_deadline = verdicts
-            .values()
+        self.report.next_deadline = (verdicts.values())
             .filter_map(|v| match v.verdict {
-                GcVerdict::RemoveAt(t) if t > now => Some(t),
+                GcVerdict::RemoveAt(t) => Some(t),
                 _ => None,
             })
+            .chain(planned.self_gc_at)
+            .filter(|t| *t > now)
             .min();
         self.report.states = planned.states;
         let writes = (planned.writes.iter())
@@ -227,7 +241,17 @@ pub fn assess<'a>(
         .map(|(id, pod)| (id, pod.as_ref()))
         .collect();
     let mut me = config.me.clone();
-    let own_owner = own_owner(&me, &observation.pods, disk);
+    let mut own_owner = own_owner(&me, &observation.pods, disk);
+    let own_pod_present = parents.iter().any(|(id, pod)| me_is(&me, own_owner.as_ref(), id, pod));
+    let scheduling = if synced && !own_pod_present {
+        let (scheduling, replacement) = self_scheduling(observation, own_owner.as_ref());
+        // A DaemonSet of the same name that targets this node took the place of ours
+        // (deleted and re-created, `replace --force`): its pods are the agent's own now.
+        own_owner = replacement.or(own_owner);
+        scheduling
+    } else {
+        SelfScheduling::Targeted
+    };
     if own_owner.is_some() {
         me.owner = own_owner.clone();
     }
@@ -235,6 +259,7 @@ pub fn assess<'a>(
         api: Some(observation.api),
         own_owner,
         on_disk: disk.len(),
+        scheduling: (synced && !own_pod_present).then(|| scheduling.clone()),
         ..Report::default()
     };
     let checkpoints = if synced {
@@ -276,6 +301,8 @@ pub fn assess<'a>(
         verdicts: &BTreeMap::new(),
         state,
         me: &me,
+        scheduling: &scheduling,
+        grace: config.grace,
     };
     let mut found = orphans(&inputs, now);
     for orphan in &mut found {
@@ -289,7 +316,7 @@ pub fn assess<'a>(
                 id.namespace == namespace
                     && **id != &orphan.id
                     && desired.contains_key(**id)
-                    && ControllerOwner::of(pod).is_some_and(|o| o.same_controller(owner))
+                    && ControllerOwner::of(pod).is_some_and(|o| o.uid == owner.uid)
             })
             .map(|(id, _)| {
                 let stored = (disk.get(*id))
@@ -307,6 +334,8 @@ pub fn assess<'a>(
         state,
         now,
         me,
+        scheduling,
+        grace: config.grace,
         api,
         local: &observation.local,
         checkpoints,
@@ -332,6 +361,81 @@ fn own_owner(
                 .and_then(|m| m.owner.clone())
         })
         .or_else(|| me.owner.clone())
+}
+
+/// Whether `pod` is the agent's own, with the owner learned in this pass.
+fn me_is(me: &SelfIdentity, owner: Option<&ControllerOwner>, id: &PodId, pod: &Pod) -> bool {
+    let me = me.clone().with_owner(owner.cloned());
+    me.is_self(id, ControllerOwner::of(pod).as_ref())
+}
+
+/// The agent's own DaemonSet fetched by name, if its own pod is to be looked for: on a
+/// synced view, with the agent's own checkpoint on disk, no own pod listed and its
+/// controller known to be a DaemonSet. `ckpt-watch` fetches it (and this node) before
+/// deciding.
+pub fn scheduling_lookup(
+    api: ApiState,
+    pods: &BTreeMap<PodId, Arc<Pod>>,
+    disk: &BTreeMap<PodId, DiskCheckpoint>,
+    me: &SelfIdentity,
+) -> Option<OwnerKey> {
+    if api != ApiState::Synced {
+        return None;
+    }
+    let owner = own_owner(me, pods, disk)?;
+    let own_pod = pods.iter().any(|(id, pod)| me_is(me, Some(&owner), id, pod));
+    let own_checkpoint = (disk.iter()).any(|(id, d)| me_is_stored(me, &owner, id, d));
+    (owner.kind == "DaemonSet" && !own_pod && own_checkpoint).then(|| OwnerKey::new(&me.namespace, &owner))
+}
+
+fn me_is_stored(me: &SelfIdentity, owner: &ControllerOwner, id: &PodId, disk: &DiskCheckpoint) -> bool {
+    let me = me.clone().with_owner(Some(owner.clone()));
+    me.is_self(id, disk.meta().and_then(|m| m.owner.as_ref()))
+}
+
+/// Whether the agent's own DaemonSet targets this node, from the observation; and a
+/// same-named DaemonSet that replaced it and targets the node (its owner reference).
+fn self_scheduling(
+    observation: &Observation,
+    owner: Option<&ControllerOwner>,
+) -> (SelfScheduling, Option<ControllerOwner>) {
+    let unknown = |why: &str| (SelfScheduling::Unknown(why.to_owned()), None);
+    let Some(owner) = owner else {
+        return unknown("the agent's own controller is not known (no pod and no checkpoint of it)");
+    };
+    if owner.kind != "DaemonSet" {
+        return unknown(&format!("the agent's controller is a {}, not a DaemonSet", owner.kind));
+    }
+    let daemon_set = match &observation.own_daemon_set {
+        Fetched::NotFound => return (SelfScheduling::Deleted, None),
+        Fetched::Found(ds) => ds,
+        Fetched::NotFetched => return unknown("the agent's DaemonSet was not looked up"),
+        Fetched::Failed(why) => return unknown(&format!("cannot read the agent's DaemonSet: {why}")),
+    };
+    let uid = daemon_set.metadata.uid.as_deref().unwrap_or_default();
+    let replacement = (uid != owner.uid).then(|| ControllerOwner {
+        uid: uid.to_owned(),
+        ..owner.clone()
+    });
+    let node = match &observation.node {
+        Fetched::Found(node) => node,
+        // A node that cannot be read means "unknown", never "descheduled".
+        Fetched::NotFound => return unknown("this node's Node object does not exist"),
+        Fetched::NotFetched => return unknown("this node was not looked up"),
+        Fetched::Failed(why) => return unknown(&format!("cannot read this node: {why}")),
+    };
+    let template = (daemon_set.spec.as_ref()).and_then(|s| s.template.spec.as_ref());
+    let Some(template) = template else {
+        return unknown("the agent's DaemonSet has no pod template");
+    };
+    match daemon_pod_continues_running(template, node) {
+        Ok(()) => (SelfScheduling::Targeted, replacement),
+        Err(why) if replacement.is_some() => (
+            SelfScheduling::Descheduled(format!("its DaemonSet was replaced by one that does not target this node: {why}")),
+            None,
+        ),
+        Err(why) => (SelfScheduling::Descheduled(format!("its DaemonSet no longer targets this node: {why}")), None),
+    }
 }
 
 /// Sanitizes every parent whose Secrets and ConfigMaps are all known; the others are

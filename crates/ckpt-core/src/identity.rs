@@ -230,8 +230,10 @@ impl SelfIdentity {
         if id.name == self.parent_name {
             return true;
         }
+        // By the controller's UID: a pod that merely claims an owner of the same kind and
+        // name (anyone may write ownerReferences) is not the agent's.
         match (owner, &self.owner) {
-            (Some(theirs), Some(ours)) => theirs.same_controller(ours),
+            (Some(theirs), Some(ours)) => !ours.uid.is_empty() && theirs.uid == ours.uid && theirs.kind == ours.kind,
             _ => false,
         }
     }
@@ -507,6 +509,7 @@ mod tests {
         };
         let other_owner = ControllerOwner {
             name: "other".into(),
+            uid: "u3".into(),
             ..owner.clone()
         };
         let check = |pod_name: &str, id: PodId, their_owner: Option<&ControllerOwner>, expected: bool| {
@@ -521,11 +524,13 @@ mod tests {
         check("pc-abc", PodId::new("default", "pc-abc"), None, false);
         // Rolled pod of the same DaemonSet.
         check("pc-abc", PodId::new("kube-system", "pc-xyz"), Some(&owner), true);
+        // Same kind and name, another UID: another DaemonSet (re-created, or a pod that
+        // merely claims the owner) is not the agent's.
         check(
             "pc-abc",
             PodId::new("kube-system", "pc-xyz"),
             Some(&rolled_owner),
-            true,
+            false,
         );
         check(
             "pc-abc",

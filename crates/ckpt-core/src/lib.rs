@@ -34,6 +34,7 @@
 //!     allowed: NamespaceAllowList::new(["kube-system"]),
 //!     me: SelfIdentity::new("kube-system", "pod-checkpointer-x7k2p", "node-1"),
 //!     checkpoint_dir: "/etc/kubernetes".into(),
+//!     grace: std::time::Duration::from_secs(60),
 //! };
 //! let decision = decide(
 //!     &observation,
@@ -55,6 +56,7 @@ pub mod observation;
 pub mod plan;
 pub mod references;
 pub mod sanitize;
+pub mod scheduling;
 pub mod time;
 
 #[doc(inline)]
@@ -65,6 +67,7 @@ pub use checkpoint::{
 #[doc(inline)]
 pub use decide::{
     Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, orphan_owners, required_by_namespace,
+    scheduling_lookup,
 };
 #[doc(inline)]
 pub use error::{Error, Result, error_chain};
@@ -76,11 +79,11 @@ pub use identity::{
     is_dns_subdomain, is_parent,
 };
 #[doc(inline)]
-pub use observation::{ApiState, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey, OwnerStatus};
+pub use observation::{ApiState, Fetched, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey, OwnerStatus};
 #[doc(inline)]
 pub use plan::{
     ApiParent, ApiView, CheckpointState, DiskCheckpoint, LocalView, PersistentState, Plan, PlanInputs,
-    Removal, RemovalReason, StoredCopy, orphans, plan,
+    Removal, RemovalReason, SelfScheduling, StoredCopy, orphans, plan,
 };
 #[doc(inline)]
 pub use references::{RequiredObjects, references_api_objects, required_objects};

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::identity::{ControllerOwner, PodId};
 use crate::plan::LocalView;
@@ -195,6 +196,20 @@ impl OwnerKey {
     }
 }
 
+/// An object fetched by name for a pass, or why not.
+#[derive(Clone, Debug, Default)]
+pub enum Fetched<T> {
+    /// Not asked for in this pass (it did not matter).
+    #[default]
+    NotFetched,
+    /// The API server returned it.
+    Found(Arc<T>),
+    /// The API server said it does not exist (404).
+    NotFound,
+    /// Anything else (403, timeout, …), with why: nothing is known.
+    Failed(String),
+}
+
 /// Everything the agent observed for one pass.
 #[derive(Clone, Debug)]
 pub struct Observation {
@@ -212,6 +227,11 @@ pub struct Observation {
     /// Whether the controller owners of orphan candidates exist (looked up only when the
     /// GC strategy uses it; a missing entry is [`OwnerStatus::Unknown`]).
     pub owners: BTreeMap<OwnerKey, OwnerStatus>,
+    /// The agent's own DaemonSet, by name (fetched only on a synced view without the
+    /// agent's own pod, see [`crate::scheduling_lookup`]).
+    pub own_daemon_set: Fetched<DaemonSet>,
+    /// This node (fetched with the DaemonSet).
+    pub node: Fetched<Node>,
 }
 
 impl Observation {
@@ -224,6 +244,8 @@ impl Observation {
             objects: BTreeMap::new(),
             local,
             owners: BTreeMap::new(),
+            own_daemon_set: Fetched::NotFetched,
+            node: Fetched::NotFetched,
         }
     }
 

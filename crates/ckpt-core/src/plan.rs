@@ -100,6 +100,24 @@ pub struct PersistentState {
     pub absent_since: BTreeMap<PodId, Timestamp>,
 }
 
+/// Whether the agent's own DaemonSet still targets this node: what decides self-GC
+/// (ARCHITECTURE.md, Self-checkpoint, lock and self-GC).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SelfScheduling {
+    /// It targets this node (or a DaemonSet of the same name that replaced it does): the
+    /// agent's own pod being absent is a rollout, an eviction or a controller outage. Keep
+    /// everything, whatever the strategy says.
+    Targeted,
+    /// It exists but no longer targets this node (why attached): self-GC now.
+    Descheduled(String),
+    /// It is deleted (404) and nothing of the same name took its place: self-GC once the
+    /// agent's own pod has been absent for the grace period.
+    Deleted,
+    /// Not known (why attached: no owner known, not a DaemonSet, no permission, the node
+    /// unreadable): the strategy's verdict, never sooner than the grace period.
+    Unknown(String),
+}
+
 /// Everything [`plan`] looks at.
 #[derive(Clone, Copy, Debug)]
 pub struct PlanInputs<'a> {
@@ -117,6 +135,12 @@ pub struct PlanInputs<'a> {
     pub state: &'a PersistentState,
     /// Who the agent is.
     pub me: &'a SelfIdentity,
+    /// Whether the agent's own DaemonSet still targets this node (only looked at on a
+    /// synced view without the agent's own pod).
+    pub scheduling: &'a SelfScheduling,
+    /// `--checkpoint-grace-period`: self-GC never comes sooner after the agent's own pod
+    /// left, unless its DaemonSet no longer targets the node.
+    pub grace: std::time::Duration,
 }
 
 /// Why a checkpoint is removed.
@@ -126,8 +150,9 @@ pub enum RemovalReason {
     Gc(String),
     /// An older checkpoint of the agent itself, replaced by a rolled pod of its DaemonSet.
     SupersededSelf(PodId),
-    /// Self-GC: the agent's own pod is no longer scheduled here; everything goes.
-    SelfGc,
+    /// Self-GC: the agent's own DaemonSet no longer runs it here (why attached);
+    /// everything goes.
+    SelfGc(String),
 }
 
 /// A checkpoint to remove: secrets, configmaps, projected data, inactive, then active.
@@ -185,6 +210,9 @@ pub struct Plan {
     pub removes: Vec<Removal>,
     /// This is a self-GC plan: once executed, the agent exits.
     pub self_gc: bool,
+    /// When self-GC is due if nothing changes (a deleted DaemonSet, or an unknown one
+    /// past the strategy's verdict): when to look again.
+    pub self_gc_at: Option<Timestamp>,
     /// The persistent state to save after executing.
     pub state: PersistentState,
     /// Every checkpoint's state after the pass.
@@ -375,13 +403,18 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         .collect();
 
     // Self-GC: the agent's own pod is gone from a synced view, no rolled pod replaces it,
-    // and the strategy says its time has come.
+    // and its DaemonSet no longer runs it here.
     let self_parent_present = rows.iter().any(|row| row.is_self && row.parent.is_some());
     if synced && !self_parent_present {
-        let own_due = rows
-            .iter()
-            .any(|row| row.is_self && row.disk.is_some() && due(row.verdict, now));
-        if own_due {
+        let own = rows.iter().filter(|row| row.is_self && row.disk.is_some());
+        let due_at = own.filter_map(|row| self_gc_at(row, inputs, now)).min();
+        if due_at.is_some_and(|at| now >= at) {
+            let why = match inputs.scheduling {
+                SelfScheduling::Descheduled(why) => why.clone(),
+                SelfScheduling::Deleted => "the agent's DaemonSet is deleted".to_owned(),
+                SelfScheduling::Unknown(why) => format!("the GC strategy's verdict ({why})"),
+                SelfScheduling::Targeted => String::new(),
+            };
             let on_disk = || rows.iter().filter(|row| row.disk.is_some());
             for row in on_disk()
                 .filter(|row| !row.is_self)
@@ -389,7 +422,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             {
                 out.removes.push(Removal {
                     id: row.id.clone(),
-                    reason: RemovalReason::SelfGc,
+                    reason: RemovalReason::SelfGc(why.clone()),
                 });
                 out.states.insert(row.id.clone(), CheckpointState::Removed);
             }
@@ -398,6 +431,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             out.state.absent_since.clear();
             return out;
         }
+        out.self_gc_at = due_at;
     }
 
     // A current pod of the agent's own DaemonSet that is already checkpointed: it
@@ -491,6 +525,22 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         out.state.absent_since.remove(&removal.id);
     }
     out
+}
+
+/// When the agent's own checkpoint `row` (its pod absent from a synced view) makes this
+/// a self-GC plan; `None`: not while the scheduling stays as it is.
+fn self_gc_at(row: &Row<'_>, inputs: &PlanInputs<'_>, now: Timestamp) -> Option<Timestamp> {
+    let after_grace = absent_since(row, true, now).unwrap_or(now).saturating_add(inputs.grace);
+    match inputs.scheduling {
+        SelfScheduling::Targeted => None,
+        SelfScheduling::Descheduled(_) => Some(now),
+        SelfScheduling::Deleted => Some(after_grace),
+        SelfScheduling::Unknown(_) => match row.verdict.map(|v| v.verdict) {
+            Some(GcVerdict::RemoveNow) => Some(after_grace),
+            Some(GcVerdict::RemoveAt(at)) => Some(at.max(after_grace)),
+            Some(GcVerdict::Keep) | None => None,
+        },
+    }
 }
 
 fn due(verdict: Option<&GcDecision>, now: Timestamp) -> bool {

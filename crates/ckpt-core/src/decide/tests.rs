@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::*;
 use crate::checkpoint::CheckpointMeta;
-use crate::observation::{ObjectRef, ObjectsView, OwnerStatus};
+use crate::observation::{Fetched, ObjectRef, ObjectsView, OwnerStatus};
 use crate::plan::{LocalView, StoredCopy};
 
 const NS: &str = "kube-system";
@@ -143,6 +143,8 @@ impl World {
                     kubelet_parents: BTreeSet::new(),
                 },
                 owners: BTreeMap::new(),
+                own_daemon_set: Fetched::NotFetched,
+                node: Fetched::NotFetched,
             },
             disk: BTreeMap::new(),
             verdicts: BTreeMap::new(),
@@ -150,6 +152,7 @@ impl World {
                 allowed: NamespaceAllowList::new([NS]),
                 me: SelfIdentity::new(NS, "pc-abc", "node-1"),
                 checkpoint_dir: "/etc/kubernetes".into(),
+                grace: std::time::Duration::ZERO,
             },
         }
     }

@@ -59,6 +59,10 @@ struct World {
     verdicts: BTreeMap<PodId, GcDecision>,
     state: PersistentState,
     me: SelfIdentity,
+    /// Unknown with no grace by default: the strategy's verdict decides self-GC, as it
+    /// does when the agent's own DaemonSet cannot be read.
+    scheduling: SelfScheduling,
+    grace: Duration,
 }
 
 impl World {
@@ -74,6 +78,8 @@ impl World {
             verdicts: BTreeMap::new(),
             state: PersistentState::default(),
             me: me(),
+            scheduling: SelfScheduling::Unknown("not looked up".into()),
+            grace: Duration::ZERO,
         }
     }
 
@@ -132,6 +138,8 @@ impl World {
             verdicts: &self.verdicts,
             state: &self.state,
             me: &self.me,
+            scheduling: &self.scheduling,
+            grace: self.grace,
         }
     }
 
@@ -503,7 +511,7 @@ fn self_gc_removes_everything_then_itself() {
         },
         &[("api", Removed), ("pc-abc", Removed)],
     );
-    assert!(p.removes.iter().all(|r| r.reason == RemovalReason::SelfGc));
+    assert!(p.removes.iter().all(|r| matches!(r.reason, RemovalReason::SelfGc(_))));
     assert!(p.state.absent_since.is_empty());
     // Never on a view that is not synced.
     for api in [ApiView::Unreachable, ApiView::Reachable] {
@@ -760,7 +768,7 @@ proptest! {
         let first_self = p.removes.iter().position(|r| is_self(&r.id));
         if let Some(first) = first_self {
             prop_assert!(p.removes[first..].iter().all(|r| is_self(&r.id)), "self removed before others: {:?}", p.removes);
-            let by_self_gc = p.removes[first..].iter().all(|r| matches!(r.reason, RemovalReason::SelfGc | RemovalReason::SupersededSelf(_)));
+            let by_self_gc = p.removes[first..].iter().all(|r| matches!(r.reason, RemovalReason::SelfGc(_) | RemovalReason::SupersededSelf(_)));
             prop_assert!(by_self_gc);
         }
         if p.self_gc {
