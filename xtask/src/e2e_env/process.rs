@@ -19,9 +19,6 @@ use anyhow::{Context, bail};
 /// Environment variable set on every process the environment starts, valued with its work dir.
 pub const OWNER_ENV: &str = "POD_CHECKPOINTER_E2E_WORKDIR";
 
-/// How often exits and readiness are polled.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
-
 /// One long-running process of the environment (etcd, kube-apiserver, the hollow node).
 pub struct Managed {
     name: &'static str,
