@@ -96,14 +96,11 @@ const AGENT_LOG_LEVEL: &str = "info";
 impl Bench {
     pub(crate) fn run(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.reps > 0, "--reps must be at least 1");
-        interrupt::install()?;
-        let outcome = self.bench();
-        if interrupt::requested() {
-            Progress::new("bench")
-                .say("interrupted: the agents are stopped, and the control plane if the bench started it");
-            std::process::exit(130);
-        }
-        outcome
+        interrupt::run(
+            Progress::new("bench"),
+            "the agents are stopped, and the control plane if the bench started it",
+            || self.bench(),
+        )
     }
 
     fn bench(&self) -> anyhow::Result<()> {

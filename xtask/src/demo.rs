@@ -39,16 +39,13 @@ const PARENT: &str = "kube-apiserver";
 
 impl Demo {
     pub(crate) fn run(&self) -> anyhow::Result<()> {
-        interrupt::install()?;
         // The agent and the control plane live inside `demo` and are stopped when it returns,
         // on success, on failure and on Ctrl-C alike.
-        let outcome = self.demo();
-        if interrupt::requested() {
-            Progress::new("demo")
-                .say("interrupted: everything the demo started is stopped and its work dir removed");
-            std::process::exit(130);
-        }
-        outcome
+        interrupt::run(
+            Progress::new("demo"),
+            "everything the demo started is stopped and its work dir removed",
+            || self.demo(),
+        )
     }
 
     fn demo(&self) -> anyhow::Result<()> {

@@ -317,7 +317,7 @@ impl ControlPlane {
 
     /// SIGKILLs the API server (connections are refused afterwards) and waits for it to exit.
     pub fn kill_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        let apiserver = self.apiserver_mut()?;
         apiserver.terminate("KILL", Duration::from_secs(10))?;
         PROGRESS.say("kube-apiserver killed");
         Ok(())
@@ -325,7 +325,7 @@ impl ControlPlane {
 
     /// SIGSTOPs the API server: it keeps its port, accepts connections and answers nothing.
     pub fn pause_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        let apiserver = self.apiserver_mut()?;
         apiserver.ensure_running("cannot pause kube-apiserver")?;
         apiserver.signal("STOP")?;
         let pid = apiserver.pid();
@@ -345,7 +345,7 @@ impl ControlPlane {
 
     /// SIGCONTs a paused API server.
     pub fn resume_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        let apiserver = self.apiserver_mut()?;
         apiserver.ensure_running("cannot resume kube-apiserver")?;
         apiserver.signal("CONT")?;
         PROGRESS.say("kube-apiserver resumed (SIGCONT)");
@@ -423,6 +423,10 @@ impl ControlPlane {
             ca: self.ca_cert(),
             token,
         }
+    }
+
+    fn apiserver_mut(&mut self) -> anyhow::Result<&mut Managed> {
+        self.apiserver.as_mut().context("no kube-apiserver was started")
     }
 
     fn write_state(&self) -> anyhow::Result<()> {
@@ -545,7 +549,7 @@ impl ControlPlane {
 
     fn wait_apiserver_ready(&mut self) -> anyhow::Result<Duration> {
         let api = self.api();
-        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        let apiserver = self.apiserver_mut()?;
         let log = apiserver.log().to_owned();
         let ((), took) = wait_ready(
             "kube-apiserver /readyz 200",

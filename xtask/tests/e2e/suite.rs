@@ -65,6 +65,7 @@ pub(crate) fn start() -> anyhow::Result<Testbed> {
 }
 
 pub(crate) struct Scenario<'s> {
+    /// The testbed every scenario of the run shares.
     pub(crate) suite: &'s mut Testbed,
     pub(crate) name: &'static str,
     pub(crate) ns: String,
