@@ -276,12 +276,6 @@ impl Env {
         Ok(ns)
     }
 
-    /// The checkpointer's own pod, as its DaemonSet would create it (annotated: it
-    /// checkpoints itself); returns its name.
-    pub(crate) fn create_self_pod(&self, ns: &str) -> anyhow::Result<String> {
-        Ok(self.testbed.create_checkpointer_pod(ns)?.name)
-    }
-
     /// An annotated parent mounting the namespace's Secret and ConfigMap.
     pub(crate) fn parent(&self, ns: &str, name: &str) -> PodBuilder {
         parent_with_data(ns, name, PARENT_DATA)
@@ -290,17 +284,6 @@ impl Env {
     /// Checkpoint dirs of their own for one agent.
     pub(crate) fn dirs(&self, name: &str) -> anyhow::Result<AgentDirs> {
         self.testbed.agent_dirs(&self.dir.join(name))
-    }
-
-    /// `run`'s flags for node-1's checkpointer in `ns`, with the hollow kubelet's API and CRI.
-    pub(crate) fn agent_config(
-        &self,
-        label: &str,
-        ns: &str,
-        self_pod: &str,
-        dirs: &AgentDirs,
-    ) -> AgentConfig {
-        self.testbed.agent_config(label, ns, self_pod, dirs)
     }
 
     /// Starts the release agent at its production log level, its log in the bench dir; waits

@@ -117,9 +117,9 @@ fn gc_part(
     removed: &mut Samples,
 ) -> anyhow::Result<()> {
     let ns = env.namespace(part)?;
-    let self_pod = env.create_self_pod(&ns)?;
+    let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     let dirs = env.dirs(part)?;
-    let mut config = env.agent_config(part, &ns, &self_pod, &dirs);
+    let mut config = env.testbed.agent_config(part, &ns, &self_pod, &dirs);
     config.gc_strategy = Some(strategy.to_owned());
     config.grace_period = grace.map(str::to_owned);
     env.progress.say(&format!(
@@ -170,12 +170,12 @@ fn gc_part(
 pub(crate) fn outage(env: &mut Env, reps: usize, results: &mut Results) -> anyhow::Result<()> {
     const PARENT: &str = "kube-apiserver";
     let ns = env.namespace("outage")?;
-    let self_pod = env.create_self_pod(&ns)?;
+    let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     let parent = env.parent(&ns, PARENT).restart_never();
     env.testbed.kubectl.create(&parent.build())?;
     wait_running(env, &ns, PARENT)?;
     let dirs = env.dirs("outage")?;
-    let config = env.agent_config("outage", &ns, &self_pod, &dirs);
+    let config = env.testbed.agent_config("outage", &ns, &self_pod, &dirs);
     env.progress.say(&format!(
         "agent with the default GC (grace period 1 m, so re-creating the parent keeps the checkpoint); parent {ns}/{PARENT} with restartPolicy Never"
     ));
@@ -274,7 +274,7 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
     const PARENT: &str = "kube-apiserver";
     const SETTLE: Duration = Duration::from_secs(10);
     let ns = env.namespace("idle")?;
-    let self_pod = env.create_self_pod(&ns)?;
+    let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     env.testbed.kubectl.create(&env.parent(&ns, PARENT).build())?;
     let dirs = env.dirs("idle")?;
     let cri = CountingProxy::grpc_unix(&env.dir.join("cri-proxy.sock"), Path::new(CRI_SOCKET))?;
@@ -285,7 +285,7 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
         .parse()
         .context("the kubelet URL is not http://IP:PORT")?;
     let kubelet = CountingProxy::http_tcp(kubelet_addr)?;
-    let mut config = env.agent_config("idle", &ns, &self_pod, &dirs);
+    let mut config = env.testbed.agent_config("idle", &ns, &self_pod, &dirs);
     config.runtime_endpoint = cri.endpoint.clone();
     config.kubelet_url = kubelet.endpoint.clone();
     env.progress.say("agent with its own pod and one parent (a Secret and a ConfigMap), CRI and kubelet through counting proxies");
@@ -398,9 +398,9 @@ pub(crate) fn scale(
 ) -> anyhow::Result<()> {
     const SETTLE: Duration = Duration::from_secs(10);
     let ns = env.namespace("scale")?;
-    let self_pod = env.create_self_pod(&ns)?;
+    let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     let dirs = env.dirs("scale")?;
-    let config = env.agent_config("scale", &ns, &self_pod, &dirs);
+    let config = env.testbed.agent_config("scale", &ns, &self_pod, &dirs);
     env.progress.say(&format!(
         "agent with its own pod; creating {pods} annotated pods on {NODE_NAME}"
     ));
@@ -461,7 +461,9 @@ pub(crate) fn scale(
         for r in 1..=cold_starts {
             let cold_dirs = env.dirs(&format!("scale-cold-{r}"))?;
             all_dirs.push(cold_dirs.clone());
-            let config = env.agent_config(&format!("scale-cold-{r}"), &ns, &self_pod, &cold_dirs);
+            let config = env
+                .testbed
+                .agent_config(&format!("scale-cold-{r}"), &ns, &self_pod, &cold_dirs);
             let (dir, wanted) = (
                 cold_dirs.checkpoint_dir.join("inactive-manifests"),
                 prefix.clone(),
