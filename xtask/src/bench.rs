@@ -35,15 +35,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::Value;
 use xtask::e2e_env::process::random_hex;
-use xtask::e2e_env::{self, AGENT_USER, CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions, human_duration};
-use xtask::harness::agent::{self, Agent, AgentConfig, AgentDirs};
-use xtask::harness::cri::CriClient;
+use xtask::e2e_env::{self, ControlPlane, StartOptions, human_duration};
+use xtask::harness::agent::{Agent, AgentConfig, AgentDirs};
 use xtask::harness::interrupt;
-use xtask::harness::kubectl::Kubectl;
-use xtask::harness::objects::{
-    Owner, PodBuilder, cluster_role, config_map, daemon_set, deployed_agent_rules, namespace, role_binding,
-    secret,
-};
+use xtask::harness::objects::PodBuilder;
+use xtask::harness::testbed::{AGENT_ROLE, Testbed, parent_with_data};
+use xtask::progress::Progress;
 
 /// Measure latency, footprint and API load of the release agent against the real control
 /// plane and hollow kubelet; writes target/bench/e2e-<timestamp>.{json,md}.
@@ -99,25 +96,22 @@ const AGENT_LOG_LEVEL: &str = "info";
 impl Bench {
     pub(crate) fn run(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.reps > 0, "--reps must be at least 1");
-        interrupt::install()?;
-        let outcome = self.bench();
-        if interrupt::requested() {
-            eprintln!(
-                "[bench] interrupted: the agents are stopped, and the control plane if the bench started it"
-            );
-            std::process::exit(130);
-        }
-        outcome
+        interrupt::run(
+            Progress::new("bench"),
+            "the agents are stopped, and the control plane if the bench started it",
+            || self.bench(),
+        )
     }
 
     fn bench(&self) -> anyhow::Result<()> {
         let started = Instant::now();
         let started_at = SystemTime::now();
+        let progress = Progress::timed("bench");
         let parts: Vec<Part> = ALL_PARTS
             .into_iter()
             .filter(|p| self.only.is_empty() || self.only.contains(p))
             .collect();
-        eprintln!("[bench] building the control plane's binaries (cached) and the release agent");
+        progress.say("building the control plane's binaries (cached) and the release agent");
         let bins = e2e_env::ensure_built()?;
         let agent_bin = match std::env::var_os("POD_CHECKPOINTER_BIN").filter(|p| !p.is_empty()) {
             // Another build of the agent (a profile or runtime variant) measured the same way.
@@ -143,12 +137,12 @@ impl Bench {
                 ..StartOptions::new(bins)
             })?,
         };
-        let mut env = Env::new(plane, agent_bin, started)?;
+        let mut env = Env::new(Testbed::new(plane, agent_bin)?, progress)?;
         let mut results = parts::Results::default();
         let mut failures = Vec::new();
         for part in parts.iter().copied() {
             interrupt::check()?;
-            env.say(&format!("=== {} ===", part_name(part)));
+            env.progress.say(&format!("=== {} ===", part_name(part)));
             let outcome = match part {
                 Part::Checkpoint => parts::checkpoint(&mut env, self.reps, &mut results),
                 Part::Grace => parts::grace(&mut env, self.reps, &mut results),
@@ -158,8 +152,10 @@ impl Bench {
             };
             if let Err(e) = outcome {
                 interrupt::check()?;
-                env.say(&format!("{} FAILED: {e:#}", part_name(part)));
+                env.progress.say(&format!("{} FAILED: {e:#}", part_name(part)));
                 failures.push(format!("{}: {e:#}", part_name(part)));
+                // A failed outage part may leave the API server paused or dead.
+                env.testbed.recover_apiserver()?;
             }
         }
         let run = report::Run {
@@ -175,13 +171,13 @@ impl Bench {
         };
         let (json, md) = report::write(&crate::project_root().join("target/bench"), &run, &results)?;
         eprintln!("{}", fs::read_to_string(&md).unwrap_or_default());
-        eprintln!(
-            "[bench] done in {} (plus {} building); results in {} and {}",
+        progress.say(&format!(
+            "done in {} (plus {} building); results in {} and {}",
             human_duration(run.duration),
             human_duration(build_time),
             json.display(),
             md.display()
-        );
+        ));
         drop(env);
         anyhow::ensure!(failures.is_empty(), "some parts failed:\n{}", failures.join("\n"));
         Ok(())
@@ -232,36 +228,24 @@ fn git_commit() -> String {
     }
 }
 
-/// The control plane and what the parts share.
+/// The testbed and what the parts share.
 pub(crate) struct Env {
-    pub(crate) plane: ControlPlane,
-    pub(crate) kubectl: Kubectl,
-    pub(crate) cri: CriClient,
-    pub(crate) agent_bin: PathBuf,
-    pub(crate) static_pods: PathBuf,
-    kubelet_url: String,
+    pub(crate) testbed: Testbed,
+    pub(crate) progress: Progress,
     /// The bench's own dir in the plane's work dir (checkpoint dirs, agent logs, sockets).
     pub(crate) dir: PathBuf,
     /// Makes namespaces unique, so a reused plane can run the bench again.
     run_id: String,
-    started: Instant,
     runtime: tokio::runtime::Runtime,
 }
 
-/// The agent's ClusterRole (the deploy manifests' Role), bound in each part's namespace.
-const AGENT_ROLE: &str = "pod-checkpointer-bench";
-/// The Secret and ConfigMap every parent with data mounts.
-pub(crate) const PARENT_SECRET: &str = "parent-certs";
-pub(crate) const PARENT_CONFIG: &str = "parent-config";
+/// The name of the Secret (`parent-certs`) and ConfigMap (`parent-config`) every parent
+/// with data mounts.
+const PARENT_DATA: &str = "parent";
 
 impl Env {
-    fn new(plane: ControlPlane, agent_bin: PathBuf, started: Instant) -> anyhow::Result<Env> {
-        let static_pods = plane
-            .static_pod_dir()
-            .context("the control plane has no hollow node: start it with --hollow-node")?;
-        let kubelet_url = plane
-            .kubelet_url()
-            .context("the control plane has no hollow node")?;
+    fn new(testbed: Testbed, progress: Progress) -> anyhow::Result<Env> {
+        let plane = &testbed.plane;
         anyhow::ensure!(
             plane.audit_log().is_file(),
             "{} has no audit log: it was started before audit logging was added; start a new one",
@@ -270,112 +254,43 @@ impl Env {
         let run_id = random_hex(2)?;
         let dir = plane.workdir().join(format!("bench-{run_id}"));
         fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
-        kubectl.apply(&[cluster_role(AGENT_ROLE, &deployed_agent_rules()?)])?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
         Ok(Env {
-            plane,
-            kubectl,
-            cri: CriClient::new(CRI_SOCKET),
-            agent_bin,
-            static_pods,
-            kubelet_url,
+            testbed,
+            progress,
             dir,
             run_id,
-            started,
             runtime,
         })
-    }
-
-    /// The hollow kubelet's API, plain HTTP.
-    pub(crate) fn kubelet_url(&self) -> &str {
-        &self.kubelet_url
-    }
-
-    /// A progress line, with the time since the bench started.
-    pub(crate) fn say(&self, line: &str) {
-        eprintln!("[bench {:>6.1} s] {line}", self.started.elapsed().as_secs_f64());
     }
 
     /// A fresh namespace for `part`, where the agent's user has its deployed rights, with the
     /// Secret and ConfigMap parents mount.
     pub(crate) fn namespace(&self, part: &str) -> anyhow::Result<String> {
         let ns = format!("bench-{part}-{}", self.run_id);
-        self.kubectl.apply(&[
-            namespace(&ns),
-            role_binding(&ns, "pod-checkpointer", AGENT_ROLE, AGENT_USER),
-        ])?;
-        self.kubectl.apply(&[
-            secret(
-                &ns,
-                PARENT_SECRET,
-                &[("tls.crt", "bench certificate\n"), ("tls.key", "bench key\n")],
-            ),
-            config_map(
-                &ns,
-                PARENT_CONFIG,
-                &[("config.yaml", "apiVersion: v1\nkind: Config\n")],
-            ),
-        ])?;
+        self.testbed.create_namespace(&ns, AGENT_ROLE)?;
+        self.testbed.create_parent_data(&ns, PARENT_DATA)?;
         Ok(ns)
-    }
-
-    /// The checkpointer's own pod, as its DaemonSet would create it (annotated: it
-    /// checkpoints itself); returns its name.
-    pub(crate) fn create_self_pod(&self, ns: &str) -> anyhow::Result<String> {
-        let ds = self.kubectl.create(&daemon_set(ns, "pod-checkpointer"))?;
-        let name = format!("pod-checkpointer-{}", random_hex(3)?);
-        let pod = PodBuilder::new(ns, &name, NODE_NAME)
-            .checkpointed()
-            .owned_by(&Owner::of(&ds)?)
-            .label("app", "pod-checkpointer");
-        self.kubectl.create(&pod.build())?;
-        Ok(name)
     }
 
     /// An annotated parent mounting the namespace's Secret and ConfigMap.
     pub(crate) fn parent(&self, ns: &str, name: &str) -> PodBuilder {
-        PodBuilder::new(ns, name, NODE_NAME)
-            .checkpointed()
-            .mount_secret(PARENT_SECRET)
-            .mount_config_map(PARENT_CONFIG)
+        parent_with_data(ns, name, PARENT_DATA)
     }
 
     /// Checkpoint dirs of their own for one agent.
     pub(crate) fn dirs(&self, name: &str) -> anyhow::Result<AgentDirs> {
-        AgentDirs::under(&self.dir.join(name), &self.static_pods)
-    }
-
-    /// `run`'s flags for node-1's checkpointer in `ns`, with the hollow kubelet's API and CRI.
-    pub(crate) fn agent_config(
-        &self,
-        label: &str,
-        ns: &str,
-        self_pod: &str,
-        dirs: &AgentDirs,
-    ) -> AgentConfig {
-        AgentConfig {
-            label: label.to_owned(),
-            node_name: NODE_NAME.to_owned(),
-            pod_name: self_pod.to_owned(),
-            pod_namespace: ns.to_owned(),
-            kubeconfig: Some(self.plane.agent_kubeconfig()),
-            kubelet_url: self.kubelet_url.clone(),
-            runtime_endpoint: format!("unix://{CRI_SOCKET}"),
-            dirs: dirs.clone(),
-            namespaces: vec![ns.to_owned()],
-            gc_strategy: None,
-            grace_period: None,
-        }
+        self.testbed.agent_dirs(&self.dir.join(name))
     }
 
     /// Starts the release agent at its production log level, its log in the bench dir; waits
     /// until it is ready (holds the lock, completed a pass).
     pub(crate) fn start_agent(&self, config: &AgentConfig) -> anyhow::Result<Agent> {
-        let mut agent = Agent::start_with_log_filter(&self.agent_bin, config, &self.dir, AGENT_LOG_LEVEL)?;
+        let mut agent =
+            Agent::start_with_log_filter(&self.testbed.agent_bin, config, &self.dir, AGENT_LOG_LEVEL)?;
         agent.wait_ready()?;
         Ok(agent)
     }
@@ -392,9 +307,10 @@ impl Env {
             agent.stop()?;
         }
         for d in dirs {
-            agent::drain(&self.agent_bin, d)?;
+            self.testbed.drain(d)?;
         }
-        self.kubectl
+        self.testbed
+            .kubectl
             .run(
                 &[
                     "delete",
@@ -416,7 +332,7 @@ impl Env {
     /// survive an API server restart).
     pub(crate) fn api_client(&self) -> anyhow::Result<kube::Client> {
         self.runtime
-            .block_on(crate::deploy::client(Some(&self.plane.kubeconfig())))
+            .block_on(crate::deploy::client(Some(&self.testbed.plane.kubeconfig())))
     }
 
     pub(crate) fn create_pod(&self, client: &kube::Client, pod: &Value) -> anyhow::Result<()> {

@@ -14,18 +14,14 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use xtask::e2e_env::process::random_hex;
-use xtask::e2e_env::{self, CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions, human_duration};
-use xtask::harness::agent::{self, Agent, AgentConfig, AgentDirs};
-use xtask::harness::cri::CriClient;
-use xtask::harness::expect::Expect;
-use xtask::harness::kubectl::{self, Kubectl};
-use xtask::harness::objects::{
-    AGENT_USER, CHECKPOINT_ANNOTATION, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, cluster_role,
-    config_map, daemon_set, deployed_agent_rules, role_binding, secret, service_account,
-};
+use xtask::e2e_env::{self, ControlPlane, NODE_NAME, StartOptions, human_duration};
+use xtask::harness::agent::{Agent, AgentConfig};
+use xtask::harness::kubectl;
+use xtask::harness::objects::{AGENT_USER, CHECKPOINT_ANNOTATION, CHECKPOINTER_SERVICE_ACCOUNT};
+use xtask::harness::testbed::{AGENT_ROLE, Testbed, parent_with_data};
 use xtask::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 use xtask::harness::{agent_binary, files_under, interrupt};
+use xtask::progress::Progress;
 
 /// A narrated run of pod-checkpointer against a local control plane.
 #[derive(clap::Args)]
@@ -43,15 +39,13 @@ const PARENT: &str = "kube-apiserver";
 
 impl Demo {
     pub(crate) fn run(&self) -> anyhow::Result<()> {
-        interrupt::install()?;
         // The agent and the control plane live inside `demo` and are stopped when it returns,
         // on success, on failure and on Ctrl-C alike.
-        let outcome = self.demo();
-        if interrupt::requested() {
-            eprintln!("[demo] interrupted: everything the demo started is stopped and its work dir removed");
-            std::process::exit(130);
-        }
-        outcome
+        interrupt::run(
+            Progress::new("demo"),
+            "everything the demo started is stopped and its work dir removed",
+            || self.demo(),
+        )
     }
 
     fn demo(&self) -> anyhow::Result<()> {
@@ -62,82 +56,38 @@ impl Demo {
         let agent_bin = agent_binary()?;
 
         say.line("starting etcd, kube-apiserver v1.20.2 and a hollow kubelet registered as node-1");
-        let mut plane = ControlPlane::start(&StartOptions {
+        let plane = ControlPlane::start(&StartOptions {
             hollow_node: true,
             ..StartOptions::new(bins)
         })?;
-        let workdir = plane.workdir().to_owned();
-        let static_pods = plane
-            .static_pod_dir()
-            .ok_or_else(|| anyhow::anyhow!("the plane has no hollow node"))?;
-        let kubectl = Kubectl::new(&plane.kubeconfig(), &workdir.join("kubectl-cache"));
-        let cri = CriClient::new(CRI_SOCKET);
-        let expect = Expect {
-            kubectl: &kubectl,
-            cri: &cri,
-            agent_bin: &agent_bin,
-        };
+        let mut testbed = Testbed::new(plane, agent_bin)?;
+        let workdir = testbed.plane.workdir().to_owned();
 
         say.line(&format!(
             "granting the agent's identity (user `{AGENT_USER}`) in {NAMESPACE} the rules of the deploy manifests' Role (deploy/pod-checkpointer.yaml)"
         ));
-        kubectl.apply(&[
-            cluster_role("pod-checkpointer", &deployed_agent_rules()?),
-            role_binding(NAMESPACE, "pod-checkpointer", "pod-checkpointer", AGENT_USER),
-        ])?;
+        testbed.create_namespace(NAMESPACE, AGENT_ROLE)?;
 
         say.line(&format!(
             "creating the checkpointer's own DaemonSet pod, and {NAMESPACE}/{PARENT} (annotation {CHECKPOINT_ANNOTATION}=true, restartPolicy Never) mounting Secret {PARENT}-certs and ConfigMap {PARENT}-config"
         ));
-        kubectl.create(&service_account(NAMESPACE, CHECKPOINTER_SERVICE_ACCOUNT))?;
-        let ds = kubectl.create(&daemon_set(NAMESPACE, "pod-checkpointer"))?;
-        let me_name = format!("pod-checkpointer-{}", random_hex(3)?);
-        kubectl.create(
-            &PodBuilder::new(NAMESPACE, &me_name, NODE_NAME)
-                .checkpointed()
-                .owned_by(&Owner::of(&ds)?)
-                .label("app", "pod-checkpointer")
-                .service_account(CHECKPOINTER_SERVICE_ACCOUNT)
-                .build(),
-        )?;
-        kubectl.create(&secret(
-            NAMESPACE,
-            &format!("{PARENT}-certs"),
-            &[("tls.crt", "demo certificate\n"), ("tls.key", "demo key\n")],
-        ))?;
-        kubectl.create(&config_map(
-            NAMESPACE,
-            &format!("{PARENT}-config"),
-            &[("config.yaml", "apiVersion: v1\nkind: Config\n")],
-        ))?;
-        let parent = PodBuilder::new(NAMESPACE, PARENT, NODE_NAME)
-            .checkpointed()
-            .restart_never()
-            .mount_secret(&format!("{PARENT}-certs"))
-            .mount_config_map(&format!("{PARENT}-config"));
-        kubectl.create(&parent.build())?;
-        let took = expect.api_pod_running(NAMESPACE, PARENT)?;
+        let me = testbed.create_checkpointer_pod(NAMESPACE)?;
+        testbed.create_parent_data(NAMESPACE, PARENT)?;
+        let parent = testbed.create_parent(parent_with_data(NAMESPACE, PARENT, PARENT).restart_never())?;
+        let took = testbed.expect().api_pod_running(NAMESPACE, PARENT)?;
         say.line(&format!(
             "the kubelet runs {NAMESPACE}/{PARENT} ({} after it was created)",
             human_duration(took)
         ));
 
-        let dirs = AgentDirs::under(&workdir.join("node-1"), &static_pods)?;
+        let dirs = testbed.agent_dirs(&workdir.join("node-1"))?;
         let config = AgentConfig {
-            label: "node-1".into(),
-            node_name: NODE_NAME.into(),
-            pod_name: me_name.clone(),
-            pod_namespace: NAMESPACE.into(),
-            kubeconfig: Some(plane.agent_kubeconfig()),
-            kubelet_url: plane.kubelet_url().unwrap_or_default(),
-            runtime_endpoint: format!("unix://{CRI_SOCKET}"),
-            dirs: dirs.clone(),
-            namespaces: vec![NAMESPACE.into()],
             gc_strategy: Some("grace-period".into()),
             grace_period: Some(self.grace_period.clone()),
+            ..testbed.agent_config("node-1", NAMESPACE, &me.name, &dirs)
         };
         let started = Instant::now();
-        let mut agent = Agent::start(&agent_bin, &config, &workdir)?;
+        let mut agent = Agent::start(&testbed.agent_bin, &config, &workdir)?;
         say.line(&format!(
             "started `pod-checkpointer run` as node-1's checkpointer (pid {}, --gc-strategy grace-period --checkpoint-grace-period {}); its log: {}",
             agent.pid(),
@@ -147,23 +97,29 @@ impl Demo {
         agent.wait_ready()?;
 
         // 1. Checkpoint written.
-        expect.checkpoint(&dirs, NAMESPACE, PARENT, "state inactive and 3 data files", |c| {
-            c.state == "inactive" && c.data_files == 3
-        })?;
+        testbed
+            .expect()
+            .checkpoint(&dirs, NAMESPACE, PARENT, "state inactive and 3 data files", |c| {
+                c.state == "inactive" && c.data_files == 3
+            })?;
         say.step(
             "checkpoint written",
             started.elapsed(),
             "after the agent started; on node-1's disk:",
         );
         say.files(&dirs.checkpoint_dir);
-        expect.checkpoint(&dirs, NAMESPACE, &me_name, "state active", |c| {
-            c.state == "active"
-        })?;
-        let me_static = format!("{me_name}-{NODE_NAME}");
-        expect.kubelet_runs(NAMESPACE, &me_static, DEFAULT_TIMEOUT)?;
+        testbed
+            .expect()
+            .checkpoint(&dirs, NAMESPACE, &me.name, "state active", |c| {
+                c.state == "active"
+            })?;
+        let me_static = &me.static_name;
+        testbed
+            .expect()
+            .kubelet_runs(NAMESPACE, me_static, DEFAULT_TIMEOUT)?;
         say.line(&format!(
             "the checkpointer checkpointed itself too: its static copy is always active in {} and the kubelet runs it as {NAMESPACE}/{me_static}",
-            static_pods.display()
+            testbed.static_pods.display()
         ));
         let kept = dirs.checkpoint_dir.join("pod-checkpointer-kubeconfig");
         wait_for("the static copy's kubeconfig", DEFAULT_TIMEOUT, || {
@@ -183,13 +139,14 @@ impl Demo {
             "stopping the API server (SIGKILL) and {PARENT}'s container (StopContainer + StopPodSandbox on the kubelet's CRI socket, like a crash)"
         ));
         let outage = Instant::now();
-        plane.kill_apiserver()?;
-        cri.stop_pod(NAMESPACE, PARENT)?;
-        expect.kubelet_stopped(NAMESPACE, PARENT)?;
+        testbed.kill_apiserver()?;
+        testbed.cri.stop_pod(NAMESPACE, PARENT)?;
+        testbed.expect().kubelet_stopped(NAMESPACE, PARENT)?;
 
         // 3. Activated, and run by the kubelet.
-        let (active, _) =
-            expect.checkpoint(&dirs, NAMESPACE, PARENT, "state active", |c| c.state == "active")?;
+        let (active, _) = testbed
+            .expect()
+            .checkpoint(&dirs, NAMESPACE, PARENT, "state active", |c| c.state == "active")?;
         say.step(
             "checkpoint activated",
             outage.elapsed(),
@@ -204,7 +161,9 @@ impl Demo {
             ),
         );
         let static_parent = format!("{PARENT}-{NODE_NAME}");
-        expect.kubelet_runs(NAMESPACE, &static_parent, DEFAULT_TIMEOUT)?;
+        testbed
+            .expect()
+            .kubelet_runs(NAMESPACE, &static_parent, DEFAULT_TIMEOUT)?;
         say.step(
             "the kubelet runs the checkpoint",
             outage.elapsed(),
@@ -213,17 +172,20 @@ impl Demo {
 
         // 4. API server back.
         say.line("starting the API server again");
-        let took = plane.restart_apiserver()?;
+        let took = testbed.restart_apiserver()?;
         say.step("API server back", took, "to /readyz 200");
-        expect.api_pod(
+        testbed.expect().api_pod(
             NAMESPACE,
             &static_parent,
             "present (mirror pod)",
             Duration::from_secs(90),
             |_| true,
         )?;
-        let (old, _) = expect.api_pod(NAMESPACE, PARENT, "present", DEFAULT_TIMEOUT, |_| true)?;
-        let state = agent::inspect(&agent_bin, &dirs)?
+        let (old, _) = testbed
+            .expect()
+            .api_pod(NAMESPACE, PARENT, "present", DEFAULT_TIMEOUT, |_| true)?;
+        let state = testbed
+            .inspect(&dirs)?
             .get(&format!("{NAMESPACE}/{PARENT}"))
             .map(|c| c.state.clone())
             .unwrap_or_else(|| "missing".into());
@@ -237,24 +199,26 @@ impl Demo {
             "re-creating {NAMESPACE}/{PARENT}, as its controller would"
         ));
         let recreated = Instant::now();
-        kubectl.delete_now("pod", NAMESPACE, PARENT)?;
-        expect.api_pod_gone(NAMESPACE, PARENT)?;
-        let new_uid = kubectl::uid(&kubectl.create(&parent.build())?)?;
-        expect.api_pod_running(NAMESPACE, PARENT)?;
+        testbed.kubectl.delete_now("pod", NAMESPACE, PARENT)?;
+        testbed.expect().api_pod_gone(NAMESPACE, PARENT)?;
+        let new_uid = kubectl::uid(&testbed.kubectl.create(&parent.pod.build())?)?;
+        testbed.expect().api_pod_running(NAMESPACE, PARENT)?;
         say.step(
             "the parent runs again",
             recreated.elapsed(),
             "after it was re-created",
         );
-        expect.checkpoint(&dirs, NAMESPACE, PARENT, "state inactive and the new uid", |c| {
-            c.state == "inactive" && c.parent_uid.as_deref() == Some(new_uid.as_str())
-        })?;
+        testbed
+            .expect()
+            .checkpoint(&dirs, NAMESPACE, PARENT, "state inactive and the new uid", |c| {
+                c.state == "inactive" && c.parent_uid.as_deref() == Some(new_uid.as_str())
+            })?;
         say.step(
             "checkpoint deactivated",
             recreated.elapsed(),
             "after the re-creation: the static pod file is gone, the inactive copy follows the new pod",
         );
-        expect.kubelet_stopped(NAMESPACE, &static_parent)?;
+        testbed.expect().kubelet_stopped(NAMESPACE, &static_parent)?;
         say.step(
             "the kubelet stopped the static copy",
             recreated.elapsed(),
@@ -268,8 +232,8 @@ impl Demo {
             self.grace_period
         ));
         let deleted = Instant::now();
-        kubectl.delete_now("pod", NAMESPACE, PARENT)?;
-        expect.no_checkpoint(&dirs, NAMESPACE, PARENT)?;
+        testbed.kubectl.delete_now("pod", NAMESPACE, PARENT)?;
+        testbed.expect().no_checkpoint(&dirs, NAMESPACE, PARENT)?;
         say.step(
             "garbage-collected",
             deleted.elapsed(),
@@ -284,7 +248,7 @@ impl Demo {
         let status = agent.stop()?;
         anyhow::ensure!(status.success(), "the agent exited with {status}");
         drop(agent);
-        plane.stop()?;
+        testbed.plane.stop()?;
         say.line(&format!(
             "demo complete; the work dir {} is removed",
             workdir.display()
@@ -295,18 +259,18 @@ impl Demo {
 
 /// Narration on stderr, stamped with the time since the demo started.
 struct Narrator {
-    started: Instant,
+    progress: Progress,
 }
 
 impl Narrator {
     fn new() -> Narrator {
         Narrator {
-            started: Instant::now(),
+            progress: Progress::timed("demo"),
         }
     }
 
     fn line(&self, message: &str) {
-        eprintln!("[demo {:>5.1} s] {message}", self.started.elapsed().as_secs_f64());
+        self.progress.say(message);
     }
 
     /// `==> what: 0.4 s detail`, for the milestones.

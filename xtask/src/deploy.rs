@@ -13,6 +13,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
+use xtask::progress::Progress;
+
 use crate::manifests::{KubernetesVersion, Manifest, ManifestArgs, ManifestOptions, NAME, render};
 
 /// The field manager of every apply, so a second deploy owns (and can drop) what the first set.
@@ -22,6 +24,8 @@ pub(crate) const FIELD_MANAGER: &str = "pod-checkpointer-xtask";
 const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
 
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+const PROGRESS: Progress = Progress::new("deploy");
 
 /// Install or update pod-checkpointer with server-side apply and wait for the rollout.
 #[derive(clap::Args)]
@@ -85,7 +89,7 @@ impl Deploy {
             None => cluster_version(&client).await?,
         };
         let options = self.manifest.options(version)?;
-        say(&format!(
+        PROGRESS.say(&format!(
             "manifests for Kubernetes {version}: DaemonSet updates with {}, kubelet API as {}",
             if version.has_daemonset_max_surge() {
                 "maxSurge 1"
@@ -110,14 +114,14 @@ impl Deploy {
             if let (Manifest::Namespace(_), Applied::Created) = (object, applied) {
                 new_namespaces.insert(object.name().to_owned());
             }
-            say(&format!(
+            PROGRESS.say(&format!(
                 "{}: {}",
                 object.describe(),
                 applied.describe(self.dry_run)
             ));
         }
         if self.dry_run {
-            say(&format!(
+            PROGRESS.say(&format!(
                 "dry run: the API server accepted {} object(s); nothing was persisted",
                 objects.len()
             ));
@@ -165,14 +169,14 @@ async fn cluster_version(client: &kube::Client) -> anyhow::Result<KubernetesVers
             .filter_map(|info| info.kubelet_version.parse().ok())
             .collect(),
         Err(e) => {
-            say(&format!(
+            PROGRESS.say(&format!(
                 "cannot list nodes ({e}); assuming kubelets as new as the API server (or pass --kubernetes-version)"
             ));
             Vec::new()
         }
     };
     let oldest_kubelet = kubelets.iter().min().copied();
-    say(&format!(
+    PROGRESS.say(&format!(
         "API server {server}, {}",
         match oldest_kubelet {
             Some(kubelet) => format!("{} node(s), oldest kubelet {kubelet}", kubelets.len()),
@@ -295,15 +299,15 @@ async fn wait_for_rollout(
             .context("cannot list the agent's pods")?;
         let rollout = rollout(&daemonset, &pod_list.items);
         for node in rollout.ready_nodes.difference(&announced) {
-            say(&format!("node {node}: the new agent is ready"));
+            PROGRESS.say(&format!("node {node}: the new agent is ready"));
         }
         announced.extend(rollout.ready_nodes.iter().cloned());
         if rollout.summary != last_summary {
-            say(&format!("rollout: {}", rollout.summary));
+            PROGRESS.say(&format!("rollout: {}", rollout.summary));
             last_summary = rollout.summary.clone();
         }
         if rollout.done {
-            say(&format!("rollout complete in {:.0?}", started.elapsed()));
+            PROGRESS.say(&format!("rollout complete in {:.0?}", started.elapsed()));
             return Ok(());
         }
         if started.elapsed() >= timeout {
@@ -330,10 +334,6 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
         _ => None,
     };
     seconds.map(Duration::from_secs).ok_or_else(invalid)
-}
-
-fn say(message: &str) {
-    eprintln!("[deploy] {message}");
 }
 
 #[cfg(test)]

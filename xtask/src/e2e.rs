@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use xtask::e2e_env::{self, human_duration};
 use xtask::harness::{agent_binary, interrupt};
+use xtask::progress::Progress;
 
 /// Run the end-to-end suite against a real kube-apiserver, etcd and hollow kubelet.
 #[derive(clap::Args)]
@@ -39,10 +40,10 @@ pub(crate) fn run_suite(filters: &[String], locked: bool) -> anyhow::Result<()> 
     e2e_env::ensure_built()?;
     let suite = build_suite(locked)?;
     run_binary(&suite, filters)?;
-    eprintln!(
-        "[e2e] end-to-end suite passed ({} in all)",
+    Progress::new("e2e").say(&format!(
+        "end-to-end suite passed ({} in all)",
         human_duration(started.elapsed())
-    );
+    ));
     Ok(())
 }
 

@@ -15,9 +15,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::harness::cri::CriClient;
+use crate::progress::Progress;
 
 pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
 pub use control_plane::{AGENT_USER, CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions};
+
+/// The control plane's progress lines, from the CLI and the library alike.
+const PROGRESS: Progress = Progress::new("e2e-env");
 
 /// Build, start and stop the local control plane for the end-to-end tests.
 #[derive(clap::Args)]
@@ -103,11 +107,11 @@ impl E2eEnv {
             E2eEnvCommand::Stop { workdir } => {
                 let started = Instant::now();
                 ControlPlane::attach(workdir)?.stop()?;
-                eprintln!(
-                    "[e2e-env] stopped and removed {} in {}",
+                PROGRESS.say(&format!(
+                    "stopped and removed {} in {}",
                     workdir.display(),
                     human_duration(started.elapsed())
-                );
+                ));
                 Ok(())
             }
             E2eEnvCommand::Apiserver { action, workdir } => {
@@ -138,10 +142,10 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
     for (key, value) in plane.env_vars() {
         println!("{key}={value}");
     }
-    eprintln!(
-        "[e2e-env] stop with: cargo xtask e2e-env stop --workdir {}",
+    PROGRESS.say(&format!(
+        "stop with: cargo xtask e2e-env stop --workdir {}",
         plane.workdir().display()
-    );
+    ));
     plane.detach();
     Ok(())
 }
@@ -169,10 +173,10 @@ fn cri(action: &CriAction) -> anyhow::Result<()> {
                 .split_once('/')
                 .ok_or_else(|| anyhow::anyhow!("expected NAMESPACE/NAME, got {pod:?}"))?;
             let stopped = client.stop_pod(namespace, name)?;
-            eprintln!(
-                "[e2e-env] stopped {pod}: {} container(s), {} sandbox(es)",
+            PROGRESS.say(&format!(
+                "stopped {pod}: {} container(s), {} sandbox(es)",
                 stopped.containers, stopped.sandboxes
-            );
+            ));
         }
     }
     Ok(())

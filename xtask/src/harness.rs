@@ -1,6 +1,9 @@
-//! What the end-to-end suite and `cargo xtask demo` drive the agent with, on top of a
-//! [`ControlPlane`](crate::e2e_env::ControlPlane):
+//! What the end-to-end suite, `cargo xtask bench` and `cargo xtask demo` drive the agent
+//! with, on top of a [`ControlPlane`](crate::e2e_env::ControlPlane):
 //!
+//! - [`testbed`]: the plane with its hollow node and the clients below, as all three use it:
+//!   namespaces with the agent's rights, the checkpointer's pod and its parents, agents
+//!   configured for the node, the API server taken away and brought back;
 //! - [`agent`]: `pod-checkpointer run` as a real process with a debug log in the work dir,
 //!   its health endpoints, `inspect -o json` and `drain`;
 //! - [`kubectl`]: the API server through kubectl (JSON in and out);
@@ -17,6 +20,7 @@ pub mod expect;
 pub mod interrupt;
 pub mod kubectl;
 pub mod objects;
+pub mod testbed;
 pub mod wait;
 
 use std::fs;

@@ -5,7 +5,9 @@
 //!   and kubemark's hollow kubelet) and kill, pause or restart its API server;
 //! - [`harness`]: what drives the agent against it: `pod-checkpointer` processes with their
 //!   logs, kubectl, the hollow kubelet's CRI, the Kubernetes objects the scenarios create,
-//!   bounded polling and Ctrl-C handling.
+//!   bounded polling and Ctrl-C handling;
+//! - [`progress`]: the progress lines every command prints on stderr.
 
 pub mod e2e_env;
 pub mod harness;
+pub mod progress;

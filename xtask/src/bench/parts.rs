@@ -14,7 +14,7 @@ use xtask::harness::agent::{Agent, AgentDirs};
 use xtask::harness::files_under;
 use xtask::harness::interrupt;
 use xtask::harness::objects::PodBuilder;
-use xtask::harness::wait::{Probe, wait_for, waiting_on_error};
+use xtask::harness::wait::{Probe, wait_for};
 
 use super::audit::{self, ApiRequests, WatchesInWindow};
 use super::procfs::{self, ProcSample};
@@ -117,12 +117,12 @@ fn gc_part(
     removed: &mut Samples,
 ) -> anyhow::Result<()> {
     let ns = env.namespace(part)?;
-    let self_pod = env.create_self_pod(&ns)?;
+    let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     let dirs = env.dirs(part)?;
-    let mut config = env.agent_config(part, &ns, &self_pod, &dirs);
+    let mut config = env.testbed.agent_config(part, &ns, &self_pod, &dirs);
     config.gc_strategy = Some(strategy.to_owned());
     config.grace_period = grace.map(str::to_owned);
-    env.say(&format!(
+    env.progress.say(&format!(
         "agent with --gc-strategy {strategy}{}; {reps} parents, each created, run by the kubelet, then deleted",
         grace.map(|g| format!(" --checkpoint-grace-period {g}")).unwrap_or_default()
     ));
@@ -151,7 +151,7 @@ fn gc_part(
             let removal = gone.wait_since(mark, LATENCY_TIMEOUT)?;
 
             agent.ensure_running()?;
-            env.say(&format!(
+            env.progress.say(&format!(
                 "{part} {i}/{reps}: created → inactive checkpoint {}; deleted → removed {}",
                 seconds(created.as_secs_f64()),
                 seconds(removal.as_secs_f64())
@@ -170,13 +170,13 @@ fn gc_part(
 pub(crate) fn outage(env: &mut Env, reps: usize, results: &mut Results) -> anyhow::Result<()> {
     const PARENT: &str = "kube-apiserver";
     let ns = env.namespace("outage")?;
-    let self_pod = env.create_self_pod(&ns)?;
+    let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     let parent = env.parent(&ns, PARENT).restart_never();
-    env.kubectl.create(&parent.build())?;
+    env.testbed.kubectl.create(&parent.build())?;
     wait_running(env, &ns, PARENT)?;
     let dirs = env.dirs("outage")?;
-    let config = env.agent_config("outage", &ns, &self_pod, &dirs);
-    env.say(&format!(
+    let config = env.testbed.agent_config("outage", &ns, &self_pod, &dirs);
+    env.progress.say(&format!(
         "agent with the default GC (grace period 1 m, so re-creating the parent keeps the checkpoint); parent {ns}/{PARENT} with restartPolicy Never"
     ));
     let mut agent = env.start_agent(&config)?;
@@ -197,16 +197,8 @@ pub(crate) fn outage(env: &mut Env, reps: usize, results: &mut Results) -> anyho
                 "killed (SIGKILL)"
             };
             // The parent's containers crash; with the API server up nothing is activated.
-            env.cri.stop_pod(&ns, PARENT)?;
-            wait_for("the parent to stop", LATENCY_TIMEOUT, || {
-                waiting_on_error(env.cri.is_running(&ns, PARENT).map(|running| {
-                    if running {
-                        Probe::Waiting("still running".into())
-                    } else {
-                        Probe::Ready(())
-                    }
-                }))
-            })?;
+            env.testbed.cri.stop_pod(&ns, PARENT)?;
+            env.testbed.expect().kubelet_stopped(&ns, PARENT)?;
             sleep(LOCAL_POLL_SETTLE);
             anyhow::ensure!(
                 !paths.active.exists(),
@@ -217,15 +209,15 @@ pub(crate) fn outage(env: &mut Env, reps: usize, results: &mut Results) -> anyho
             let activated = watch("the active checkpoint (static pod)", move || active.exists());
             let mark = Instant::now();
             if hung {
-                env.plane.pause_apiserver()?;
+                env.testbed.pause_apiserver()?;
             } else {
-                env.plane.kill_apiserver()?;
+                env.testbed.kill_apiserver()?;
             }
             let activation = activated.wait_since(mark, LATENCY_TIMEOUT);
             let recovery = if hung {
-                env.plane.resume_apiserver()
+                env.testbed.resume_apiserver()
             } else {
-                env.plane.restart_apiserver().map(drop)
+                env.testbed.restart_apiserver().map(drop)
             };
             let activation = activation?;
             recovery?;
@@ -233,14 +225,9 @@ pub(crate) fn outage(env: &mut Env, reps: usize, results: &mut Results) -> anyho
 
             // The parent's controller re-creates it; the kubelet runs it; the checkpoint is
             // deactivated. Timed from the first sight of the parent running in the CRI.
-            env.kubectl.delete_now("pod", &ns, PARENT)?;
-            wait_for("the old parent gone from the API", LATENCY_TIMEOUT, || {
-                waiting_on_error(env.kubectl.get("pod", &ns, PARENT).map(|p| match p {
-                    None => Probe::Ready(()),
-                    Some(_) => Probe::Waiting("still there".into()),
-                }))
-            })?;
-            let (cri, cri_ns) = (env.cri.clone(), ns.clone());
+            env.testbed.kubectl.delete_now("pod", &ns, PARENT)?;
+            env.testbed.expect().api_pod_gone(&ns, PARENT)?;
+            let (cri, cri_ns) = (env.testbed.cri.clone(), ns.clone());
             let runs = timing::watch_every("the re-created parent running in the CRI", CRI_POLL, move || {
                 cri.is_running(&cri_ns, PARENT).unwrap_or(false)
             });
@@ -249,7 +236,7 @@ pub(crate) fn outage(env: &mut Env, reps: usize, results: &mut Results) -> anyho
                 !active.exists()
             });
             let mark = Instant::now();
-            env.kubectl.create(&parent.build())?;
+            env.testbed.kubectl.create(&parent.build())?;
             let ran = runs.wait_with_progress(mark, KUBELET_TIMEOUT, || {
                 Some("waiting for the hollow kubelet to run the re-created parent".into())
             })?;
@@ -261,7 +248,7 @@ pub(crate) fn outage(env: &mut Env, reps: usize, results: &mut Results) -> anyho
                 "the checkpoint was removed, not deactivated"
             );
             agent.ensure_running()?;
-            env.say(&format!(
+            env.progress.say(&format!(
                 "outage {}/{}: API server {kind} → active {}; parent running again (after {}) → deactivated {}",
                 i + 1,
                 2 * reps,
@@ -287,27 +274,28 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
     const PARENT: &str = "kube-apiserver";
     const SETTLE: Duration = Duration::from_secs(10);
     let ns = env.namespace("idle")?;
-    let self_pod = env.create_self_pod(&ns)?;
-    env.kubectl.create(&env.parent(&ns, PARENT).build())?;
+    let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
+    env.testbed.kubectl.create(&env.parent(&ns, PARENT).build())?;
     let dirs = env.dirs("idle")?;
     let cri = CountingProxy::grpc_unix(&env.dir.join("cri-proxy.sock"), Path::new(CRI_SOCKET))?;
     let kubelet_addr: SocketAddr = env
+        .testbed
         .kubelet_url()
         .trim_start_matches("http://")
         .parse()
         .context("the kubelet URL is not http://IP:PORT")?;
     let kubelet = CountingProxy::http_tcp(kubelet_addr)?;
-    let mut config = env.agent_config("idle", &ns, &self_pod, &dirs);
+    let mut config = env.testbed.agent_config("idle", &ns, &self_pod, &dirs);
     config.runtime_endpoint = cri.endpoint.clone();
     config.kubelet_url = kubelet.endpoint.clone();
-    env.say("agent with its own pod and one parent (a Secret and a ConfigMap), CRI and kubelet through counting proxies");
-    let audit_log = env.plane.audit_log();
+    env.progress.say("agent with its own pod and one parent (a Secret and a ConfigMap), CRI and kubelet through counting proxies");
+    let audit_log = env.testbed.plane.audit_log();
     let audit_before_agent = audit::log_len(&audit_log)?;
     let mut agent = env.start_agent(&config)?;
     let outcome = (|| {
         let paths = CheckpointPaths::of(&dirs, &ns, PARENT);
         wait_for("the parent checkpointed and running", KUBELET_TIMEOUT, || {
-            let running = env.cri.is_running(&ns, PARENT).unwrap_or(false);
+            let running = env.testbed.cri.is_running(&ns, PARENT).unwrap_or(false);
             Ok(if running && paths.inactive.exists() {
                 Probe::Ready(())
             } else {
@@ -317,7 +305,7 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
                 ))
             })
         })?;
-        env.say(&format!(
+        env.progress.say(&format!(
             "letting it settle for {}, then measuring for {}",
             human_duration(SETTLE),
             human_duration(window)
@@ -336,7 +324,7 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
             interrupt::check()?;
             rss_kib.push(procfs::sample(pid)?.rss_kib as f64);
             if started.elapsed() >= next_progress {
-                env.say(&format!(
+                env.progress.say(&format!(
                     "idle {} of {}: VmRSS {} KiB, {} API requests (audit), {} CRI calls so far",
                     human_duration(started.elapsed()),
                     human_duration(window),
@@ -383,7 +371,7 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
             files_watched: files_before.len(),
             load: procfs::load_average(),
         };
-        env.say(&format!(
+        env.progress.say(&format!(
             "idle: VmRSS {} KiB (VmHWM {} KiB), {:.2} s CPU, {} API requests besides watches and probes, {} probes, {} CRI calls, {} kubelet requests, {} files changed",
             idle.after.rss_kib,
             idle.after.hwm_kib,
@@ -410,10 +398,10 @@ pub(crate) fn scale(
 ) -> anyhow::Result<()> {
     const SETTLE: Duration = Duration::from_secs(10);
     let ns = env.namespace("scale")?;
-    let self_pod = env.create_self_pod(&ns)?;
+    let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     let dirs = env.dirs("scale")?;
-    let config = env.agent_config("scale", &ns, &self_pod, &dirs);
-    env.say(&format!(
+    let config = env.testbed.agent_config("scale", &ns, &self_pod, &dirs);
+    env.progress.say(&format!(
         "agent with its own pod; creating {pods} annotated pods on {NODE_NAME}"
     ));
     let mut agent = env.start_agent(&config)?;
@@ -436,7 +424,7 @@ pub(crate) fn scale(
                 .build();
             env.create_pod(&client, &pod)?;
             if (i + 1) % 50 == 0 {
-                env.say(&format!(
+                env.progress.say(&format!(
                     "created {} of {pods} pods; {} checkpointed",
                     i + 1,
                     count_files(&inactive_dir, &prefix)
@@ -450,7 +438,7 @@ pub(crate) fn scale(
                 count_files(&inactive_dir, &prefix)
             ))
         })?;
-        env.say(&format!(
+        env.progress.say(&format!(
             "all {pods} checkpointed {} after the first create (creating took {}); settling {}",
             human_duration(all_checkpointed),
             human_duration(create),
@@ -460,6 +448,7 @@ pub(crate) fn scale(
         let after = procfs::sample(agent.pid())?;
         let passes = pass_histogram(&agent)?.since(&passes_before);
         let running_on_node = env
+            .testbed
             .cri
             .running_pods()?
             .iter()
@@ -472,7 +461,9 @@ pub(crate) fn scale(
         for r in 1..=cold_starts {
             let cold_dirs = env.dirs(&format!("scale-cold-{r}"))?;
             all_dirs.push(cold_dirs.clone());
-            let config = env.agent_config(&format!("scale-cold-{r}"), &ns, &self_pod, &cold_dirs);
+            let config = env
+                .testbed
+                .agent_config(&format!("scale-cold-{r}"), &ns, &self_pod, &cold_dirs);
             let (dir, wanted) = (
                 cold_dirs.checkpoint_dir.join("inactive-manifests"),
                 prefix.clone(),
@@ -481,12 +472,16 @@ pub(crate) fn scale(
                 count_files(&dir, &wanted) >= pods
             });
             let mark = Instant::now();
-            let mut cold =
-                Agent::start_with_log_filter(&env.agent_bin, &config, &env.dir, super::AGENT_LOG_LEVEL)?;
+            let mut cold = Agent::start_with_log_filter(
+                &env.testbed.agent_bin,
+                &config,
+                &env.dir,
+                super::AGENT_LOG_LEVEL,
+            )?;
             let took = all.wait_since(mark, Duration::from_secs(300))?;
             let rss = procfs::sample(cold.pid())?.rss_kib;
             cold.stop()?;
-            env.say(&format!(
+            env.progress.say(&format!(
                 "cold start {r}/{cold_starts}: agent started → {pods} checkpointed {}; VmRSS then {rss} KiB",
                 seconds(took.as_secs_f64())
             ));
@@ -535,20 +530,10 @@ fn finish(
 
 /// Waits (untimed) until the kubelet runs `ns/name`.
 fn wait_running(env: &Env, ns: &str, name: &str) -> anyhow::Result<()> {
-    wait_for(
-        &format!("the kubelet to run {ns}/{name}"),
-        KUBELET_TIMEOUT,
-        || {
-            waiting_on_error(env.cri.is_running(ns, name).map(|running| {
-                if running {
-                    Probe::Ready(())
-                } else {
-                    Probe::Waiting("not running".into())
-                }
-            }))
-        },
-    )
-    .map(drop)
+    env.testbed
+        .expect()
+        .kubelet_runs(ns, name, KUBELET_TIMEOUT)
+        .map(drop)
 }
 
 fn pass_histogram(agent: &Agent) -> anyhow::Result<PassHistogram> {

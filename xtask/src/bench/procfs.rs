@@ -3,6 +3,7 @@
 use std::fs;
 
 use anyhow::Context;
+use xtask::e2e_env::process::stat_fields;
 
 /// One look at a process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,11 +43,9 @@ fn status_field(status: &str, name: &str) -> Option<u64> {
     })
 }
 
-/// utime + stime: fields 14 and 15 of `stat`, counted after the command name in parentheses
-/// (which may contain spaces).
+/// utime + stime: fields 14 and 15 of `stat`.
 fn cpu_ticks(stat: &str) -> Option<u64> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let fields = stat_fields(stat)?;
     // fields[0] is field 3 (state).
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }

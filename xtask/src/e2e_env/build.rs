@@ -19,6 +19,9 @@ use anyhow::{Context, bail};
 
 use super::human_duration;
 use super::process::{in_path, last_log_line, log_tail_section};
+use crate::progress::Progress;
+
+const PROGRESS: Progress = Progress::new("e2e-env build");
 
 /// The Kubernetes version the source package builds (it is `1.20.5+really1.20.2`).
 pub const KUBERNETES_VERSION: &str = "1.20.2";
@@ -117,7 +120,7 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
             append_log_header(&log)?;
             apt.install(&missing)?;
         }
-        say(&format!(
+        PROGRESS.say(&format!(
             "cached: {} (Kubernetes v{KUBERNETES_VERSION}, kube-apiserver + kubemark), checked in {}",
             bins.dir().display(),
             human_duration(started.elapsed())
@@ -125,7 +128,7 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
         return Ok(bins);
     }
 
-    say(&format!(
+    PROGRESS.say(&format!(
         "building Kubernetes v{KUBERNETES_VERSION} ({}) from Debian's source package; ~6 min cold on 2 cores; log: {}",
         BUILD_TARGETS.join(" "),
         log.display()
@@ -150,7 +153,7 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
     phase("remove the build dir", || {
         fs::remove_dir_all(&build_dir).with_context(|| format!("cannot remove {}", build_dir.display()))
     })?;
-    say(&format!(
+    PROGRESS.say(&format!(
         "built {version} in {}: {}",
         human_duration(started.elapsed()),
         bin_dir.display()
@@ -173,16 +176,12 @@ fn is_complete(dir: &Path) -> bool {
     stamp_ok && binary_names().all(|bin| dir.join(bin).is_file())
 }
 
-fn say(message: &str) {
-    eprintln!("[e2e-env build] {message}");
-}
-
 /// Runs one build phase, printing its name and then its duration.
 fn phase<T>(label: &str, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
-    say(&format!("{label} …"));
+    PROGRESS.say(&format!("{label} …"));
     let started = Instant::now();
     let out = work()?;
-    say(&format!("{label}: done in {}", human_duration(started.elapsed())));
+    PROGRESS.say(&format!("{label}: done in {}", human_duration(started.elapsed())));
     Ok(out)
 }
 
@@ -270,7 +269,7 @@ fn add_deb_src_entries() -> anyhow::Result<bool> {
     let mut write_once = |target: PathBuf, content: String| -> anyhow::Result<()> {
         if !target.exists() {
             fs::write(&target, content).with_context(|| format!("cannot write {}", target.display()))?;
-            say(&format!("  added {}", target.display()));
+            PROGRESS.say(&format!("  added {}", target.display()));
             added = true;
         }
         Ok(())
@@ -338,7 +337,7 @@ fn prepare_source(build_dir: &Path, log: &Path) -> anyhow::Result<PathBuf> {
     if let Ok(name) = fs::read_to_string(&ready_marker) {
         let source_dir = build_dir.join(name.trim());
         if source_dir.is_dir() {
-            say(&format!("  reusing {} from an earlier run", source_dir.display()));
+            PROGRESS.say(&format!("  reusing {} from an earlier run", source_dir.display()));
             return Ok(source_dir);
         }
     }
@@ -484,7 +483,7 @@ fn run_logged(label: &str, command: &mut Command, log: &Path) -> anyhow::Result<
                 [one] => format!(" [compiling {one}]"),
                 [first, rest @ ..] => format!(" [compiling {first} +{}]", rest.len()),
             };
-            say(&format!(
+            PROGRESS.say(&format!(
                 "  {label}: {} elapsed — {}{compiling}",
                 human_duration(started.elapsed()),
                 last_log_line(log)

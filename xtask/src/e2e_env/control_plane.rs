@@ -20,14 +20,14 @@ use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
 use super::build::BinDir;
-use super::human_duration;
-use super::process::{Managed, POLL_INTERVAL, in_path, log_tail_section, proc_state, random_hex};
+use super::process::{Managed, in_path, log_tail_section, proc_state, random_hex};
+use super::{PROGRESS, human_duration};
+use crate::harness::wait::{Probe, TimedOut, wait_for};
 
 /// The node the hollow kubelet registers, and whose identity `kubeconfig-node-1` carries.
 pub const NODE_NAME: &str = "node-1";
@@ -128,7 +128,7 @@ impl ControlPlane {
         let started = Instant::now();
         preflight(options)?;
         let workdir = create_workdir(options.workdir.as_deref())?;
-        say(&format!("work dir {}", workdir.display()));
+        PROGRESS.say(&format!("work dir {}", workdir.display()));
         // From here on, Drop cleans up whatever fails.
         let mut plane = ControlPlane {
             workdir,
@@ -146,7 +146,7 @@ impl ControlPlane {
         plane.write_credentials()?;
         plane.spawn_apiserver()?;
         let ready_after = plane.wait_apiserver_ready()?;
-        say(&format!(
+        PROGRESS.say(&format!(
             "kube-apiserver ready at {} after {} (total {})",
             plane.apiserver_url(),
             human_duration(ready_after),
@@ -156,7 +156,7 @@ impl ControlPlane {
             plane.start_hollow_node(options)?;
         }
         plane.write_state()?;
-        say(&format!(
+        PROGRESS.say(&format!(
             "control plane up in {}",
             human_duration(started.elapsed())
         ));
@@ -317,36 +317,38 @@ impl ControlPlane {
 
     /// SIGKILLs the API server (connections are refused afterwards) and waits for it to exit.
     pub fn kill_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        let apiserver = self.apiserver_mut()?;
         apiserver.terminate("KILL", Duration::from_secs(10))?;
-        say("kube-apiserver killed");
+        PROGRESS.say("kube-apiserver killed");
         Ok(())
     }
 
     /// SIGSTOPs the API server: it keeps its port, accepts connections and answers nothing.
     pub fn pause_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        let apiserver = self.apiserver_mut()?;
         apiserver.ensure_running("cannot pause kube-apiserver")?;
         apiserver.signal("STOP")?;
         let pid = apiserver.pid();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while proc_state(pid) != Some('T') {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "kube-apiserver (pid {pid}) did not stop on SIGSTOP"
-            );
-            sleep(Duration::from_millis(10));
-        }
-        say("kube-apiserver paused (SIGSTOP)");
+        wait_for(
+            &format!("kube-apiserver (pid {pid}) to stop on SIGSTOP"),
+            Duration::from_secs(5),
+            || {
+                Ok(match proc_state(pid) {
+                    Some('T') => Probe::Ready(()),
+                    state => Probe::Waiting(format!("process state {state:?}")),
+                })
+            },
+        )?;
+        PROGRESS.say("kube-apiserver paused (SIGSTOP)");
         Ok(())
     }
 
     /// SIGCONTs a paused API server.
     pub fn resume_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
+        let apiserver = self.apiserver_mut()?;
         apiserver.ensure_running("cannot resume kube-apiserver")?;
         apiserver.signal("CONT")?;
-        say("kube-apiserver resumed (SIGCONT)");
+        PROGRESS.say("kube-apiserver resumed (SIGCONT)");
         Ok(())
     }
 
@@ -361,7 +363,7 @@ impl ControlPlane {
         self.write_state()?;
         self.wait_apiserver_ready()?;
         let took = started.elapsed();
-        say(&format!(
+        PROGRESS.say(&format!(
             "kube-apiserver restarted, ready after {}",
             human_duration(took)
         ));
@@ -423,6 +425,10 @@ impl ControlPlane {
         }
     }
 
+    fn apiserver_mut(&mut self) -> anyhow::Result<&mut Managed> {
+        self.apiserver.as_mut().context("no kube-apiserver was started")
+    }
+
     fn write_state(&self) -> anyhow::Result<()> {
         let text: String = self
             .env_vars()
@@ -466,11 +472,12 @@ impl ControlPlane {
         self.write_pid(ETCD_PID_FILE, etcd.pid())?;
         let etcd = self.etcd.insert(etcd);
         let health = format!("{client}/health");
-        let ((), took) = wait_for("etcd /health", ETCD_READY_TIMEOUT, etcd.log().to_owned(), || {
+        let log = etcd.log().to_owned();
+        let ((), took) = wait_ready("etcd /health 200", ETCD_READY_TIMEOUT, &log, || {
             etcd.ensure_running(&format!("etcd failed (port {} busy?)", self.etcd_port))?;
-            Ok((http_status(&health, &[]) == 200).then_some(()))
+            Ok(http_probe(http_status(&health, &[])))
         })?;
-        say(&format!(
+        PROGRESS.say(&format!(
             "etcd healthy on {client} after {}",
             human_duration(took)
         ));
@@ -542,14 +549,15 @@ impl ControlPlane {
 
     fn wait_apiserver_ready(&mut self) -> anyhow::Result<Duration> {
         let api = self.api();
-        let apiserver = self.apiserver.as_mut().context("no kube-apiserver was started")?;
-        let ((), took) = wait_for(
-            "kube-apiserver /readyz",
+        let apiserver = self.apiserver_mut()?;
+        let log = apiserver.log().to_owned();
+        let ((), took) = wait_ready(
+            "kube-apiserver /readyz 200",
             APISERVER_READY_TIMEOUT,
-            apiserver.log().to_owned(),
+            &log,
             || {
                 apiserver.ensure_running("kube-apiserver did not become ready")?;
-                Ok((api.get("/readyz")?.0 == 200).then_some(()))
+                Ok(http_probe(api.get("/readyz")?.0))
             },
         )?;
         Ok(took)
@@ -578,17 +586,18 @@ impl ControlPlane {
         self.write_state()?;
         let hollow = self.hollow.as_mut().context("hollow node vanished")?;
 
-        let (root, _) = wait_for(
+        let (root, _) = wait_ready(
             "hollow kubelet root dir in its log",
             Duration::from_secs(30),
-            log.clone(),
+            &log,
             || {
                 hollow
                     .process
                     .ensure_running("hollow node did not become Ready")?;
-                Ok(fs::read_to_string(&log)
+                let root = fs::read_to_string(&log)
                     .ok()
-                    .and_then(|text| parse_hollow_root(&text)))
+                    .and_then(|text| parse_hollow_root(&text));
+                Ok(root.map_or_else(|| Probe::Waiting("not logged yet".into()), Probe::Ready))
             },
         )?;
         hollow.root_dir = Some(root.clone());
@@ -610,19 +619,22 @@ impl ControlPlane {
         let api = self.api();
         let hollow = self.hollow.as_mut().context("hollow node vanished")?;
         let node_path = format!("/api/v1/nodes/{NODE_NAME}");
-        let ((), took) = wait_for(
+        let ((), took) = wait_ready(
             &format!("Node {NODE_NAME} Ready"),
             NODE_READY_TIMEOUT,
-            log.clone(),
+            &log,
             || {
                 hollow
                     .process
                     .ensure_running("hollow node did not become Ready")?;
-                let (status, body) = api.get(&node_path)?;
-                Ok((status == 200 && node_is_ready(&body)).then_some(()))
+                Ok(match api.get(&node_path)? {
+                    (200, body) if node_is_ready(&body) => Probe::Ready(()),
+                    (200, _) => Probe::Waiting("the Node is not Ready".into()),
+                    (status, _) => Probe::Waiting(format!("HTTP {status}")),
+                })
             },
         )?;
-        say(&format!(
+        PROGRESS.say(&format!(
             "hollow node {NODE_NAME} Ready after {} (total {}); static pods: {} -> {}",
             human_duration(took),
             human_duration(started.elapsed()),
@@ -685,13 +697,9 @@ impl Drop for ControlPlane {
             && !self.stopped
             && let Err(e) = self.shutdown()
         {
-            eprintln!("[e2e-env] cleanup failed: {e:#}");
+            PROGRESS.say(&format!("cleanup failed: {e:#}"));
         }
     }
-}
-
-fn say(message: &str) {
-    eprintln!("[e2e-env] {message}");
 }
 
 fn hollow_log_name() -> String {
@@ -777,27 +785,24 @@ fn create_workdir(wanted: Option<&Path>) -> anyhow::Result<PathBuf> {
     bail!("cannot find a free ckpt-e2e.* name in {}", tmp.display())
 }
 
-/// Polls `probe` every [`POLL_INTERVAL`] until it yields a value, returned with the time it
-/// took; a probe error aborts. The timeout error carries the tail of `log`.
-fn wait_for<T>(
+/// [`wait_for`] a process to become ready; giving up adds the tail of its `log`.
+fn wait_ready<T>(
     what: &str,
     timeout: Duration,
-    log: PathBuf,
-    mut probe: impl FnMut() -> anyhow::Result<Option<T>>,
+    log: &Path,
+    probe: impl FnMut() -> anyhow::Result<Probe<T>>,
 ) -> anyhow::Result<(T, Duration)> {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = probe()? {
-            return Ok((value, started.elapsed()));
-        }
-        if started.elapsed() >= timeout {
-            bail!(
-                "{what}: not ready after {}\n{}",
-                human_duration(timeout),
-                log_tail_section(&log, 30)
-            );
-        }
-        sleep(POLL_INTERVAL);
+    wait_for(what, timeout, probe).map_err(|e| match e.downcast::<TimedOut>() {
+        Ok(timed_out) => anyhow!("{timed_out}\n{}", log_tail_section(log, 30)),
+        Err(e) => e,
+    })
+}
+
+/// Ready on HTTP 200; otherwise what was answered (0: nothing within 5 s).
+fn http_probe(status: u16) -> Probe<()> {
+    match status {
+        200 => Probe::Ready(()),
+        status => Probe::Waiting(format!("HTTP {status}")),
     }
 }
 

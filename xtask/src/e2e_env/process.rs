@@ -19,9 +19,6 @@ use anyhow::{Context, bail};
 /// Environment variable set on every process the environment starts, valued with its work dir.
 pub const OWNER_ENV: &str = "POD_CHECKPOINTER_E2E_WORKDIR";
 
-/// How often exits and readiness are polled.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
-
 /// One long-running process of the environment (etcd, kube-apiserver, the hollow node).
 pub struct Managed {
     name: &'static str,
@@ -190,11 +187,17 @@ pub fn proc_state(pid: u32) -> Option<char> {
     parse_stat_state(&stat)
 }
 
-/// The state field of a `/proc/PID/stat` line. The command name in parentheses may itself
-/// contain spaces and parentheses, so the state is the field after the *last* `)`.
+/// The state field of a `/proc/PID/stat` line.
 pub fn parse_stat_state(stat: &str) -> Option<char> {
+    stat_fields(stat)?.first()?.chars().next()
+}
+
+/// The fields of a `/proc/PID/stat` line from the state (field 3) on. The command name in
+/// parentheses before them may itself contain spaces and parentheses, so they start after
+/// the *last* `)`.
+pub fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.trim_start().chars().next()
+    Some(rest.split_whitespace().collect())
 }
 
 /// Whether `/proc/PID/environ` holds `KEY=VALUE`.

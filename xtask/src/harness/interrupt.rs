@@ -11,6 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 
+use crate::progress::Progress;
+
 static REQUESTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 
 /// Installs the handlers (once per process; later calls do nothing).
@@ -32,6 +34,23 @@ pub fn install() -> anyhow::Result<()> {
 /// Whether Ctrl-C (or SIGTERM) was received.
 pub fn requested() -> bool {
     REQUESTED.get().is_some_and(|flag| flag.load(Ordering::SeqCst))
+}
+
+/// Runs a whole command, `task`, with the handlers installed. `task` owns what it starts, so
+/// when Ctrl-C stops it everything is cleaned up by the time it returns; then `progress` says
+/// `interrupted: <cleaned_up>` and the process exits with 130, as an interrupted command does.
+pub fn run(
+    progress: Progress,
+    cleaned_up: &str,
+    task: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    install()?;
+    let outcome = task();
+    if requested() {
+        progress.say(&format!("interrupted: {cleaned_up}"));
+        std::process::exit(130);
+    }
+    outcome
 }
 
 /// Fails with "interrupted" once Ctrl-C was received.

@@ -23,26 +23,26 @@ pub fn namespace(name: &str) -> Value {
 
 /// A Secret with `data` as `stringData`.
 pub fn secret(namespace: &str, name: &str, data: &[(&str, &str)]) -> Value {
-    let data: serde_json::Map<String, Value> =
-        data.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
     json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": { "name": name, "namespace": namespace },
-        "stringData": data,
+        "stringData": string_map(data),
     })
 }
 
 pub fn config_map(namespace: &str, name: &str, data: &[(&str, &str)]) -> Value {
-    let data: serde_json::Map<String, Value> =
-        data.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
     json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": { "name": name, "namespace": namespace },
-        "data": data,
+        "data": string_map(data),
     })
 }
 
-/// A DaemonSet object; nothing turns it into pods here, it only owns the pods a test creates.
+/// `{"key": "value", …}`.
+fn string_map(pairs: &[(&str, &str)]) -> Value {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect()
+}
+
 pub fn service_account(namespace: &str, name: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "ServiceAccount",
@@ -50,6 +50,7 @@ pub fn service_account(namespace: &str, name: &str) -> Value {
     })
 }
 
+/// A DaemonSet object; nothing turns it into pods here, it only owns the pods a test creates.
 pub fn daemon_set(namespace: &str, name: &str) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "DaemonSet",

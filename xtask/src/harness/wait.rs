@@ -1,6 +1,8 @@
-//! Bounded polling: every expectation of the suite and the demo waits at most a timeout and,
-//! when it gives up, says what it expected and what it saw last.
+//! Bounded polling: every wait of xtask (the control plane becoming ready, the suite's and the
+//! demo's expectations, the bench's set-up) waits at most a timeout and, when it gives up,
+//! says what it expected and what it saw last.
 
+use std::fmt;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -21,9 +23,24 @@ pub enum Probe<T> {
     Waiting(String),
 }
 
+/// The error of a [`wait_for`] that gave up (not of a failed probe), so a caller can add
+/// what explains it, such as the tail of a log.
+#[derive(Debug)]
+pub struct TimedOut {
+    message: String,
+}
+
+impl fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
 /// Polls `probe` until it is [`Probe::Ready`]; returns its value and the time it took. A probe
 /// error aborts at once (turn transient errors into [`Probe::Waiting`] with
-/// [`waiting_on_error`]); Ctrl-C aborts too.
+/// [`waiting_on_error`]); Ctrl-C aborts too. Giving up is a [`TimedOut`] error.
 pub fn wait_for<T>(
     expected: &str,
     timeout: Duration,
@@ -37,10 +54,13 @@ pub fn wait_for<T>(
             Probe::Waiting(seen) => seen,
         };
         if started.elapsed() >= timeout {
-            bail!(
-                "timed out after {} waiting for {expected}; last seen: {seen}",
-                human_duration(timeout)
-            );
+            return Err(TimedOut {
+                message: format!(
+                    "timed out after {} waiting for {expected}; last seen: {seen}",
+                    human_duration(timeout)
+                ),
+            }
+            .into());
         }
         sleep(INTERVAL);
     }
@@ -98,16 +118,17 @@ mod tests {
         let error = wait_for::<()>("a miracle", Duration::from_millis(250), || {
             Ok(Probe::Waiting("nothing".into()))
         })
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+        assert!(error.is::<TimedOut>(), "{error}");
+        let error = error.to_string();
         assert!(error.contains("waiting for a miracle"), "{error}");
         assert!(error.contains("last seen: nothing"), "{error}");
     }
 
     #[test]
     fn a_probe_error_aborts_unless_mapped_to_waiting() {
-        let error = wait_for::<()>("x", Duration::from_secs(5), || anyhow::bail!("boom"));
-        assert!(error.is_err());
+        let error = wait_for::<()>("x", Duration::from_secs(5), || anyhow::bail!("boom")).unwrap_err();
+        assert!(!error.is::<TimedOut>(), "{error}");
         let mut calls = 0;
         let result = wait_for("y", Duration::from_secs(5), || {
             calls += 1;

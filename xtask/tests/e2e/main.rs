@@ -26,7 +26,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use suite::{Scenario, ScenarioFn, Suite};
+use suite::{Scenario, ScenarioFn};
 use xtask::e2e_env::human_duration;
 use xtask::harness::interrupt;
 
@@ -115,7 +115,7 @@ fn main() -> ExitCode {
 
     let started = Instant::now();
     eprintln!("e2e: {} scenario(s); starting the control plane", selected.len());
-    let mut suite = match Suite::start() {
+    let mut suite = match suite::start() {
         Ok(suite) => suite,
         Err(e) => {
             eprintln!("e2e: cannot set up the end-to-end environment: {e:#}");
