@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: the end-to-end benchmarks (issue 9). The release agent runs as a
 //! process against the real control plane (kube-apiserver v1.20.2, etcd, kubemark's hollow
-//! kubelet, see `e2e_env`), driven by the e2e harness, and every DESIGN §5 target that needs a
+//! kubelet, see `e2e_env`), driven by the e2e harness, and every target (ARCHITECTURE.md, Targets) that needs a
 //! real API server and kubelet is measured over repetitions:
 //!
 //! - `checkpoint`: annotated pod created → inactive checkpoint on disk; parent deleted →

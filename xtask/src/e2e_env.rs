@@ -1,6 +1,6 @@
 //! `cargo xtask e2e-env build|start|stop|apiserver`: the real control plane the end-to-end
-//! tests run against (kube-apiserver v1.20.2 + etcd + kubemark's hollow kubelet, see
-//! DESIGN.md §4 and `shared/reference/real-apiserver.md`).
+//! tests run against (kube-apiserver v1.20.2 + etcd + kubemark's hollow kubelet; see
+//! ARCHITECTURE.md, Testing).
 //!
 //! The Rust API is meant for other xtask tasks and the e2e harness as well:
 //! [`ensure_built`] returns the cached [`BinDir`], [`ControlPlane::start`] starts a plane that

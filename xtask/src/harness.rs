@@ -75,7 +75,7 @@ pub fn files_under(dir: &Path) -> Vec<String> {
     out
 }
 
-/// Reads a checkpoint manifest (compact JSON ending in a newline, DESIGN §3.7).
+/// Reads a checkpoint manifest (compact JSON ending in a newline, ARCHITECTURE.md, Command-line contract).
 pub fn read_manifest(path: &Path) -> anyhow::Result<Value> {
     let text = fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     anyhow::ensure!(

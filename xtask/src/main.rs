@@ -38,7 +38,7 @@ enum Task {
     /// The real kube-apiserver, etcd and hollow kubelet for the end-to-end tests.
     E2eEnv(e2e_env::E2eEnv),
     /// End-to-end benchmarks of the release agent against the real control plane: latency,
-    /// footprint and API load (DESIGN §5); writes target/bench/e2e-<timestamp>.{json,md}.
+    /// footprint and API load (ARCHITECTURE.md, Targets); writes target/bench/e2e-<timestamp>.{json,md}.
     Bench(bench::Bench),
     /// Write the manifests that install pod-checkpointer (ServiceAccount, RBAC, config,
     /// DaemonSet) as YAML.

@@ -1,5 +1,5 @@
 //! The Kubernetes objects that install pod-checkpointer, built as typed k8s-openapi values
-//! (DESIGN §3.8): what `cargo xtask render` writes and `cargo xtask deploy` applies.
+//! (ARCHITECTURE.md, Deployment): what `cargo xtask render` writes and `cargo xtask deploy` applies.
 //!
 //! Least privilege: each RBAC rule says why the agent needs it. The choices that depend on
 //! the cluster's Kubernetes version (DaemonSet `maxSurge`, `nodes/pods` vs `nodes/proxy`)
@@ -376,7 +376,7 @@ pub(crate) fn to_yaml(objects: &[Manifest]) -> anyhow::Result<String> {
 }
 
 impl ManifestOptions {
-    /// The agent's `--config` file: the long flag names without dashes (DESIGN §3.7).
+    /// The agent's `--config` file: the long flag names without dashes (ARCHITECTURE.md, Command-line contract).
     pub(crate) fn agent_config(&self) -> String {
         #[derive(Serialize)]
         #[serde(rename_all = "kebab-case")]

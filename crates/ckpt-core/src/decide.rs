@@ -24,12 +24,12 @@ use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent};
 use crate::observation::{ApiState, Fetched, Observation, OwnerKey};
 use crate::plan::{
-    ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal, SelfScheduling,
-    orphans, plan,
+    ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal,
+    SelfScheduling, orphans, plan,
 };
-use crate::scheduling::daemon_pod_continues_running;
 use crate::references::{RequiredObjects, required_objects};
 use crate::sanitize::{SanitizeOptions, sanitize};
+use crate::scheduling::daemon_pod_continues_running;
 use crate::time::Timestamp;
 
 /// The agent's settings that decisions depend on.
@@ -242,7 +242,9 @@ pub fn assess<'a>(
         .collect();
     let mut me = config.me.clone();
     let mut own_owner = own_owner(&me, &observation.pods, disk);
-    let own_pod_present = parents.iter().any(|(id, pod)| me_is(&me, own_owner.as_ref(), id, pod));
+    let own_pod_present = parents
+        .iter()
+        .any(|(id, pod)| me_is(&me, own_owner.as_ref(), id, pod));
     let scheduling = if synced && !own_pod_present {
         let (scheduling, replacement) = self_scheduling(observation, own_owner.as_ref());
         // A DaemonSet of the same name that targets this node took the place of ours
@@ -404,7 +406,10 @@ fn self_scheduling(
         return unknown("the agent's own controller is not known (no pod and no checkpoint of it)");
     };
     if owner.kind != "DaemonSet" {
-        return unknown(&format!("the agent's controller is a {}, not a DaemonSet", owner.kind));
+        return unknown(&format!(
+            "the agent's controller is a {}, not a DaemonSet",
+            owner.kind
+        ));
     }
     let daemon_set = match &observation.own_daemon_set {
         Fetched::NotFound => return (SelfScheduling::Deleted, None),
@@ -431,10 +436,15 @@ fn self_scheduling(
     match daemon_pod_continues_running(template, node) {
         Ok(()) => (SelfScheduling::Targeted, replacement),
         Err(why) if replacement.is_some() => (
-            SelfScheduling::Descheduled(format!("its DaemonSet was replaced by one that does not target this node: {why}")),
+            SelfScheduling::Descheduled(format!(
+                "its DaemonSet was replaced by one that does not target this node: {why}"
+            )),
             None,
         ),
-        Err(why) => (SelfScheduling::Descheduled(format!("its DaemonSet no longer targets this node: {why}")), None),
+        Err(why) => (
+            SelfScheduling::Descheduled(format!("its DaemonSet no longer targets this node: {why}")),
+            None,
+        ),
     }
 }
 

@@ -233,7 +233,9 @@ impl SelfIdentity {
         // By the controller's UID: a pod that merely claims an owner of the same kind and
         // name (anyone may write ownerReferences) is not the agent's.
         match (owner, &self.owner) {
-            (Some(theirs), Some(ours)) => !ours.uid.is_empty() && theirs.uid == ours.uid && theirs.kind == ours.kind,
+            (Some(theirs), Some(ours)) => {
+                !ours.uid.is_empty() && theirs.uid == ours.uid && theirs.kind == ours.kind
+            }
             _ => false,
         }
     }

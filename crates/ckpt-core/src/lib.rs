@@ -66,8 +66,8 @@ pub use checkpoint::{
 };
 #[doc(inline)]
 pub use decide::{
-    Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, orphan_owners, required_by_namespace,
-    scheduling_lookup,
+    Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, orphan_owners,
+    required_by_namespace, scheduling_lookup,
 };
 #[doc(inline)]
 pub use error::{Error, Result, error_chain};
@@ -79,7 +79,9 @@ pub use identity::{
     is_dns_subdomain, is_parent,
 };
 #[doc(inline)]
-pub use observation::{ApiState, Fetched, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey, OwnerStatus};
+pub use observation::{
+    ApiState, Fetched, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey, OwnerStatus,
+};
 #[doc(inline)]
 pub use plan::{
     ApiParent, ApiView, CheckpointState, DiskCheckpoint, LocalView, PersistentState, Plan, PlanInputs,

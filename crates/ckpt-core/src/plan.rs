@@ -530,7 +530,9 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
 /// When the agent's own checkpoint `row` (its pod absent from a synced view) makes this
 /// a self-GC plan; `None`: not while the scheduling stays as it is.
 fn self_gc_at(row: &Row<'_>, inputs: &PlanInputs<'_>, now: Timestamp) -> Option<Timestamp> {
-    let after_grace = absent_since(row, true, now).unwrap_or(now).saturating_add(inputs.grace);
+    let after_grace = absent_since(row, true, now)
+        .unwrap_or(now)
+        .saturating_add(inputs.grace);
     match inputs.scheduling {
         SelfScheduling::Targeted => None,
         SelfScheduling::Descheduled(_) => Some(now),

@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration,
+};
 
 /// The tolerations the DaemonSet controller adds to every daemon pod
 /// (`AddOrUpdateDaemonPodTolerations`): key, effect.
@@ -46,13 +48,18 @@ pub fn daemon_pod_continues_running(template: &PodSpec, node: &Node) -> Result<(
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
     if let Some(selector) = required
-        && !selector.node_selector_terms.iter().any(|t| term_matches(t, labels, node_name))
+        && !selector
+            .node_selector_terms
+            .iter()
+            .any(|t| term_matches(t, labels, node_name))
     {
         return Err("the node does not match the required node affinity".into());
     }
     let mut tolerations = template.tolerations.clone().unwrap_or_default();
     let host_network = template.host_network == Some(true);
-    let added = DAEMON_TOLERATIONS.iter().chain(host_network.then_some(&HOST_NETWORK_TOLERATION));
+    let added = DAEMON_TOLERATIONS
+        .iter()
+        .chain(host_network.then_some(&HOST_NETWORK_TOLERATION));
     tolerations.extend(added.map(|(key, effect)| Toleration {
         key: Some((*key).to_owned()),
         operator: Some("Exists".into()),
@@ -66,7 +73,10 @@ pub fn daemon_pod_continues_running(template: &PodSpec, node: &Node) -> Result<(
         .filter(|taint| taint.effect == "NoExecute")
         .find(|taint| !tolerations.iter().any(|t| tolerates(t, taint)));
     match untolerated {
-        Some(taint) => Err(format!("the node has the untolerated NoExecute taint {}", taint.key)),
+        Some(taint) => Err(format!(
+            "the node has the untolerated NoExecute taint {}",
+            taint.key
+        )),
         None => Ok(()),
     }
 }
@@ -80,7 +90,9 @@ fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
         return false;
     }
     match toleration.operator.as_deref().unwrap_or_default() {
-        "" | "Equal" => toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
+        "" | "Equal" => {
+            toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
+        }
         "Exists" => true,
         _ => false,
     }
@@ -95,7 +107,9 @@ fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>, node
         return false;
     }
     let field_value = |r: &NodeSelectorRequirement| (r.key == "metadata.name").then_some(node_name);
-    expressions.iter().all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
+    expressions
+        .iter()
+        .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
         && fields.iter().all(|r| {
             // Only `metadata.name` with In/NotIn is a valid field requirement.
             matches!(r.operator.as_str(), "In" | "NotIn") && requirement_matches(r, field_value(r))
@@ -113,9 +127,15 @@ fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&str
         ("Exists", v) => v.is_some(),
         ("DoesNotExist", v) => v.is_none(),
         ("Gt" | "Lt", Some(v)) => {
-            let (Some(actual), [bound]) = (number(v), values) else { return false };
+            let (Some(actual), [bound]) = (number(v), values) else {
+                return false;
+            };
             let Some(bound) = number(bound) else { return false };
-            if requirement.operator == "Gt" { actual > bound } else { actual < bound }
+            if requirement.operator == "Gt" {
+                actual > bound
+            } else {
+                actual < bound
+            }
         }
         _ => false,
     }

@@ -16,7 +16,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-/// Requests of one user, split the way DESIGN §5 counts them.
+/// Requests of one user, split the way the targets (ARCHITECTURE.md, Targets) count them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ApiRequests {
     /// Resource requests other than watches, by verb (`get`, `list`, `create`, …).
@@ -28,7 +28,7 @@ pub(crate) struct ApiRequests {
 }
 
 impl ApiRequests {
-    /// Every request except watches and probes: what DESIGN §5 wants at 0.
+    /// Every request except watches and probes: what the targets want at 0.
     pub(crate) fn resource_requests(&self) -> u64 {
         self.by_verb.values().sum::<u64>() + self.other
     }

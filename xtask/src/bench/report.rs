@@ -1,5 +1,5 @@
 //! The results as JSON (everything, samples included) and as the markdown tables that go
-//! into BENCHMARKS.md, side by side with DESIGN §5's targets and bootkube's numbers measured
+//! into BENCHMARKS.md, side by side with the targets (ARCHITECTURE.md, Targets) and bootkube's numbers measured
 //! on the same control plane (`shared/reference/bootkube-measured.md`).
 
 use std::fs;
@@ -28,7 +28,7 @@ pub(crate) struct Run {
     pub(crate) failures: Vec<String>,
 }
 
-/// One latency row: what, samples, DESIGN §5's target, bootkube's number.
+/// One latency row: what, samples, the target, bootkube's number.
 struct Row<'a> {
     key: &'static str,
     what: &'static str,
@@ -200,7 +200,7 @@ fn to_markdown(run: &Run, results: &Results, secs: u64) -> String {
         md.push_str(&format!("- **failed parts**: {}\n", run.failures.join("; ")));
     }
     md.push_str(&format!("\n{METHOD}\n\n## Latency\n\n"));
-    md.push_str("| what | n | min | median | max | DESIGN §5 target | bootkube (measured here) |\n");
+    md.push_str("| what | n | min | median | max | target | bootkube (measured here) |\n");
     md.push_str("|---|---|---|---|---|---|---|\n");
     for row in latency_rows(results) {
         let cells = match row.samples.summary() {
@@ -336,7 +336,7 @@ fn idle_markdown(idle: &Idle) -> String {
     let mut md = format!(
         "\n## Idle footprint ({} window; load average at its end {})\n\n\
          One agent looking after its own pod and one parent with a Secret and a ConfigMap, \
-         nothing changing.\n\n| what | measured | DESIGN §5 target | bootkube (measured here) |\n|---|---|---|---|\n",
+         nothing changing.\n\n| what | measured | target | bootkube (measured here) |\n|---|---|---|---|\n",
         human(idle.window),
         idle.load
     );

@@ -1,5 +1,5 @@
 //! Render tests: the YAML reads back into the same objects, every registered strategy
-//! renders a config the agent accepts, and the manifests say what DESIGN §3.8 asks for.
+//! renders a config the agent accepts, and the manifests say what ARCHITECTURE.md, Deployment asks for.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Garbage collection per strategy (DESIGN §3.4), with the API server up: a parent is deleted
+//! Garbage collection per strategy (ARCHITECTURE.md, GC strategies), with the API server up: a parent is deleted
 //! and its checkpoint is removed when the strategy says, Secret and ConfigMap files included.
 
 use std::time::{Duration, Instant};

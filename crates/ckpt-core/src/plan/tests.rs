@@ -511,7 +511,11 @@ fn self_gc_removes_everything_then_itself() {
         },
         &[("api", Removed), ("pc-abc", Removed)],
     );
-    assert!(p.removes.iter().all(|r| matches!(r.reason, RemovalReason::SelfGc(_))));
+    assert!(
+        p.removes
+            .iter()
+            .all(|r| matches!(r.reason, RemovalReason::SelfGc(_)))
+    );
     assert!(p.state.absent_since.is_empty());
     // Never on a view that is not synced.
     for api in [ApiView::Unreachable, ApiView::Reachable] {
