@@ -334,7 +334,13 @@ pub(crate) fn render(options: &ManifestOptions) -> Vec<Manifest> {
     }));
     objects.push(Manifest::ClusterRole(ClusterRole {
         metadata: cluster_meta(NAME),
-        rules: Some(vec![kubelet_api_rule(options.kubernetes_version)]),
+        rules: Some(vec![
+            kubelet_api_rule(options.kubernetes_version),
+            // Its own node, read only when its own pod is gone, to tell a rollout (the
+            // DaemonSet still targets the node: keep everything) from a descheduling
+            // (self-GC). A ClusterRole cannot name each node; `get` only.
+            rule(&[""], &["nodes"], &["get"]),
+        ]),
         ..ClusterRole::default()
     }));
     objects.push(Manifest::ClusterRoleBinding(ClusterRoleBinding {
@@ -464,7 +470,7 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 /// The agent reads its node's pods from the kubelet (`GET /pods`), which asks the API
 /// server whether the caller may: as `nodes/pods` from 1.33 on, `nodes/proxy` before.
 /// `nodes/proxy` also allows exec into any pod on the node, so it is granted only where
-/// the kubelet knows nothing narrower. No `nodes` get: the agent never reads Node objects.
+/// the kubelet knows nothing narrower.
 fn kubelet_api_rule(version: KubernetesVersion) -> PolicyRule {
     let subresource = if version.kubelet_authorizes_nodes_pods() {
         "nodes/pods"
@@ -486,8 +492,9 @@ fn namespace_rules(own: bool) -> Vec<PolicyRule> {
         // recorder writes events.k8s.io/v1 Events only, and patches repeated ones.
         rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
         // The owner-reference strategy GETs a parent's controller owner to tell "deleted"
-        // from "moved". Only controllers that own pods directly: Deployments and CronJobs
-        // own ReplicaSets and Jobs, never pods.
+        // from "moved", and the agent GETs its own DaemonSet when its own pod is gone (a
+        // rollout or a descheduling?). Only controllers that own pods directly:
+        // Deployments and CronJobs own ReplicaSets and Jobs, never pods.
         rule(
             &["apps"],
             &["daemonsets", "replicasets", "statefulsets"],

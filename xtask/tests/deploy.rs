@@ -256,6 +256,10 @@ async fn check_agent_rbac(agent_kubeconfig: &Path) {
         ("get", "", "replicationcontrollers", None, Some(ns)),
         // Rendered for the 1.20 kubelet, which authorizes GET /pods as nodes/proxy.
         ("get", "", "nodes", Some("proxy"), None),
+        // Its own DaemonSet and its node, read when its own pod is gone: a rollout, or a
+        // descheduling?
+        ("get", "apps", "daemonsets", None, Some(ns)),
+        ("get", "", "nodes", None, None),
     ];
     let refused = [
         ("delete", "", "pods", None, Some(ns)),
@@ -265,7 +269,7 @@ async fn check_agent_rbac(agent_kubeconfig: &Path) {
         ("patch", "apps", "daemonsets", None, Some(ns)),
         ("get", "apps", "deployments", None, Some(ns)),
         ("create", "", "events", None, Some(ns)),
-        ("get", "", "nodes", None, None),
+        ("list", "", "nodes", None, None),
         ("get", "", "nodes", Some("pods"), None),
         ("create", "", "nodes", Some("proxy"), None),
     ];

@@ -105,9 +105,9 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
         let (strategy, reason) = match &removal.reason {
             RemovalReason::Gc(reason) => (report.strategy.to_owned(), reason.clone()),
             RemovalReason::SupersededSelf(by) => ("self".to_owned(), format!("superseded by {by}")),
-            RemovalReason::SelfGc => (
+            RemovalReason::SelfGc(why) => (
                 "self-gc".to_owned(),
-                "the agent is no longer scheduled to this node".to_owned(),
+                format!("the agent is no longer scheduled to this node: {why}"),
             ),
         };
         match store.remove(id) {

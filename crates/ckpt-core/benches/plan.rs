@@ -7,7 +7,7 @@ use std::hint::black_box;
 
 use ckpt_core::{
     ApiParent, ApiView, CheckpointMeta, ControllerOwner, DiskCheckpoint, GcDecision, GcVerdict, LocalView,
-    PersistentState, PlanInputs, PodId, SelfIdentity, StoredCopy, Timestamp, orphans, plan,
+    PersistentState, PlanInputs, PodId, SelfIdentity, SelfScheduling, StoredCopy, Timestamp, orphans, plan,
 };
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
@@ -105,6 +105,8 @@ fn bench_plan(c: &mut Criterion) {
             verdicts: &w.verdicts,
             state: &w.state,
             me: &w.me,
+            scheduling: &SelfScheduling::Targeted,
+            grace: std::time::Duration::from_secs(60),
         };
         group.bench_with_input(BenchmarkId::from_parameter(n), &inputs, |b, inputs| {
             b.iter(|| {

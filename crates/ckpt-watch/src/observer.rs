@@ -5,13 +5,17 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ckpt_core::{
-    ControllerOwner, DiskCheckpoint, LocalView, NamespaceAllowList, Observation, OwnerStatus, PodId,
-    orphan_owners, required_by_namespace,
+    ControllerOwner, DiskCheckpoint, Fetched, LocalView, NamespaceAllowList, Observation, OwnerStatus, PodId,
+    SelfIdentity, orphan_owners, required_by_namespace, scheduling_lookup,
 };
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
 use tokio::sync::watch;
 use tracing::debug;
 
 use crate::api::{ApiSnapshot, ApiState, ApiWatch, ApiWatchConfig};
+use crate::error::error_chain;
 use crate::objects::ObjectWatch;
 use crate::owner::{OwnerLookup, OwnerPresence};
 
@@ -22,12 +26,24 @@ use crate::owner::{OwnerLookup, OwnerPresence};
 ///
 /// Every change bumps the counter of [`Observer::subscribe`]: await it, then
 /// [`Observer::observe`].
-#[derive(Debug)]
 pub struct Observer {
     api: ApiWatch,
     objects: ObjectWatch,
     owners: OwnerLookup,
     allowed: NamespaceAllowList,
+    client: kube::Client,
+    node: String,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer")
+            .field("api", &self.api)
+            .field("objects", &self.objects)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Observer {
@@ -38,12 +54,16 @@ impl Observer {
     /// Outside a Tokio runtime (it spawns tasks).
     pub fn spawn(client: kube::Client, config: ApiWatchConfig, request_timeout: Duration) -> Self {
         let allowed = config.namespaces.clone();
+        let node = config.node.clone();
         let api = ApiWatch::spawn(client.clone(), config);
         Self {
             objects: ObjectWatch::new(client.clone(), api.notifier()),
-            owners: OwnerLookup::new(client, request_timeout),
+            owners: OwnerLookup::new(client.clone(), request_timeout),
             api,
             allowed,
+            client,
+            node,
+            request_timeout,
         }
     }
 
@@ -60,12 +80,15 @@ impl Observer {
 
     /// One observation. On a synced view the object watches are first made to cover
     /// exactly what the parents need; with `owner_status`, the controller owners of the
-    /// checkpoints in `disk` whose parents are absent are looked up (one `GET` each).
+    /// checkpoints in `disk` whose parents are absent are looked up (one `GET` each); when
+    /// the agent (`me`) has a checkpoint but no pod, its DaemonSet and this node are
+    /// fetched (`get` on both), to tell a rollout from a descheduling.
     pub async fn observe(
         &self,
         local: LocalView,
         disk: &BTreeMap<PodId, DiskCheckpoint>,
         owner_status: bool,
+        me: &SelfIdentity,
     ) -> Observation {
         let snapshot = self.api.snapshot();
         let synced = snapshot.state == ApiState::Synced;
@@ -96,6 +119,19 @@ impl Observer {
                 owners.insert(key, status);
             }
         }
+        let (own_daemon_set, node) = match scheduling_lookup(snapshot.state, &snapshot.pods, disk, me) {
+            Some(ds) => {
+                let daemon_sets = Api::<DaemonSet>::namespaced(self.client.clone(), &ds.namespace);
+                let nodes = Api::<Node>::all(self.client.clone());
+                let what = format!("daemonset {}/{}", ds.namespace, ds.name);
+                let own = self.fetch(&what, daemon_sets.get_opt(&ds.name)).await;
+                let node = self
+                    .fetch(&format!("node {}", self.node), nodes.get_opt(&self.node))
+                    .await;
+                (own, node)
+            }
+            None => (Fetched::NotFetched, Fetched::NotFetched),
+        };
         Observation {
             api: snapshot.state,
             api_error: snapshot.last_error,
@@ -103,6 +139,18 @@ impl Observer {
             objects,
             local,
             owners,
+            own_daemon_set,
+            node,
+        }
+    }
+
+    /// One `GET` with the request timeout.
+    async fn fetch<T>(&self, what: &str, get: impl Future<Output = kube::Result<Option<T>>>) -> Fetched<T> {
+        match tokio::time::timeout(self.request_timeout, get).await {
+            Err(_) => Fetched::Failed(format!("GET {what} timed out after {:?}", self.request_timeout)),
+            Ok(Err(e)) => Fetched::Failed(format!("GET {what} failed: {}", error_chain(&e))),
+            Ok(Ok(None)) => Fetched::NotFound,
+            Ok(Ok(Some(object))) => Fetched::Found(std::sync::Arc::new(object)),
         }
     }
 }

@@ -170,6 +170,7 @@ impl Agent {
             allowed,
             me: SelfIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name),
             checkpoint_dir: settings.disk.checkpoint_dir.display().to_string(),
+            grace: settings.grace_period,
         };
         Ok(Self {
             settings,
@@ -287,7 +288,7 @@ impl Agent {
         let observation = match &self.link {
             Some(link) => {
                 (link.observer)
-                    .observe(local, &disk, self.policy.needs_owner_status())
+                    .observe(local, &disk, self.policy.needs_owner_status(), &self.config.me)
                     .await
             }
             None => Observation::offline(local),
@@ -307,6 +308,7 @@ impl Agent {
         }
         let events = self.link.as_ref().map(|l| &l.events);
         self.reporter.checkpointing(report, &self.health, events);
+        self.reporter.scheduling(report);
 
         let outcome = if decision.is_noop() {
             Default::default()

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckpt_core::{ApiState, LocalView, Observation, PodId, Refusal, Report, Timestamp};
+use ckpt_core::{ApiState, LocalView, Observation, PodId, Refusal, Report, SelfScheduling, Timestamp};
 use tracing::{debug, info, warn};
 
 use crate::events::{EventKind, EventSink};
@@ -18,6 +18,7 @@ pub(super) struct Reporter {
     refusals: BTreeMap<PodId, Refusal>,
     waiting_for_access: BTreeMap<PodId, String>,
     warnings: BTreeMap<PodId, Vec<String>>,
+    scheduling: Option<SelfScheduling>,
 }
 
 impl Reporter {
@@ -73,6 +74,30 @@ impl Reporter {
             self.waiting_for_access.clone_from(&report.waiting_for_access);
             self.warnings.clone_from(&report.warnings);
         }
+    }
+
+    /// Says once per change why the agent's own pod is absent and what that means.
+    pub(super) fn scheduling(&mut self, report: &Report) {
+        if self.scheduling == report.scheduling {
+            return;
+        }
+        match &report.scheduling {
+            Some(SelfScheduling::Targeted) => info!(
+                "the agent's own pod is absent but its DaemonSet still targets this node                  (a rollout, an eviction or a controller outage): keeping every checkpoint"
+            ),
+            Some(SelfScheduling::Deleted) => warn!(
+                "the agent's DaemonSet is deleted: every checkpoint goes after the grace period                  unless a DaemonSet of the same name takes its place"
+            ),
+            Some(SelfScheduling::Descheduled(why)) => {
+                warn!(%why, "the agent is descheduled from this node: self-GC")
+            }
+            Some(SelfScheduling::Unknown(why)) => warn!(
+                %why,
+                "cannot tell whether the agent's DaemonSet still targets this node: the GC strategy decides                  self-GC, never sooner than the grace period"
+            ),
+            None => {}
+        }
+        self.scheduling.clone_from(&report.scheduling);
     }
 
     /// The pass's metrics.

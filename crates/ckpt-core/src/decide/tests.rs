@@ -11,6 +11,7 @@ use serde_json::json;
 use super::*;
 use crate::checkpoint::CheckpointMeta;
 use crate::observation::{Fetched, ObjectRef, ObjectsView, OwnerStatus};
+use crate::plan::SelfScheduling;
 use crate::plan::{LocalView, StoredCopy};
 
 const NS: &str = "kube-system";
@@ -523,4 +524,149 @@ fn watches_cover_what_parents_need_in_every_allowed_namespace() {
         .map(|(ns, r)| (ns.as_str(), r.secrets.iter().map(String::as_str).collect()))
         .collect();
     assert_eq!(secrets, [("default", vec![]), (NS, vec!["s1"])]);
+}
+
+fn daemon_set(uid: &str, node_selector: serde_json::Value) -> Fetched<k8s_openapi::api::apps::v1::DaemonSet> {
+    let ds = serde_json::from_value(json!({
+        "metadata": {"name": "pod-checkpointer", "namespace": NS, "uid": uid},
+        "spec": {"selector": {}, "template": {"spec": {
+            "nodeSelector": node_selector, "containers": [{"name": "c", "image": "i"}]}}},
+    }))
+    .expect("a valid DaemonSet");
+    Fetched::Found(Arc::new(ds))
+}
+
+fn node(labels: serde_json::Value) -> Fetched<k8s_openapi::api::core::v1::Node> {
+    let node = serde_json::from_value(json!({"metadata": {"name": "node-1", "labels": labels}}))
+        .expect("a valid node");
+    Fetched::Found(Arc::new(node))
+}
+
+/// What the facts about the agent's own DaemonSet and this node make of an absent own
+/// pod (the planner's rule for each outcome is in plan/tests.rs).
+#[test]
+fn the_agents_scheduling_comes_from_its_daemon_set_and_the_node() {
+    let cp = json!({"node-role.kubernetes.io/control-plane": ""});
+    let selector = json!({"node-role.kubernetes.io/control-plane": ""});
+    let check =
+        |own: Fetched<_>, node: Fetched<_>, on_disk: &str, expected: &str, owner_after: Option<&str>| {
+            let mut world = World::synced(&[]).disk(&[(on_disk, "h1")]);
+            world.observation.own_daemon_set = own;
+            world.observation.node = node;
+            let report = world.decide().report;
+            let scheduling = match report.scheduling {
+                Some(SelfScheduling::Targeted) => "targeted".to_owned(),
+                Some(SelfScheduling::Deleted) => "deleted".to_owned(),
+                Some(SelfScheduling::Descheduled(why)) => format!("descheduled: {why}"),
+                Some(SelfScheduling::Unknown(why)) => format!("unknown: {why}"),
+                None => "not asked".to_owned(),
+            };
+            assert!(scheduling.starts_with(expected), "{scheduling}");
+            assert_eq!(
+                report.own_owner.map(|o| o.uid).as_deref(),
+                owner_after,
+                "{scheduling}"
+            );
+        };
+    let uid = "uid-pod-checkpointer";
+    check(
+        daemon_set(uid, selector.clone()),
+        node(cp.clone()),
+        "pc-abc",
+        "targeted",
+        Some(uid),
+    );
+    check(
+        daemon_set(uid, json!({"other": "x"})),
+        node(cp.clone()),
+        "pc-abc",
+        "descheduled: its DaemonSet no longer targets",
+        Some(uid),
+    );
+    check(
+        Fetched::NotFound,
+        node(cp.clone()),
+        "pc-abc",
+        "deleted",
+        Some(uid),
+    );
+    // Re-created under the same name, targeting the node: its pods are the agent's now.
+    check(
+        daemon_set("uid-new", selector.clone()),
+        node(cp.clone()),
+        "pc-abc",
+        "targeted",
+        Some("uid-new"),
+    );
+    check(
+        daemon_set("uid-new", json!({"other": "x"})),
+        node(cp.clone()),
+        "pc-abc",
+        "descheduled: its DaemonSet was replaced",
+        Some(uid),
+    );
+    // A node that cannot be read is never a descheduling.
+    check(
+        daemon_set(uid, selector.clone()),
+        Fetched::Failed("403".into()),
+        "pc-abc",
+        "unknown",
+        Some(uid),
+    );
+    check(
+        daemon_set(uid, selector.clone()),
+        Fetched::NotFound,
+        "pc-abc",
+        "unknown",
+        Some(uid),
+    );
+    check(
+        Fetched::Failed("forbidden".into()),
+        node(cp.clone()),
+        "pc-abc",
+        "unknown: cannot read",
+        Some(uid),
+    );
+    // No checkpoint or pod of the agent: its controller is not known.
+    check(
+        Fetched::NotFetched,
+        Fetched::NotFetched,
+        "api-old",
+        "unknown: the agent's own controller",
+        None,
+    );
+}
+
+#[test]
+fn the_daemon_set_is_looked_up_only_without_the_agents_pod() {
+    let world = World::synced(&[]).disk(&[("pc-abc", "h1")]);
+    let lookup = |world: &World, api| {
+        scheduling_lookup(api, &world.observation.pods, &world.disk, &world.config.me).map(|k| k.name)
+    };
+    assert_eq!(
+        lookup(&world, ApiState::Synced).as_deref(),
+        Some("pod-checkpointer")
+    );
+    assert_eq!(lookup(&world, ApiState::Reachable), None);
+    let with_pod = World::synced(&[("pc-abc", parent("pc-abc"))]).disk(&[("pc-abc", "h1")]);
+    assert_eq!(lookup(&with_pod, ApiState::Synced), None);
+    // A pod that only claims the agent's DaemonSet by kind and name is not the agent's.
+    let mut forged = PodSpec::default().named("pc-forged");
+    forged.annotated = true;
+    let world = World::synced(&[("pc-forged", forged)]).disk(&[("pc-abc", "h1")]);
+    let mut pods = world.observation.pods.clone();
+    let pod = pods.get_mut(&id("pc-forged")).expect("listed");
+    let pod = Arc::make_mut(pod);
+    pod.metadata.owner_references.as_mut().expect("owned")[0].uid = "uid-forged".into();
+    let forged_world = World {
+        observation: Observation {
+            pods,
+            ..world.observation.clone()
+        },
+        ..world
+    };
+    assert_eq!(
+        lookup(&forged_world, ApiState::Synced).as_deref(),
+        Some("pod-checkpointer")
+    );
 }

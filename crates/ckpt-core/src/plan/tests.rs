@@ -816,3 +816,89 @@ proptest! {
         }
     }
 }
+
+/// Self-GC follows the agent's own DaemonSet, not its pod: a rollout, an eviction or a
+/// controller outage (own pod absent, DaemonSet still targeting the node) never removes
+/// anything, whatever the strategy; without a readable DaemonSet the strategy decides,
+/// never sooner than the grace period.
+#[test]
+fn self_gc_follows_the_daemon_sets_scheduling() {
+    use SelfScheduling::{Deleted, Descheduled, Targeted, Unknown};
+    const GRACE: Duration = Duration::from_secs(60);
+    let absent_for = |secs: i64| Timestamp(NOW.0 - secs * 1000);
+    let everything = || Expect {
+        removes: vec!["api", "pc-abc"],
+        self_gc: true,
+        ..Expect::default()
+    };
+    let world = |scheduling: SelfScheduling, verdict: Option<GcVerdict>, absent: i64| {
+        let mut w = World::new(&[("pc-abc", "IA"), ("api", "IA")]).synced(&["api"]);
+        w.scheduling = scheduling;
+        w.grace = GRACE;
+        w.state.absent_since.insert(id("pc-abc"), absent_for(absent));
+        match verdict {
+            Some(v) => w.verdict("pc-abc", v),
+            None => w,
+        }
+    };
+    let unknown = || Unknown("cannot read the DaemonSet".into());
+    let cases: Vec<(&str, World, Expect<'_>, Option<Timestamp>)> = vec![
+        (
+            "targeted, immediate strategy (a rollout with maxUnavailable): keep everything",
+            world(Targeted, Some(GcVerdict::RemoveNow), 600),
+            Expect::default(),
+            None,
+        ),
+        (
+            "descheduled: at once, whatever the strategy",
+            world(Descheduled("nodeSelector".into()), Some(GcVerdict::Keep), 0),
+            everything(),
+            None,
+        ),
+        (
+            "deleted: not before the grace period",
+            world(Deleted, Some(GcVerdict::RemoveNow), 30),
+            Expect::default(),
+            Some(absent_for(30).saturating_add(GRACE)),
+        ),
+        (
+            "deleted: after the grace period",
+            world(Deleted, None, 60),
+            everything(),
+            None,
+        ),
+        (
+            "unknown: the strategy's verdict, not sooner than the grace period",
+            world(unknown(), Some(GcVerdict::RemoveNow), 10),
+            Expect::default(),
+            Some(absent_for(10).saturating_add(GRACE)),
+        ),
+        (
+            "unknown: due and past the grace period",
+            world(unknown(), Some(GcVerdict::RemoveNow), 61),
+            everything(),
+            None,
+        ),
+        (
+            "unknown: the strategy keeps",
+            world(unknown(), Some(GcVerdict::Keep), 600),
+            Expect::default(),
+            None,
+        ),
+        (
+            "unknown: a later deadline of the strategy wins",
+            world(
+                unknown(),
+                Some(GcVerdict::RemoveAt(Timestamp(NOW.0 + 5_000))),
+                600,
+            ),
+            Expect::default(),
+            Some(Timestamp(NOW.0 + 5_000)),
+        ),
+    ];
+    for (name, w, expected, self_gc_at) in cases {
+        eprintln!("case: {name}");
+        let p = check(&w, expected, &[]);
+        assert_eq!(p.self_gc_at, self_gc_at, "{name}");
+    }
+}
