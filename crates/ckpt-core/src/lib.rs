@@ -51,3 +51,8 @@ pub use references::{RequiredObjects, references_api_objects, required_objects};
 pub use sanitize::{ApiObjects, SanitizeOptions, Sanitized, sanitize};
 #[doc(inline)]
 pub use time::Timestamp;
+
+/// The README's example, compiled and run with the doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;

@@ -124,3 +124,8 @@ pub use static_context::StaticContext;
 pub const DEFAULT_STRATEGY: &str = "grace-period";
 
 inventory::collect!(GcStrategyRegistration);
+
+/// The README's example, compiled and run with the doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;
