@@ -12,6 +12,7 @@ mod deploy;
 mod e2e;
 mod manifests;
 mod render;
+mod standalone;
 mod test;
 
 use std::path::PathBuf;

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the README's test command and what `.ci/run` runs: formatting, lints,
-//! every unit and integration test of the workspace, then the end-to-end suite against a
-//! real control plane (built into the cache on first use, ~6 minutes).
+//! each crate checked and packaged alone, every unit and integration test of the workspace,
+//! then the end-to-end suite against a real control plane (built into the cache on first
+//! use, ~6 minutes).
 
 use std::time::Instant;
 
@@ -9,7 +10,8 @@ use xtask::e2e_env::{BinDir, human_duration};
 /// Formatting and lint gates, unit and integration tests, then the end-to-end suite.
 #[derive(clap::Args)]
 pub(crate) struct Test {
-    /// Skip `cargo fmt --check` and clippy (for a quick local loop).
+    /// Skip `cargo fmt --check`, clippy and the check that each crate builds and packages
+    /// alone (for a quick local loop).
     #[arg(long)]
     no_lint: bool,
     /// Do not build the end-to-end control plane when it is not cached yet (~6 min): the
@@ -47,6 +49,11 @@ impl Test {
                     "clippy", "-p", "xtask", "--test", "e2e", "--locked", "--", "-D", "warnings",
                 ],
             )?;
+            let alone = crate::standalone::run(&crate::project_root())?;
+            eprintln!(
+                "xtask test: each crate checked and packaged alone in {}",
+                human_duration(alone)
+            );
         }
         crate::run("cargo", &["test", "--workspace", "--locked"])?;
 

@@ -92,4 +92,11 @@ pub use references::{RequiredObjects, references_api_objects, required_objects};
 #[doc(inline)]
 pub use sanitize::{ApiObjects, SanitizeOptions, Sanitized, sanitize};
 #[doc(inline)]
+pub use scheduling::daemon_pod_continues_running;
+#[doc(inline)]
 pub use time::Timestamp;
+
+/// The README's example, compiled and run with the doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;

@@ -68,3 +68,8 @@ inventory::submit! {
         build,
     }
 }
+
+/// The README's example, compiled and run with the doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;

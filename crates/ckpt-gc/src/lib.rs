@@ -123,3 +123,8 @@ pub use registry::{BuildStrategy, GcStrategyRegistration, Registry, build, names
 pub const DEFAULT_STRATEGY: &str = "grace-period";
 
 inventory::collect!(GcStrategyRegistration);
+
+/// The README's example, compiled and run with the doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;

@@ -61,3 +61,8 @@ mod lock;
 pub use error::{Error, Result};
 pub use holder::{LockHolder, read_holder};
 pub use lock::{DEFAULT_POLL_INTERVAL, LockFile, LockGuard, TryAcquire};
+
+/// The README's example, compiled and run with the doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;

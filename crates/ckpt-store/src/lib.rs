@@ -95,3 +95,8 @@ pub use error::{Error, Result};
 pub use journal::JOURNAL_FORMAT_VERSION;
 pub use layout::Layout;
 pub use store::{RemoveSummary, Store, StoredCheckpoint, StoredManifest, WriteSummary};
+
+/// The README's example, compiled and run with the doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;

@@ -82,3 +82,8 @@ pub use objects::{ObjectKind, ObjectRef, ObjectWatch, ObjectsView};
 pub use observer::Observer;
 #[doc(inline)]
 pub use owner::{OwnerLookup, OwnerPresence};
+
+/// The README's example, compiled and run with the doctests so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;
