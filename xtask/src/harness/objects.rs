@@ -221,13 +221,26 @@ pub fn deployed_agent_rules() -> anyhow::Result<Vec<Value>> {
     role_rules(&text, "pod-checkpointer").with_context(|| format!("in {DEPLOY_MANIFESTS}"))
 }
 
+/// The rules of the ClusterRole `pod-checkpointer` in the deploy manifests (the kubelet
+/// API, its own node): granted to the agent's user cluster-wide by the testbed.
+pub fn deployed_agent_cluster_rules() -> anyhow::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(DEPLOY_MANIFESTS)
+        .with_context(|| format!("cannot read the deploy manifests {DEPLOY_MANIFESTS}"))?;
+    rules_of(&text, "ClusterRole", "pod-checkpointer").with_context(|| format!("in {DEPLOY_MANIFESTS}"))
+}
+
 /// The rules of the Role `name` in a multi-document YAML stream.
 fn role_rules(yaml: &str, name: &str) -> anyhow::Result<Vec<Value>> {
+    rules_of(yaml, "Role", name)
+}
+
+/// The rules of the `kind` (Role or ClusterRole) `name` in a multi-document YAML stream.
+fn rules_of(yaml: &str, kind: &str, name: &str) -> anyhow::Result<Vec<Value>> {
     let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).context("not valid YAML")?;
     let role = documents
         .iter()
-        .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == name)
-        .with_context(|| format!("no Role named {name}"))?;
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .with_context(|| format!("no {kind} named {name}"))?;
     role["rules"]
         .as_array()
         .cloned()
@@ -265,6 +278,16 @@ pub fn rules_without(rules: &[Value], resource: &str) -> Vec<Value> {
 
 /// The ServiceAccount the checkpointer's pods run as, in each namespace that has them.
 pub const CHECKPOINTER_SERVICE_ACCOUNT: &str = "pod-checkpointer";
+
+/// Grants `cluster_role` cluster-wide to `user`.
+pub fn cluster_role_binding(name: &str, cluster_role: &str, user: &str) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": { "name": name },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role },
+        "subjects": [ { "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user } ],
+    })
+}
 
 /// Grants `cluster_role` in `namespace` only to `user` and, as the deployed RoleBinding
 /// does, to the namespace's ServiceAccount [`CHECKPOINTER_SERVICE_ACCOUNT`] (the static copy

@@ -16,8 +16,9 @@ use super::cri::CriClient;
 use super::expect::Expect;
 use super::kubectl::{self, Kubectl};
 use super::objects::{
-    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, cluster_role, config_map, daemon_set,
-    deployed_agent_rules, namespace, role_binding, secret, service_account,
+    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, cluster_role, cluster_role_binding,
+    config_map, daemon_set, deployed_agent_cluster_rules, deployed_agent_rules, namespace, role_binding,
+    secret, service_account,
 };
 use super::wait::{Probe, wait_for};
 use crate::e2e_env::process::random_hex;
@@ -27,6 +28,9 @@ use crate::progress::Progress;
 /// The ClusterRole with the rules of the deploy manifests' Role, which
 /// [`Testbed::create_namespace`] binds to the agent's user.
 pub const AGENT_ROLE: &str = "pod-checkpointer";
+/// The ClusterRole with the rules of the deploy manifests' ClusterRole, bound to the
+/// agent's user cluster-wide.
+pub const AGENT_CLUSTER_ROLE: &str = "pod-checkpointer-cluster";
 
 /// The content of the Secret a parent made by [`Testbed::create_parent_data`] mounts.
 pub const SECRET_DATA: &[(&str, &str)] = &[
@@ -80,7 +84,12 @@ impl Testbed {
             .kubelet_url()
             .context("the control plane has no hollow node")?;
         let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
-        kubectl.apply(&[cluster_role(AGENT_ROLE, &deployed_agent_rules()?)])?;
+        kubectl.apply(&[
+            cluster_role(AGENT_ROLE, &deployed_agent_rules()?),
+            // What the deployed ClusterRole grants (its own node), bound to the agent's user.
+            cluster_role(AGENT_CLUSTER_ROLE, &deployed_agent_cluster_rules()?),
+            cluster_role_binding(AGENT_CLUSTER_ROLE, AGENT_CLUSTER_ROLE, AGENT_USER),
+        ])?;
         Ok(Testbed {
             plane,
             kubectl,

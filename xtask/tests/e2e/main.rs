@@ -20,6 +20,7 @@ mod gc;
 mod outage;
 mod rbac;
 mod seed;
+mod self_gc;
 mod suite;
 
 use std::panic::{self, AssertUnwindSafe};
@@ -82,6 +83,16 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         "gc_owner_reference_follows_the_daemonset",
         "gc-owner",
         gc::owner_reference,
+    ),
+    (
+        "self_gc_not_on_a_rollout_then_when_deselected",
+        "self-gc-deselected",
+        self_gc::deselected,
+    ),
+    (
+        "self_gc_after_the_grace_period_when_the_daemonset_is_deleted",
+        "self-gc-deleted",
+        self_gc::deleted,
     ),
     (
         "rbac_missing_permission_is_a_clear_error",

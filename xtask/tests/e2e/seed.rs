@@ -173,8 +173,9 @@ pub(crate) fn b_static_copy_takes_over(ctx: &mut Scenario<'_>) -> anyhow::Result
 }
 
 /// C: the static copy holds the lock and the DaemonSet copy waits ("standby"); the
-/// checkpointer's own pod is deleted, so the static copy removes every checkpoint (sorted,
-/// itself last) and exits 0.
+/// checkpointer's DaemonSet and its pod are deleted (an uninstall), so the static copy
+/// removes every checkpoint (sorted, itself last) and exits 0. (The pod alone deleted,
+/// its DaemonSet still targeting the node, is a rollout: see `self_gc.rs`.)
 pub(crate) fn c_self_gc(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
     ctx.step("create the checkpointer's pod and two annotated parents");
     let me = ctx.create_checkpointer_pod()?;
@@ -207,7 +208,10 @@ pub(crate) fn c_self_gc(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
     anyhow::ensure!(health == 200, "C1 /healthz answered {health}");
     c2.ensure_running()?;
 
-    ctx.step("delete the checkpointer's own pod from the API (its kubelet would stop C1 at once)");
+    ctx.step(
+        "delete the checkpointer's DaemonSet and its pod from the API (its kubelet would stop C1 at once)",
+    );
+    ctx.delete_daemon_set(&me.daemon_set.name)?;
     ctx.delete_pod(&me.name)?;
     let c1_status = c1.stop()?;
     anyhow::ensure!(
@@ -394,8 +398,9 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
     );
 
     ctx.step(
-        "delete the checkpointer's own pod: C2 removes everything, the kept credentials too, and exits 0",
+        "delete the checkpointer's DaemonSet and pod: C2 removes everything, the kept credentials too, and exits 0",
     );
+    ctx.delete_daemon_set(&me.daemon_set.name)?;
     ctx.delete_pod(&me.name)?;
     let status = c2.wait_exit(DEFAULT_TIMEOUT)?;
     anyhow::ensure!(status.success(), "C2 exited with {status} after self-GC");

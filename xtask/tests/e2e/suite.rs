@@ -217,6 +217,11 @@ impl<'s> Scenario<'s> {
             .create_parent(PodBuilder::new(&self.ns, name, NODE_NAME).checkpointed())
     }
 
+    /// Deletes a DaemonSet (nothing turns it into pods here; its pods stay until deleted).
+    pub(crate) fn delete_daemon_set(&self, name: &str) -> anyhow::Result<()> {
+        self.suite.kubectl.delete_now("daemonset", &self.ns, name)
+    }
+
     /// Deletes the pod at once (as the kubelet confirms a deletion).
     pub(crate) fn delete_pod(&self, name: &str) -> anyhow::Result<()> {
         self.suite.kubectl.delete_now("pod", &self.ns, name)

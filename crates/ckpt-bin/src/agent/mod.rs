@@ -42,6 +42,8 @@ const RESYNC: Duration = Duration::from_secs(30);
 const COALESCE: Duration = Duration::from_millis(20);
 /// Timeout for every request the agent makes itself.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the agent reads its DaemonSet and node again while its own pod is gone.
+const SCHEDULING_RECHECK: Duration = Duration::from_secs(10);
 /// How often an offline agent tries to load its API credentials again.
 const RECONNECT: Duration = Duration::from_secs(10);
 /// The service-account token the kubelet API is called with, when running in a pod.
@@ -340,7 +342,10 @@ impl Agent {
                 }
             }
         }
-        self.next_deadline = report.next_deadline;
+        // While the agent's own pod is gone, nothing but a timer says that its DaemonSet
+        // stopped targeting this node (the DaemonSet is read, not watched).
+        let recheck = report.scheduling.is_some().then(|| now.saturating_add(SCHEDULING_RECHECK));
+        self.next_deadline = report.next_deadline.into_iter().chain(recheck).min();
         self.reporter
             .metrics(&self.health, report, now, started.elapsed());
         if self.health.phase() == Phase::Starting {
