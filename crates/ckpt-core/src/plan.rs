@@ -307,13 +307,17 @@ fn rows<'a>(inputs: &PlanInputs<'a>) -> Vec<Row<'a>> {
 }
 
 /// Since when each checkpoint's parent has been absent: only a synced view sets or
-/// clears it; entries for checkpoints no longer on disk are dropped.
+/// clears it; entries for checkpoints no longer on disk are dropped. Never later than
+/// `now`: a time recorded before the clock went back (or a corrupted journal) would
+/// otherwise postpone garbage collection to a time that may never come; the grace
+/// period restarts instead, which delays removal, never hastens it.
 fn absent_since(row: &Row<'_>, synced: bool, now: Timestamp) -> Option<Timestamp> {
     row.disk?;
+    let previous = row.previous_absent.map(|t| t.min(now));
     match (synced, row.parent) {
         (true, Some(_)) => None,
-        (true, None) => Some(row.previous_absent.unwrap_or(now)),
-        (false, _) => row.previous_absent,
+        (true, None) => Some(previous.unwrap_or(now)),
+        (false, _) => previous,
     }
 }
 

@@ -613,6 +613,35 @@ fn bug7_grace_deadline_survives_restart() {
 }
 
 #[test]
+fn absent_since_is_never_later_than_now() {
+    // A journal written before the clock went back (or a corrupted one) must not
+    // postpone garbage collection to a time that never comes: the clock restarts now.
+    let check = |previous: i64, synced: bool, expected: Option<Timestamp>| {
+        let mut w = World::new(&[("p", "I")]);
+        if synced {
+            w = w.synced(&[]);
+        }
+        w.state.absent_since.insert(id("p"), Timestamp(previous));
+        assert_eq!(
+            w.plan(NOW).state.absent_since.get(&id("p")).copied(),
+            expected,
+            "{previous} synced={synced}"
+        );
+        if synced {
+            let orphans = orphans(&w.inputs(), NOW);
+            assert_eq!(orphans.first().map(|o| o.absent_since), expected, "{previous}");
+        }
+    };
+    for synced in [true, false] {
+        check(NOW.0 - 5_000, synced, Some(Timestamp(NOW.0 - 5_000)));
+        check(NOW.0, synced, Some(NOW));
+        check(NOW.0 + 5_000, synced, Some(NOW));
+        check(i64::MAX, synced, Some(NOW));
+        check(i64::MIN, synced, Some(Timestamp(i64::MIN)));
+    }
+}
+
+#[test]
 fn bug7_unchanged_checkpoint_not_rewritten() {
     let mut w = World::new(&[])
         .synced(&["p"])
