@@ -124,6 +124,7 @@ pub struct Assessment<'a> {
     state: &'a PersistentState,
     now: Timestamp,
     me: SelfIdentity,
+    allowed: NamespaceAllowList,
     api: ApiView,
     local: &'a crate::plan::LocalView,
     checkpoints: BTreeMap<PodId, Checkpoint>,
@@ -155,6 +156,7 @@ impl Assessment<'_> {
             verdicts,
             state: self.state,
             me: &self.me,
+            allowed: &self.allowed,
         };
         let planned = plan(&inputs, self.now);
         let now = self.now;
@@ -165,6 +167,15 @@ impl Assessment<'_> {
                 _ => None,
             })
             .min();
+        for (id, state) in &planned.states {
+            if *state == CheckpointState::Active && !self.allowed.allows(&id.namespace) {
+                self.report.warnings.entry(id.clone()).or_default().push(format!(
+                    "namespace {} is not in --namespaces: this active checkpoint is kept (it may be serving) \
+                     until its parent is seen running, then removed; it is never activated again",
+                    id.namespace
+                ));
+            }
+        }
         self.report.states = planned.states;
         let writes = (planned.writes.iter())
             .filter_map(|id| self.checkpoints.remove(id))
@@ -207,6 +218,7 @@ pub fn orphan_owners(
         return BTreeSet::new();
     }
     disk.iter()
+        .filter(|(id, _)| allowed.allows(&id.namespace))
         .filter(|(id, _)| !pods.get(*id).is_some_and(|pod| is_parent(pod, allowed)))
         .filter_map(|(id, d)| Some(OwnerKey::new(&id.namespace, d.meta()?.owner.as_ref()?)))
         .collect()
@@ -238,7 +250,12 @@ pub fn assess<'a>(
         ..Report::default()
     };
     let checkpoints = if synced {
-        sanitize_parents(observation, &parents, config, now, &mut report)
+        // A completed parent is never checkpointed (ARCHITECTURE.md, Planner rules).
+        let running: BTreeMap<&PodId, &Pod> = (parents.iter())
+            .filter(|(_, pod)| !has_completed(pod))
+            .map(|(id, pod)| (*id, *pod))
+            .collect();
+        sanitize_parents(observation, &running, config, now, &mut report)
     } else {
         BTreeMap::new()
     };
@@ -262,6 +279,7 @@ pub fn assess<'a>(
                     let parent = ApiParent {
                         uid: pod.metadata.uid.clone(),
                         owner: ControllerOwner::of(pod),
+                        completed: has_completed(pod),
                     };
                     ((*id).clone(), parent)
                 })
@@ -276,6 +294,7 @@ pub fn assess<'a>(
         verdicts: &BTreeMap::new(),
         state,
         me: &me,
+        allowed: &config.allowed,
     };
     let mut found = orphans(&inputs, now);
     for orphan in &mut found {
@@ -307,6 +326,7 @@ pub fn assess<'a>(
         state,
         now,
         me,
+        allowed: config.allowed.clone(),
         api,
         local: &observation.local,
         checkpoints,
@@ -314,6 +334,16 @@ pub fn assess<'a>(
         orphans: found,
         report,
     }
+}
+
+/// Whether a pod has completed: phase `Succeeded` or `Failed` (final in Kubernetes) with
+/// `restartPolicy` `Never` or `OnFailure`, so its work is done or given up. (A `Failed`
+/// pod with `Always`, an evicted daemon, say, stands for a workload meant to run: its
+/// checkpoint keeps protecting it.)
+pub fn has_completed(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed")) && matches!(policy, Some("Never" | "OnFailure"))
 }
 
 /// The agent's controller owner, from its own pod in the API or its own checkpoint: it

@@ -64,7 +64,8 @@ pub use checkpoint::{
 };
 #[doc(inline)]
 pub use decide::{
-    Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, orphan_owners, required_by_namespace,
+    Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, has_completed, orphan_owners,
+    required_by_namespace,
 };
 #[doc(inline)]
 pub use error::{Error, Result, error_chain};
