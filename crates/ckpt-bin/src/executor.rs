@@ -109,6 +109,11 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
                 "self-gc".to_owned(),
                 format!("the agent is no longer scheduled to this node: {why}"),
             ),
+            RemovalReason::NotAllowed => (
+                "namespaces".to_owned(),
+                format!("namespace {} is not in --namespaces", id.namespace),
+            ),
+            RemovalReason::Completed => ("completed".to_owned(), "the parent has completed".to_owned()),
         };
         match store.remove(id) {
             Ok(summary) => {

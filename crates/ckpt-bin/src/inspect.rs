@@ -94,8 +94,8 @@ fn credentials_report(path: &Path, token_path: &Path, now: Timestamp) -> Option<
     let written_at = token_meta
         .as_ref()
         .and_then(|meta| meta.modified().ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| Timestamp(d.as_millis() as i64).to_rfc3339());
+        // Saturating: a file time past year 292 million must not wrap to a negative one.
+        .map(|t| Timestamp::from(t).to_rfc3339());
     let expiry = crate::credentials::token_expiry(&bytes).map(|secs| Timestamp(secs.saturating_mul(1000)));
     Some(CredentialsReport {
         path: path.display().to_string(),
@@ -130,7 +130,7 @@ fn checkpoint_report(
             .map(|o| format!("{}/{}", o.kind, o.name)),
         parent_uid: meta.and_then(|m| m.parent_uid.clone()),
         checkpointed_at: checkpointed_at.map(|t| t.to_rfc3339()),
-        age_seconds: checkpointed_at.map(|t| (now.0 - t.0) / 1000),
+        age_seconds: checkpointed_at.map(|t| now.0.saturating_sub(t.0) / 1000),
         inactive_manifest: stored.inactive.as_ref().map(|m| m.path.display().to_string()),
         active_manifest: stored.active.as_ref().map(|m| m.path.display().to_string()),
         data_files,

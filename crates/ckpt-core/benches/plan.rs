@@ -7,7 +7,8 @@ use std::hint::black_box;
 
 use ckpt_core::{
     ApiParent, ApiView, CheckpointMeta, ControllerOwner, DiskCheckpoint, GcDecision, GcVerdict, LocalView,
-    PersistentState, PlanInputs, PodId, SelfIdentity, SelfScheduling, StoredCopy, Timestamp, orphans, plan,
+    NamespaceAllowList, PersistentState, PlanInputs, PodId, SelfIdentity, SelfScheduling, StoredCopy,
+    Timestamp, orphans, plan,
 };
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 
@@ -58,6 +59,7 @@ fn world(n: usize) -> World {
                 ApiParent {
                     uid: None,
                     owner: Some(owner.clone()),
+                    completed: false,
                 },
             )
         })
@@ -97,6 +99,7 @@ fn bench_plan(c: &mut Criterion) {
     let mut group = c.benchmark_group("plan");
     for n in [10, 100, 1_000, 5_000] {
         let w = world(n);
+        let allowed = NamespaceAllowList::new(["kube-system"]);
         let inputs = PlanInputs {
             api: &w.api,
             local: &w.local,
@@ -107,6 +110,7 @@ fn bench_plan(c: &mut Criterion) {
             me: &w.me,
             scheduling: &SelfScheduling::Targeted,
             grace: std::time::Duration::from_secs(60),
+            allowed: &allowed,
         };
         group.bench_with_input(BenchmarkId::from_parameter(n), &inputs, |b, inputs| {
             b.iter(|| {

@@ -135,6 +135,7 @@ pub struct Assessment<'a> {
     me: SelfIdentity,
     scheduling: SelfScheduling,
     grace: Duration,
+    allowed: NamespaceAllowList,
     api: ApiView,
     local: &'a crate::plan::LocalView,
     checkpoints: BTreeMap<PodId, Checkpoint>,
@@ -168,6 +169,7 @@ impl Assessment<'_> {
             me: &self.me,
             scheduling: &self.scheduling,
             grace: self.grace,
+            allowed: &self.allowed,
         };
         let planned = plan(&inputs, self.now);
         let now = self.now;
@@ -179,6 +181,15 @@ impl Assessment<'_> {
             .chain(planned.self_gc_at)
             .filter(|t| *t > now)
             .min();
+        for (id, state) in &planned.states {
+            if *state == CheckpointState::Active && !self.allowed.allows(&id.namespace) {
+                self.report.warnings.entry(id.clone()).or_default().push(format!(
+                    "namespace {} is not in --namespaces: this active checkpoint is kept (it may be serving) \
+                     until its parent is seen running, then removed; it is never activated again",
+                    id.namespace
+                ));
+            }
+        }
         self.report.states = planned.states;
         let writes = (planned.writes.iter())
             .filter_map(|id| self.checkpoints.remove(id))
@@ -221,6 +232,7 @@ pub fn orphan_owners(
         return BTreeSet::new();
     }
     disk.iter()
+        .filter(|(id, _)| allowed.allows(&id.namespace))
         .filter(|(id, _)| !pods.get(*id).is_some_and(|pod| is_parent(pod, allowed)))
         .filter_map(|(id, d)| Some(OwnerKey::new(&id.namespace, d.meta()?.owner.as_ref()?)))
         .collect()
@@ -265,7 +277,12 @@ pub fn assess<'a>(
         ..Report::default()
     };
     let checkpoints = if synced {
-        sanitize_parents(observation, &parents, config, now, &mut report)
+        // A completed parent is never checkpointed (ARCHITECTURE.md, Planner rules).
+        let running: BTreeMap<&PodId, &Pod> = (parents.iter())
+            .filter(|(_, pod)| !has_completed(pod))
+            .map(|(id, pod)| (*id, *pod))
+            .collect();
+        sanitize_parents(observation, &running, config, now, &mut report)
     } else {
         BTreeMap::new()
     };
@@ -289,6 +306,7 @@ pub fn assess<'a>(
                     let parent = ApiParent {
                         uid: pod.metadata.uid.clone(),
                         owner: ControllerOwner::of(pod),
+                        completed: has_completed(pod),
                     };
                     ((*id).clone(), parent)
                 })
@@ -305,6 +323,7 @@ pub fn assess<'a>(
         me: &me,
         scheduling: &scheduling,
         grace: config.grace,
+        allowed: &config.allowed,
     };
     let mut found = orphans(&inputs, now);
     for orphan in &mut found {
@@ -338,6 +357,7 @@ pub fn assess<'a>(
         me,
         scheduling,
         grace: config.grace,
+        allowed: config.allowed.clone(),
         api,
         local: &observation.local,
         checkpoints,
@@ -345,6 +365,16 @@ pub fn assess<'a>(
         orphans: found,
         report,
     }
+}
+
+/// Whether a pod has completed: phase `Succeeded` or `Failed` (final in Kubernetes) with
+/// `restartPolicy` `Never` or `OnFailure`, so its work is done or given up. (A `Failed`
+/// pod with `Always`, an evicted daemon, say, stands for a workload meant to run: its
+/// checkpoint keeps protecting it.)
+pub fn has_completed(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed")) && matches!(policy, Some("Never" | "OnFailure"))
 }
 
 /// The agent's controller owner, from its own pod in the API or its own checkpoint: it

@@ -66,7 +66,7 @@ pub use checkpoint::{
 };
 #[doc(inline)]
 pub use decide::{
-    Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, orphan_owners,
+    Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, has_completed, orphan_owners,
     required_by_namespace, scheduling_lookup,
 };
 #[doc(inline)]

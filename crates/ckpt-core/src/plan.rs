@@ -14,6 +14,9 @@
 //!   (it may be served by this very checkpoint). **Deactivate** when the parent runs.
 //! - With the runtime unknown and the API reachable, nothing is started or stopped.
 //! - **Remove** only on a synced API view, per the GC strategy's verdict.
+//! - **Outside the allow-list** a checkpoint never starts; on a synced view it is removed
+//!   unless it is active and its parent is not seen running (it may be serving).
+//! - **Completed parents** are not checkpointed; their checkpoints go on a synced view.
 //! - **Self** is always active, never stopped, follows its newest parent, is superseded
 //!   by a rolled pod of its own DaemonSet, and is removed last, on a self-GC plan only.
 
@@ -23,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::CheckpointMeta;
 use crate::gc::{GcDecision, GcVerdict, Orphan};
-use crate::identity::{ControllerOwner, PodId, SelfIdentity};
+use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity};
 use crate::observation::OwnerStatus;
 use crate::time::Timestamp;
 
@@ -49,6 +52,9 @@ pub struct ApiParent {
     pub uid: Option<String>,
     /// The pod's controller owner.
     pub owner: Option<ControllerOwner>,
+    /// It has completed (phase `Succeeded` or `Failed` with `restartPolicy` `Never` or
+    /// `OnFailure`): it will never run again, and a static copy would run its work again.
+    pub completed: bool,
 }
 
 /// What runs on this node, from the container runtime (or the kubelet with CRI off).
@@ -141,6 +147,8 @@ pub struct PlanInputs<'a> {
     /// `--checkpoint-grace-period`: self-GC never comes sooner after the agent's own pod
     /// left, unless its DaemonSet no longer targets the node.
     pub grace: std::time::Duration,
+    /// `--namespaces`: checkpoints outside it are only wound down.
+    pub allowed: &'a NamespaceAllowList,
 }
 
 /// Why a checkpoint is removed.
@@ -153,6 +161,10 @@ pub enum RemovalReason {
     /// Self-GC: the agent's own DaemonSet no longer runs it here (why attached);
     /// everything goes.
     SelfGc(String),
+    /// Its namespace is no longer in `--namespaces`.
+    NotAllowed,
+    /// Its parent has completed and will never run again.
+    Completed,
 }
 
 /// A checkpoint to remove: secrets, configmaps, projected data, inactive, then active.
@@ -239,6 +251,8 @@ struct Row<'a> {
     runs: Option<bool>,
     previous_absent: Option<Timestamp>,
     is_self: bool,
+    /// In an allowed namespace (the agent's own checkpoint always counts as allowed).
+    allowed: bool,
 }
 
 impl Row<'_> {
@@ -329,19 +343,27 @@ fn rows<'a>(inputs: &PlanInputs<'a>) -> Vec<Row<'a>> {
                 runs: running.as_ref().map(|r| r[i].is_some()),
                 previous_absent: previous[i],
                 is_self: inputs.me.is_self(id, owner),
+                allowed: inputs.allowed.allows(&id.namespace),
             }
         })
         .collect()
 }
 
 /// Since when each checkpoint's parent has been absent: only a synced view sets or
-/// clears it; entries for checkpoints no longer on disk are dropped.
+/// clears it; entries for checkpoints no longer on disk are dropped. Never later than
+/// `now`: a time recorded before the clock went back (or a corrupted journal) would
+/// otherwise postpone garbage collection to a time that may never come; the grace
+/// period restarts instead, which delays removal, never hastens it.
 fn absent_since(row: &Row<'_>, synced: bool, now: Timestamp) -> Option<Timestamp> {
     row.disk?;
+    if !row.allowed && !row.is_self {
+        return None;
+    }
+    let previous = row.previous_absent.map(|t| t.min(now));
     match (synced, row.parent) {
         (true, Some(_)) => None,
-        (true, None) => Some(row.previous_absent.unwrap_or(now)),
-        (false, _) => row.previous_absent,
+        (true, None) => Some(previous.unwrap_or(now)),
+        (false, _) => previous,
     }
 }
 
@@ -353,7 +375,7 @@ pub fn orphans(inputs: &PlanInputs<'_>, now: Timestamp) -> Vec<Orphan> {
     }
     rows(inputs)
         .iter()
-        .filter(|row| row.parent.is_none())
+        .filter(|row| row.parent.is_none() && (row.allowed || row.is_self))
         .filter_map(|row| {
             let meta = row.disk?.meta();
             Some(Orphan {
@@ -392,7 +414,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
                 .disk
                 .and_then(|d| d.inactive.as_ref())
                 .and_then(|c| c.meta.spec_hash.as_ref());
-            row.parent.is_some() && row.desired.is_some_and(|hash| stored != Some(hash))
+            row.parent.is_some_and(|p| !p.completed) && row.desired.is_some_and(|hash| stored != Some(hash))
         })
         .collect();
     out.writes = rows
@@ -471,6 +493,41 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
                 out.starts.push(id.clone());
             }
             states.push((id.clone(), CheckpointState::SelfActive));
+            continue;
+        }
+
+        // ARCHITECTURE.md, Planner rules: completed parents and namespaces outside the
+        // allow-list.
+        if row.parent.is_some_and(|p| p.completed) {
+            out.removes.push(Removal {
+                id: id.clone(),
+                reason: RemovalReason::Completed,
+            });
+            states.push((id.clone(), CheckpointState::Removed));
+            continue;
+        }
+        if !row.allowed {
+            // Its parent is no longer observed (neither listed nor seen running), so
+            // nothing of it starts; an active copy may be serving right now and stays
+            // until its parent is seen running.
+            let parent_runs = row.runs == Some(true);
+            if synced && (!has_active || parent_runs) {
+                out.removes.push(Removal {
+                    id: id.clone(),
+                    reason: RemovalReason::NotAllowed,
+                });
+                states.push((id.clone(), CheckpointState::Removed));
+                continue;
+            }
+            if has_active && parent_runs {
+                out.stops.push(id.clone());
+            }
+            let state = if has_active && !parent_runs {
+                CheckpointState::Active
+            } else {
+                CheckpointState::Inactive
+            };
+            states.push((id.clone(), state));
             continue;
         }
 

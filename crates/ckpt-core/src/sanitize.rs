@@ -317,6 +317,29 @@ impl Source<'_> {
         }
     }
 
+    /// The keys the kubelet turns into environment variables, sorted: a Secret's `data`,
+    /// a ConfigMap's `data` only (never `binaryData`).
+    fn env_all(self) -> Vec<(String, Vec<u8>)> {
+        match self {
+            Source::Secret(_) => self.all(),
+            Source::ConfigMap(cm) => cm
+                .data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()))
+                .collect(),
+        }
+    }
+
+    /// One key as the kubelet reads it for `env[].valueFrom` (`data` only, like
+    /// [`Source::env_all`]).
+    fn env_get(self, key: &str) -> Option<Vec<u8>> {
+        match self {
+            Source::Secret(_) => self.get(key),
+            Source::ConfigMap(cm) => cm.data.as_ref()?.get(key).map(|v| v.as_bytes().to_vec()),
+        }
+    }
+
     fn get(self, key: &str) -> Option<Vec<u8>> {
         match self {
             Source::Secret(s) => s.data.as_ref()?.get(key).map(|v| v.0.clone()),
@@ -603,12 +626,16 @@ impl<'a> Sanitizer<'a> {
         })
     }
 
-    /// Resolves `env[].valueFrom` secret/configMap refs and `envFrom` into literal values.
+    /// Resolves `env[].valueFrom` secret/configMap refs and `envFrom` into literal values,
+    /// building the environment the kubelet would (`makeEnvironmentVariables`): every
+    /// `envFrom` source in order (later ones win), then `env` in order. The kubelet keeps
+    /// the variables in one map, so a later `env` entry replaces an `envFrom` value only
+    /// when it resolves to something, and `$(VAR)` in an earlier literal sees the
+    /// `envFrom` value; the static pod keeps both entries, in that order, to mean the same.
     fn container(&mut self, field: &str, c: &mut Container) -> Result<()> {
         if c.env_from.is_none() && !c.env.iter().flatten().any(needs_resolving) {
             return Ok(());
         }
-        let defined: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
         let mut from_sources: BTreeMap<String, String> = BTreeMap::new();
         let mut order: Vec<String> = Vec::new();
         for (j, from) in c.env_from.iter().flatten().enumerate() {
@@ -626,10 +653,14 @@ impl<'a> Sanitizer<'a> {
                 continue;
             };
             let prefix = from.prefix.as_deref().unwrap_or("");
-            for (key, bytes) in source.all() {
+            let mut skipped = Vec::new();
+            for (key, bytes) in source.env_all() {
                 let var = format!("{prefix}{key}");
-                // The kubelet skips keys that are not valid variable names; so do we.
-                if !is_env_var_name(&var) || defined.contains(&var.as_str()) {
+                // Kubelets before relaxed env var validation skip these (with an Event),
+                // and validate static pods with the strict rule, so one such name would
+                // get the whole checkpoint refused.
+                if !is_env_var_name(&var) {
+                    skipped.push(var);
                     continue;
                 }
                 let value = env_value(&field, source, &key, bytes)?;
@@ -637,6 +668,13 @@ impl<'a> Sanitizer<'a> {
                 if from_sources.insert(var.clone(), value).is_none() {
                     order.push(var);
                 }
+            }
+            if !skipped.is_empty() {
+                self.warnings.push(format!(
+                    "{field}: skipped keys of {} {name:?} that are not valid environment variable names: {}",
+                    source.kind(),
+                    skipped.join(", ")
+                ));
             }
         }
         let mut env: Vec<EnvVar> = order
@@ -677,7 +715,7 @@ impl<'a> Sanitizer<'a> {
             let Some(source) = self.source(&field, kind, name, optional)? else {
                 continue;
             };
-            let Some(bytes) = source.get(key) else {
+            let Some(bytes) = source.env_get(key) else {
                 if optional {
                     continue;
                 }
@@ -840,6 +878,7 @@ mod tests {
                     &[("blob", &[0, 1, 2])],
                 ),
                 cm("kube-root-ca.crt", &[("ca.crt", "CA")], &[]),
+                cm("mixed", &[("MODE", "fast")], &[("blob", &[0xff, 0x00])]),
             ]
             .into(),
         }
@@ -1107,10 +1146,11 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&c.env).expect("json"),
             json!([
-                // envFrom first (keys that are not variable names skipped, env overrides)…
+                // envFrom first (only `data`, keys that are not variable names skipped)…
+                {"name": "CFG_LOG_LEVEL", "value": "debug"},
                 {"name": "CFG_a.yaml", "value": "a: 1"},
-                {"name": "CFG_blob", "value": "\u{0}\u{1}\u{2}"},
-                // …then env in order; `$` doubled so the kubelet does not expand it.
+                // …then env in order (a later entry overrides); `$` doubled so the
+                // kubelet does not expand it.
                 {"name": "PASSWORD", "value": "pa$$(ss)"},
                 {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                 {"name": "CFG_LOG_LEVEL", "value": "info"}
@@ -1120,6 +1160,77 @@ mod tests {
         assert!(cp.manifest_holds_secrets);
         assert_eq!(cp.manifest_mode(), 0o600);
         assert!(references_api_objects(&cp.manifest).is_empty());
+    }
+
+    /// The environment the kubelet builds (`makeEnvironmentVariables`): `envFrom` takes a
+    /// ConfigMap's `data` only, prefixed; later sources win; `env` overrides `envFrom`
+    /// only when it resolves to a value; `configMapKeyRef` looks in `data` only.
+    #[test]
+    fn env_follows_the_kubelet() {
+        let spec = |env: Value| json!({"containers": [container(env)]});
+        let cases = [
+            // binaryData is not env: a ConfigMap that has some is still checkpointed.
+            (
+                json!({"envFrom": [{"configMapRef": {"name": "mixed"}}]}),
+                json!({"env": [{"name": "MODE", "value": "fast"}]}),
+                0,
+            ),
+            // The prefix comes first; names that are not variable names are skipped with
+            // a warning, as the kubelet skips them with an Event.
+            (
+                json!({"envFrom": [{"configMapRef": {"name": "config"}, "prefix": "X_"}]}),
+                json!({"env": [{"name": "X_LOG_LEVEL", "value": "debug"}, {"name": "X_a.yaml", "value": "a: 1"}]}),
+                1,
+            ),
+            (
+                json!({"envFrom": [{"configMapRef": {"name": "config"}, "prefix": "1"}]}),
+                json!({}),
+                1,
+            ),
+            // A later source wins.
+            (
+                json!({"envFrom": [{"configMapRef": {"name": "mixed"}},
+                                   {"configMapRef": {"name": "mixed"}, "prefix": ""},
+                                   {"secretRef": {"name": "tls"}, "prefix": "MO"}]}),
+                json!({"env": [{"name": "MODE", "value": "fast"}, {"name": "MOtls.crt", "value": "CERT"},
+                               {"name": "MOtls.key", "value": "KEY"}]}),
+                0,
+            ),
+            // An `env` entry that resolves to nothing (optional, absent) leaves the
+            // envFrom value in place; one that resolves overrides it.
+            (
+                json!({"envFrom": [{"configMapRef": {"name": "mixed"}}],
+                       "env": [{"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "mixed", "key": "nope", "optional": true}}}]}),
+                json!({"env": [{"name": "MODE", "value": "fast"}]}),
+                0,
+            ),
+            (
+                json!({"envFrom": [{"configMapRef": {"name": "mixed"}}],
+                       "env": [{"name": "EARLIER", "value": "$(MODE)"}, {"name": "MODE", "value": "slow"}]}),
+                // The kubelet expands `$(MODE)` against the envFrom value: so does this.
+                json!({"env": [{"name": "MODE", "value": "fast"}, {"name": "EARLIER", "value": "$(MODE)"},
+                               {"name": "MODE", "value": "slow"}]}),
+                0,
+            ),
+            // `configMapKeyRef` sees `data` only: an optional binaryData key is absent.
+            (
+                json!({"env": [{"name": "B", "valueFrom": {"configMapKeyRef": {"name": "mixed", "key": "blob", "optional": true}}}]}),
+                json!({}),
+                0,
+            ),
+        ];
+        for (env, expected_env, warnings) in cases {
+            let mut expected = container(json!({}));
+            if let (Some(c), Some(env)) = (expected.as_object_mut(), expected_env.as_object()) {
+                c.extend(env.clone());
+            }
+            check(
+                spec(env),
+                json!({"automountServiceAccountToken": false, "containers": [expected]}),
+                &[],
+                warnings,
+            );
+        }
     }
 
     #[test]
@@ -1157,6 +1268,10 @@ mod tests {
             (
                 json!({"containers": [container(json!({"env": [{"name": "B", "valueFrom": {"secretKeyRef": {"name": "token", "key": "binary"}}}]}))]}),
                 "spec.containers[0].env[0]: invalid env value (not UTF-8): \"Secret \\\"token\\\" key \\\"binary\\\"\"",
+            ),
+            (
+                json!({"containers": [container(json!({"env": [{"name": "B", "valueFrom": {"configMapKeyRef": {"name": "mixed", "key": "blob"}}}]}))]}),
+                "spec.containers[0].env[0]: key \"blob\" not found in ConfigMap \"mixed\"",
             ),
             (
                 json!({"containers": [c.clone()], "volumes": [{"name": "v", "projected": {"sources": [{"clusterTrustBundle": {"path": "b"}}]}}]}),

@@ -435,12 +435,27 @@ impl Dir {
         mode: u32,
         owner: Option<FileOwner>,
     ) -> Result<bool> {
+        self.write_file_via(self, name, bytes, mode, owner)
+    }
+
+    /// [`Dir::write_file`], with the temporary file in `staging` (same filesystem), for
+    /// directories whose entries are someone else's names: Secret/ConfigMap keys and
+    /// `items[].path`s can be spelled exactly like a temp file, so no name in them
+    /// may be taken for one.
+    pub(crate) fn write_file_via(
+        &self,
+        staging: &Dir,
+        name: impl AsRef<OsStr>,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<FileOwner>,
+    ) -> Result<bool> {
         let name = name.as_ref();
         if self.file_matches(name, bytes, mode, owner)? {
             return Ok(false);
         }
         let target = self.child_path(name);
-        let (temp, mut file) = self.create_temp(&target)?;
+        let (temp, mut file) = staging.create_temp(&target)?;
         let result = (|| {
             file.write_all(bytes)
                 .map_err(|e| Error::io("writing", &target, e))?;
@@ -451,12 +466,12 @@ impl Dir {
             }
             file.sync_all().map_err(|e| Error::io("syncing", &target, e))?;
             drop(file);
-            rustix::fs::renameat(&self.file, temp.as_str(), &self.file, name)
+            rustix::fs::renameat(&staging.file, temp.as_str(), &self.file, name)
                 .map_err(|e| Error::io("renaming into place", &target, e))
         })();
         if let Err(error) = result {
             // Best effort: a leftover temp file is removed by the next cleanup anyway.
-            let _ = rustix::fs::unlinkat(&self.file, temp.as_str(), AtFlags::empty());
+            let _ = rustix::fs::unlinkat(&staging.file, temp.as_str(), AtFlags::empty());
             return Err(error);
         }
         debug!(path = %target.display(), bytes = bytes.len(), mode = format_args!("{mode:o}"), "wrote file");
@@ -572,7 +587,8 @@ impl Dir {
 
     /// Removes temporary files left by a killed writer (ours only: the prefix and suffix
     /// we use, another process's tag), descending `depth` levels of subdirectories.
-    /// Returns how many it removed.
+    /// Returns how many it removed. Only for directories where no name is someone
+    /// else's (never a data directory: a key may be spelled like a temp file).
     pub(crate) fn remove_stale_temp_files(&self, depth: usize) -> Result<usize> {
         let mut removed = 0;
         for entry in self.entries()? {

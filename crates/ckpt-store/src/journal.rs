@@ -170,6 +170,30 @@ mod tests {
         check(r#"{"state":{"absent_since":{}}}"#);
     }
 
+    /// The planner's own state: a time no calendar holds (a corrupted or hand-edited
+    /// journal) is refused as a whole, with the reason, rather than overflowing later.
+    #[test]
+    fn planner_state_with_times_beyond_the_calendar_is_quarantined() {
+        let check = |since: &str, usable: bool| {
+            let (_tmp, store) = store();
+            let content = format!(
+                r#"{{"version":1,"state":{{"absent_since":[{{"namespace":"ns","name":"p","since":{since}}}]}}}}"#
+            );
+            std::fs::write(store.layout().journal_path(), &content).unwrap();
+            let read = store.read_journal::<ckpt_core::PersistentState>().unwrap();
+            assert_eq!(read.is_some(), usable, "{since}");
+            assert_eq!(store.layout().journal_path().exists(), usable, "{since}");
+        };
+        check("1796213959000", true);
+        check("-62135596800000", true);
+        check("253402207200999", true);
+        check("253402207201000", false);
+        check("9223372036854775807", false);
+        check("-9223372036854775808", false);
+        check("99999999999999999999", false);
+        check("1e300", false);
+    }
+
     #[test]
     fn a_symlinked_journal_is_not_followed() {
         let (tmp, store) = store();

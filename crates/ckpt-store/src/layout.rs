@@ -39,6 +39,8 @@ impl Layout {
     pub const DEFAULT_MANIFESTS_DIR: &'static str = "/etc/kubernetes/manifests";
     /// Inactive checkpoints, under the checkpoint dir.
     pub const INACTIVE_DIR_NAME: &'static str = "inactive-manifests";
+    /// [`Layout::staging_dir`], below each data root.
+    pub const STAGING_DIR_NAME: &'static str = ".staging";
     /// Unreadable files moved aside, under the checkpoint dir.
     pub const QUARANTINE_DIR_NAME: &'static str = "checkpoint-quarantine";
     /// The state journal, in the checkpoint dir.
@@ -91,6 +93,15 @@ impl Layout {
     /// a running static copy picks up every refresh).
     pub fn credentials_token_path(&self) -> PathBuf {
         self.checkpoint_dir.join(Self::CREDENTIALS_TOKEN_FILE_NAME)
+    }
+
+    /// Where the temporary files of one kind's data files are written before they are
+    /// renamed into place: `<kind root>/.staging`. The data directories hold keys and
+    /// paths named by the pod, any of which may look like a temp file; a namespace
+    /// name never starts with a dot, so this name is ours alone, and it is on the same
+    /// filesystem as the data it stages.
+    pub fn staging_dir(&self, kind: DataKind) -> PathBuf {
+        self.data_root(kind).join(Self::STAGING_DIR_NAME)
     }
 
     /// The root directory of one kind of materialized data.

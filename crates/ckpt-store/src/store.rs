@@ -25,9 +25,6 @@ const DIR_MODE: u32 = 0o700;
 const MANIFESTS_DIR_MODE: u32 = 0o755;
 /// Data file modes are limited to permission bits: never setuid/setgid/sticky.
 const DATA_MODE_MASK: u32 = 0o777;
-/// Subdirectory levels below a data root searched for stale temp files
-/// (`<ns>/<pod>/<name>/<items path…>`).
-const DATA_TREE_DEPTH: usize = 8;
 
 /// One checkpoint manifest file found on disk.
 #[derive(Clone, Debug, PartialEq)]
@@ -277,19 +274,24 @@ impl Store {
             return Ok(removed);
         };
         removed += checkpoint_dir.remove_stale_temp_files(0)?;
-        let mut owned = vec![(Layout::INACTIVE_DIR_NAME, 0)];
-        owned.extend(
-            DataKind::ALL
-                .iter()
-                .map(|kind| (kind.root_dir_name(), DATA_TREE_DEPTH)),
-        );
-        for (name, depth) in owned {
-            match checkpoint_dir.open_child(name) {
-                Ok(Some(dir)) => removed += dir.remove_stale_temp_files(depth)?,
-                Ok(None) => {}
-                // Not ours to descend into; write_inactive reports it.
-                Err(Error::Symlink { .. } | Error::NotADirectory { .. }) => {}
-                Err(e) => return Err(e),
+        // Data directories are never searched: their names are the pod's (keys, item
+        // paths), any of which may be spelled like a temp file. Their temp files live in
+        // the staging dirs; a temp file an older version left in a data directory is
+        // not in the checkpoint's tree, so the next write of that checkpoint removes it.
+        // Not ours to descend into (a symlink, a file): write_inactive reports it.
+        let ours = |found: Result<Option<Dir>>| match found {
+            Err(Error::Symlink { .. } | Error::NotADirectory { .. }) => Ok(None),
+            other => other,
+        };
+        if let Some(inactive) = ours(checkpoint_dir.open_child(Layout::INACTIVE_DIR_NAME))? {
+            removed += inactive.remove_stale_temp_files(0)?;
+        }
+        for kind in DataKind::ALL {
+            let Some(root) = ours(checkpoint_dir.open_child(kind.root_dir_name()))? else {
+                continue;
+            };
+            if let Some(staging) = ours(root.open_child(Layout::STAGING_DIR_NAME))? {
+                removed += staging.remove_stale_temp_files(0)?;
             }
         }
         Ok(removed)
@@ -501,13 +503,14 @@ impl Store {
                 continue;
             }
             let root = checkpoint_dir.ensure_child(kind.root_dir_name(), DIR_MODE, None, false)?;
+            let staging = root.ensure_child(Layout::STAGING_DIR_NAME, DIR_MODE, None, true)?;
             let ns_dir = root.ensure_child(&id.namespace, DIR_MODE, None, true)?;
             let pod_dir = ns_dir.ensure_child(&id.name, DIR_MODE, None, true)?;
             let mut pod_dir_changed = false;
             for (dir, tree) in &wanted {
                 let leaf = pod_dir.ensure_child(&dir.dir.name, DIR_MODE, Some(checkpoint.owner), true)?;
                 let Node::Dir(tree) = tree else { continue };
-                sync_tree(&leaf, tree, checkpoint.owner, &mut summary)?;
+                sync_tree(&leaf, &staging, tree, checkpoint.owner, &mut summary)?;
             }
             for entry in pod_dir.entries()? {
                 if wanted
@@ -957,6 +960,7 @@ fn insert<'a>(tree: &mut Node<'a>, components: &[&'a str], file: &'a DataFile) -
 /// mid-update.
 fn sync_tree(
     dir: &Dir,
+    staging: &Dir,
     tree: &BTreeMap<&str, Node<'_>>,
     owner: FileOwner,
     summary: &mut WriteSummary,
@@ -979,14 +983,20 @@ fn sync_tree(
     for (name, node) in tree {
         match node {
             Node::File(file) => {
-                if dir.write_file(name, &file.bytes, file.mode & DATA_MODE_MASK, Some(owner))? {
+                if dir.write_file_via(
+                    staging,
+                    name,
+                    &file.bytes,
+                    file.mode & DATA_MODE_MASK,
+                    Some(owner),
+                )? {
                     summary.files_written += 1;
                     changed = true;
                 }
             }
             Node::Dir(children) => {
                 let child = dir.ensure_child(name, DIR_MODE, Some(owner), true)?;
-                sync_tree(&child, children, owner, summary)?;
+                sync_tree(&child, staging, children, owner, summary)?;
             }
         }
     }
@@ -1703,9 +1713,9 @@ mod tests {
             layout.manifests_dir().to_path_buf(),
             layout.inactive_dir(),
             layout.checkpoint_dir().to_path_buf(),
-            secret_dir.clone(),
+            layout.staging_dir(Secret),
         ];
-        for dir in &dirs {
+        for dir in dirs.iter().chain([&secret_dir]) {
             fs::write(dir.join(stale), "partial").unwrap();
             fs::write(dir.join(".12345"), "bootkube's").unwrap();
             fs::write(dir.join(".swp"), "an editor's").unwrap();
@@ -1719,10 +1729,48 @@ mod tests {
                 dir.display()
             );
         }
+        // A data directory is never searched by name (a key may be spelled like that):
+        // the old-style temp file there goes with the next write of the checkpoint,
+        // as every entry the checkpoint does not have.
+        assert!(secret_dir.join(stale).exists());
+        reopened
+            .write_inactive(&checkpoint(
+                &layout,
+                &pod,
+                "2",
+                &[(Secret, "s", &[("k", "v", 0o600)])],
+            ))
+            .unwrap();
+        assert_eq!(tree(&secret_dir), pairs(&[("k", "v")]));
         // read_all cleans too (an interrupted write since the last pass).
         fs::write(layout.manifests_dir().join(stale), "partial").unwrap();
         reopened.read_all().unwrap();
         assert!(!layout.manifests_dir().join(stale).exists());
+    }
+
+    /// Secret/ConfigMap keys (`[-._a-zA-Z0-9]+`) and `items[].path`s may look exactly like
+    /// our temp files; a restart must never delete them.
+    #[test]
+    fn data_keys_shaped_like_temp_files_survive_a_restart() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "p");
+        let keys = [
+            ".pod-checkpointer-00000000deadbeef-3.tmp",
+            "sub/.pod-checkpointer-00000000deadbeef-4.tmp",
+        ];
+        let files: Vec<(&str, &str, u32)> = keys.iter().map(|k| (*k, "data", 0o600)).collect();
+        store
+            .write_inactive(&checkpoint(&layout, &pod, "1", &[(Secret, "s", &files)]))
+            .unwrap();
+        let secret_dir = layout.pod_data_dir(Secret, &pod).join("s");
+        for reopen in [0, 1] {
+            let store = Store::open(layout.clone()).unwrap();
+            store.read_all().unwrap();
+            for key in keys {
+                assert!(secret_dir.join(key).exists(), "reopen {reopen}: {key}");
+            }
+        }
     }
 
     #[test]

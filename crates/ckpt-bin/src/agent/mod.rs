@@ -344,7 +344,10 @@ impl Agent {
         }
         // While the agent's own pod is gone, nothing but a timer says that its DaemonSet
         // stopped targeting this node (the DaemonSet is read, not watched).
-        let recheck = report.scheduling.is_some().then(|| now.saturating_add(SCHEDULING_RECHECK));
+        let recheck = report
+            .scheduling
+            .is_some()
+            .then(|| now.saturating_add(SCHEDULING_RECHECK));
         self.next_deadline = report.next_deadline.into_iter().chain(recheck).min();
         self.reporter
             .metrics(&self.health, report, now, started.elapsed());

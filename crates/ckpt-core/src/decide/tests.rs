@@ -31,7 +31,8 @@ fn owner(name: &str) -> ControllerOwner {
 }
 
 /// A pod on this node: `annotated` opts it in; `ds` names its DaemonSet; `mounts` a
-/// secret volume; `pvc` makes it unrepresentable.
+/// secret volume; `pvc` makes it unrepresentable; `ended` gives its phase and restart
+/// policy.
 #[derive(Clone, Copy, Default)]
 struct PodSpec<'a> {
     ns: &'a str,
@@ -39,6 +40,7 @@ struct PodSpec<'a> {
     ds: Option<&'a str>,
     mounts: Option<&'a str>,
     pvc: bool,
+    ended: Option<(&'a str, &'a str)>,
 }
 
 fn pod(name: &str, spec: PodSpec<'_>) -> (PodId, Arc<Pod>) {
@@ -65,7 +67,13 @@ fn pod(name: &str, spec: PodSpec<'_>) -> (PodId, Arc<Pod>) {
         "spec": {"nodeName": "node-1", "volumes": volumes,
                  "containers": [{"name": "c", "image": "registry.example/c:1"}]},
     });
-    let pod: Pod = serde_json::from_value(value).expect("a valid pod");
+    let mut pod: Pod = serde_json::from_value(value).expect("a valid pod");
+    if let Some((phase, policy)) = spec.ended {
+        pod.status.get_or_insert_default().phase = Some(phase.into());
+        if let Some(s) = pod.spec.as_mut() {
+            s.restart_policy = Some(policy.into());
+        }
+    }
     (PodId::new(ns, name), Arc::new(pod))
 }
 
@@ -161,6 +169,12 @@ impl World {
     fn allow(mut self, namespace: &str) -> Self {
         let allowed = self.config.allowed.namespaces().chain([namespace]);
         self.config.allowed = NamespaceAllowList::new(allowed.map(str::to_owned).collect::<Vec<_>>());
+        self
+    }
+
+    /// `--namespaces` set to just this one.
+    fn only_allow(mut self, namespace: &str) -> Self {
+        self.config.allowed = NamespaceAllowList::new([namespace]);
         self
     }
 
@@ -326,6 +340,65 @@ fn which_pods_are_checkpointed() {
                 .disk(&[("b", "h1")])
                 .api(ApiState::Reachable),
             Expect::default(),
+        ),
+        (
+            "a completed pod is not checkpointed and its checkpoint goes, whatever the strategy",
+            World::synced(&[
+                (
+                    "j",
+                    PodSpec {
+                        ended: Some(("Succeeded", "Never")),
+                        ..parent("j")
+                    },
+                ),
+                (
+                    "k",
+                    PodSpec {
+                        ended: Some(("Failed", "OnFailure")),
+                        ..parent("k")
+                    },
+                ),
+            ])
+            .disk(&[("j", "h1")])
+            .verdict("j", GcVerdict::Keep),
+            Expect {
+                removes: list(&["j"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "a failed pod meant to run always (an evicted daemon) stays protected",
+            World::synced(&[
+                (
+                    "e",
+                    PodSpec {
+                        ended: Some(("Failed", "Always")),
+                        ..parent("e")
+                    },
+                ),
+                (
+                    "r",
+                    PodSpec {
+                        ended: Some(("Running", "Never")),
+                        ..parent("r")
+                    },
+                ),
+            ]),
+            Expect {
+                writes: list(&["e", "r"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "a namespace removed from --namespaces: its inactive checkpoint goes",
+            World::synced(&[])
+                .disk(&[("a", "h1")])
+                .verdict("a", GcVerdict::Keep)
+                .only_allow("other"),
+            Expect {
+                removes: list(&["a"]),
+                ..Expect::default()
+            },
         ),
         (
             "an orphan goes when its verdict says so",

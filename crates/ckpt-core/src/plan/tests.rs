@@ -63,6 +63,7 @@ struct World {
     /// does when the agent's own DaemonSet cannot be read.
     scheduling: SelfScheduling,
     grace: Duration,
+    allowed: NamespaceAllowList,
 }
 
 impl World {
@@ -80,7 +81,28 @@ impl World {
             me: me(),
             scheduling: SelfScheduling::Unknown("not looked up".into()),
             grace: Duration::ZERO,
+            allowed: NamespaceAllowList::new([NS]),
         }
+    }
+
+    /// `--namespaces` without this test's namespace: every checkpoint but the agent's
+    /// own is outside the allow-list.
+    fn namespace_removed(mut self) -> Self {
+        self.allowed = NamespaceAllowList::new(["elsewhere"]);
+        self
+    }
+
+    /// These listed parents have completed (Succeeded/Failed, restartPolicy Never or
+    /// OnFailure).
+    fn completed(mut self, names: &[&str]) -> Self {
+        if let ApiView::Synced { parents } = &mut self.api {
+            for name in names {
+                if let Some(parent) = parents.get_mut(&id(name)) {
+                    parent.completed = true;
+                }
+            }
+        }
+        self
     }
 
     fn synced(mut self, parents: &[&str]) -> Self {
@@ -93,6 +115,7 @@ impl World {
                     ApiParent {
                         uid: Some(format!("uid-{n}")),
                         owner,
+                        completed: false,
                     },
                 )
             })
@@ -140,6 +163,7 @@ impl World {
             me: &self.me,
             scheduling: &self.scheduling,
             grace: self.grace,
+            allowed: &self.allowed,
         }
     }
 
@@ -622,6 +646,133 @@ fn bug7_grace_deadline_survives_restart() {
     let mut down = w.api(ApiView::Unreachable);
     down.state = first.state.clone();
     assert_eq!(down.plan(later).state, first.state);
+}
+
+#[test]
+fn namespace_removed_from_the_allow_list() {
+    // ARCHITECTURE.md, Planner rules: its parents are invisible now (neither listed nor
+    // seen running), so nothing of it may start; an active one may be serving right now
+    // and stays until its parent is seen running; the rest goes on a synced view.
+    let cases = [
+        // Outage: never activated (its parent may well run: we no longer look).
+        (World::new(&[("a", "I")]), expect(&[], &[], &[], &[]), Inactive),
+        (World::new(&[("a", "IA")]), expect(&[], &[], &[], &[]), Active),
+        // Synced: the inactive copy goes at once, whatever the strategy would say.
+        (
+            World::new(&[("a", "I")]).synced(&[]),
+            expect(&[], &[], &[], &["a"]),
+            Removed,
+        ),
+        (
+            World::new(&[("a", "I")])
+                .synced(&[])
+                .verdict("a", GcVerdict::Keep),
+            expect(&[], &[], &[], &["a"]),
+            Removed,
+        ),
+        // An active one is kept, never offered to the strategy, until its parent runs.
+        (
+            World::new(&[("a", "IA")])
+                .synced(&[])
+                .verdict("a", GcVerdict::RemoveNow),
+            expect(&[], &[], &[], &[]),
+            Active,
+        ),
+        (
+            World::new(&[("a", "IA")]).synced(&[]).local_unknown(),
+            expect(&[], &[], &[], &[]),
+            Active,
+        ),
+        (
+            World::new(&[("a", "IA")]).synced(&[]).running(&["a"]),
+            expect(&[], &[], &[], &["a"]),
+            Removed,
+        ),
+        (
+            World::new(&[("a", "IA")]).api(ApiView::Reachable).running(&["a"]),
+            expect(&[], &["a"], &[], &[]),
+            Inactive,
+        ),
+        (
+            World::new(&[("a", "IA")]).running(&["a"]),
+            expect(&[], &["a"], &[], &[]),
+            Inactive,
+        ),
+    ];
+    for (world, expected, state) in cases {
+        let w = world.namespace_removed();
+        check(&w, expected, &[("a", state)]);
+        assert!(orphans(&w.inputs(), NOW).is_empty(), "not orphans: {w:#?}");
+        assert!(w.plan(NOW).state.absent_since.is_empty());
+    }
+    // The agent's own checkpoint is not subject to it.
+    let w = World::new(&[("pc-abc", "I")]).namespace_removed();
+    check(&w, expect(&[], &[], &["pc-abc"], &[]), &[("pc-abc", SelfActive)]);
+}
+
+#[test]
+fn completed_parents_are_never_activated() {
+    // A static copy of a finished Job pod would run its work again, at every reboot.
+    let cases = [
+        // Not checkpointed; an existing checkpoint goes at once, active or not.
+        (
+            World::new(&[]).synced(&["j"]).desired(&[("j", "h1")]),
+            expect(&[], &[], &[], &[]),
+        ),
+        (
+            World::new(&[("j", "I")]).synced(&["j"]).desired(&[("j", "h2")]),
+            expect(&[], &[], &[], &["j"]),
+        ),
+        (
+            World::new(&[("j", "IA")]).synced(&["j"]),
+            expect(&[], &[], &[], &["j"]),
+        ),
+        (
+            World::new(&[("j", "I")])
+                .synced(&["j"])
+                .verdict("j", GcVerdict::Keep),
+            expect(&[], &[], &[], &["j"]),
+        ),
+    ];
+    for (world, expected) in cases {
+        let w = world.completed(&["j"]);
+        let p = check(&w, expected, &[]);
+        assert!(orphans(&w.inputs(), NOW).is_empty());
+        assert!(p.state.absent_since.is_empty());
+        assert!(p.states.get(&id("j")).is_none_or(|s| *s == Removed));
+    }
+    // A parent that has not completed is checkpointed as ever.
+    let w = World::new(&[]).synced(&["j"]).desired(&[("j", "h1")]);
+    check(&w, expect(&["j"], &[], &[], &[]), &[("j", Inactive)]);
+}
+
+#[test]
+fn absent_since_is_never_later_than_now() {
+    // A journal written before the clock went back (or a corrupted one) must not
+    // postpone garbage collection to a time that never comes: the clock restarts now.
+    let check = |previous: i64, synced: bool, expected: Option<Timestamp>| {
+        let mut w = World::new(&[("p", "I")]);
+        if synced {
+            w = w.synced(&[]);
+        }
+        w.state.absent_since.insert(id("p"), Timestamp(previous));
+        assert_eq!(
+            w.plan(NOW).state.absent_since.get(&id("p")).copied(),
+            expected,
+            "{previous} synced={synced}"
+        );
+        if synced {
+            let orphans = orphans(&w.inputs(), NOW);
+            assert_eq!(orphans.first().map(|o| o.absent_since), expected, "{previous}");
+        }
+    };
+    for synced in [true, false] {
+        check(NOW.0 - 5_000, synced, Some(Timestamp(NOW.0 - 5_000)));
+        check(NOW.0, synced, Some(NOW));
+        check(NOW.0 + 5_000, synced, Some(NOW));
+        check(i64::MAX, synced, Some(NOW));
+        check(i64::MIN, synced, Some(Timestamp(i64::MIN)));
+    }
 }
 
 #[test]
