@@ -367,17 +367,16 @@ pub fn assess<'a>(
     }
 }
 
-/// Whether a pod has completed: phase `Succeeded` with `restartPolicy` `Never` or
-/// `OnFailure` (its work is done), or phase `Failed` with such a policy when a Job owns it
-/// (the Job gave it up). A `Failed` pod of anything else — a crashed control-plane pod
-/// with `restartPolicy: Never`, an evicted daemon — stands for a workload meant to run:
-/// bringing it back is what its checkpoint is for.
+/// Whether a pod has completed: a Job's pod (`restartPolicy` `Never` or `OnFailure`) in
+/// phase `Succeeded` or `Failed` — its work is done or given up, and a static copy would
+/// run it again at every reboot. Any other pod that ended stands for a workload meant to
+/// run: a control-plane pod with `restartPolicy: Never` that crashed, or was stopped and
+/// exited 0 (`Succeeded`), is exactly what its checkpoint must bring back.
 pub fn has_completed(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
-    let run_to_completion = matches!(policy, Some("Never" | "OnFailure"));
     let job = ControllerOwner::of(pod).is_some_and(|o| o.kind == "Job");
-    run_to_completion && (phase == Some("Succeeded") || (phase == Some("Failed") && job))
+    job && matches!(policy, Some("Never" | "OnFailure")) && matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// The agent's controller owner, from its own pod in the API or its own checkpoint: it

@@ -350,6 +350,7 @@ fn which_pods_are_checkpointed() {
                     "j",
                     PodSpec {
                         ended: Some(("Succeeded", "Never")),
+                        ds: Some("job-migrate"),
                         ..parent("j")
                     },
                 ),
@@ -370,17 +371,26 @@ fn which_pods_are_checkpointed() {
             },
         ),
         (
-            "a crashed pod with restartPolicy Never that no Job owns is what checkpoints are for",
-            World::synced(&[(
-                "c",
-                PodSpec {
-                    ended: Some(("Failed", "Never")),
-                    ..parent("c")
-                },
-            )])
-            .disk(&[("c", "h1")]),
+            "a pod no Job owns that ended (crashed, or stopped and exited 0) is what checkpoints are for",
+            World::synced(&[
+                (
+                    "c",
+                    PodSpec {
+                        ended: Some(("Failed", "Never")),
+                        ..parent("c")
+                    },
+                ),
+                (
+                    "d",
+                    PodSpec {
+                        ended: Some(("Succeeded", "Never")),
+                        ..parent("d")
+                    },
+                ),
+            ])
+            .disk(&[("c", "h1"), ("d", "h1")]),
             Expect {
-                writes: list(&["c"]),
+                writes: list(&["c", "d"]),
                 ..Expect::default()
             },
         ),
