@@ -1,6 +1,6 @@
 //! The results as JSON (everything, samples included) and as the markdown tables that go
-//! into BENCHMARKS.md, side by side with the targets (ARCHITECTURE.md, Targets) and bootkube's numbers measured
-//! on the same control plane (`shared/reference/bootkube-measured.md`).
+//! into BENCHMARKS.md, side by side with the targets (ARCHITECTURE.md, Targets) and
+//! bootkube's numbers measured on the same control plane (BENCHMARKS.md says how).
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! Building and caching kube-apiserver and kubemark v1.20.2 from Debian bookworm's
-//! `kubernetes` source package, as in `shared/reference/real-apiserver.md`: deb-src entries,
+//! `kubernetes` source package (ARCHITECTURE.md, Testing): deb-src entries,
 //! Build-Depends from apt, `apt-get source`, the reflect2 1.0.2 swap (the vendored 1.0.1
 //! segfaults with Go ≥ 1.18), and Debian's own GOPATH-mode `make WHAT=…`.
 //!

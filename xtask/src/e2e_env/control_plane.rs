@@ -4,8 +4,7 @@
 //! The API server authenticates three static tokens (admin in `system:masters`,
 //! `system:node:node-1` in `system:nodes`, `pod-checkpointer` with no rights) and authorizes
 //! with `Node,RBAC`, so tests exercise the agent's real ClusterRole and the node's view. The
-//! flags that replace a missing controller-manager are explained in
-//! `shared/reference/real-apiserver.md`.
+//! flags that replace a missing controller-manager are explained where they are set.
 //!
 //! Work dir layout: `e2e-env.state` (the `KEY=VALUE` lines `start` prints; marks the dir as
 //! ours), `*.pid`, `*.log`, `etcd/`, `certs/` (the API server's self-signed serving cert, also

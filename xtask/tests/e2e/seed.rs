@@ -1,4 +1,4 @@
-//! The seed issue's scenarios (`shared/seed/checkpointer-self-gc-issue.txt`): A, the
+//! The seed scenarios (ARCHITECTURE.md, Self-checkpoint, lock and self-GC): A, the
 //! DaemonSet copy checkpoints its parents and itself; B, after a "reboot" without an API
 //! server the static copy takes the lock and brings the checkpoints up; C, the DaemonSet copy
 //! waits on the lock while the static copy runs, and once the checkpointer's own pod is gone
