@@ -367,14 +367,17 @@ pub fn assess<'a>(
     }
 }
 
-/// Whether a pod has completed: phase `Succeeded` or `Failed` (final in Kubernetes) with
-/// `restartPolicy` `Never` or `OnFailure`, so its work is done or given up. (A `Failed`
-/// pod with `Always`, an evicted daemon, say, stands for a workload meant to run: its
-/// checkpoint keeps protecting it.)
+/// Whether a pod has completed: phase `Succeeded` with `restartPolicy` `Never` or
+/// `OnFailure` (its work is done), or phase `Failed` with such a policy when a Job owns it
+/// (the Job gave it up). A `Failed` pod of anything else — a crashed control-plane pod
+/// with `restartPolicy: Never`, an evicted daemon — stands for a workload meant to run:
+/// bringing it back is what its checkpoint is for.
 pub fn has_completed(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
-    matches!(phase, Some("Succeeded" | "Failed")) && matches!(policy, Some("Never" | "OnFailure"))
+    let run_to_completion = matches!(policy, Some("Never" | "OnFailure"));
+    let job = ControllerOwner::of(pod).is_some_and(|o| o.kind == "Job");
+    run_to_completion && (phase == Some("Succeeded") || (phase == Some("Failed") && job))
 }
 
 /// The agent's controller owner, from its own pod in the API or its own checkpoint: it

@@ -21,10 +21,12 @@ fn id(name: &str) -> PodId {
     PodId::new(NS, name)
 }
 
+/// A DaemonSet, or a Job when the name starts with `job-`.
 fn owner(name: &str) -> ControllerOwner {
+    let job = name.starts_with("job-");
     ControllerOwner {
-        api_version: "apps/v1".into(),
-        kind: "DaemonSet".into(),
+        api_version: if job { "batch/v1" } else { "apps/v1" }.into(),
+        kind: if job { "Job" } else { "DaemonSet" }.into(),
         name: name.into(),
         uid: format!("uid-{name}"),
     }
@@ -355,14 +357,30 @@ fn which_pods_are_checkpointed() {
                     "k",
                     PodSpec {
                         ended: Some(("Failed", "OnFailure")),
+                        ds: Some("job-backup"),
                         ..parent("k")
                     },
                 ),
             ])
-            .disk(&[("j", "h1")])
+            .disk(&[("j", "h1"), ("k", "h1")])
             .verdict("j", GcVerdict::Keep),
             Expect {
-                removes: list(&["j"]),
+                removes: list(&["j", "k"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "a crashed pod with restartPolicy Never that no Job owns is what checkpoints are for",
+            World::synced(&[(
+                "c",
+                PodSpec {
+                    ended: Some(("Failed", "Never")),
+                    ..parent("c")
+                },
+            )])
+            .disk(&[("c", "h1")]),
+            Expect {
+                writes: list(&["c"]),
                 ..Expect::default()
             },
         ),
