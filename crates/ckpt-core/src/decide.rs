@@ -254,9 +254,8 @@ pub fn assess<'a>(
         .collect();
     let mut me = config.me.clone();
     let mut own_owner = own_owner(&me, &observation.pods, disk);
-    let own_pod_present = parents
-        .iter()
-        .any(|(id, pod)| me_is(&me, own_owner.as_ref(), id, pod));
+    me.owner.clone_from(&own_owner);
+    let own_pod_present = (parents.iter()).any(|(id, pod)| me.is_self(id, ControllerOwner::of(pod).as_ref()));
     let scheduling = if synced && !own_pod_present {
         let (scheduling, replacement) = self_scheduling(observation, own_owner.as_ref());
         // A DaemonSet of the same name that targets this node took the place of ours
@@ -266,9 +265,8 @@ pub fn assess<'a>(
     } else {
         SelfScheduling::Targeted
     };
-    if own_owner.is_some() {
-        me.owner = own_owner.clone();
-    }
+    // `own_owner` falls back to the known owner: it is `None` only when none was known.
+    me.owner.clone_from(&own_owner);
     let mut report = Report {
         api: Some(observation.api),
         own_owner,
@@ -397,12 +395,6 @@ fn own_owner(
         .or_else(|| me.owner.clone())
 }
 
-/// Whether `pod` is the agent's own, with the owner learned in this pass.
-fn me_is(me: &SelfIdentity, owner: Option<&ControllerOwner>, id: &PodId, pod: &Pod) -> bool {
-    let me = me.clone().with_owner(owner.cloned());
-    me.is_self(id, ControllerOwner::of(pod).as_ref())
-}
-
 /// The agent's own DaemonSet fetched by name, if its own pod is to be looked for: on a
 /// synced view, with the agent's own checkpoint on disk, no own pod listed and its
 /// controller known to be a DaemonSet. `ckpt-watch` fetches it (and this node) before
@@ -417,14 +409,12 @@ pub fn scheduling_lookup(
         return None;
     }
     let owner = own_owner(me, pods, disk)?;
-    let own_pod = pods.iter().any(|(id, pod)| me_is(me, Some(&owner), id, pod));
-    let own_checkpoint = (disk.iter()).any(|(id, d)| me_is_stored(me, &owner, id, d));
-    (owner.kind == "DaemonSet" && !own_pod && own_checkpoint).then(|| OwnerKey::new(&me.namespace, &owner))
-}
-
-fn me_is_stored(me: &SelfIdentity, owner: &ControllerOwner, id: &PodId, disk: &DiskCheckpoint) -> bool {
-    let me = me.clone().with_owner(Some(owner.clone()));
-    me.is_self(id, disk.meta().and_then(|m| m.owner.as_ref()))
+    // One identity with the learned owner, not a clone per pod.
+    let me = me.clone().with_owner(Some(owner));
+    let owner = me.owner.as_ref()?;
+    let own_pod = (pods.iter()).any(|(id, pod)| me.is_self(id, ControllerOwner::of(pod).as_ref()));
+    let own_checkpoint = (disk.iter()).any(|(id, d)| me.is_self(id, d.meta().and_then(|m| m.owner.as_ref())));
+    (owner.kind == "DaemonSet" && !own_pod && own_checkpoint).then(|| OwnerKey::new(&me.namespace, owner))
 }
 
 /// Whether the agent's own DaemonSet targets this node, from the observation; and a
