@@ -1,21 +1,47 @@
-//! Kubernetes Events on the parent pod: best effort, never blocking the loop.
+//! Kubernetes Events on the parent pod: what happened to its checkpoint, published in the
+//! background, never blocking the loop.
+//!
+//! An activation happens only while the API server is unreachable, so Events are not sent
+//! as they happen: they go into a bounded queue, in order, with the time they happened, and
+//! a background task publishes them whenever the API server is reachable (at once, in the
+//! usual case; after an outage, as soon as it is back). The Event carries the time it
+//! happened as `eventTime`; one published late also says so in its note. A repeat of the
+//! same Event about the same pod within [`SERIES_WINDOW`] of the last one patches that
+//! Event's `series` (count, last time), as kube's recorder does.
+//!
+//! kube's `Recorder` is not used: it stamps every Event (and every series update) with the
+//! time it is published, which after an outage is when the API server came back.
 
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ckpt_core::PodId;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use tracing::debug;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
 
-/// Publishes Events in the background with a timeout; does nothing while the API server
-/// is unreachable (the Event would only queue up behind a dead connection).
-#[derive(Clone)]
-pub(crate) struct EventSink {
-    recorder: Recorder,
-}
+/// Events kept while they cannot be published; later ones are counted and dropped (the
+/// first transitions of an outage say the most: what was started).
+pub(crate) const QUEUE_BOUND: usize = 256;
+/// A repeat within this time of the last one is counted in that Event's series (kube's
+/// recorder keeps its cache this long).
+const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
+/// Timeout of one Event request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Attempts at an Event that fails for a reason that may pass (a timeout, a 5xx) before it
+/// is given up.
+const ATTEMPTS: u32 = 5;
+/// Notes are at most 1 kB.
+const NOTE_LIMIT: usize = 1000;
+const CONTROLLER: &str = "pod-checkpointer";
 
 /// What happened to a checkpoint.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum EventKind {
     Activated,
     Deactivated,
@@ -23,17 +49,74 @@ pub(crate) enum EventKind {
     Refused,
 }
 
+impl EventKind {
+    /// (type, reason, action).
+    fn describe(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            EventKind::Activated => ("Warning", "CheckpointActivated", "Activate"),
+            EventKind::Deactivated => ("Normal", "CheckpointDeactivated", "Deactivate"),
+            EventKind::Removed => ("Normal", "CheckpointRemoved", "Remove"),
+            EventKind::Refused => ("Warning", "CheckpointRefused", "Checkpoint"),
+        }
+    }
+}
+
+/// Queues Events and publishes them in the background while the API server is reachable.
+#[derive(Clone)]
+pub(crate) struct EventSink {
+    outbox: Arc<Mutex<Outbox>>,
+    /// Wakes the publishing task (capacity 1: one pending wake-up is enough).
+    wake: mpsc::Sender<()>,
+}
+
+/// One Event not published yet.
+#[derive(Clone, Debug)]
+struct Pending {
+    kind: EventKind,
+    parent: PodId,
+    uid: Option<String>,
+    note: String,
+    at: Timestamp,
+    attempts: u32,
+}
+
+#[derive(Debug, Default)]
+struct Outbox {
+    reachable: bool,
+    queue: VecDeque<Pending>,
+    /// Dropped since the queue last emptied.
+    dropped: u64,
+}
+
 impl EventSink {
+    /// Starts the publishing task (on the current runtime); it ends when every copy of
+    /// the sink is dropped.
     pub(crate) fn new(client: kube::Client, node: &str) -> Self {
-        let reporter = Reporter {
-            controller: "pod-checkpointer".into(),
-            instance: Some(node.to_owned()),
+        let outbox = Arc::new(Mutex::new(Outbox::default()));
+        let (wake, woken) = mpsc::channel(1);
+        let publisher = Publisher {
+            client,
+            instance: node.to_owned(),
+            series: HashMap::new(),
         };
-        Self {
-            recorder: Recorder::new(client, reporter),
+        tokio::spawn(publisher.run(outbox.clone(), woken));
+        Self { outbox, wake }
+    }
+
+    /// Says whether the API server is reachable now; publishes what waited for it.
+    pub(crate) fn api_reachable(&self, reachable: bool) {
+        let flush = {
+            let mut outbox = lock(&self.outbox);
+            outbox.reachable = reachable;
+            reachable && !outbox.queue.is_empty()
+        };
+        if flush {
+            self.wake();
         }
     }
 
+    /// Queues an Event about `parent` that happened now; it is published as soon as the
+    /// API server is reachable (`api_reachable` says whether it is, now).
     pub(crate) fn publish(
         &self,
         api_reachable: bool,
@@ -42,37 +125,265 @@ impl EventSink {
         kind: EventKind,
         note: String,
     ) {
-        if !api_reachable {
-            return;
-        }
-        let (type_, reason, action) = match kind {
-            EventKind::Activated => (EventType::Warning, "CheckpointActivated", "Activate"),
-            EventKind::Deactivated => (EventType::Normal, "CheckpointDeactivated", "Deactivate"),
-            EventKind::Removed => (EventType::Normal, "CheckpointRemoved", "Remove"),
-            EventKind::Refused => (EventType::Warning, "CheckpointRefused", "Checkpoint"),
+        self.publish_at(api_reachable, parent, uid, kind, note, Timestamp::now());
+    }
+
+    fn publish_at(
+        &self,
+        api_reachable: bool,
+        parent: &PodId,
+        uid: Option<&str>,
+        kind: EventKind,
+        note: String,
+        at: Timestamp,
+    ) {
+        let note = if api_reachable {
+            note
+        } else {
+            let at = at.strftime("%Y-%m-%dT%H:%M:%SZ");
+            format!("{note} (at {at}, while the API server was unreachable)")
         };
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: action.into(),
-            secondary: None,
-        };
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(parent.namespace.clone()),
-            name: Some(parent.name.clone()),
-            uid: uid.map(str::to_owned),
-            ..ObjectReference::default()
-        };
-        let recorder = self.recorder.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(Duration::from_secs(5), recorder.publish(&event, &reference)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => debug!(error = %e, reason = event.reason, "cannot publish an Event"),
-                Err(_) => debug!(reason = event.reason, "publishing an Event timed out"),
+        {
+            let mut outbox = lock(&self.outbox);
+            outbox.reachable = api_reachable;
+            if outbox.queue.len() >= QUEUE_BOUND {
+                outbox.dropped += 1;
+                if outbox.dropped == 1 {
+                    warn!(
+                        bound = QUEUE_BOUND,
+                        "too many Events wait for the API server: later ones are dropped until these are published"
+                    );
+                }
+                return;
             }
-        });
+            outbox.queue.push_back(Pending {
+                kind,
+                parent: parent.clone(),
+                uid: uid.map(str::to_owned),
+                note,
+                at,
+                attempts: 0,
+            });
+            if !outbox.reachable {
+                return;
+            }
+        }
+        self.wake();
+    }
+
+    fn wake(&self) {
+        // Full means a wake-up is pending already.
+        let _ = self.wake.try_send(());
     }
 }
+
+/// The publishing task's state: the client and the Events published lately, for series.
+struct Publisher {
+    client: kube::Client,
+    instance: String,
+    series: HashMap<SeriesKey, Published>,
+}
+
+/// What makes a repeat the same Event (kube's recorder's key, with our fixed controller).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct SeriesKey {
+    kind: EventKind,
+    parent: PodId,
+    uid: Option<String>,
+}
+
+/// An Event created, for its series.
+#[derive(Clone, Debug)]
+struct Published {
+    name: String,
+    count: i32,
+    last: Timestamp,
+}
+
+/// How a request for one Event ended.
+#[derive(Debug)]
+enum Sent {
+    Done,
+    /// Refused for good (4xx): dropped.
+    Rejected(String),
+    /// May pass (timeout, connection, 5xx, 429): tried again later.
+    Failed(String),
+}
+
+impl Publisher {
+    async fn run(mut self, outbox: Arc<Mutex<Outbox>>, mut woken: mpsc::Receiver<()>) {
+        while woken.recv().await.is_some() {
+            self.drain(&outbox).await;
+        }
+    }
+
+    /// Publishes the queue in order while the API server is reachable; stops at the first
+    /// failure that may pass (the next wake-up, at the latest the agent's next pass, tries
+    /// again).
+    async fn drain(&mut self, outbox: &Mutex<Outbox>) {
+        let mut published = 0u64;
+        loop {
+            let next = {
+                let outbox = lock(outbox);
+                if !outbox.reachable {
+                    break;
+                }
+                match outbox.queue.front() {
+                    Some(pending) => pending.clone(),
+                    None => break,
+                }
+            };
+            let sent = self.send(&next).await;
+            let mut outbox = lock(outbox);
+            match sent {
+                Sent::Done => {
+                    published += 1;
+                    outbox.queue.pop_front();
+                }
+                Sent::Rejected(error) => {
+                    debug!(%error, reason = next.kind.describe().1, pod = %next.parent, "the API server refused an Event");
+                    outbox.queue.pop_front();
+                }
+                Sent::Failed(error) => {
+                    let attempts = next.attempts + 1;
+                    if attempts >= ATTEMPTS {
+                        debug!(%error, reason = next.kind.describe().1, pod = %next.parent, "cannot publish an Event; giving up");
+                        outbox.queue.pop_front();
+                        continue;
+                    }
+                    debug!(%error, reason = next.kind.describe().1, pod = %next.parent, "cannot publish an Event; trying again later");
+                    if let Some(front) = outbox.queue.front_mut() {
+                        front.attempts = attempts;
+                    }
+                    break;
+                }
+            }
+            if outbox.queue.is_empty() && outbox.dropped > 0 {
+                info!(
+                    published,
+                    dropped = outbox.dropped,
+                    "published the queued Events; some were dropped (too many while the API server was unreachable)"
+                );
+                outbox.dropped = 0;
+            }
+        }
+        // Only series that may still grow are kept.
+        let now = Timestamp::now();
+        self.series.retain(|_, p| within_window(p.last, now));
+    }
+
+    async fn send(&mut self, pending: &Pending) -> Sent {
+        let key = SeriesKey {
+            kind: pending.kind,
+            parent: pending.parent.clone(),
+            uid: pending.uid.clone(),
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &pending.parent.namespace);
+        if let Some(published) = self
+            .series
+            .get(&key)
+            .filter(|p| within_window(p.last, pending.at))
+        {
+            let count = published.count + 1;
+            let patch = serde_json::json!({
+                "series": {"count": count, "lastObservedTime": MicroTime(pending.at)},
+            });
+            let name = published.name.clone();
+            match timed(api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+                Ok(_) => {
+                    self.series.insert(
+                        key,
+                        Published {
+                            name,
+                            count,
+                            last: pending.at,
+                        },
+                    );
+                    return Sent::Done;
+                }
+                // Expired (the API server keeps Events an hour) or deleted: a new one.
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    self.series.remove(&key);
+                }
+                Err(e) => return classify(&e),
+            }
+        }
+        let event = self.event(pending);
+        let name = event.metadata.name.clone().unwrap_or_default();
+        match timed(api.create(&PostParams::default(), &event)).await {
+            Ok(_) => {
+                self.series.insert(
+                    key,
+                    Published {
+                        name,
+                        count: 1,
+                        last: pending.at,
+                    },
+                );
+                Sent::Done
+            }
+            Err(e) => classify(&e),
+        }
+    }
+
+    /// The Event as kube's recorder writes it, at the time it happened.
+    fn event(&self, pending: &Pending) -> Event {
+        let (type_, reason, action) = pending.kind.describe();
+        let parent = &pending.parent;
+        Event {
+            action: Some(action.into()),
+            reason: Some(reason.into()),
+            event_time: Some(MicroTime(pending.at)),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(parent.namespace.clone()),
+                name: Some(parent.name.clone()),
+                uid: pending.uid.clone(),
+                ..ObjectReference::default()
+            }),
+            note: Some(pending.note.chars().take(NOTE_LIMIT).collect()),
+            metadata: ObjectMeta {
+                namespace: Some(parent.namespace.clone()),
+                name: Some(format!("{}.{:x}", parent.name, pending.at.as_nanosecond())),
+                ..ObjectMeta::default()
+            },
+            reporting_controller: Some(CONTROLLER.into()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(type_.into()),
+            ..Event::default()
+        }
+    }
+}
+
+fn within_window(last: Timestamp, at: Timestamp) -> bool {
+    at.duration_since(last) < SERIES_WINDOW
+}
+
+async fn timed<T>(request: impl Future<Output = kube::Result<T>>) -> kube::Result<T> {
+    tokio::time::timeout(REQUEST_TIMEOUT, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s").into(),
+            ))
+        })
+}
+
+fn classify(error: &kube::Error) -> Sent {
+    match error {
+        kube::Error::Api(status)
+            if (400..500).contains(&status.code) && ![408, 429].contains(&status.code) =>
+        {
+            Sent::Rejected(error.to_string())
+        }
+        _ => Sent::Failed(error.to_string()),
+    }
+}
+
+fn lock(outbox: &Mutex<Outbox>) -> MutexGuard<'_, Outbox> {
+    outbox.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests;

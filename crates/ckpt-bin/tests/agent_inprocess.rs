@@ -1052,6 +1052,73 @@ async fn api_flapping_every_second_for_30s() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
+/// The Events created about `pod` with `reason` so far.
+fn events_created(world: &World, pod: &str, reason: &str) -> Vec<Value> {
+    world
+        .api
+        .event_writes()
+        .into_iter()
+        .filter(|(method, body)| {
+            method == "POST" && body["regarding"]["name"] == pod && body["reason"] == reason
+        })
+        .map(|(_, body)| body)
+        .collect()
+}
+
+/// An activation happens while the API server is unreachable, so its Event cannot be
+/// published then: it is queued and created once the API server is back, with the time it
+/// happened; the deactivation that follows is published at once.
+#[tokio::test]
+async fn activation_event_is_published_when_the_api_server_is_back() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    world.api.set_outage(Reply::Refuse);
+    agent.expect_api("unreachable").await;
+    let before = k8s_openapi::jiff::Timestamp::now();
+    world.kill(APISERVER);
+    let started = with(checkpointed(AGENT), &[active(APISERVER)]);
+    world
+        .expect_files("the outage starts the checkpoint", &started)
+        .await;
+    // The agent goes on trying the API server for a while before it is back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let back = k8s_openapi::jiff::Timestamp::now();
+    world.api.end_outage();
+    agent.expect_api("synced").await;
+
+    eventually("the activation Event", || async {
+        !events_created(&world, APISERVER, "CheckpointActivated").is_empty()
+    })
+    .await;
+    let created = events_created(&world, APISERVER, "CheckpointActivated");
+    assert_eq!(created.len(), 1, "one Event: {created:#?}");
+    let event = &created[0];
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["action"], "Activate");
+    assert_eq!(event["reportingController"], "pod-checkpointer");
+    assert_eq!(event["reportingInstance"], NODE);
+    assert_eq!(event["regarding"]["uid"], format!("uid-{APISERVER}"));
+    let at: k8s_openapi::jiff::Timestamp = event["eventTime"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no eventTime in {event}"));
+    assert!(
+        before <= at && at < back,
+        "eventTime {at} is when the checkpoint was activated (between {before} and {back})"
+    );
+
+    world.run(APISERVER);
+    world.expect_files("the parent runs", &checkpointed(AGENT)).await;
+    eventually("the deactivation Event", || async {
+        !events_created(&world, APISERVER, "CheckpointDeactivated").is_empty()
+    })
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 /// Modification time and inode: a file rewritten (even with the same bytes) changes.
 fn identity_of(world: &World, rel: &str) -> (std::time::SystemTime, u64) {
     use std::os::unix::fs::MetadataExt;

@@ -41,12 +41,19 @@ pub struct Seen {
     pub path: String,
     /// The URL query, without `?`.
     pub query: String,
+    /// The request body (empty for a GET).
+    pub body: String,
 }
 
 impl Seen {
     /// Whether this is a watch request.
     pub fn is_watch(&self) -> bool {
         self.query.contains("watch=true")
+    }
+
+    /// The body as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
     }
 }
 
@@ -67,6 +74,9 @@ struct FakeState {
     streams: Vec<(String, String, Option<String>, Frames)>,
     /// Answers to plain GETs by path.
     gets: BTreeMap<String, (u16, Value)>,
+    /// How Event writes (`events.k8s.io/v1` POST and PATCH) are answered; default Normal
+    /// (the body echoed back, as created).
+    event_writes: Option<Reply>,
     /// Requests left unanswered.
     parked: Vec<tower_test::mock::SendResponse<Response<MockBody>>>,
     log: Vec<Seen>,
@@ -76,8 +86,9 @@ struct FakeState {
 /// A fake Kubernetes API behind a real `kube::Client`.
 ///
 /// Answers `/readyz`, lists and watches of `/api/v1/namespaces/<ns>/<resource>` (with
-/// `fieldSelector=metadata.name=…`), and plain GETs set with [`FakeApi::set_get`];
-/// anything else is a 404. Every request is logged.
+/// `fieldSelector=metadata.name=…`), `events.k8s.io/v1` Event creates and patches (see
+/// [`FakeApi::set_event_writes`]), and plain GETs set with [`FakeApi::set_get`];
+/// anything else is a 404. Every request is logged, with its body.
 #[derive(Clone)]
 pub struct FakeApi {
     state: Arc<Mutex<FakeState>>,
@@ -124,7 +135,9 @@ impl FakeApi {
         let server = fake.clone();
         let task = tokio::spawn(async move {
             while let Some((request, send)) = handle.next_request().await {
-                server.handle(&request, send);
+                let (parts, body) = request.into_parts();
+                let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                server.handle(&parts, &body, send);
             }
         });
         (kube::Client::new(service, "default"), fake, task)
@@ -132,13 +145,15 @@ impl FakeApi {
 
     fn handle(
         &self,
-        request: &Request<kube::client::Body>,
+        request: &http::request::Parts,
+        body: &[u8],
         send: tower_test::mock::SendResponse<Response<MockBody>>,
     ) {
         let seen = Seen {
-            method: request.method().to_string(),
-            path: request.uri().path().to_owned(),
-            query: request.uri().query().unwrap_or("").to_owned(),
+            method: request.method.to_string(),
+            path: request.uri.path().to_owned(),
+            query: request.uri.query().unwrap_or("").to_owned(),
+            body: String::from_utf8_lossy(body).into_owned(),
         };
         let mut st = lock(&self.state);
         st.log.push(seen.clone());
@@ -201,6 +216,21 @@ impl FakeApi {
     /// Sets the default `/readyz` answer.
     pub fn set_readyz(&self, reply: Reply) {
         lock(&self.state).readyz = Some(reply);
+    }
+
+    /// Sets how Event writes (`events.k8s.io/v1` creates and patches) are answered.
+    pub fn set_event_writes(&self, reply: Reply) {
+        lock(&self.state).event_writes = Some(reply);
+    }
+
+    /// The Event writes so far: (method, body).
+    pub fn event_writes(&self) -> Vec<(String, Value)> {
+        lock(&self.state)
+            .log
+            .iter()
+            .filter(|s| is_event_write(s))
+            .map(|s| (s.method.clone(), s.json()))
+            .collect()
     }
 
     /// Answers a plain GET of `path` (`code` 0 = hang).
@@ -353,6 +383,12 @@ fn answer(st: &mut FakeState, seen: &Seen) -> Answer {
         };
         return answer_with(reply, ok, "readyz says no");
     }
+    if is_event_write(seen) {
+        let reply = st.event_writes.clone().unwrap_or(Reply::Normal);
+        let code = if seen.method == "POST" { 201 } else { 200 };
+        let echo = || respond_json(code, &seen.json());
+        return answer_with(reply, echo, "events is forbidden");
+    }
     let segments: Vec<&str> = seen.path.trim_start_matches('/').split('/').collect();
     if let ["api", "v1", "namespaces", ns, resource] = segments.as_slice() {
         let key = ((*resource).to_owned(), (*ns).to_owned());
@@ -395,6 +431,17 @@ fn answer(st: &mut FakeState, seen: &Seen) -> Answer {
         Some((0, _)) => Answer::Park,
         Some((code, body)) => Answer::Respond(respond_json(*code, body)),
         None => Answer::Respond(respond_json(404, &status_body(404, "not found"))),
+    }
+}
+
+/// A create (`POST …/events`) or patch (`PATCH …/events/<name>`) of an `events.k8s.io/v1`
+/// Event.
+fn is_event_write(seen: &Seen) -> bool {
+    let segments: Vec<&str> = seen.path.trim_start_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["apis", "events.k8s.io", "v1", "namespaces", _, "events"] => seen.method == "POST",
+        ["apis", "events.k8s.io", "v1", "namespaces", _, "events", _] => seen.method == "PATCH",
+        _ => false,
     }
 }
 

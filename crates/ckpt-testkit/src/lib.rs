@@ -2,7 +2,8 @@
 //!
 //! - [`FakeApi`]: a fake Kubernetes API behind a real [`kube::Client`] (kube's
 //!   `tower-test` pattern): lists, watches with [`FakeApi::apply`]/[`FakeApi::delete`]
-//!   events, `/readyz`, plain GETs, a request log, and whole-server outages
+//!   events, `/readyz`, plain GETs, `events.k8s.io` Event writes, a request log with
+//!   bodies, and whole-server outages
 //!   ([`FakeApi::set_outage`] with [`Reply::Hang`] or [`Reply::Refuse`],
 //!   [`FakeApi::end_outage`]).
 //! - [`FakeCri`]: a CRI runtime (`runtime.v1` and/or `runtime.v1alpha2`) on a unix socket,

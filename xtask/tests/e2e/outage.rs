@@ -2,12 +2,17 @@
 //! (SIGKILL: connections refused), while the parent's containers have crashed: the parent's
 //! checkpoint becomes a static pod the kubelet runs. When the API server is back the
 //! checkpoint stays active while the parent does not run; once the parent runs again
-//! (re-created, as its controller would) the checkpoint is deactivated.
+//! (re-created, as its controller would) the checkpoint is deactivated. Both transitions
+//! are Events on the parent: the activation's, queued during the outage, is published once
+//! the API server is back, with the time it happened.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ckpt_core::Timestamp;
+use serde_json::Value;
 use xtask::e2e_env::NODE_NAME;
-use xtask::harness::wait::{Probe, holds_for};
+use xtask::harness::wait::{DEFAULT_TIMEOUT, Probe, holds_for, wait_for, waiting_on_error};
 
 use xtask::harness::read_manifest;
 
@@ -104,6 +109,7 @@ fn outage(ctx: &mut Scenario<'_>, outage: Outage, local: LocalSource) -> anyhow:
     }
 
     ctx.step("the API server comes back; the kubelet runs the static copy (mirror pod in the API)");
+    let back = Timestamp::now();
     match outage {
         Outage::Hung => ctx.suite.resume_apiserver()?,
         Outage::Killed => drop(ctx.suite.restart_apiserver()?),
@@ -145,8 +151,63 @@ fn outage(ctx: &mut Scenario<'_>, outage: Outage, local: LocalSource) -> anyhow:
     );
     ctx.expect_kubelet_stopped(&static_parent)?;
 
+    ctx.step(
+        "the parent has its CheckpointActivated Event, from the outage, and its CheckpointDeactivated Event",
+    );
+    expect_transition_events(ctx, &parent.name, back)?;
+
     ctx.step("SIGTERM: the agent exits 0");
     let status = agent.stop()?;
     anyhow::ensure!(status.success(), "the agent exited with {status}");
+    Ok(())
+}
+
+/// Waits until the namespace has the agent's `CheckpointActivated` and
+/// `CheckpointDeactivated` Events (`events.k8s.io/v1`) about `parent`, and checks that the
+/// activation's time is when it happened, before the API server was `back`.
+fn expect_transition_events(ctx: &Scenario<'_>, parent: &str, back: Timestamp) -> anyhow::Result<()> {
+    let (events, _) = wait_for(
+        "the CheckpointActivated and CheckpointDeactivated Events",
+        DEFAULT_TIMEOUT,
+        || {
+            waiting_on_error((|| {
+                let out = ctx.suite.kubectl.run(
+                    &["get", "events.v1.events.k8s.io", "-n", &ctx.ns, "-o", "json"],
+                    None,
+                )?;
+                let list: Value = serde_json::from_str(&out)?;
+                let events: BTreeMap<String, Value> = (list["items"].as_array().into_iter().flatten())
+                    .filter(|e| {
+                        e["regarding"]["name"] == parent && e["reportingController"] == "pod-checkpointer"
+                    })
+                    .filter_map(|e| Some((e["reason"].as_str()?.to_owned(), e.clone())))
+                    .collect();
+                Ok(
+                    if events.contains_key("CheckpointActivated")
+                        && events.contains_key("CheckpointDeactivated")
+                    {
+                        Probe::Ready(events)
+                    } else {
+                        Probe::Waiting(format!("Events about {parent}: {:?}", events.keys()))
+                    },
+                )
+            })())
+        },
+    )?;
+    let activated = &events["CheckpointActivated"];
+    let at = activated["eventTime"]
+        .as_str()
+        .and_then(Timestamp::parse_rfc3339)
+        .ok_or_else(|| anyhow::anyhow!("no eventTime: {activated}"))?;
+    anyhow::ensure!(
+        at < back,
+        "the activation's eventTime {at} is not from the outage (the API server was back at {back}): {activated}"
+    );
+    anyhow::ensure!(
+        activated["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("while the API server was unreachable")),
+        "the activation's note does not say it happened during the outage: {activated}"
+    );
     Ok(())
 }

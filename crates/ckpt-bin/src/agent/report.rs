@@ -1,4 +1,5 @@
-//! Reporting a decision: log lines once per change (never every pass), refusal Events,
+//! Reporting a decision: log lines once per change (never every pass), refusal Events
+//! (and the API server's reachability, which releases the Events queued during an outage),
 //! and the health endpoint's metrics.
 
 use std::collections::BTreeMap;
@@ -42,6 +43,10 @@ impl Reporter {
     /// Logs what kept parents from being checkpointed, and what their checkpoints leave
     /// out; a new refusal is also counted and published as an Event.
     pub(super) fn checkpointing(&mut self, report: &Report, health: &Health, events: Option<&EventSink>) {
+        if let Some(events) = events {
+            // Events queued during an outage go out once the API server answers again.
+            events.api_reachable(report.api.is_some_and(|api| api != ApiState::Unreachable));
+        }
         for (id, missing) in &report.loading {
             debug!(pod = %id, waiting = ?missing, "waiting for Secrets/ConfigMaps before checkpointing");
         }
