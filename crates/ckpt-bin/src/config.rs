@@ -86,6 +86,14 @@ pub(crate) struct RunArgs {
     /// Log format (levels via RUST_LOG) [default: text]
     #[arg(long, value_enum)]
     pub(crate) log_format: Option<LogFormat>,
+    /// The service account (in the pod's namespace) whose tokens are kept for the static
+    /// copy; this copy mints them [default: pod-checkpointer-static]
+    #[arg(long, value_name = "NAME")]
+    pub(crate) static_service_account: Option<String>,
+    /// How long the lock holder may stay rejected by the API server (401) before it hands
+    /// the lock to the other copy, e.g. 1m [default: 1m]
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) unauthorized_handover: Option<String>,
     #[command(flatten)]
     pub(crate) disk: DiskArgs,
 }
@@ -140,6 +148,8 @@ pub(crate) struct FileConfig {
     namespaces: Option<Namespaces>,
     metrics_addr: Option<String>,
     log_format: Option<LogFormat>,
+    static_service_account: Option<String>,
+    unauthorized_handover: Option<String>,
     gc: Option<BTreeMap<String, serde_json::Value>>,
 }
 
@@ -183,6 +193,8 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
         namespaces: None,
         metrics_addr: None,
         log_format: None,
+        static_service_account: None,
+        unauthorized_handover: None,
         disk: DiskArgs::default(),
     };
     RunSettings::resolve(
@@ -219,6 +231,11 @@ pub(crate) const DEFAULT_LOCK_FILE: &str = "/var/run/lock/pod-checkpointer.lock"
 pub(crate) const DEFAULT_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:8080";
 pub(crate) const DEFAULT_KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";
+pub(crate) const DEFAULT_STATIC_SERVICE_ACCOUNT: &str = "pod-checkpointer-static";
+/// Long enough for a refreshed token file to be re-read (kube clients re-read it every
+/// minute) and for a restarting API server's authenticator; short enough that a node
+/// returns to a working copy in about a minute.
+pub(crate) const DEFAULT_UNAUTHORIZED_HANDOVER: Duration = Duration::from_secs(60);
 
 /// Where checkpoints live on disk, and the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,6 +301,8 @@ pub(crate) struct RunSettings {
     pub(crate) namespaces: Vec<String>,
     pub(crate) metrics_addr: Option<String>,
     pub(crate) log_format: LogFormat,
+    pub(crate) static_service_account: String,
+    pub(crate) unauthorized_handover: Duration,
     pub(crate) disk: DiskSettings,
 }
 
@@ -410,6 +429,19 @@ impl RunSettings {
                 "--metrics-addr: {addr:?} is not an address like 127.0.0.1:8080"
             )));
         }
+        let static_service_account = args
+            .static_service_account
+            .or(file.static_service_account)
+            .unwrap_or_else(|| DEFAULT_STATIC_SERVICE_ACCOUNT.to_owned());
+        if !ckpt_core::is_dns_subdomain(&static_service_account) {
+            return Err(Error::usage_message(format!(
+                "--static-service-account: {static_service_account:?} is not a valid service account name"
+            )));
+        }
+        let unauthorized_handover = match args.unauthorized_handover.or(file.unauthorized_handover) {
+            Some(text) => parse_duration(&text).map_err(|e| Error::usage("--unauthorized-handover", e))?,
+            None => DEFAULT_UNAUTHORIZED_HANDOVER,
+        };
         let disk = DiskSettings::resolve(
             &args.disk,
             &FileConfig {
@@ -433,6 +465,8 @@ impl RunSettings {
             namespaces,
             metrics_addr,
             log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+            static_service_account,
+            unauthorized_handover,
             disk,
         })
     }

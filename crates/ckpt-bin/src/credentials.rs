@@ -7,16 +7,21 @@
 //! DaemonSet copy is gone — could never checkpoint, garbage-collect or remove itself when
 //! the node is descheduled (ARCHITECTURE.md, Self-checkpoint, lock and self-GC, seed scenario C).
 //!
-//! So whichever copy is connected mints a token for its own service account with the
-//! TokenRequest API and keeps it in the checkpoint dir with a kubeconfig that names it as
-//! its `tokenFile` (both 0600, see `ckpt_store::Store::write_credentials`); kube clients
-//! re-read a token file every minute, so a static copy that runs for weeks keeps using
-//! the token its own refreshes write. The token is not bound to the pod: a token
-//! bound to the DaemonSet pod stops validating exactly when that pod is deleted, which
-//! is when the static copy needs it to self-GC. It is refreshed every hour while the API
-//! is reachable, so the stored token outlives an outage of up to its lifetime (7 days
-//! asked; the API server may grant less, and then it is refreshed at half its lifetime).
-//! The copy started without a named kubeconfig falls back to this file.
+//! So the DaemonSet copy (the one with credentials of its own) mints tokens for a separate
+//! service account, `--static-service-account` (default `pod-checkpointer-static`), with
+//! the TokenRequest API, and keeps the newest in the checkpoint dir with a kubeconfig that
+//! names it as its `tokenFile` (both 0600, see `ckpt_store::KeptCredentials`). That account
+//! reads what the agent reads but may not mint tokens, so a copy of the disk gives access
+//! only until the kept token expires: it cannot renew itself (ARCHITECTURE.md, Credentials).
+//! The DaemonSet copy refreshes the token every hour, whether it holds the lock or waits
+//! for it; kube clients re-read a token file every minute, so a static copy that holds the
+//! lock for weeks keeps using the tokens the waiting DaemonSet copy writes. The token is
+//! not bound to the pod: a token bound to the DaemonSet pod stops validating exactly when
+//! that pod is deleted, which is when the static copy needs it to self-GC. It asks for 7
+//! days (the API server may grant less; it is then refreshed at half its lifetime), so a
+//! static copy alone — its DaemonSet deleted while the node was off — can still self-GC
+//! within that time. Deleting (and re-creating) the static account revokes every kept
+//! token at once. The copy started without a named kubeconfig falls back to this file.
 
 use std::path::Path;
 use std::time::Duration;
@@ -24,7 +29,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64_URL};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::PostParams;
 use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
 
@@ -42,20 +47,6 @@ pub(crate) const RETRY: Duration = Duration::from_secs(300);
 pub(crate) struct ServiceAccountRef {
     pub(crate) namespace: String,
     pub(crate) name: String,
-}
-
-impl ServiceAccountRef {
-    /// The service account a pod runs as (`default` when the spec names none).
-    pub(crate) fn of(pod: &Pod) -> Option<Self> {
-        let namespace = pod.metadata.namespace.clone()?;
-        let name = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| "default".to_owned());
-        Some(Self { namespace, name })
-    }
 }
 
 /// What the kubeconfig needs to say about the API server: how the agent reached it.
@@ -216,7 +207,6 @@ pub(crate) fn refresh_after(lifetime: Option<Duration>) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
 
     use super::*;
 
@@ -369,28 +359,5 @@ mod tests {
         for (lifetime, expected) in cases {
             assert_eq!(refresh_after(lifetime), expected, "{lifetime:?}");
         }
-    }
-
-    #[test]
-    fn service_account_of_a_pod() {
-        let pod = |sa: Option<&str>| {
-            serde_json::from_value::<Pod>(json!({
-                "metadata": {"name": "pc", "namespace": "kube-system"},
-                "spec": {"containers": [], "serviceAccountName": sa},
-            }))
-            .unwrap()
-        };
-        assert_eq!(
-            ServiceAccountRef::of(&pod(Some("pod-checkpointer"))),
-            Some(account())
-        );
-        assert_eq!(
-            ServiceAccountRef::of(&pod(None)).map(|a| a.name),
-            Some("default".to_owned())
-        );
-        assert_eq!(
-            ServiceAccountRef::of(&pod(Some(""))).map(|a| a.name),
-            Some("default".to_owned())
-        );
     }
 }

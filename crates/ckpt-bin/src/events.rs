@@ -3,11 +3,16 @@
 //!
 //! An activation happens only while the API server is unreachable, so Events are not sent
 //! as they happen: they go into a bounded queue, in order, with the time they happened, and
-//! a background task publishes them whenever the API server is reachable (at once, in the
-//! usual case; after an outage, as soon as it is back). The Event carries the time it
-//! happened as `eventTime`; one published late also says so in its note. A repeat of the
-//! same Event about the same pod within [`SERIES_WINDOW`] of the last one patches that
-//! Event's `series` (count, last time), as kube's recorder does.
+//! a background task publishes them whenever the agent's view is synced (at once, in the
+//! usual case; after an outage, once the API server is back and has listed every
+//! namespace for the agent: an API server that has just restarted answers `/readyz` before
+//! its authorizer has loaded RBAC, and refuses everything with 403 until then). The Event
+//! carries the time it happened as `eventTime`; one published late also says so in its
+//! note. A write that fails for a reason that may pass (a timeout, a 5xx, 429, and 401/403,
+//! which a restarting API server or refreshed credentials clear) is tried again after a
+//! backoff, [`ATTEMPTS`] times in all. A repeat of the same Event about the same pod within
+//! [`SERIES_WINDOW`] of the last one patches that Event's `series` (count, last time), as
+//! kube's recorder does.
 //!
 //! kube's `Recorder` is not used: it stamps every Event (and every series update) with the
 //! time it is published, which after an outage is when the API server came back.
@@ -16,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ckpt_core::PodId;
+use ckpt_core::{ApiState, PodId};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -33,9 +38,15 @@ pub(crate) const QUEUE_BOUND: usize = 256;
 const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
 /// Timeout of one Event request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Attempts at an Event that fails for a reason that may pass (a timeout, a 5xx) before it
-/// is given up.
+/// Attempts at an Event that fails for a reason that may pass before it is given up.
 const ATTEMPTS: u32 = 5;
+/// The wait before the second attempt; it doubles for each further one (1 + 2 + 4 + 8 s:
+/// the API server's authorizer loads RBAC within seconds of a restart).
+const RETRY_BASE: Duration = if cfg!(test) {
+    Duration::from_millis(20)
+} else {
+    Duration::from_secs(1)
+};
 /// Notes are at most 1 kB.
 const NOTE_LIMIT: usize = 1000;
 const CONTROLLER: &str = "pod-checkpointer";
@@ -82,7 +93,10 @@ struct Pending {
 
 #[derive(Debug, Default)]
 struct Outbox {
-    reachable: bool,
+    /// The agent's view is synced: the API server answers and accepts its credentials.
+    synced: bool,
+    /// The front of the queue failed: not before this time again.
+    retry_at: Option<tokio::time::Instant>,
     queue: VecDeque<Pending>,
     /// Dropped since the queue last emptied.
     dropped: u64,
@@ -103,49 +117,49 @@ impl EventSink {
         Self { outbox, wake }
     }
 
-    /// Says whether the API server is reachable now; publishes what waited for it.
-    pub(crate) fn api_reachable(&self, reachable: bool) {
+    /// Says how the API server is now; publishes what waited for a synced view.
+    pub(crate) fn api_state(&self, api: ApiState) {
         let flush = {
             let mut outbox = lock(&self.outbox);
-            outbox.reachable = reachable;
-            reachable && !outbox.queue.is_empty()
+            outbox.synced = api == ApiState::Synced;
+            outbox.synced && !outbox.queue.is_empty()
         };
         if flush {
             self.wake();
         }
     }
 
-    /// Queues an Event about `parent` that happened now; it is published as soon as the
-    /// API server is reachable (`api_reachable` says whether it is, now).
+    /// Queues an Event about `parent` that happened now, in a pass that saw the API
+    /// server as `api`; it is published as soon as the view is synced.
     pub(crate) fn publish(
         &self,
-        api_reachable: bool,
+        api: ApiState,
         parent: &PodId,
         uid: Option<&str>,
         kind: EventKind,
         note: String,
     ) {
-        self.publish_at(api_reachable, parent, uid, kind, note, Timestamp::now());
+        self.publish_at(api, parent, uid, kind, note, Timestamp::now());
     }
 
     fn publish_at(
         &self,
-        api_reachable: bool,
+        api: ApiState,
         parent: &PodId,
         uid: Option<&str>,
         kind: EventKind,
         note: String,
         at: Timestamp,
     ) {
-        let note = if api_reachable {
-            note
-        } else {
+        let note = if api == ApiState::Unreachable {
             let at = at.strftime("%Y-%m-%dT%H:%M:%SZ");
             format!("{note} (at {at}, while the API server was unreachable)")
+        } else {
+            note
         };
         {
             let mut outbox = lock(&self.outbox);
-            outbox.reachable = api_reachable;
+            outbox.synced = api == ApiState::Synced;
             if outbox.queue.len() >= QUEUE_BOUND {
                 outbox.dropped += 1;
                 if outbox.dropped == 1 {
@@ -164,7 +178,7 @@ impl EventSink {
                 at,
                 attempts: 0,
             });
-            if !outbox.reachable {
+            if !outbox.synced {
                 return;
             }
         }
@@ -212,22 +226,34 @@ enum Sent {
 
 impl Publisher {
     async fn run(mut self, outbox: Arc<Mutex<Outbox>>, mut woken: mpsc::Receiver<()>) {
-        while woken.recv().await.is_some() {
+        loop {
+            let retry_at = lock(&outbox).retry_at;
+            tokio::select! {
+                wake = woken.recv() => {
+                    if wake.is_none() {
+                        return;
+                    }
+                }
+                () = sleep_until(retry_at) => {}
+            }
             self.drain(&outbox).await;
         }
     }
 
-    /// Publishes the queue in order while the API server is reachable; stops at the first
-    /// failure that may pass (the next wake-up, at the latest the agent's next pass, tries
-    /// again).
+    /// Publishes the queue in order while the view is synced; stops at the first failure
+    /// that may pass, to try again after a backoff (see [`RETRY_BASE`]).
     async fn drain(&mut self, outbox: &Mutex<Outbox>) {
         let mut published = 0u64;
         loop {
             let next = {
-                let outbox = lock(outbox);
-                if !outbox.reachable {
+                let mut outbox = lock(outbox);
+                if !outbox.synced {
                     break;
                 }
+                if outbox.retry_at.is_some_and(|at| at > tokio::time::Instant::now()) {
+                    break;
+                }
+                outbox.retry_at = None;
                 match outbox.queue.front() {
                     Some(pending) => pending.clone(),
                     None => break,
@@ -251,10 +277,12 @@ impl Publisher {
                         outbox.queue.pop_front();
                         continue;
                     }
-                    debug!(%error, reason = next.kind.describe().1, pod = %next.parent, "cannot publish an Event; trying again later");
+                    let backoff = RETRY_BASE * 2u32.pow(attempts - 1);
+                    debug!(%error, reason = next.kind.describe().1, pod = %next.parent, retry_ms = backoff.as_millis() as u64, "cannot publish an Event; trying again later");
                     if let Some(front) = outbox.queue.front_mut() {
                         front.attempts = attempts;
                     }
+                    outbox.retry_at = Some(tokio::time::Instant::now() + backoff);
                     break;
                 }
             }
@@ -370,10 +398,19 @@ async fn timed<T>(request: impl Future<Output = kube::Result<T>>) -> kube::Resul
         })
 }
 
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// 401 and 403 may pass: a restarted API server refuses everything until its authorizer
+/// has loaded RBAC, and credentials are refreshed while the agent runs.
 fn classify(error: &kube::Error) -> Sent {
     match error {
         kube::Error::Api(status)
-            if (400..500).contains(&status.code) && ![408, 429].contains(&status.code) =>
+            if (400..500).contains(&status.code) && ![401, 403, 408, 429].contains(&status.code) =>
         {
             Sent::Rejected(error.to_string())
         }

@@ -23,7 +23,7 @@ pub(crate) struct Outcome {
 pub(crate) struct Reporting<'a> {
     pub(crate) health: &'a Health,
     pub(crate) events: Option<&'a EventSink>,
-    pub(crate) api_reachable: bool,
+    pub(crate) api: ckpt_core::ApiState,
     pub(crate) strategy: &'a str,
     pub(crate) parent_uids: &'a BTreeMap<PodId, String>,
 }
@@ -32,7 +32,7 @@ impl Reporting<'_> {
     fn event(&self, id: &PodId, kind: EventKind, note: String) {
         if let Some(events) = self.events {
             events.publish(
-                self.api_reachable,
+                self.api,
                 id,
                 self.parent_uids.get(id).map(String::as_str),
                 kind,

@@ -32,6 +32,7 @@ struct Counters {
     removals: BTreeMap<(String, String), u64>,
     write_errors: u64,
     refused: u64,
+    handovers: u64,
     passes: u64,
     pass_buckets: [u64; BUCKETS.len()],
     pass_sum: f64,
@@ -97,6 +98,11 @@ impl Health {
         });
     }
 
+    /// The API state last recorded (`unreachable` before the first pass).
+    pub(crate) fn api_state(&self) -> &'static str {
+        self.with(|c| c.api_state)
+    }
+
     pub(crate) fn activation(&self) {
         self.with(|c| c.activations += 1);
     }
@@ -119,6 +125,11 @@ impl Health {
 
     pub(crate) fn refused(&self) {
         self.with(|c| c.refused += 1);
+    }
+
+    /// The lock was handed over: the API server kept rejecting this copy's credentials.
+    pub(crate) fn handover(&self) {
+        self.with(|c| c.handovers += 1);
     }
 
     /// The Prometheus text exposition.
@@ -188,15 +199,22 @@ impl Health {
                 vec![(String::new(), c.refused.to_string())],
             );
             metric(
+                "lock_handovers_total",
+                "counter",
+                "Times this copy released the lock because the API server kept rejecting its credentials.",
+                vec![(String::new(), c.handovers.to_string())],
+            );
+            metric(
                 "api_state",
                 "gauge",
-                "API server view: unreachable, reachable (not synced) or synced.",
-                ["unreachable", "reachable", "synced"]
+                "API server view: unreachable, reachable (not synced), unauthorized (credentials rejected) or synced.",
+                ckpt_core::ApiState::ALL
                     .iter()
+                    .map(|s| s.as_str())
                     .map(|s| {
                         (
                             format!("{{state=\"{s}\"}}"),
-                            u8::from(c.api_state == *s).to_string(),
+                            u8::from(c.api_state == s).to_string(),
                         )
                     })
                     .collect(),
@@ -330,6 +348,12 @@ fn route(method: &str, path: &str, health: &Health) -> (&'static str, &'static s
     match path.split('?').next().unwrap_or("") {
         "/healthz" => ("200 OK", TEXT, "ok\n".into()),
         "/readyz" => match health.phase() {
+            // The holder cannot sync: not ready, and says why (it hands the lock over).
+            Phase::Ready if health.api_state() == "unauthorized" => (
+                "503 Service Unavailable",
+                TEXT,
+                "unauthorized: the API server rejects this copy's credentials".into(),
+            ),
             Phase::Ready => ("200 OK", TEXT, "ok\n".into()),
             Phase::Standby => ("503 Service Unavailable", TEXT, "standby".into()),
             Phase::Starting => ("503 Service Unavailable", TEXT, "starting".into()),
@@ -358,6 +382,14 @@ mod tests {
         };
         check(Phase::Standby, "503 Service Unavailable", "standby");
         check(Phase::Starting, "503 Service Unavailable", "starting");
+        check(Phase::Ready, "200 OK", "ok\n");
+        h.record_views("unauthorized", true, None);
+        check(
+            Phase::Ready,
+            "503 Service Unavailable",
+            "unauthorized: the API server rejects this copy's credentials",
+        );
+        h.record_views("synced", true, None);
         check(Phase::Ready, "200 OK", "ok\n");
         assert_eq!(route("POST", "/healthz", &h).0, "405 Method Not Allowed");
         assert_eq!(route("GET", "/nope", &h).0, "404 Not Found");

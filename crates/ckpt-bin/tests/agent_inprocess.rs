@@ -1119,6 +1119,66 @@ async fn activation_event_is_published_when_the_api_server_is_back() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
+/// The API server rejects the holder's credentials (401: an expired or revoked token).
+/// Nothing is activated or removed; `/readyz`, `/metrics` and the lock's holder record say
+/// so; after `--unauthorized-handover` the holder releases the lock to the copy that waits
+/// (here the test itself), waits for it again, and takes it back once it is free.
+#[tokio::test]
+async fn a_holder_whose_credentials_are_rejected_hands_the_lock_over() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(AGENT, &["--unauthorized-handover", "1s"]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    world.api.set_readyz(Reply::Status(401));
+    // Even with a parent gone, nothing is activated: a rejected token says nothing about pods.
+    world.kill(APISERVER);
+    agent.expect_api("unauthorized").await;
+    agent
+        .expect_ready(
+            "not ready while rejected",
+            503,
+            "unauthorized: the API server rejects this copy's credentials",
+        )
+        .await;
+    let lock_path = world.path("run/pod-checkpointer.lock");
+    let holder = ckpt_lock::read_holder(&lock_path)
+        .unwrap()
+        .expect("a holder record");
+    assert!(
+        holder
+            .status
+            .as_deref()
+            .is_some_and(|s| s.starts_with("api=unauthorized since")),
+        "{holder}"
+    );
+
+    let waiter = ckpt_lock::LockFile::new(&lock_path, "the other copy");
+    let guard = tokio::time::timeout(Duration::from_secs(WAIT), waiter.acquire())
+        .await
+        .expect("the holder hands the lock over")
+        .expect("the lock is taken");
+    assert_eq!(agent.metric("lock_handovers_total").await, 1.0);
+    agent
+        .expect_ready("waits for the lock again", 503, "standby")
+        .await;
+    assert!(agent.is_running(), "it waits for the lock, it does not exit");
+    world.assert_files("nothing was removed or activated", &checkpointed(AGENT));
+
+    // The other copy goes away; the credentials are accepted again.
+    world.api.set_readyz(Reply::Normal);
+    drop(guard);
+    agent.expect_api("synced").await;
+    agent.expect_ready("holds the lock again", 200, "ok").await;
+    world
+        .expect_files(
+            "the parent's checkpoint is not started: the API is up",
+            &checkpointed(AGENT),
+        )
+        .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 /// Modification time and inode: a file rewritten (even with the same bytes) changes.
 fn identity_of(world: &World, rel: &str) -> (std::time::SystemTime, u64) {
     use std::os::unix::fs::MetadataExt;

@@ -297,7 +297,8 @@ pub fn assess<'a>(
         .collect();
     let api = match observation.api {
         ApiState::Unreachable => ApiView::Unreachable,
-        ApiState::Reachable => ApiView::Reachable,
+        // Rejected credentials say nothing about the pods: neither activate nor remove.
+        ApiState::Reachable | ApiState::Unauthorized => ApiView::Reachable,
         ApiState::Synced => ApiView::Synced {
             parents: (parents.iter())
                 .map(|(id, pod)| {

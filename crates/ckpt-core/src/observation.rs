@@ -23,17 +23,30 @@ pub enum ApiState {
     /// outage or watch error (e.g. a 403 while RBAC warms up). Neither activates nor
     /// garbage-collects. Also the state at start, before anything is known.
     Reachable,
+    /// It answers, but rejects the agent's credentials (401: an expired or revoked token).
+    /// Treated as [`ApiState::Reachable`] by the planner; the agent hands its lock over
+    /// when it lasts (ARCHITECTURE.md, Credentials).
+    Unauthorized,
     /// Every namespace's pod list is complete and current. The only state that allows
     /// removing anything.
     Synced,
 }
 
 impl ApiState {
-    /// `unreachable`, `reachable` or `synced`, for logs and metrics.
+    /// Every state, in the order of [`ApiState::as_str`]'s names, for metrics.
+    pub const ALL: [ApiState; 4] = [
+        ApiState::Unreachable,
+        ApiState::Reachable,
+        ApiState::Unauthorized,
+        ApiState::Synced,
+    ];
+
+    /// `unreachable`, `reachable`, `unauthorized` or `synced`, for logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             ApiState::Unreachable => "unreachable",
             ApiState::Reachable => "reachable",
+            ApiState::Unauthorized => "unauthorized",
             ApiState::Synced => "synced",
         }
     }

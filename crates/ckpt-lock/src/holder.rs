@@ -27,8 +27,11 @@ const HEADER: &str = "# ckpt-lock holder record (diagnostics only: the flock(2) 
 /// SIGKILLed leaves its record behind. Other `flock` users (bootkube's checkpointer,
 /// `flock(1)`) write nothing, so [`read_holder`] returns `None` for them.
 ///
-/// The file format is `key=value` lines (`pid`, `identity`, `acquired_at` in Unix seconds);
-/// a file holding only a decimal pid, as classic pid files do, is also understood.
+/// The file format is `key=value` lines (`pid`, `identity`, `acquired_at` in Unix seconds,
+/// and an optional `status` the holder updates, see [`LockGuard::set_status`]); a file
+/// holding only a decimal pid, as classic pid files do, is also understood.
+///
+/// [`LockGuard::set_status`]: crate::LockGuard::set_status
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockHolder {
     /// Process id of the holder, as seen in the holder's own pid namespace (two containers
@@ -40,6 +43,8 @@ pub struct LockHolder {
     pub identity: String,
     /// When the holder took the lock, if recorded.
     pub acquired_at: Option<SystemTime>,
+    /// What the holder last said about itself (one line), e.g. `api=unauthorized since …`.
+    pub status: Option<String>,
 }
 
 impl LockHolder {
@@ -54,6 +59,7 @@ impl LockHolder {
             pid: std::process::id(),
             identity: identity.into(),
             acquired_at: now_secs.map(|secs| UNIX_EPOCH + Duration::from_secs(secs)),
+            status: None,
         }
     }
 
@@ -74,6 +80,9 @@ impl LockHolder {
         if let Some(secs) = self.acquired_at.and_then(|at| at.duration_since(UNIX_EPOCH).ok()) {
             content.push_str(&format!("acquired_at={}\n", secs.as_secs()));
         }
+        if let Some(status) = &self.status {
+            content.push_str(&format!("status={}\n", one_line(status)));
+        }
         content
     }
 
@@ -86,9 +95,10 @@ impl LockHolder {
                 pid,
                 identity: String::new(),
                 acquired_at: None,
+                status: None,
             });
         }
-        let (mut pid, mut identity, mut acquired_at) = (None, None, None);
+        let (mut pid, mut identity, mut acquired_at, mut status) = (None, None, None, None);
         for line in trimmed
             .lines()
             .map(str::trim)
@@ -102,6 +112,7 @@ impl LockHolder {
             match key.trim() {
                 "pid" if pid.is_none() => pid = value.parse::<u32>().ok(),
                 "identity" if identity.is_none() => identity = Some(value.to_owned()),
+                "status" if status.is_none() => status = Some(value.to_owned()),
                 "acquired_at" if acquired_at.is_none() => {
                     acquired_at = value
                         .parse::<u64>()
@@ -115,6 +126,7 @@ impl LockHolder {
             pid: pid.filter(|&pid| pid != 0)?,
             identity: identity.unwrap_or_default(),
             acquired_at,
+            status,
         })
     }
 }
@@ -127,6 +139,9 @@ impl fmt::Display for LockHolder {
         }
         if let Some(held_for) = self.held_for() {
             write!(f, ", held for {}s", held_for.as_secs())?;
+        }
+        if let Some(status) = &self.status {
+            write!(f, "; {status}")?;
         }
         Ok(())
     }
@@ -220,7 +235,21 @@ mod tests {
             pid,
             identity: identity.to_owned(),
             acquired_at: acquired_at_secs.map(|secs| UNIX_EPOCH + Duration::from_secs(secs)),
+            status: None,
         }
+    }
+
+    #[test]
+    fn status_round_trips_on_one_line() {
+        let mut original = holder(9, "me", Some(1_700_000_000));
+        original.status = Some("api=unauthorized since 2026-12-03T12:00:00Z".to_owned());
+        assert_eq!(
+            LockHolder::parse(&original.to_file_content()),
+            Some(original.clone())
+        );
+        original.status = Some("a\npid=1".to_owned());
+        let parsed = LockHolder::parse(&original.to_file_content()).expect("a record");
+        assert_eq!((parsed.pid, parsed.status.as_deref()), (9, Some("a pid=1")));
     }
 
     #[test]

@@ -87,6 +87,27 @@ impl LockGuard {
     pub fn holder(&self) -> &LockHolder {
         &self.holder
     }
+
+    /// Records `status` (one line; `None` clears it) in the holder record, for whoever
+    /// reads it (`inspect`, a waiting copy's log). Diagnostics only: not synced to disk,
+    /// and written only when it changes.
+    ///
+    /// # Errors
+    ///
+    /// If the lock file cannot be written; the lock is held all the same.
+    pub fn set_status(&mut self, status: Option<&str>) -> Result<()> {
+        if self.holder.status.as_deref() == status {
+            return Ok(());
+        }
+        self.holder.status = status.map(str::to_owned);
+        let content = self.holder.to_file_content();
+        std::os::unix::fs::FileExt::write_all_at(&self.file, content.as_bytes(), 0)
+            .and_then(|()| self.file.set_len(content.len() as u64))
+            .map_err(|source| Error::Lock {
+                path: self.path.clone(),
+                source,
+            })
+    }
 }
 
 impl Drop for LockGuard {

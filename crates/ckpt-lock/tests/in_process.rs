@@ -69,6 +69,29 @@ fn guard_holds_its_record() {
 }
 
 #[test]
+fn the_holder_updates_its_status_in_the_record() {
+    let (_dir, path) = lock_path();
+    let mut guard = LockFile::new(&path, "me").acquire_blocking().unwrap();
+    guard.set_status(Some("api=unauthorized since 12:00")).unwrap();
+    let read = read_holder(&path).unwrap().expect("a record");
+    assert_eq!(read.status.as_deref(), Some("api=unauthorized since 12:00"));
+    assert_eq!(read.identity, "me");
+    assert!(
+        read.to_string().ends_with("; api=unauthorized since 12:00"),
+        "{read}"
+    );
+    // A shorter status leaves nothing of the longer one behind.
+    guard.set_status(Some("api=synced")).unwrap();
+    assert_eq!(
+        read_holder(&path).unwrap().and_then(|h| h.status).as_deref(),
+        Some("api=synced")
+    );
+    guard.set_status(None).unwrap();
+    assert_eq!(read_holder(&path).unwrap().as_ref(), Some(guard.holder()));
+    assert_eq!(guard.holder().status, None);
+}
+
+#[test]
 fn dropping_the_guard_releases_the_lock_and_clears_the_record() {
     let (_dir, path) = lock_path();
     let lock = LockFile::new(&path, "me");

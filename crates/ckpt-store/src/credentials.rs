@@ -2,11 +2,14 @@
 //!
 //! The static copy of the checkpointer runs without a service-account token (projected
 //! tokens cannot be checkpointed) and, after a reboot, without the service environment.
-//! The copy that is connected keeps a kubeconfig with a token of its own service account
-//! here, so that the static copy can still see the API server, garbage-collect and
-//! remove itself when the node is descheduled. Two files, each written atomically, 0600:
-//! the token, and a kubeconfig that names it as its `tokenFile` — so a static copy that
-//! runs for weeks picks up each refreshed token without restarting.
+//! The DaemonSet copy keeps a kubeconfig with a token for the static copy's service
+//! account here, so that the static copy can still see the API server, garbage-collect
+//! and remove itself when the node is descheduled. Two files, each written atomically,
+//! 0600: the token, and a kubeconfig that names it as its `tokenFile` — so a static copy
+//! that runs for weeks picks up each refreshed token without restarting.
+//!
+//! The DaemonSet copy writes them also while it waits for the lock (the static copy holds
+//! it after every reboot), through [`KeptCredentials`], which touches no other file.
 
 use crate::error::Result;
 use crate::layout::Layout;
@@ -14,6 +17,38 @@ use crate::store::Store;
 
 /// The kubeconfig holds a bearer token: root only.
 const CREDENTIALS_MODE: u32 = 0o600;
+
+/// Writes the kept credentials without the lock and without opening the store: creates
+/// nothing but the checkpoint dir, cleans and reads nothing, so it never disturbs the
+/// copy that holds the lock (its temporary files carry this process's tag; a holder's
+/// cleanup that removes one only fails this write, which is tried again).
+#[derive(Clone, Debug)]
+pub struct KeptCredentials {
+    store: Store,
+}
+
+impl KeptCredentials {
+    /// For the checkpoint dir of `layout`.
+    ///
+    /// # Errors
+    ///
+    /// If the layout is not usable (the same checks as [`Store::open`]).
+    pub fn new(layout: Layout) -> Result<Self> {
+        crate::store::check_layout(&layout)?;
+        Ok(Self {
+            store: Store::unchecked(layout),
+        })
+    }
+
+    /// [`Store::write_credentials`].
+    ///
+    /// # Errors
+    ///
+    /// If a file cannot be written.
+    pub fn write(&self, kubeconfig: &[u8], token: &[u8]) -> Result<bool> {
+        self.store.write_credentials(kubeconfig, token)
+    }
+}
 
 impl Store {
     /// Writes the token, then the kubeconfig that reads it, each atomically (mode 0600);
@@ -50,6 +85,25 @@ mod tests {
     use super::*;
     use crate::error::Error;
     use crate::testutil::store;
+
+    #[test]
+    fn kept_credentials_are_written_without_opening_the_store() {
+        let (tmp, store) = store();
+        // An interrupted write of the holder's: only the holder's own open cleans it.
+        let stale = store
+            .layout()
+            .checkpoint_dir()
+            .join(".pod-checkpointer-0000000000000000-1.tmp");
+        std::fs::write(&stale, b"partial").unwrap();
+        let kept = KeptCredentials::new(store.layout().clone()).unwrap();
+        assert!(kept.write(b"config", b"token").unwrap());
+        assert_eq!(
+            std::fs::read(store.layout().credentials_token_path()).unwrap(),
+            b"token"
+        );
+        assert!(stale.exists(), "a writer without the lock cleans nothing");
+        drop(tmp);
+    }
 
     #[test]
     fn written_0600_not_rewritten_when_unchanged_and_removed() {

@@ -91,6 +91,7 @@ mod store;
 #[cfg(test)]
 mod testutil;
 
+pub use credentials::KeptCredentials;
 pub use error::{Error, Result};
 pub use journal::JOURNAL_FORMAT_VERSION;
 pub use layout::Layout;

@@ -202,6 +202,15 @@ impl Store {
         Ok(store)
     }
 
+    /// A writable store without the checks and the cleanup of [`Store::open`], for
+    /// [`crate::KeptCredentials`] (the layout is checked by its caller).
+    pub(crate) fn unchecked(layout: Layout) -> Self {
+        Self {
+            layout,
+            writable: true,
+        }
+    }
+
     /// Opens the store for reading only (`inspect`): creates, moves and removes nothing;
     /// files [`Store::open`] would quarantine are skipped with a warning instead.
     pub fn open_read_only(layout: Layout) -> Result<Self> {
@@ -741,7 +750,7 @@ impl Store {
     }
 }
 
-fn check_layout(layout: &Layout) -> Result<()> {
+pub(crate) fn check_layout(layout: &Layout) -> Result<()> {
     let manifests_dir = layout.manifests_dir();
     let mut ours = layout.owned_dirs();
     ours.push(layout.checkpoint_dir().to_path_buf());

@@ -91,6 +91,8 @@ pub struct ApiSnapshot {
 struct Status {
     /// `false` once `unreachable_after` probes failed in a row.
     reachable: bool,
+    /// The last probe was answered 401: the server rejects the agent's credentials.
+    unauthorized: bool,
     consecutive_failures: u32,
     probe_error: Option<String>,
     state: ApiState,
@@ -132,6 +134,10 @@ impl Inner {
             let all_synced = self.slots.values().all(|s| lock(s).synced);
             let state = if !st.reachable {
                 ApiState::Unreachable
+            } else if st.unauthorized {
+                // Even a watch that still streams (a server does not re-check an open
+                // watch's token) proves nothing once the credentials are rejected.
+                ApiState::Unauthorized
             } else if all_synced {
                 ApiState::Synced
             } else {
@@ -205,7 +211,8 @@ impl Inner {
 /// The state follows ARCHITECTURE.md, Planner rules and Observing:
 /// - only the probe makes the API [`ApiState::Unreachable`]: a connection error, a
 ///   timeout (a hung server) or a 5xx on `/readyz`, `unreachable_after` times in a row.
-///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success.
+///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success;
+///   a 401 makes the state [`ApiState::Unauthorized`] until a probe is answered otherwise.
 ///   A failed watch request never makes it unreachable;
 /// - [`ApiState::Synced`] needs a complete list from every namespace since the last
 ///   outage; a watch error un-syncs that namespace and relists it (with a backoff);
@@ -244,6 +251,7 @@ impl ApiWatch {
             slots,
             status: Mutex::new(Status {
                 reachable: true,
+                unauthorized: false,
                 consecutive_failures: 0,
                 probe_error: None,
                 state: ApiState::Reachable,
@@ -315,9 +323,19 @@ impl Drop for ApiWatch {
     }
 }
 
+/// How a probe that got an answer went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answered {
+    /// Any answer but a 5xx or a 401: the server is alive and takes the credentials (a 403
+    /// or 404 says nothing against them).
+    Alive,
+    /// 401: alive, but the credentials are rejected (expired, revoked, unknown signer).
+    Unauthorized,
+}
+
 /// One probe: `GET /readyz`, answer and body within `timeout`. `Err` describes why the
 /// server does not count as answering.
-async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<(), String> {
+async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered, String> {
     let request = http::Request::get("/readyz")
         .body(kube::client::Body::from(Vec::new()))
         .map_err(|e| format!("cannot build the probe request: {e}"))?;
@@ -330,7 +348,11 @@ async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<(), Stri
         if status.is_server_error() {
             return Err(format!("GET /readyz answered {status}"));
         }
-        Ok(())
+        Ok(if status == http::StatusCode::UNAUTHORIZED {
+            Answered::Unauthorized
+        } else {
+            Answered::Alive
+        })
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(result) => result,
@@ -346,13 +368,16 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
         interval.tick().await;
         let result = probe_once(&client, config.probe_timeout).await;
         inner.update(|st| match &result {
-            Ok(()) => {
+            Ok(answered) => {
                 if st.consecutive_failures > 0 {
                     debug!(failures = st.consecutive_failures, "API probe succeeded again");
                 }
                 st.consecutive_failures = 0;
-                st.probe_error = None;
                 st.reachable = true;
+                st.unauthorized = *answered == Answered::Unauthorized;
+                st.probe_error = st.unauthorized.then(|| {
+                    "GET /readyz answered 401 Unauthorized: the API server rejects the agent's credentials".to_owned()
+                });
             }
             Err(problem) => {
                 st.consecutive_failures = st.consecutive_failures.saturating_add(1);

@@ -8,7 +8,8 @@
 //!   (`fieldSelector=spec.nodeName=<node>`, event-driven), plus a `/readyz` probe with a
 //!   short timeout. [`ApiSnapshot::state`] is [`ApiState::Unreachable`] (only the probe
 //!   decides: down, refusing or hung), [`ApiState::Reachable`] (answers, no complete list
-//!   since the last outage, e.g. a 403) or [`ApiState::Synced`].
+//!   since the last outage, e.g. a 403), [`ApiState::Unauthorized`] (`/readyz` answers
+//!   401: the credentials are rejected) or [`ApiState::Synced`].
 //! - [`ObjectWatch`]: per-object watches of the Secrets and ConfigMaps checkpointed pods
 //!   mount, started and stopped as the pods need them; no periodic re-fetch.
 //! - [`OwnerLookup`]: does a pod's controller owner still exist (404 vs. any error).

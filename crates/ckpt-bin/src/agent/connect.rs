@@ -1,15 +1,12 @@
 //! Connecting to the API server: which credentials (named, in-cluster, or the ones kept
 //! for the static copy), the [`ApiLink`] made from them, and keeping the static copy's
-//! credentials fresh while connected.
+//! credentials fresh ([`CredentialKeeper`]) — while connected, and while waiting for the
+//! lock.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ckpt_core::{ControllerOwner, PodId, SelfIdentity};
-use ckpt_store::Store;
+use ckpt_store::KeptCredentials;
 use ckpt_watch::{ApiWatchConfig, Observer};
-use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, warn};
 
 use ckpt_core::error_chain;
@@ -24,6 +21,7 @@ use crate::events::EventSink;
 use super::REQUEST_TIMEOUT;
 
 /// Where the agent's API client comes from.
+#[derive(Clone)]
 pub enum ApiSource {
     /// `--kubeconfig`, in-cluster, or `/etc/kubernetes/kubeconfig`: what the binary does.
     Kubeconfig,
@@ -45,7 +43,16 @@ impl std::fmt::Debug for ApiSource {
 /// waiting for it, the client made after).
 pub(super) enum Connect {
     Client(kube::Client),
-    Config(Box<kube::Config>),
+    Config(Box<kube::Config>, Credentials),
+}
+
+/// Whose credentials a configuration carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Credentials {
+    /// The copy's own (`--kubeconfig`, in-cluster): it mints the static copy's tokens.
+    Own,
+    /// The ones kept for the static copy: they cannot mint (ARCHITECTURE.md, Credentials).
+    Kept,
 }
 
 impl Connect {
@@ -58,7 +65,7 @@ impl Connect {
         Ok(match api {
             ApiSource::Client(client) => Some(Connect::Client(client)),
             ApiSource::Kubeconfig => match load_api_config(settings).await {
-                Ok(config) => Some(Connect::Config(Box::new(config))),
+                Ok((config, credentials)) => Some(Connect::Config(Box::new(config), credentials)),
                 Err(e) if !settings.kubeconfig.is_explicit() => {
                     warn!(error = %error_chain(&e), "no API credentials: running offline, the API server counts as unreachable");
                     None
@@ -72,21 +79,41 @@ impl Connect {
     pub(super) fn link(self, settings: &RunSettings) -> Result<ApiLink> {
         Ok(match self {
             Connect::Client(client) => ApiLink::new(client, None, settings),
-            Connect::Config(config) => {
-                let server = server_access(&config);
+            Connect::Config(config, credentials) => {
+                let server = (credentials == Credentials::Own)
+                    .then(|| server_access(&config))
+                    .flatten();
                 ApiLink::new(client_from(*config)?, server, settings)
             }
         })
+    }
+
+    /// What keeps the static copy's credentials fresh while this copy waits for the lock:
+    /// only a copy with credentials of its own (the DaemonSet copy; after a reboot the
+    /// static copy holds the lock, possibly for weeks, on the token this refreshes).
+    pub(super) fn standby_keeper(&self, settings: &RunSettings) -> Option<CredentialKeeper> {
+        let Connect::Config(config, Credentials::Own) = self else {
+            return None;
+        };
+        let server = server_access(config)?;
+        let client = client_from((**config).clone())
+            .inspect_err(
+                |e| warn!(error = %error_chain(e), "cannot keep the static copy's credentials while waiting"),
+            )
+            .ok()?;
+        CredentialKeeper::new(client, server, settings)
     }
 }
 
 /// While offline: the link, once credentials can be loaded.
 pub(super) async fn reconnect(settings: &RunSettings) -> Option<ApiLink> {
-    let config = load_api_config(settings)
+    let (config, credentials) = load_api_config(settings)
         .await
         .inspect_err(|e| debug!(error = %error_chain(e), "still offline"))
         .ok()?;
-    let server = server_access(&config);
+    let server = (credentials == Credentials::Own)
+        .then(|| server_access(&config))
+        .flatten();
     let client = client_from(config)
         .inspect_err(|e| debug!(error = %error_chain(e), "still offline"))
         .ok()?;
@@ -106,11 +133,11 @@ fn client_from(config: kube::Config) -> Result<kube::Client> {
 }
 
 /// The API configuration to run with: the named or in-cluster one, and for a copy
-/// without either (the static copy) the kubeconfig the connected copy keeps for it.
-async fn load_api_config(settings: &RunSettings) -> Result<kube::Config> {
-    let primary = load_kube_config(&settings.kubeconfig).await;
-    let Err(primary_error) = primary else {
-        return primary;
+/// without either (the static copy) the kubeconfig the DaemonSet copy keeps for it.
+async fn load_api_config(settings: &RunSettings) -> Result<(kube::Config, Credentials)> {
+    let primary_error = match load_kube_config(&settings.kubeconfig).await {
+        Ok(config) => return Ok((config, Credentials::Own)),
+        Err(e) => e,
     };
     if settings.kubeconfig.is_explicit() {
         return Err(primary_error);
@@ -122,7 +149,7 @@ async fn load_api_config(settings: &RunSettings) -> Result<kube::Config> {
     match load_kube_config(&KubeconfigSource::File(kept.clone())).await {
         Ok(config) => {
             info!(kubeconfig = %kept.display(), "using the API credentials kept for the static copy");
-            Ok(config)
+            Ok((config, Credentials::Kept))
         }
         Err(kept_error) => Err(Error::usage(
             format!("{}; and the kept credentials", error_chain(&primary_error)),
@@ -152,12 +179,8 @@ async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
 pub(super) struct ApiLink {
     pub(super) observer: Observer,
     pub(super) events: EventSink,
-    client: kube::Client,
-    /// How this copy reaches the API server, for the static copy's kubeconfig (`None` for
-    /// an injected client: then no credentials are kept).
-    server: Option<ServerAccess>,
-    /// When to mint the static copy's token again.
-    credentials_due: Instant,
+    /// `None` for the kept credentials (they cannot mint) and an injected client.
+    keeper: Option<CredentialKeeper>,
 }
 
 impl ApiLink {
@@ -169,34 +192,58 @@ impl ApiLink {
         Self {
             observer: Observer::spawn(client.clone(), config, REQUEST_TIMEOUT),
             events: EventSink::new(client.clone(), &settings.node_name),
-            client,
-            server,
-            credentials_due: Instant::now(),
+            keeper: server.and_then(|server| CredentialKeeper::new(client, server, settings)),
         }
     }
 
-    /// Mints a token for the agent's own service account and keeps the static copy's
-    /// kubeconfig with it, hourly while the API is synced (see [`crate::credentials`]).
-    pub(super) async fn keep_credentials(
-        &mut self,
-        store: &Store,
-        pods: &BTreeMap<PodId, Arc<Pod>>,
-        me: &SelfIdentity,
-    ) {
-        if Instant::now() < self.credentials_due {
+    /// Keeps the static copy's credentials fresh (hourly; see [`crate::credentials`]).
+    pub(super) async fn keep_credentials(&mut self) {
+        if let Some(keeper) = &mut self.keeper {
+            keeper.keep_if_due().await;
+        }
+    }
+}
+
+/// Mints tokens for the static copy's service account (`--static-service-account`, which
+/// may not mint tokens itself) and keeps them with their kubeconfig in the checkpoint dir.
+pub(super) struct CredentialKeeper {
+    client: kube::Client,
+    server: ServerAccess,
+    account: ServiceAccountRef,
+    kept: KeptCredentials,
+    token_file: std::path::PathBuf,
+    due: Instant,
+}
+
+impl CredentialKeeper {
+    fn new(client: kube::Client, server: ServerAccess, settings: &RunSettings) -> Option<Self> {
+        let layout = settings.disk.layout();
+        let token_file = layout.credentials_token_path();
+        let kept = KeptCredentials::new(layout)
+            .inspect_err(
+                |e| warn!(error = %error_chain(e), "cannot keep API credentials for the static copy"),
+            )
+            .ok()?;
+        Some(Self {
+            client,
+            server,
+            account: ServiceAccountRef {
+                namespace: settings.pod_namespace.clone(),
+                name: settings.static_service_account.clone(),
+            },
+            kept,
+            token_file,
+            due: Instant::now(),
+        })
+    }
+
+    /// Mints and writes if it is time.
+    pub(super) async fn keep_if_due(&mut self) {
+        if Instant::now() < self.due {
             return;
         }
-        let Some(server) = &self.server else { return };
-        let own_pod = pods.get(&me.parent_id()).or_else(|| {
-            (pods.iter())
-                .find(|(id, pod)| me.is_self(id, ControllerOwner::of(pod).as_ref()))
-                .map(|(_, pod)| pod)
-        });
-        // Descheduled (or not created yet): keep what is stored, it is what self-GC needs.
-        let Some(account) = own_pod.and_then(|p| ServiceAccountRef::of(p)) else {
-            return;
-        };
-        let minted = tokio::time::timeout(REQUEST_TIMEOUT, mint_token(&self.client, &account))
+        let account = &self.account;
+        let minted = tokio::time::timeout(REQUEST_TIMEOUT, mint_token(&self.client, account))
             .await
             .unwrap_or_else(|_| {
                 Err(Error::runtime(
@@ -205,17 +252,23 @@ impl ApiLink {
                 ))
             });
         let written = minted.and_then(|minted| {
-            let token_file = store.layout().credentials_token_path();
-            let kubeconfig = render_kubeconfig(server, &account, &token_file);
-            store
-                .write_credentials(&kubeconfig, minted.token.as_bytes())
+            let kubeconfig = render_kubeconfig(&self.server, account, &self.token_file);
+            self.kept
+                .write(&kubeconfig, minted.token.as_bytes())
                 .map_err(|e| Error::runtime("cannot store the static copy's API credentials", e))?;
             Ok(minted.lifetime)
         });
-        self.credentials_due = Instant::now() + credentials_refresh(written, &account);
+        self.due = Instant::now() + credentials_refresh(written, account);
+    }
+
+    /// Keeps them fresh for as long as it is polled (while waiting for the lock).
+    pub(super) async fn keep_forever(mut self) {
+        loop {
+            self.keep_if_due().await;
+            tokio::time::sleep_until(self.due.into()).await;
+        }
     }
 }
-
 /// When to mint again: logs the outcome.
 fn credentials_refresh(written: Result<Option<Duration>>, account: &ServiceAccountRef) -> Duration {
     match written {

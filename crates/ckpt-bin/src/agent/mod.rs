@@ -15,13 +15,13 @@ use ckpt_core::{
     PodId, SelfIdentity, Timestamp,
 };
 use ckpt_gc::GcPolicy;
-use ckpt_lock::LockFile;
+use ckpt_lock::{LockFile, LockGuard};
 use ckpt_store::Store;
 use ckpt_watch::{CriClient, KubeletClient, KubeletConfig, LocalObserver};
 use tracing::{debug, info, warn};
 
 pub use connect::ApiSource;
-use connect::{ApiLink, Connect};
+use connect::{ApiLink, Connect, CredentialKeeper};
 use report::Reporter;
 
 use ckpt_core::{LockIdentity, error_chain};
@@ -46,6 +46,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const SCHEDULING_RECHECK: Duration = Duration::from_secs(10);
 /// How often an offline agent tries to load its API credentials again.
 const RECONNECT: Duration = Duration::from_secs(10);
+/// After handing the lock over, a copy waits this long before it waits for the lock
+/// again, so the other copy (which polls every 250 ms) takes it first.
+const HANDOVER_PAUSE: Duration = Duration::from_secs(2);
 /// The service-account token the kubelet API is called with, when running in a pod.
 const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
@@ -55,8 +58,8 @@ pub(crate) async fn run(
     api: ApiSource,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let connect = Connect::prepare(api, &settings).await?;
-    let policy = ckpt_gc::build(
+    let mut connect = Connect::prepare(api.clone(), &settings).await?;
+    let mut policy = ckpt_gc::build(
         &settings.gc_strategy,
         &ckpt_gc::GcConfig::new(settings.grace_period).with_gc_section(settings.gc_section.clone()),
     )
@@ -75,28 +78,73 @@ pub(crate) async fn run(
 
     let identity = LockIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name);
     let lock = LockFile::new(&settings.disk.lock_file, identity.to_string());
-    info!(lock = %settings.disk.lock_file.display(), "waiting for the lock");
     let mut shutdown = std::pin::pin!(shutdown);
-    let _guard = tokio::select! {
-        guard = lock.acquire() => guard.map_err(|e| Error::runtime(format!("cannot take the lock {}", settings.disk.lock_file.display()), e))?,
-        () = &mut shutdown => {
-            info!("signal received while on standby; exiting");
-            return Ok(());
-        }
-    };
-    info!("lock taken: this copy is active");
-    health.set_phase(Phase::Starting);
+    loop {
+        info!(lock = %settings.disk.lock_file.display(), "waiting for the lock");
+        health.set_phase(Phase::Standby);
+        // The static copy that holds the lock after a reboot runs on the token this copy keeps.
+        let keeper = connect.as_ref().and_then(|c| c.standby_keeper(&settings));
+        let guard = tokio::select! {
+            guard = lock.acquire() => guard.map_err(|e| Error::runtime(format!("cannot take the lock {}", settings.disk.lock_file.display()), e))?,
+            () = &mut shutdown => {
+                info!("signal received while on standby; exiting");
+                return Ok(());
+            }
+            () = keep_while_waiting(keeper) => unreachable!("keeps going until the lock is taken"),
+        };
+        info!("lock taken: this copy is active");
+        health.set_phase(Phase::Starting);
 
-    // Only now: clients (both copies lock before creating any client).
-    let store = Store::open(settings.disk.layout())
-        .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
-    let link = match connect {
-        Some(connect) => Some(connect.link(&settings)?),
-        // The credentials the other copy keeps may have appeared while this one waited.
-        None => connect::reconnect(&settings).await,
-    };
-    let mut agent = Agent::new(settings, store, health, policy, link)?;
-    agent.run(shutdown).await
+        // Only now: the clients of the active copy (both copies lock before watching).
+        let store = Store::open(settings.disk.layout())
+            .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+        let link = match connect.take() {
+            Some(connect) => Some(connect.link(&settings)?),
+            // The credentials the other copy keeps may have appeared while this one waited.
+            None => connect::reconnect(&settings).await,
+        };
+        let mut agent = Agent::new(settings.clone(), store, health.clone(), policy, link, guard)?;
+        match agent.run(shutdown.as_mut()).await? {
+            Exit::Done => return Ok(()),
+            Exit::HandOver => {
+                policy = agent.policy;
+                // Releases the lock and stops the watches.
+                drop(agent.guard);
+                drop(agent.link);
+                health.handover();
+                warn!(
+                    after_s = settings.unauthorized_handover.as_secs(),
+                    "the API server keeps rejecting this copy's credentials: handed the lock over to the other copy; checkpoints stay as they are"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(HANDOVER_PAUSE) => {}
+                    () = &mut shutdown => {
+                        info!("signal received; exiting");
+                        return Ok(());
+                    }
+                }
+                // Fresh credentials: the other copy may have renewed the kept ones.
+                connect = Connect::prepare(api.clone(), &settings).await?;
+            }
+        }
+    }
+}
+
+/// Keeps the static copy's credentials fresh while this copy waits; never ends.
+async fn keep_while_waiting(keeper: Option<CredentialKeeper>) {
+    match keeper {
+        Some(keeper) => keeper.keep_forever().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Why [`Agent::run`] returned.
+enum Exit {
+    /// A signal, or self-GC: the process exits.
+    Done,
+    /// The API server rejected this copy's credentials for `--unauthorized-handover`: it
+    /// releases the lock for the other copy and waits for it again.
+    HandOver,
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -129,6 +177,10 @@ struct Agent {
     last_local: Option<LocalView>,
     reporter: Reporter,
     next_deadline: Option<Timestamp>,
+    /// Held while this copy is active; its record says when the credentials are rejected.
+    guard: LockGuard,
+    /// Since when the API server rejects this copy's credentials, without a break.
+    unauthorized_since: Option<Timestamp>,
 }
 
 impl Agent {
@@ -138,6 +190,7 @@ impl Agent {
         health: Health,
         policy: Box<dyn GcPolicy>,
         link: Option<ApiLink>,
+        guard: LockGuard,
     ) -> Result<Self> {
         let allowed = NamespaceAllowList::new(settings.namespaces.iter().cloned());
         let cri = match &settings.runtime_endpoint {
@@ -187,6 +240,8 @@ impl Agent {
             last_local: None,
             reporter: Reporter::default(),
             next_deadline: None,
+            guard,
+            unauthorized_since: None,
         })
     }
 
@@ -197,7 +252,7 @@ impl Agent {
         }
     }
 
-    async fn run(&mut self, mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>) -> Result<()> {
+    async fn run(&mut self, mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>) -> Result<Exit> {
         let mut api_changes = self.subscribe();
         let mut reconnect = tokio::time::interval(RECONNECT);
         reconnect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -228,8 +283,9 @@ impl Agent {
                         warn!(error = %error_chain(&e), "cannot remove the state journal");
                     }
                     info!("self-GC complete: every checkpoint removed, this one last; exiting");
-                    return Ok(());
+                    return Ok(Exit::Done);
                 }
+                PassResult::HandOver => return Ok(Exit::HandOver),
             }
             // Wait for the next reason to look again.
             let deadline = self.next_deadline.map(|t| {
@@ -241,7 +297,7 @@ impl Agent {
                     biased;
                     () = &mut shutdown => {
                         info!("signal received; released the lock and exiting");
-                        return Ok(());
+                        return Ok(Exit::Done);
                     }
                     changed = api_changes.changed() => {
                         if changed.is_err() {
@@ -296,6 +352,7 @@ impl Agent {
             None => Observation::offline(local),
         };
         self.reporter.observed(&observation);
+        let handover_at = self.credentials_rejected(observation.api, now);
 
         let assessment = ckpt_core::assess(&observation, &disk, &self.state, &self.config, now);
         let mut verdicts: BTreeMap<PodId, GcDecision> = BTreeMap::new();
@@ -327,7 +384,7 @@ impl Agent {
             let reporting = Reporting {
                 health: &self.health,
                 events,
-                api_reachable: observation.api != ckpt_core::ApiState::Unreachable,
+                api: observation.api,
                 strategy: &self.settings.gc_strategy,
                 parent_uids: &report.parent_uids,
             };
@@ -348,7 +405,10 @@ impl Agent {
             .scheduling
             .is_some()
             .then(|| now.saturating_add(SCHEDULING_RECHECK));
-        self.next_deadline = report.next_deadline.into_iter().chain(recheck).min();
+        self.next_deadline = (report.next_deadline.into_iter())
+            .chain(recheck)
+            .chain(handover_at)
+            .min();
         self.reporter
             .metrics(&self.health, report, now, started.elapsed());
         if self.health.phase() == Phase::Starting {
@@ -359,17 +419,53 @@ impl Agent {
         if outcome.self_gc_complete {
             return Ok(PassResult::SelfGcComplete);
         }
+        if handover_at.is_some_and(|at| at <= now) {
+            return Ok(PassResult::HandOver);
+        }
         if observation.api == ckpt_core::ApiState::Synced
             && let Some(link) = &mut self.link
         {
-            link.keep_credentials(&self.store, &observation.pods, &self.config.me)
-                .await;
+            link.keep_credentials().await;
         }
         Ok(if !decision.is_noop() && outcome.failures == 0 {
             PassResult::Changed
         } else {
             PassResult::Settled
         })
+    }
+}
+
+impl Agent {
+    /// Follows how long the API server has rejected this copy's credentials, says so in
+    /// the lock's holder record, and returns when to hand the lock over (`None` while
+    /// they are accepted).
+    fn credentials_rejected(&mut self, api: ckpt_core::ApiState, now: Timestamp) -> Option<Timestamp> {
+        let rejected = api == ckpt_core::ApiState::Unauthorized;
+        if rejected == self.unauthorized_since.is_some() {
+            return self
+                .unauthorized_since
+                .map(|since| since.saturating_add(self.settings.unauthorized_handover));
+        }
+        self.unauthorized_since = rejected.then_some(now);
+        let status = rejected.then(|| {
+            format!(
+                "api=unauthorized since {}: the API server rejects this copy's credentials",
+                now.to_rfc3339()
+            )
+        });
+        if let Err(e) = self.guard.set_status(status.as_deref()) {
+            debug!(error = %error_chain(&e), "cannot update the lock's holder record");
+        }
+        if rejected {
+            warn!(
+                handover_in_s = self.settings.unauthorized_handover.as_secs(),
+                "the API server rejects this copy's credentials (401): nothing is activated or removed; the lock goes to the other copy if this lasts"
+            );
+        } else {
+            info!("the API server accepts this copy's credentials again");
+        }
+        self.unauthorized_since
+            .map(|since| since.saturating_add(self.settings.unauthorized_handover))
     }
 }
 
@@ -383,6 +479,8 @@ enum PassResult {
     Changed,
     /// Self-GC removed everything: exit.
     SelfGcComplete,
+    /// The credentials were rejected for too long: hand the lock over.
+    HandOver,
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -44,8 +44,8 @@ impl Reporter {
     /// out; a new refusal is also counted and published as an Event.
     pub(super) fn checkpointing(&mut self, report: &Report, health: &Health, events: Option<&EventSink>) {
         if let Some(events) = events {
-            // Events queued during an outage go out once the API server answers again.
-            events.api_reachable(report.api.is_some_and(|api| api != ApiState::Unreachable));
+            // Events queued during an outage go out once the view is synced again.
+            events.api_state(report.api.unwrap_or(ApiState::Unreachable));
         }
         for (id, missing) in &report.loading {
             debug!(pod = %id, waiting = ?missing, "waiting for Secrets/ConfigMaps before checkpointing");
@@ -63,7 +63,7 @@ impl Reporter {
             health.refused();
             if let Some(events) = events {
                 let (uid, note) = (refusal.uid.as_deref(), refusal.message.clone());
-                events.publish(true, id, uid, EventKind::Refused, note);
+                events.publish(ApiState::Synced, id, uid, EventKind::Refused, note);
             }
         }
         for (id, warnings) in &report.warnings {

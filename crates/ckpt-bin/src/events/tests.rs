@@ -12,10 +12,10 @@ const NS: &str = "kube-system";
 
 #[derive(Clone, Debug)]
 enum Step {
-    /// The agent's pass says whether the API server is reachable.
-    Reachable(bool),
+    /// The agent's pass says how the API server is.
+    Api(ApiState),
     /// An Event about a pod, happened at a minute since the start (the sink is told the
-    /// API server's reachability as last set).
+    /// API server's state as last set).
     Publish(&'static str, EventKind, i64),
     /// How the fake answers Event writes from now on.
     Writes(Reply),
@@ -23,9 +23,13 @@ enum Step {
     Seen(usize),
 }
 
-use Step::{Publish, Reachable, Seen, Writes};
+use Step::{Api, Publish, Seen, Writes};
 
-/// Runs the steps against a fake API server, then makes the API server reachable and
+const UNREACHABLE: Step = Api(ApiState::Unreachable);
+const REACHABLE: Step = Api(ApiState::Reachable);
+const SYNCED: Step = Api(ApiState::Synced);
+
+/// Runs the steps against a fake API server, then makes the view synced and
 /// compares every Event write the fake saw (failed ones too) with `expected`:
 /// `POST <pod> <reason> +<minutes>m[ late]` or `PATCH <pod> count <n> +<minutes>m`.
 async fn check(steps: &[Step], expected: &[String]) {
@@ -33,19 +37,19 @@ async fn check(steps: &[Step], expected: &[String]) {
     let sink = EventSink::new(client, "node-1");
     // Whole seconds: eventTime keeps microseconds only.
     let start = Timestamp::from_second(Timestamp::now().as_second()).expect("a valid time");
-    let mut reachable = false;
-    sink.api_reachable(false);
+    let mut state = ApiState::Unreachable;
+    sink.api_state(state);
     for step in steps {
         match step {
-            Reachable(r) => {
-                reachable = *r;
-                sink.api_reachable(*r);
+            Api(s) => {
+                state = *s;
+                sink.api_state(*s);
             }
             Publish(pod, kind, minute) => {
                 let at = start + SignedDuration::from_mins(*minute);
                 let id = PodId::new(NS, *pod);
                 let uid = format!("uid-{pod}");
-                sink.publish_at(reachable, &id, Some(&uid), *kind, "note".into(), at);
+                sink.publish_at(state, &id, Some(&uid), *kind, "note".into(), at);
             }
             Writes(reply) => api.set_event_writes(reply.clone()),
             Seen(n) => {
@@ -57,7 +61,7 @@ async fn check(steps: &[Step], expected: &[String]) {
         // Let the publishing task run (current-thread runtime).
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    sink.api_reachable(true);
+    sink.api_state(ApiState::Synced);
     let writes = || writes(&api, start);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while writes().len() < expected.len() && tokio::time::Instant::now() < deadline {
@@ -124,11 +128,7 @@ fn lines(lines: &[&str]) -> Vec<String> {
 #[tokio::test]
 async fn published_at_once_while_reachable() {
     check(
-        &[
-            Reachable(true),
-            Publish("a", Deactivated, 0),
-            Publish("b", Removed, 1),
-        ],
+        &[SYNCED, Publish("a", Deactivated, 0), Publish("b", Removed, 1)],
         &lines(&["POST a CheckpointDeactivated +0m", "POST b CheckpointRemoved +1m"]),
     )
     .await;
@@ -138,11 +138,11 @@ async fn published_at_once_while_reachable() {
 async fn queued_while_unreachable_then_published_in_order_with_their_time() {
     check(
         &[
-            Reachable(false),
+            UNREACHABLE,
             Publish("a", Activated, 0),
             Publish("b", Activated, 2),
             // The API server is back; the next transition comes after the queued ones.
-            Reachable(true),
+            SYNCED,
             Publish("a", Deactivated, 5),
         ],
         &lines(&[
@@ -158,16 +158,25 @@ async fn queued_while_unreachable_then_published_in_order_with_their_time() {
 async fn nothing_is_sent_while_unreachable() {
     let (client, api, _task) = FakeApi::start();
     let sink = EventSink::new(client, "node-1");
-    sink.api_reachable(false);
-    sink.publish(false, &PodId::new(NS, "a"), None, Activated, "note".into());
-    sink.api_reachable(false);
+    sink.api_state(ApiState::Unreachable);
+    sink.publish(
+        ApiState::Unreachable,
+        &PodId::new(NS, "a"),
+        None,
+        Activated,
+        "note".into(),
+    );
+    sink.api_state(ApiState::Unreachable);
+    // Answering is not enough: a restarted API server refuses everything until its
+    // authorizer has loaded RBAC; the view is synced once it lists pods for the agent.
+    sink.api_state(ApiState::Reachable);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(api.log().is_empty(), "{:?}", api.log());
 }
 
 #[tokio::test]
 async fn the_bound_keeps_the_first_events_and_drops_later_ones() {
-    let mut steps = vec![Reachable(false)];
+    let mut steps = vec![UNREACHABLE];
     let mut expected = Vec::new();
     let pods: Vec<&'static str> = (0..QUEUE_BOUND + 10)
         .map(|i| &*Box::leak(format!("p{i:04}").into_boxed_str()))
@@ -179,11 +188,7 @@ async fn the_bound_keeps_the_first_events_and_drops_later_ones() {
         }
     }
     // Once published, the queue takes Events again.
-    steps.extend([
-        Reachable(true),
-        Seen(QUEUE_BOUND),
-        Publish("after", Deactivated, 1),
-    ]);
+    steps.extend([SYNCED, Seen(QUEUE_BOUND), Publish("after", Deactivated, 1)]);
     expected.push("POST after CheckpointDeactivated +1m".into());
     check(&steps, &expected).await;
 }
@@ -192,7 +197,7 @@ async fn the_bound_keeps_the_first_events_and_drops_later_ones() {
 async fn repeats_within_the_window_patch_the_series() {
     check(
         &[
-            Reachable(true),
+            SYNCED,
             Publish("a", Activated, 0),
             Seen(1),
             Publish("a", Activated, 1),
@@ -220,7 +225,7 @@ async fn repeats_within_the_window_patch_the_series() {
 async fn a_repeat_whose_event_expired_creates_a_new_one() {
     check(
         &[
-            Reachable(true),
+            SYNCED,
             Publish("a", Activated, 0),
             Seen(1),
             Writes(Reply::Status(404)),
@@ -238,48 +243,74 @@ async fn a_repeat_whose_event_expired_creates_a_new_one() {
 }
 
 #[tokio::test]
-async fn a_failure_that_may_pass_is_tried_again_on_the_next_pass() {
+async fn a_failure_that_may_pass_is_tried_again_after_a_backoff() {
+    // 401/403: a restarted API server refuses everything until its authorizer has loaded
+    // RBAC (seen on the real one); refreshed credentials clear a 401.
+    for reply in [
+        Reply::Status(503),
+        Reply::Status(429),
+        Reply::Status(403),
+        Reply::Status(401),
+        Reply::Refuse,
+    ] {
+        check(
+            &[
+                SYNCED,
+                Writes(reply),
+                Publish("a", Activated, 0),
+                Seen(1),
+                // No pass needed: the publisher tries again by itself.
+                Writes(Reply::Normal),
+            ],
+            &lines(&["POST a CheckpointActivated +0m", "POST a CheckpointActivated +0m"]),
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn queued_events_wait_for_a_synced_view_not_just_an_answer() {
     check(
         &[
-            Reachable(true),
-            Writes(Reply::Status(503)),
+            UNREACHABLE,
             Publish("a", Activated, 0),
-            Seen(1),
-            Writes(Reply::Normal),
-            // The next pass.
-            Reachable(true),
+            // The API server answers `/readyz` but has not listed pods for the agent yet.
+            REACHABLE,
+            Publish("a", Deactivated, 1),
+            // (`check` makes the view synced at the end.)
         ],
-        &lines(&["POST a CheckpointActivated +0m", "POST a CheckpointActivated +0m"]),
+        &lines(&[
+            "POST a CheckpointActivated +0m late",
+            "POST a CheckpointDeactivated +1m",
+        ]),
     )
     .await;
 }
 
 #[tokio::test]
 async fn a_refused_event_is_dropped() {
-    check(
-        &[
-            Reachable(true),
-            Writes(Reply::Status(403)),
-            Publish("a", Activated, 0),
-            Seen(1),
-            Writes(Reply::Normal),
-            Publish("b", Activated, 1),
-        ],
-        &lines(&["POST a CheckpointActivated +0m", "POST b CheckpointActivated +1m"]),
-    )
-    .await;
+    for code in [400, 404, 422] {
+        check(
+            &[
+                SYNCED,
+                Writes(Reply::Status(code)),
+                Publish("a", Activated, 0),
+                Seen(1),
+                Writes(Reply::Normal),
+                Publish("b", Activated, 1),
+            ],
+            &lines(&["POST a CheckpointActivated +0m", "POST b CheckpointActivated +1m"]),
+        )
+        .await;
+    }
 }
 
 #[tokio::test]
 async fn a_failing_event_is_given_up_after_its_attempts() {
-    let mut steps = vec![
-        Reachable(true),
-        Writes(Reply::Status(503)),
-        Publish("a", Activated, 0),
-    ];
+    let mut steps = vec![SYNCED, Writes(Reply::Status(503)), Publish("a", Activated, 0)];
     let mut expected = Vec::new();
     for attempt in 1..=ATTEMPTS as usize {
-        steps.extend([Seen(attempt), Reachable(true)]);
+        steps.push(Seen(attempt));
         expected.push("POST a CheckpointActivated +0m".to_owned());
     }
     steps.extend([Writes(Reply::Normal), Publish("b", Removed, 1)]);

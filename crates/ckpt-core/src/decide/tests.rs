@@ -344,6 +344,13 @@ fn which_pods_are_checkpointed() {
             Expect::default(),
         ),
         (
+            "credentials rejected (even with pods seen): nothing at all, no activation",
+            World::synced(&[("a", parent("a"))])
+                .disk(&[("b", "h1")])
+                .api(ApiState::Unauthorized),
+            Expect::default(),
+        ),
+        (
             "a completed pod is not checkpointed and its checkpoint goes, whatever the strategy",
             World::synced(&[
                 (

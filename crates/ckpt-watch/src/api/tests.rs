@@ -287,6 +287,29 @@ async fn any_http_answer_below_500_counts_as_reachable() {
 }
 
 #[tokio::test]
+async fn a_401_is_unauthorized_never_synced_and_never_an_outage() {
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    wait_state(&api, ApiState::Synced).await;
+    // The token expired or was revoked: even the open watch no longer counts.
+    fake.set_readyz(Reply::Status(401));
+    wait_state(&api, ApiState::Unauthorized).await;
+    fake.wait_requests(6, "several probes", is_probe).await;
+    let snap = api.snapshot();
+    assert_eq!(snap.state, ApiState::Unauthorized);
+    assert_eq!(snap.outages, 0, "a server that answers is not down");
+    assert!(
+        snap.last_error.as_deref().is_some_and(|e| e.contains("401")),
+        "{:?}",
+        snap.last_error
+    );
+    // Fresh credentials (a refreshed token file): synced again.
+    fake.set_readyz(Reply::Normal);
+    wait_state(&api, ApiState::Synced).await;
+    assert_eq!(api.snapshot().last_error, None);
+}
+
+#[tokio::test]
 async fn dropping_stops_every_task() {
     let (client, fake, _server) = FakeApi::start();
     let api = ApiWatch::spawn(client, config(&["a"]));
