@@ -71,6 +71,8 @@ pub struct AgentConfig {
     pub namespaces: Vec<String>,
     pub gc_strategy: Option<String>,
     pub grace_period: Option<String>,
+    /// More `run` flags, as `--flag=value`.
+    pub extra_args: Vec<String>,
 }
 
 /// A running (or exited) `pod-checkpointer run`; dropping it SIGKILLs it if it still runs.
@@ -124,6 +126,7 @@ impl Agent {
         if let Some(kubeconfig) = &config.kubeconfig {
             command.arg(format!("--kubeconfig={}", kubeconfig.display()));
         }
+        command.args(&config.extra_args);
         let child = command
             .env("RUST_LOG", log_filter)
             .env_remove("KUBECONFIG")
@@ -198,6 +201,20 @@ impl Agent {
             self.ensure_running()?;
             Ok(match self.http_get("/readyz") {
                 Ok((200, _)) => Probe::Ready(()),
+                Ok((code, body)) => Probe::Waiting(format!("{code} {}", body.trim())),
+                Err(e) => Probe::Waiting(format!("{e:#}")),
+            })
+        })
+        .map(|((), took)| took)
+    }
+
+    /// Waits for `/readyz` to say `standby`: it waits for the lock.
+    pub fn wait_standby(&mut self) -> anyhow::Result<Duration> {
+        let label = self.label.clone();
+        wait_for(&format!("agent {label} on standby"), DEFAULT_TIMEOUT, || {
+            self.ensure_running()?;
+            Ok(match self.http_get("/readyz") {
+                Ok((_, body)) if body.trim() == "standby" => Probe::Ready(()),
                 Ok((code, body)) => Probe::Waiting(format!("{code} {}", body.trim())),
                 Err(e) => Probe::Waiting(format!("{e:#}")),
             })

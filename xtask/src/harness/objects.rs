@@ -278,6 +278,31 @@ pub fn rules_without(rules: &[Value], resource: &str) -> Vec<Value> {
 
 /// The ServiceAccount the checkpointer's pods run as, in each namespace that has them.
 pub const CHECKPOINTER_SERVICE_ACCOUNT: &str = "pod-checkpointer";
+/// The ServiceAccount the static copy authenticates as, with the tokens the DaemonSet copy
+/// mints and keeps for it (the agent's `--static-service-account` default).
+pub const STATIC_SERVICE_ACCOUNT: &str = "pod-checkpointer-static";
+
+/// Minting tokens for [`STATIC_SERVICE_ACCOUNT`], and nothing else.
+pub fn token_rules() -> Vec<Value> {
+    vec![json!({
+        "apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"],
+        "resourceNames": [STATIC_SERVICE_ACCOUNT],
+    })]
+}
+
+/// Grants `cluster_role` (the token rules) in `namespace` to `user` and the DaemonSet's
+/// ServiceAccount, not to the static copy's: it cannot renew its own access.
+pub fn token_role_binding(namespace: &str, cluster_role: &str, user: &str) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": { "name": cluster_role, "namespace": namespace },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role },
+        "subjects": [
+            { "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user },
+            { "kind": "ServiceAccount", "name": CHECKPOINTER_SERVICE_ACCOUNT, "namespace": namespace },
+        ],
+    })
+}
 
 /// Grants `cluster_role` cluster-wide to `user`.
 pub fn cluster_role_binding(name: &str, cluster_role: &str, user: &str) -> Value {
@@ -290,8 +315,9 @@ pub fn cluster_role_binding(name: &str, cluster_role: &str, user: &str) -> Value
 }
 
 /// Grants `cluster_role` in `namespace` only to `user` and, as the deployed RoleBinding
-/// does, to the namespace's ServiceAccount [`CHECKPOINTER_SERVICE_ACCOUNT`] (the static copy
-/// authenticates as it with the token the connected copy keeps).
+/// does, to the namespace's ServiceAccounts [`CHECKPOINTER_SERVICE_ACCOUNT`] and
+/// [`STATIC_SERVICE_ACCOUNT`] (the static copy authenticates as the latter with the token
+/// the DaemonSet copy keeps).
 pub fn role_binding(namespace: &str, name: &str, cluster_role: &str, user: &str) -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -300,6 +326,7 @@ pub fn role_binding(namespace: &str, name: &str, cluster_role: &str, user: &str)
         "subjects": [
             { "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user },
             { "kind": "ServiceAccount", "name": CHECKPOINTER_SERVICE_ACCOUNT, "namespace": namespace },
+            { "kind": "ServiceAccount", "name": STATIC_SERVICE_ACCOUNT, "namespace": namespace },
         ],
     })
 }

@@ -16,9 +16,9 @@ use super::cri::CriClient;
 use super::expect::Expect;
 use super::kubectl::{self, Kubectl};
 use super::objects::{
-    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, cluster_role, cluster_role_binding,
-    config_map, daemon_set, deployed_agent_cluster_rules, deployed_agent_rules, namespace, role_binding,
-    secret, service_account,
+    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, STATIC_SERVICE_ACCOUNT, cluster_role,
+    cluster_role_binding, config_map, daemon_set, deployed_agent_cluster_rules, deployed_agent_rules,
+    namespace, role_binding, rules_without, secret, service_account, token_role_binding, token_rules,
 };
 use super::wait::{Probe, wait_for};
 use crate::e2e_env::process::random_hex;
@@ -26,8 +26,13 @@ use crate::e2e_env::{CRI_SOCKET, ControlPlane, NODE_NAME};
 use crate::progress::Progress;
 
 /// The ClusterRole with the rules of the deploy manifests' Role, which
-/// [`Testbed::create_namespace`] binds to the agent's user.
+/// [`Testbed::create_namespace`] binds to the agent's user and both of its ServiceAccounts
+/// (without minting tokens: that is [`AGENT_TOKEN_ROLE`]).
 pub const AGENT_ROLE: &str = "pod-checkpointer";
+/// The ClusterRole that lets the agent mint tokens for the static copy's ServiceAccount
+/// only, bound in each namespace to the agent's user and its DaemonSet's ServiceAccount,
+/// never to the static copy's.
+pub const AGENT_TOKEN_ROLE: &str = "pod-checkpointer-token";
 /// The ClusterRole with the rules of the deploy manifests' ClusterRole, bound to the
 /// agent's user cluster-wide.
 pub const AGENT_CLUSTER_ROLE: &str = "pod-checkpointer-cluster";
@@ -85,7 +90,11 @@ impl Testbed {
             .context("the control plane has no hollow node")?;
         let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
         kubectl.apply(&[
-            cluster_role(AGENT_ROLE, &deployed_agent_rules()?),
+            cluster_role(
+                AGENT_ROLE,
+                &rules_without(&deployed_agent_rules()?, "serviceaccounts/token"),
+            ),
+            cluster_role(AGENT_TOKEN_ROLE, &token_rules()),
             // What the deployed ClusterRole grants (its own node), bound to the agent's user.
             cluster_role(AGENT_CLUSTER_ROLE, &deployed_agent_cluster_rules()?),
             cluster_role_binding(AGENT_CLUSTER_ROLE, AGENT_CLUSTER_ROLE, AGENT_USER),
@@ -115,12 +124,14 @@ impl Testbed {
         }
     }
 
-    /// Namespace `ns`, where the agent's user (and the checkpointer's ServiceAccount) has
-    /// `cluster_role`.
+    /// Namespace `ns`, where the agent's user (and the checkpointer's ServiceAccounts) has
+    /// `cluster_role`, and the agent's user (and its DaemonSet's ServiceAccount) may mint
+    /// tokens for the static copy's ServiceAccount.
     pub fn create_namespace(&self, ns: &str, cluster_role: &str) -> anyhow::Result<()> {
         self.kubectl.apply(&[
             namespace(ns),
             role_binding(ns, "pod-checkpointer", cluster_role, AGENT_USER),
+            token_role_binding(ns, AGENT_TOKEN_ROLE, AGENT_USER),
         ])
     }
 
@@ -145,6 +156,7 @@ impl Testbed {
             namespaces: vec![ns.to_owned()],
             gc_strategy: None,
             grace_period: None,
+            extra_args: Vec::new(),
         }
     }
 
@@ -190,10 +202,13 @@ impl Testbed {
     }
 
     /// The checkpointer's own pod in `ns`: a pod of DaemonSet `pod-checkpointer` running as
-    /// its ServiceAccount, annotated so that it checkpoints itself.
+    /// its ServiceAccount, annotated so that it checkpoints itself; and the static copy's
+    /// ServiceAccount.
     pub fn create_checkpointer_pod(&self, ns: &str) -> anyhow::Result<SelfPod> {
         self.kubectl
             .create(&service_account(ns, CHECKPOINTER_SERVICE_ACCOUNT))?;
+        self.kubectl
+            .create(&service_account(ns, STATIC_SERVICE_ACCOUNT))?;
         let (daemon_set, pod) = self.create_daemon_set_pod(ns, CHECKPOINTER_SERVICE_ACCOUNT, true)?;
         Ok(SelfPod {
             static_name: format!("{}-{NODE_NAME}", pod.name),

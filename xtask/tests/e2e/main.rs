@@ -16,6 +16,7 @@
 //! scenarios whose name contains it. Nothing is ever skipped: a missing binary or a plane that
 //! cannot start fails the run.
 
+mod credentials;
 mod gc;
 mod outage;
 mod rbac;
@@ -93,6 +94,11 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         "self_gc_after_the_grace_period_when_the_daemonset_is_deleted",
         "self-gc-deleted",
         self_gc::deleted,
+    ),
+    (
+        "credentials_revoked_static_copy_hands_the_lock_over",
+        "credentials-revoked",
+        credentials::revoked,
     ),
     (
         "rbac_missing_permission_is_a_clear_error",

@@ -373,8 +373,11 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
     }
     let text = fs::read_to_string(&kept)?;
     anyhow::ensure!(
-        text.contains(&format!("system:serviceaccount:{}:pod-checkpointer", ctx.ns)),
-        "the kept kubeconfig is not for the checkpointer's ServiceAccount:\n{text}"
+        text.contains(&format!(
+            "system:serviceaccount:{}:pod-checkpointer-static",
+            ctx.ns
+        )),
+        "the kept kubeconfig is not for the static copy's ServiceAccount:\n{text}"
     );
 
     ctx.step("C1 stops; C2 (the static copy) starts without any kubeconfig and uses the kept one");

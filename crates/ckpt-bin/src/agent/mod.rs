@@ -112,6 +112,7 @@ pub(crate) async fn run(
                 drop(agent.guard);
                 drop(agent.link);
                 health.handover();
+                health.set_phase(Phase::Standby);
                 warn!(
                     after_s = settings.unauthorized_handover.as_secs(),
                     "the API server keeps rejecting this copy's credentials: handed the lock over to the other copy; checkpoints stay as they are"
