@@ -73,6 +73,8 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
         objects,
         options,
         dirs: BTreeMap::new(),
+        materialized_volumes: Vec::new(),
+        group_read: spec.security_context.as_ref().is_some_and(|s| s.fs_group.is_some()),
         warnings: Vec::new(),
         secrets_in_manifest: false,
     };
@@ -95,6 +97,13 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
     ] {
         for (i, c) in containers.into_iter().flatten().enumerate() {
             cx.container(&format!("spec.{list}[{i}]"), c)?;
+            // Read-only like the kubelet's own secret/configMap/projected mounts: the
+            // data is the checkpoint's, and the pod must not change it for its next run.
+            for mount in c.volume_mounts.iter_mut().flatten() {
+                if cx.materialized_volumes.contains(&mount.name) {
+                    mount.read_only = Some(true);
+                }
+            }
         }
     }
     strip_spec(&mut spec);
@@ -271,6 +280,10 @@ struct Sanitizer<'a> {
     objects: &'a ApiObjects,
     options: &'a SanitizeOptions,
     dirs: BTreeMap<DataDir, MaterializedDir>,
+    /// Volumes that became hostPath directories of ours: mounted read-only.
+    materialized_volumes: Vec<String>,
+    /// The pod sets `fsGroup`: files get group read, as the kubelet adds it.
+    group_read: bool,
     warnings: Vec<String>,
     secrets_in_manifest: bool,
 }
@@ -486,7 +499,13 @@ impl<'a> Sanitizer<'a> {
             self.options.checkpoint_dir.trim_end_matches('/'),
             dir.relative_path().display()
         );
-        volume.host_path = Some(HostPathVolumeSource { path, type_: None });
+        // `Directory`: a missing data directory fails the pod instead of the kubelet
+        // creating an empty one in its place.
+        volume.host_path = Some(HostPathVolumeSource {
+            path,
+            type_: Some("Directory".into()),
+        });
+        self.materialized_volumes.push(volume.name.clone());
         Ok(())
     }
 
@@ -595,8 +614,15 @@ impl<'a> Sanitizer<'a> {
         kind: DataKind,
         object: &str,
         volume: &str,
-        files: Vec<DataFile>,
+        mut files: Vec<DataFile>,
     ) -> Result<DataDir> {
+        if self.group_read {
+            // The kubelet's SetVolumeOwnership on a read-only volume: group fsGroup, and
+            // read for owner and group added to every file.
+            for file in &mut files {
+                file.mode |= 0o440;
+            }
+        }
         let dir = |name: String| DataDir {
             kind,
             namespace: self.id.namespace.clone(),

@@ -65,6 +65,12 @@ fn is_own_temp_name(name: &OsStr) -> bool {
     name.as_bytes().starts_with(own.as_bytes())
 }
 
+/// A name part no other call (in this process or another) returns.
+pub(crate) fn unique_suffix() -> String {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{n}", *PROCESS_TAG)
+}
+
 fn temp_name() -> String {
     let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{TEMP_PREFIX}{}-{n}{TEMP_SUFFIX}", *PROCESS_TAG)
@@ -583,6 +589,88 @@ impl Dir {
         let name = name.as_ref();
         rustix::fs::renameat(&self.file, name, &to.file, to_name.as_ref())
             .map_err(|e| Error::io("moving", &self.child_path(name), e))
+    }
+
+    /// This directory's permission bits.
+    pub(crate) fn mode(&self) -> Result<u32> {
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io("inspecting", &self.path, e))?;
+        Ok(meta.mode() & 0o7777)
+    }
+
+    /// The target of the symlink `name`; `None` if `name` is missing or not a symlink.
+    pub(crate) fn read_link(&self, name: impl AsRef<OsStr>) -> Result<Option<OsString>> {
+        let name = name.as_ref();
+        match rustix::fs::readlinkat(&self.file, name, Vec::new()) {
+            Ok(target) => Ok(Some(OsStr::from_bytes(target.as_bytes()).to_os_string())),
+            Err(Errno::NOENT | Errno::INVAL) => Ok(None),
+            Err(e) => Err(Error::io("reading the link", &self.child_path(name), e)),
+        }
+    }
+
+    /// Creates the symlink `name` pointing to `target` (which is never resolved here).
+    pub(crate) fn symlink(&self, target: impl AsRef<OsStr>, name: impl AsRef<OsStr>) -> Result<()> {
+        let name = name.as_ref();
+        rustix::fs::symlinkat(target.as_ref(), &self.file, name)
+            .map_err(|e| Error::io("creating the link", &self.child_path(name), e))
+    }
+
+    /// Swaps the entries `a` and `b` of this directory in one step (`RENAME_EXCHANGE`),
+    /// whatever their types: how a directory is replaced by a symlink without a moment in
+    /// which neither is there.
+    pub(crate) fn exchange(&self, a: impl AsRef<OsStr>, b: impl AsRef<OsStr>) -> Result<()> {
+        let b = b.as_ref();
+        rustix::fs::renameat_with(
+            &self.file,
+            a.as_ref(),
+            &self.file,
+            b,
+            rustix::fs::RenameFlags::EXCHANGE,
+        )
+        .map_err(|e| Error::io("replacing", &self.child_path(b), e))
+    }
+
+    /// Creates the new directory `name` with exactly `mode` (the umask aside) and opens
+    /// it; `None` if the name is taken.
+    pub(crate) fn create_child(&self, name: impl AsRef<OsStr>, mode: u32) -> Result<Option<Dir>> {
+        let name = name.as_ref();
+        match rustix::fs::mkdirat(&self.file, name, mode_bits(mode)) {
+            Ok(()) => {}
+            Err(Errno::EXIST) => return Ok(None),
+            Err(e) => return Err(Error::io("creating directory", &self.child_path(name), e)),
+        }
+        let dir = self
+            .open_dir_at(name)
+            .map_err(|e| Error::io("opening directory", &self.child_path(name), e))?;
+        dir.set_mode_and_owner(mode, None)?;
+        Ok(Some(dir))
+    }
+
+    /// Creates the new regular file `name` (never opening an existing entry) holding
+    /// `bytes`, with `mode` and `owner`, and fsyncs it. For directories nobody else sees
+    /// yet (a new version of a volume): elsewhere, [`Dir::write_file`] replaces atomically.
+    pub(crate) fn create_file(
+        &self,
+        name: impl AsRef<OsStr>,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<FileOwner>,
+    ) -> Result<()> {
+        let name = name.as_ref();
+        let path = self.child_path(name);
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mut file = rustix::fs::openat(&self.file, name, flags, mode_bits(0o600))
+            .map(File::from)
+            .map_err(|e| Error::io("creating", &path, e))?;
+        file.write_all(bytes).map_err(|e| Error::io("writing", &path, e))?;
+        file.set_permissions(Permissions::from_mode(mode))
+            .map_err(|e| Error::io("setting the mode of", &path, e))?;
+        if let Some(owner) = owner {
+            chown_if_needed(&file, &path, owner)?;
+        }
+        file.sync_all().map_err(|e| Error::io("syncing", &path, e))
     }
 
     /// Removes temporary files left by a killed writer (ours only: the prefix and suffix
