@@ -1056,7 +1056,14 @@ mod tests {
     #[test]
     fn secret_and_configmap_volumes() {
         let mount = json!({"volumeMounts": [{"name": "tls", "mountPath": "/tls"}, {"name": "cfg", "mountPath": "/cfg"},
-                                            {"name": "some", "mountPath": "/some"}, {"name": "gone", "mountPath": "/gone"}]});
+                                            {"name": "some", "mountPath": "/some"}, {"name": "gone", "mountPath": "/gone"},
+                                            {"name": "scratch", "mountPath": "/scratch"}]});
+        // Read-only like the kubelet's own mounts of these volumes; the emptyDir stays writable.
+        let read_only_mount = json!({"volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": true},
+                                                      {"name": "cfg", "mountPath": "/cfg", "readOnly": true},
+                                                      {"name": "some", "mountPath": "/some", "readOnly": true},
+                                                      {"name": "gone", "mountPath": "/gone", "readOnly": true},
+                                                      {"name": "scratch", "mountPath": "/scratch"}]});
         check(
             json!({
                 "containers": [container(mount.clone())],
@@ -1070,12 +1077,12 @@ mod tests {
             }),
             json!({
                 "automountServiceAccountToken": false,
-                "containers": [container(mount)],
+                "containers": [container(read_only_mount)],
                 "volumes": [
-                    {"name": "tls", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls"}},
-                    {"name": "cfg", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/config"}},
-                    {"name": "some", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls.some"}},
-                    {"name": "gone", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/missing"}},
+                    {"name": "tls", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls", "type": "Directory"}},
+                    {"name": "cfg", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/config", "type": "Directory"}},
+                    {"name": "some", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls.some", "type": "Directory"}},
+                    {"name": "gone", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/missing", "type": "Directory"}},
                     {"name": "scratch", "emptyDir": {}}
                 ]
             }),
@@ -1109,6 +1116,7 @@ mod tests {
     #[test]
     fn projected_volumes() {
         let mounts = json!({"volumeMounts": [{"name": "kube-api-access-x", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]});
+        let read_only_mounts = json!({"volumeMounts": [{"name": "kube-api-access-x", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}]});
         check(
             json!({
                 "containers": [container(mounts.clone())],
@@ -1127,9 +1135,9 @@ mod tests {
             }),
             json!({
                 "automountServiceAccountToken": false,
-                "containers": [container(mounts)],
+                "containers": [container(read_only_mounts)],
                 "volumes": [
-                    {"name": "kube-api-access-x", "hostPath": {"path": "/etc/kubernetes/checkpoint-projected/kube-system/kube-apiserver-abc/kube-api-access-x"}},
+                    {"name": "kube-api-access-x", "hostPath": {"path": "/etc/kubernetes/checkpoint-projected/kube-system/kube-apiserver-abc/kube-api-access-x", "type": "Directory"}},
                     // Downward-API-only projections need no API object: the kubelet fills them in.
                     {"name": "podinfo", "projected": {"sources": [
                         {"downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}}
@@ -1360,6 +1368,40 @@ mod tests {
             FileOwner { uid: 0, gid: 7 },
             1,
         );
+    }
+
+    #[test]
+    fn fs_group_adds_group_read_as_the_kubelet_does() {
+        let modes = |security_context: Value| {
+            let spec = json!({
+                "securityContext": security_context,
+                "containers": [container(json!({"volumeMounts": [{"name": "tls", "mountPath": "/tls"}, {"name": "cfg", "mountPath": "/cfg"}]}))],
+                "volumes": [
+                    {"name": "tls", "secret": {"secretName": "tls", "items": [
+                        {"key": "tls.key", "path": "tls.key", "mode": 0o400},
+                        {"key": "tls.crt", "path": "tls.crt", "mode": 0o604}]}},
+                    {"name": "cfg", "configMap": {"name": "config", "defaultMode": 0o644, "items": [{"key": "a.yaml", "path": "a.yaml"}]}}
+                ]
+            });
+            let cp = sanitize(&pod(spec), &objects(), &options()).expect("ok").checkpoint;
+            cp.dirs
+                .iter()
+                .flat_map(|d| d.files.iter().map(|f| (f.path.clone(), f.mode)))
+                .collect::<Vec<_>>()
+        };
+        let owned = |m: &[(&str, u32)]| m.iter().map(|(p, m)| ((*p).to_owned(), *m)).collect::<Vec<_>>();
+        assert_eq!(
+            modes(json!({"runAsUser": 1000})),
+            owned(&[("tls.key", 0o400), ("tls.crt", 0o604), ("a.yaml", 0o644)])
+        );
+        // Owner and group read added (SetVolumeOwnership of a read-only volume), fsGroup 0 too.
+        for fs_group in [2000, 0] {
+            assert_eq!(
+                modes(json!({"runAsUser": 1000, "fsGroup": fs_group})),
+                owned(&[("tls.key", 0o440), ("tls.crt", 0o644), ("a.yaml", 0o644)]),
+                "fsGroup {fs_group}"
+            );
+        }
     }
 
     #[test]

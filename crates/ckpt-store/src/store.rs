@@ -1216,7 +1216,7 @@ fn write_version(
 #[cfg(test)]
 mod tests {
     use std::fs;
-    use std::os::unix::fs::{MetadataExt, symlink};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
     use std::path::Path;
 
     use ckpt_core::DataKind::{ConfigMap, Projected, Secret};
@@ -1379,6 +1379,73 @@ mod tests {
             pairs(&[("kube-system/api/token/ca.crt", "ca")])
         );
         assert_eq!(fs::read(&inactive).unwrap(), v2.manifest_bytes());
+    }
+
+    #[test]
+    fn plain_files_of_the_previous_layout_and_of_bootkube_become_versions_in_place() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("kube-system", "api");
+        // What the previous layout (and bootkube) left: plain files and directories in
+        // a 0700 volume directory; a running static pod mounts that directory.
+        let dir = layout.pod_data_dir(Secret, &pod).join("tls");
+        fs::create_dir_all(dir.join("nested")).unwrap();
+        fs::write(dir.join("tls.key"), "old key").unwrap();
+        fs::write(dir.join("nested/ca.crt"), "old ca").unwrap();
+        fs::write(dir.join("stale"), "gone").unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let mounted = fs::metadata(&dir).unwrap().ino();
+        assert_eq!(
+            tree(&dir),
+            pairs(&[("nested/ca.crt", "old ca"), ("stale", "gone"), ("tls.key", "old key")]),
+            "read as they are until the first write"
+        );
+
+        let v1 = checkpoint(
+            &layout,
+            &pod,
+            "1",
+            &[(Secret, "tls", &[("tls.key", "new key", 0o600), ("nested/ca.crt", "new ca", 0o644)])],
+        );
+        let summary = store.write_inactive(&v1).unwrap();
+        assert_eq!(
+            (summary.files_written, summary.links_written, summary.entries_removed),
+            (2, 2, 1),
+            "a version of two files, their two links replacing a file and a directory, the stale key"
+        );
+        assert_eq!(
+            tree(&dir),
+            pairs(&[("nested/ca.crt", "new ca"), ("tls.key", "new key")])
+        );
+        assert_eq!(
+            fs::metadata(&dir).unwrap().ino(),
+            mounted,
+            "the same directory: the running pod's mount sees the new files"
+        );
+        for key in ["tls.key", "nested"] {
+            assert_eq!(
+                fs::read_link(dir.join(key)).unwrap(),
+                Path::new("..data").join(key)
+            );
+        }
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(store.write_inactive(&v1).unwrap(), WriteSummary::default(), "steady state");
+
+        // A version a killed writer never published goes with the next open; the current
+        // one stays.
+        let current = fs::read_link(dir.join("..data")).unwrap();
+        fs::create_dir(dir.join("..2000_01_01T00_00_00_000Z.dead-1")).unwrap();
+        fs::write(dir.join("..2000_01_01T00_00_00_000Z.dead-1/tls.key"), "half").unwrap();
+        symlink("..2000_01_01T00_00_00_000Z.dead-1", dir.join("..data_tmp")).unwrap();
+        Store::open(layout.clone()).unwrap();
+        let hidden: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.as_encoded_bytes().starts_with(b".."))
+            .collect();
+        assert_eq!(hidden.len(), 2, "..data and {}: {hidden:?}", current.display());
+        assert_eq!(fs::read_link(dir.join("..data")).unwrap(), current);
+        assert_eq!(tree(&dir), pairs(&[("nested/ca.crt", "new ca"), ("tls.key", "new key")]));
     }
 
     #[test]
