@@ -1,9 +1,9 @@
 //! File operations relative to directory handles that never follow a symlink.
 //!
 //! Why handles and `*at` calls (`openat(O_NOFOLLOW)`, `renameat`, `unlinkat`, `mkdirat`)
-//! instead of paths checked with `symlink_metadata`: the leaf data directories are owned
-//! by the pod's uid (so the pod can read its secrets through a hostPath mount), which
-//! means any process of that uid may swap entries inside them at any moment. A
+//! instead of paths checked with `symlink_metadata`: volume directories of the previous
+//! layout (and of bootkube) are owned by the pod's uid, and a checkpoint that mounted them
+//! writable let any process of that uid swap entries inside them at any moment. A
 //! check-then-use on paths loses that race; an operation relative to a directory handle
 //! we opened with `O_NOFOLLOW` does not, because the kernel never re-resolves the path
 //! above it. (A hand-written `O_NOFOLLOW` constant would also be wrong on some targets:
@@ -441,27 +441,12 @@ impl Dir {
         mode: u32,
         owner: Option<FileOwner>,
     ) -> Result<bool> {
-        self.write_file_via(self, name, bytes, mode, owner)
-    }
-
-    /// [`Dir::write_file`], with the temporary file in `staging` (same filesystem), for
-    /// directories whose entries are someone else's names: Secret/ConfigMap keys and
-    /// `items[].path`s can be spelled exactly like a temp file, so no name in them
-    /// may be taken for one.
-    pub(crate) fn write_file_via(
-        &self,
-        staging: &Dir,
-        name: impl AsRef<OsStr>,
-        bytes: &[u8],
-        mode: u32,
-        owner: Option<FileOwner>,
-    ) -> Result<bool> {
         let name = name.as_ref();
         if self.file_matches(name, bytes, mode, owner)? {
             return Ok(false);
         }
         let target = self.child_path(name);
-        let (temp, mut file) = staging.create_temp(&target)?;
+        let (temp, mut file) = self.create_temp(&target)?;
         let result = (|| {
             file.write_all(bytes)
                 .map_err(|e| Error::io("writing", &target, e))?;
@@ -472,12 +457,12 @@ impl Dir {
             }
             file.sync_all().map_err(|e| Error::io("syncing", &target, e))?;
             drop(file);
-            rustix::fs::renameat(&staging.file, temp.as_str(), &self.file, name)
+            rustix::fs::renameat(&self.file, temp.as_str(), &self.file, name)
                 .map_err(|e| Error::io("renaming into place", &target, e))
         })();
         if let Err(error) = result {
             // Best effort: a leftover temp file is removed by the next cleanup anyway.
-            let _ = rustix::fs::unlinkat(&staging.file, temp.as_str(), AtFlags::empty());
+            let _ = rustix::fs::unlinkat(&self.file, temp.as_str(), AtFlags::empty());
             return Err(error);
         }
         debug!(path = %target.display(), bytes = bytes.len(), mode = format_args!("{mode:o}"), "wrote file");
