@@ -50,7 +50,7 @@ fn a_lock_file_owned_by_another_user_is_refused_with_exit_1() {
             .env_remove("NODE_NAME")
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
-            .env("KUBECONFIG", tmp.path().join("no-kubeconfig"))
+            .env_remove("KUBECONFIG")
             .env("RUST_LOG", "warn")
             .output()
             .expect("runs");

@@ -74,7 +74,10 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
         options,
         dirs: BTreeMap::new(),
         materialized_volumes: Vec::new(),
-        group_read: spec.security_context.as_ref().is_some_and(|s| s.fs_group.is_some()),
+        group_read: spec
+            .security_context
+            .as_ref()
+            .is_some_and(|s| s.fs_group.is_some()),
         warnings: Vec::new(),
         secrets_in_manifest: false,
     };
@@ -1383,7 +1386,9 @@ mod tests {
                     {"name": "cfg", "configMap": {"name": "config", "defaultMode": 0o644, "items": [{"key": "a.yaml", "path": "a.yaml"}]}}
                 ]
             });
-            let cp = sanitize(&pod(spec), &objects(), &options()).expect("ok").checkpoint;
+            let cp = sanitize(&pod(spec), &objects(), &options())
+                .expect("ok")
+                .checkpoint;
             cp.dirs
                 .iter()
                 .flat_map(|d| d.files.iter().map(|f| (f.path.clone(), f.mode)))

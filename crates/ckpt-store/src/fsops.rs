@@ -649,7 +649,8 @@ impl Dir {
         let mut file = rustix::fs::openat(&self.file, name, flags, mode_bits(0o600))
             .map(File::from)
             .map_err(|e| Error::io("creating", &path, e))?;
-        file.write_all(bytes).map_err(|e| Error::io("writing", &path, e))?;
+        file.write_all(bytes)
+            .map_err(|e| Error::io("writing", &path, e))?;
         file.set_permissions(Permissions::from_mode(mode))
             .map_err(|e| Error::io("setting the mode of", &path, e))?;
         if let Some(owner) = owner {

@@ -521,7 +521,8 @@ impl Store {
             for (dir, tree) in &wanted {
                 // Ours, not the pod's (the previous layout gave it to the pod's uid): the
                 // pod reads it, only we change it.
-                let volume = pod_dir.ensure_child(&dir.dir.name, VOLUME_DIR_MODE, Some(agent_owner()), true)?;
+                let volume =
+                    pod_dir.ensure_child(&dir.dir.name, VOLUME_DIR_MODE, Some(agent_owner()), true)?;
                 let Node::Dir(tree) = tree else { continue };
                 sync_volume(&volume, tree, checkpoint.owner, &mut summary)?;
             }
@@ -1397,7 +1398,11 @@ mod tests {
         let mounted = fs::metadata(&dir).unwrap().ino();
         assert_eq!(
             tree(&dir),
-            pairs(&[("nested/ca.crt", "old ca"), ("stale", "gone"), ("tls.key", "old key")]),
+            pairs(&[
+                ("nested/ca.crt", "old ca"),
+                ("stale", "gone"),
+                ("tls.key", "old key")
+            ]),
             "read as they are until the first write"
         );
 
@@ -1405,11 +1410,19 @@ mod tests {
             &layout,
             &pod,
             "1",
-            &[(Secret, "tls", &[("tls.key", "new key", 0o600), ("nested/ca.crt", "new ca", 0o644)])],
+            &[(
+                Secret,
+                "tls",
+                &[("tls.key", "new key", 0o600), ("nested/ca.crt", "new ca", 0o644)],
+            )],
         );
         let summary = store.write_inactive(&v1).unwrap();
         assert_eq!(
-            (summary.files_written, summary.links_written, summary.entries_removed),
+            (
+                summary.files_written,
+                summary.links_written,
+                summary.entries_removed
+            ),
             (2, 2, 1),
             "a version of two files, their two links replacing a file and a directory, the stale key"
         );
@@ -1429,7 +1442,11 @@ mod tests {
             );
         }
         assert_eq!(mode(&dir), 0o755);
-        assert_eq!(store.write_inactive(&v1).unwrap(), WriteSummary::default(), "steady state");
+        assert_eq!(
+            store.write_inactive(&v1).unwrap(),
+            WriteSummary::default(),
+            "steady state"
+        );
 
         // A version a killed writer never published goes with the next open; the current
         // one stays.
@@ -1445,7 +1462,10 @@ mod tests {
             .collect();
         assert_eq!(hidden.len(), 2, "..data and {}: {hidden:?}", current.display());
         assert_eq!(fs::read_link(dir.join("..data")).unwrap(), current);
-        assert_eq!(tree(&dir), pairs(&[("nested/ca.crt", "new ca"), ("tls.key", "new key")]));
+        assert_eq!(
+            tree(&dir),
+            pairs(&[("nested/ca.crt", "new ca"), ("tls.key", "new key")])
+        );
     }
 
     #[test]

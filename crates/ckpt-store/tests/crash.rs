@@ -178,7 +178,9 @@ fn check_data(root: &Path, round: usize) -> usize {
 
 /// The subdirectories of `dir`; counts our temp files met on the way.
 fn subdirs(dir: &Path, leftovers: &mut usize) -> Vec<std::path::PathBuf> {
-    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
     let mut dirs = Vec::new();
     for entry in entries {
         let entry = entry.expect("entry");

@@ -203,7 +203,13 @@ fn a_volume_update_that_does_not_fit_leaves_the_whole_previous_version() {
             ("a.crt".to_owned(), format!("cert {v}").into_bytes(), 0o600),
             ("b.key".to_owned(), vec![v.as_bytes()[0]; big], 0o600),
         ];
-        common::checkpoint(&layout, &id, &[], &[(DataKind::Secret, "tls", secret)], FileOwner::default())
+        common::checkpoint(
+            &layout,
+            &id,
+            &[],
+            &[(DataKind::Secret, "tls", secret)],
+            FileOwner::default(),
+        )
     };
     store.write_inactive(&volume("1", 10)).expect("write v1");
     let dir = layout.pod_data_dir(DataKind::Secret, &id).join("tls");
@@ -211,7 +217,9 @@ fn a_volume_update_that_does_not_fit_leaves_the_whole_previous_version() {
     let filler = tmpfs.mountpoint.join("filler");
     let room = free_bytes(&tmpfs.mountpoint).saturating_sub(16 << 10);
     fs::write(&filler, vec![0u8; room]).expect("fill all but 16 KiB");
-    let error = store.write_inactive(&volume("2", 256 << 10)).expect_err("disk full");
+    let error = store
+        .write_inactive(&volume("2", 256 << 10))
+        .expect_err("disk full");
     assert!(matches!(error, Error::NoSpace { .. }), "{error:?}");
     assert_eq!(fs::read(dir.join("a.crt")).expect("cert"), b"cert 1");
     assert_eq!(fs::read(dir.join("b.key")).expect("key"), vec![b'1'; 10]);

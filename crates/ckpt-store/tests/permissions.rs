@@ -82,10 +82,7 @@ fn modes_and_owners() {
         (&layout.active_manifest_path(&id), (0o600, 0, 0)),
         (layout.manifests_dir(), (0o755, 0, 0)),
     ];
-    for (key, target) in [
-        ("tls.key", "..data/tls.key"),
-        ("nested", "..data/nested"),
-    ] {
+    for (key, target) in [("tls.key", "..data/tls.key"), ("nested", "..data/nested")] {
         assert_eq!(
             fs::read_link(secret_dir.join(key)).expect("a key is a link"),
             Path::new(target)
@@ -171,7 +168,10 @@ impl ReadOnlyBind {
 
 impl Drop for ReadOnlyBind {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
     }
 }
 
@@ -187,11 +187,20 @@ fn cat_as(uid: u32, groups: &[u32], paths: &[&Path]) -> Option<String> {
         )
     };
     let output = std::process::Command::new("setpriv")
-        .args([&format!("--reuid={uid}"), &format!("--regid={uid}"), &groups, "--", "cat"])
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            &groups,
+            "--",
+            "cat",
+        ])
         .args(paths)
         .output()
         .expect("setpriv runs");
-    output.status.success().then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 #[test]
@@ -200,7 +209,11 @@ fn the_pods_users_read_their_files_through_the_mount_and_host_users_reach_nothin
         eprintln!("skipped: other users and mounts need root");
         return;
     }
-    if std::process::Command::new("setpriv").arg("--version").output().is_err() {
+    if std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("skipped: setpriv is not available");
         return;
     }
@@ -235,14 +248,22 @@ fn the_pods_users_read_their_files_through_the_mount_and_host_users_reach_nothin
 
     // The pod's runAsUser (with fsGroup as a supplementary group, as the runtime adds it).
     assert_eq!(
-        cat_as(1234, &[5678], &[&seen("tls.key"), &seen("ca.crt"), &seen("nested/image.txt")]).as_deref(),
+        cat_as(
+            1234,
+            &[5678],
+            &[&seen("tls.key"), &seen("ca.crt"), &seen("nested/image.txt")]
+        )
+        .as_deref(),
         Some("KEYCAIMG")
     );
     // Another uid of the same pod: group read through fsGroup, not the owner-only key.
     assert_eq!(cat_as(4000, &[5678], &[&seen("ca.crt")]).as_deref(), Some("CA"));
     assert_eq!(cat_as(4000, &[5678], &[&seen("tls.key")]), None);
     // An image USER without runAsUser or fsGroup reads what is world-readable.
-    assert_eq!(cat_as(4000, &[], &[&seen("nested/image.txt")]).as_deref(), Some("IMG"));
+    assert_eq!(
+        cat_as(4000, &[], &[&seen("nested/image.txt")]).as_deref(),
+        Some("IMG")
+    );
 
     // Host users, even with the pod's uid and group, are stopped at the data root.
     for uid in [65534, 1234, 4000] {
@@ -251,7 +272,12 @@ fn the_pods_users_read_their_files_through_the_mount_and_host_users_reach_nothin
             volume.join("nested/image.txt"),
             volume.join("..data/ca.crt"),
         ] {
-            assert_eq!(cat_as(uid, &[5678], &[&path]), None, "uid {uid}: {}", path.display());
+            assert_eq!(
+                cat_as(uid, &[5678], &[&path]),
+                None,
+                "uid {uid}: {}",
+                path.display()
+            );
         }
     }
     let listing = std::process::Command::new("setpriv")

@@ -150,7 +150,10 @@ fn nothing_outside_is_touched_whatever_is_planted() {
         }),
         ("hard link in the current version", |f| {
             f.store.write_inactive(&f.checkpoint("v0")).expect("write");
-            let key = f.layout.pod_data_dir(DataKind::Secret, &f.id).join("tls/..data/key");
+            let key = f
+                .layout
+                .pod_data_dir(DataKind::Secret, &f.id)
+                .join("tls/..data/key");
             fs::remove_file(&key).expect("rm");
             fs::hard_link(f.outside.join("victim"), &key).expect("hard link");
         }),
