@@ -57,11 +57,16 @@ pub fn agent_binary() -> anyhow::Result<PathBuf> {
 }
 
 /// Files under `dir` (recursively), relative to it, sorted; empty when it does not exist.
+/// In a checkpoint's volume directory these are the keys the pod sees: the `..`-named
+/// version directories and `..data` link behind them are left out.
 pub fn files_under(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
         let Ok(entries) = fs::read_dir(dir) else { return };
         for entry in entries.flatten() {
             let path = entry.path();
+            if entry.file_name().as_encoded_bytes().starts_with(b"..") {
+                continue;
+            }
             if path.is_dir() {
                 walk(root, &path, out);
             } else if let Ok(relative) = path.strip_prefix(root) {

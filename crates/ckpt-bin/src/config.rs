@@ -40,7 +40,7 @@ pub(crate) struct DiskArgs {
     /// Where inactive checkpoints, their secrets and configmaps live [default: /etc/kubernetes]
     #[arg(long, value_name = "DIR")]
     pub(crate) checkpoint_dir: Option<PathBuf>,
-    /// The lock shared by the DaemonSet copy and the static copy [default: /var/run/lock/pod-checkpointer.lock]
+    /// The lock shared by the DaemonSet copy and the static copy, in a directory only root can write [default: /run/pod-checkpointer/pod-checkpointer.lock]
     #[arg(long, value_name = "PATH")]
     pub(crate) lock_file: Option<PathBuf>,
     /// YAML config file with the same keys as the long flags (flags > env > file > defaults)
@@ -227,7 +227,9 @@ pub(crate) fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
 
 pub(crate) const DEFAULT_CHECKPOINT_DIR: &str = "/etc/kubernetes";
 pub(crate) const DEFAULT_MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
-pub(crate) const DEFAULT_LOCK_FILE: &str = "/var/run/lock/pod-checkpointer.lock";
+/// In a directory only root can write (any local user can create files in bootkube's
+/// `/var/run/lock`), on the tmpfs `/run`, so no holder record outlives a reboot.
+pub(crate) const DEFAULT_LOCK_FILE: &str = "/run/pod-checkpointer/pod-checkpointer.lock";
 pub(crate) const DEFAULT_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:8080";
 pub(crate) const DEFAULT_KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";

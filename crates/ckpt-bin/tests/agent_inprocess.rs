@@ -303,6 +303,10 @@ impl World {
             };
             for entry in entries.flatten() {
                 let path = entry.path();
+                // A volume's versions and its `..data` link: the pod sees the keys.
+                if entry.file_name().as_encoded_bytes().starts_with(b"..") {
+                    continue;
+                }
                 if path.is_dir() {
                     walk(&path, root, out);
                 } else {

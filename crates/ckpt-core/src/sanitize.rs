@@ -73,6 +73,11 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
         objects,
         options,
         dirs: BTreeMap::new(),
+        materialized_volumes: Vec::new(),
+        group_read: spec
+            .security_context
+            .as_ref()
+            .is_some_and(|s| s.fs_group.is_some()),
         warnings: Vec::new(),
         secrets_in_manifest: false,
     };
@@ -95,6 +100,13 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
     ] {
         for (i, c) in containers.into_iter().flatten().enumerate() {
             cx.container(&format!("spec.{list}[{i}]"), c)?;
+            // Read-only like the kubelet's own secret/configMap/projected mounts: the
+            // data is the checkpoint's, and the pod must not change it for its next run.
+            for mount in c.volume_mounts.iter_mut().flatten() {
+                if cx.materialized_volumes.contains(&mount.name) {
+                    mount.read_only = Some(true);
+                }
+            }
         }
     }
     strip_spec(&mut spec);
@@ -271,6 +283,10 @@ struct Sanitizer<'a> {
     objects: &'a ApiObjects,
     options: &'a SanitizeOptions,
     dirs: BTreeMap<DataDir, MaterializedDir>,
+    /// Volumes that became hostPath directories of ours: mounted read-only.
+    materialized_volumes: Vec<String>,
+    /// The pod sets `fsGroup`: files get group read, as the kubelet adds it.
+    group_read: bool,
     warnings: Vec<String>,
     secrets_in_manifest: bool,
 }
@@ -486,7 +502,13 @@ impl<'a> Sanitizer<'a> {
             self.options.checkpoint_dir.trim_end_matches('/'),
             dir.relative_path().display()
         );
-        volume.host_path = Some(HostPathVolumeSource { path, type_: None });
+        // `Directory`: a missing data directory fails the pod instead of the kubelet
+        // creating an empty one in its place.
+        volume.host_path = Some(HostPathVolumeSource {
+            path,
+            type_: Some("Directory".into()),
+        });
+        self.materialized_volumes.push(volume.name.clone());
         Ok(())
     }
 
@@ -595,8 +617,15 @@ impl<'a> Sanitizer<'a> {
         kind: DataKind,
         object: &str,
         volume: &str,
-        files: Vec<DataFile>,
+        mut files: Vec<DataFile>,
     ) -> Result<DataDir> {
+        if self.group_read {
+            // The kubelet's SetVolumeOwnership on a read-only volume: group fsGroup, and
+            // read for owner and group added to every file.
+            for file in &mut files {
+                file.mode |= 0o440;
+            }
+        }
         let dir = |name: String| DataDir {
             kind,
             namespace: self.id.namespace.clone(),
@@ -1030,7 +1059,14 @@ mod tests {
     #[test]
     fn secret_and_configmap_volumes() {
         let mount = json!({"volumeMounts": [{"name": "tls", "mountPath": "/tls"}, {"name": "cfg", "mountPath": "/cfg"},
-                                            {"name": "some", "mountPath": "/some"}, {"name": "gone", "mountPath": "/gone"}]});
+                                            {"name": "some", "mountPath": "/some"}, {"name": "gone", "mountPath": "/gone"},
+                                            {"name": "scratch", "mountPath": "/scratch"}]});
+        // Read-only like the kubelet's own mounts of these volumes; the emptyDir stays writable.
+        let read_only_mount = json!({"volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": true},
+                                                      {"name": "cfg", "mountPath": "/cfg", "readOnly": true},
+                                                      {"name": "some", "mountPath": "/some", "readOnly": true},
+                                                      {"name": "gone", "mountPath": "/gone", "readOnly": true},
+                                                      {"name": "scratch", "mountPath": "/scratch"}]});
         check(
             json!({
                 "containers": [container(mount.clone())],
@@ -1044,12 +1080,12 @@ mod tests {
             }),
             json!({
                 "automountServiceAccountToken": false,
-                "containers": [container(mount)],
+                "containers": [container(read_only_mount)],
                 "volumes": [
-                    {"name": "tls", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls"}},
-                    {"name": "cfg", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/config"}},
-                    {"name": "some", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls.some"}},
-                    {"name": "gone", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/missing"}},
+                    {"name": "tls", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls", "type": "Directory"}},
+                    {"name": "cfg", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/config", "type": "Directory"}},
+                    {"name": "some", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls.some", "type": "Directory"}},
+                    {"name": "gone", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/missing", "type": "Directory"}},
                     {"name": "scratch", "emptyDir": {}}
                 ]
             }),
@@ -1083,6 +1119,7 @@ mod tests {
     #[test]
     fn projected_volumes() {
         let mounts = json!({"volumeMounts": [{"name": "kube-api-access-x", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]});
+        let read_only_mounts = json!({"volumeMounts": [{"name": "kube-api-access-x", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}]});
         check(
             json!({
                 "containers": [container(mounts.clone())],
@@ -1101,9 +1138,9 @@ mod tests {
             }),
             json!({
                 "automountServiceAccountToken": false,
-                "containers": [container(mounts)],
+                "containers": [container(read_only_mounts)],
                 "volumes": [
-                    {"name": "kube-api-access-x", "hostPath": {"path": "/etc/kubernetes/checkpoint-projected/kube-system/kube-apiserver-abc/kube-api-access-x"}},
+                    {"name": "kube-api-access-x", "hostPath": {"path": "/etc/kubernetes/checkpoint-projected/kube-system/kube-apiserver-abc/kube-api-access-x", "type": "Directory"}},
                     // Downward-API-only projections need no API object: the kubelet fills them in.
                     {"name": "podinfo", "projected": {"sources": [
                         {"downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}}
@@ -1334,6 +1371,42 @@ mod tests {
             FileOwner { uid: 0, gid: 7 },
             1,
         );
+    }
+
+    #[test]
+    fn fs_group_adds_group_read_as_the_kubelet_does() {
+        let modes = |security_context: Value| {
+            let spec = json!({
+                "securityContext": security_context,
+                "containers": [container(json!({"volumeMounts": [{"name": "tls", "mountPath": "/tls"}, {"name": "cfg", "mountPath": "/cfg"}]}))],
+                "volumes": [
+                    {"name": "tls", "secret": {"secretName": "tls", "items": [
+                        {"key": "tls.key", "path": "tls.key", "mode": 0o400},
+                        {"key": "tls.crt", "path": "tls.crt", "mode": 0o604}]}},
+                    {"name": "cfg", "configMap": {"name": "config", "defaultMode": 0o644, "items": [{"key": "a.yaml", "path": "a.yaml"}]}}
+                ]
+            });
+            let cp = sanitize(&pod(spec), &objects(), &options())
+                .expect("ok")
+                .checkpoint;
+            cp.dirs
+                .iter()
+                .flat_map(|d| d.files.iter().map(|f| (f.path.clone(), f.mode)))
+                .collect::<Vec<_>>()
+        };
+        let owned = |m: &[(&str, u32)]| m.iter().map(|(p, m)| ((*p).to_owned(), *m)).collect::<Vec<_>>();
+        assert_eq!(
+            modes(json!({"runAsUser": 1000})),
+            owned(&[("tls.key", 0o400), ("tls.crt", 0o604), ("a.yaml", 0o644)])
+        );
+        // Owner and group read added (SetVolumeOwnership of a read-only volume), fsGroup 0 too.
+        for fs_group in [2000, 0] {
+            assert_eq!(
+                modes(json!({"runAsUser": 1000, "fsGroup": fs_group})),
+                owned(&[("tls.key", 0o440), ("tls.crt", 0o644), ("a.yaml", 0o644)]),
+                "fsGroup {fs_group}"
+            );
+        }
     }
 
     #[test]

@@ -43,6 +43,27 @@ pub enum Error {
         file_type: &'static str,
     },
 
+    /// The lock file is not safe to lock: another user created it, or could open it (and
+    /// so hold the lock forever) or write it.
+    #[error("refusing lock file {}: {reason}", path.display())]
+    UnsafeLockFile {
+        /// The lock file.
+        path: PathBuf,
+        /// What is wrong with it, and why that matters.
+        reason: String,
+    },
+
+    /// The lock file's directory lets another user replace the lock file.
+    #[error("refusing lock file {}: its directory {} is unsafe: {reason}", path.display(), dir.display())]
+    UnsafeLockDir {
+        /// The lock file.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// `flock(2)` itself failed (not merely "busy").
     #[error("cannot flock lock file {}", path.display())]
     Lock {
@@ -97,6 +118,15 @@ mod tests {
             Error::NotRegularFile {
                 path: path(),
                 file_type: "symlink",
+            },
+            Error::UnsafeLockFile {
+                path: path(),
+                reason: "it is owned by uid 65534".into(),
+            },
+            Error::UnsafeLockDir {
+                path: path(),
+                dir: "/run/lock".into(),
+                reason: "its mode is 0777".into(),
             },
             Error::Lock {
                 path: path(),

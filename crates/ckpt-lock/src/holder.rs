@@ -3,7 +3,7 @@
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Read};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -166,8 +166,9 @@ pub fn read_holder(path: impl AsRef<Path>) -> Result<Option<LockHolder>> {
         path: path.to_owned(),
         source,
     };
-    // Checked before opening: opening a FIFO for reading would block.
-    match fs::metadata(path) {
+    // Checked before opening: opening a FIFO for reading would block. A symlink is not
+    // followed, as the lock does not follow one.
+    match fs::symlink_metadata(path) {
         Ok(metadata) if metadata.is_file() => {}
         Ok(metadata) => {
             return Err(Error::NotRegularFile {
@@ -178,7 +179,11 @@ pub fn read_holder(path: impl AsRef<Path>) -> Result<Option<LockHolder>> {
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(read_error(error)),
     }
-    let file = match File::open(path) {
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)
+    {
         Ok(file) => file,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(read_error(error)),

@@ -16,7 +16,9 @@
 //!   into the lock file, so a waiter (or an operator) can tell who is active. This is
 //!   diagnostics only; files without a record (bootkube's lock files are empty) read as
 //!   `None`.
-//! - [`Error`] and [`Result`].
+//! - [`Error`] and [`Result`]. A lock file another user could hold or replace (not ours,
+//!   open to group or others, a symlink, in a directory others may write without the
+//!   sticky bit) is refused with [`Error::UnsafeLockFile`]/[`Error::UnsafeLockDir`].
 //!
 //! The lock is `flock(2)` via [`std::fs::File::lock`], not `fcntl` record locks: it belongs
 //! to the open file (so two opens in one process exclude each other) and interoperates with
@@ -31,7 +33,7 @@
 //! # async fn main() -> ckpt_lock::Result<()> {
 //! # let dir = std::env::temp_dir().join(format!("ckpt-lock-doc-{}", std::process::id()));
 //! # let lock_path = dir.join("my-agent.lock");
-//! // In production, e.g. "/var/run/lock/my-agent.lock".
+//! // In production, e.g. "/run/my-agent/my-agent.lock": a directory only root can write.
 //! let lock = LockFile::new(&lock_path, "my-agent node=node-1");
 //!
 //! // Waits until no other process holds the lock, without blocking the runtime.

@@ -1,10 +1,13 @@
 //! Taking and releasing the `flock(2)`.
 
-use std::fs::{self, DirBuilder, File, FileType, OpenOptions, TryLockError};
+use std::fs::{self, DirBuilder, File, FileType, TryLockError};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 use crate::holder::{LockHolder, read_holder_from, write_holder_to};
@@ -29,7 +32,11 @@ const LOCK_DIR_MODE: u32 = 0o755;
 /// An exclusive `flock(2)` lock on a file path, taken on behalf of an identity.
 ///
 /// Creating a `LockFile` touches nothing; the file (mode 0600, and its parent directory,
-/// mode 0755) is created on the first acquire. The lock belongs to the open file, so two
+/// mode 0755) is created on the first acquire. Every acquire refuses a lock file that
+/// another user could hold or replace: a symlink (never followed), a file not owned by
+/// this process's effective uid or open to group or others, a directory another user
+/// owns or may write without the sticky bit ([`Error::UnsafeLockFile`],
+/// [`Error::UnsafeLockDir`]). Put it in a directory only root can write. The lock belongs to the open file, so two
 /// `LockFile`s on the same path exclude each other even within one process, and any other
 /// `flock(LOCK_EX)` user on the same file (bootkube's checkpointer, `flock(1)`) takes part.
 ///
@@ -157,8 +164,8 @@ impl LockFile {
     ///
     /// # Errors
     ///
-    /// If the file cannot be created, opened or locked, or is not a regular file. A busy
-    /// lock is [`TryAcquire::Busy`], not an error.
+    /// If the file cannot be created, opened or locked, is not a regular file, or is not
+    /// safe (see above). A busy lock is [`TryAcquire::Busy`], not an error.
     pub fn try_acquire(&self) -> Result<TryAcquire> {
         let started = Instant::now();
         for _ in 0..MAX_OPEN_ATTEMPTS {
@@ -182,7 +189,8 @@ impl LockFile {
     ///
     /// # Errors
     ///
-    /// If the file cannot be created, opened or locked, or is not a regular file.
+    /// If the file cannot be created, opened or locked, is not a regular file, or is not
+    /// safe.
     pub fn acquire_blocking(&self) -> Result<LockGuard> {
         let started = Instant::now();
         let mut logged_wait = false;
@@ -213,7 +221,8 @@ impl LockFile {
     ///
     /// # Errors
     ///
-    /// If the file cannot be created, opened or locked, or is not a regular file.
+    /// If the file cannot be created, opened or locked, is not a regular file, or is not
+    /// safe.
     pub async fn acquire(&self) -> Result<LockGuard> {
         let started = Instant::now();
         let mut interval = FIRST_POLL_INTERVAL.min(self.poll_interval);
@@ -337,61 +346,146 @@ impl LockFile {
 }
 
 /// Opens the lock file read-write without truncating it, creating it (0600) and its parent
-/// directory (0755) if missing. A path that is not a regular file — a symlink in
-/// particular — is refused, because the holder writes into the file.
+/// directory (0755) if missing.
+///
+/// The final component is opened with `O_NOFOLLOW`: a symlink there is refused, never
+/// followed (the holder writes into the file, so a planted link would make a root process
+/// overwrite its target, and a dangling one would create a file wherever it points). The
+/// file must then be a regular file owned by our effective uid and not writable by group
+/// or others (see [`check_lock_file`]), in a directory no other user can rename it out of
+/// (see [`check_lock_dir`]); read permission for group or others is taken away.
 fn open_lock_file(path: &Path) -> Result<File> {
     let open_error = |source| Error::Open {
         path: path.to_owned(),
         source,
     };
-    for _ in 0..MAX_OPEN_ATTEMPTS {
-        match fs::symlink_metadata(path) {
-            Ok(metadata) if metadata.file_type().is_file() => {
-                // No create here: had a symlink been swapped in since the check, creating
-                // would follow it. Such a swap is caught by `is_file_at_path` after locking.
-                match OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(false)
-                    .truncate(false)
-                    .open(path)
-                {
-                    Ok(file) => return Ok(file),
-                    Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
-                    Err(error) => return Err(open_error(error)),
-                }
+    // NONBLOCK: a FIFO planted at the path must not block the open; fstat rejects it.
+    let flags = OFlags::RDWR
+        | OFlags::CREATE
+        | OFlags::NOFOLLOW
+        | OFlags::NONBLOCK
+        | OFlags::NOCTTY
+        | OFlags::CLOEXEC;
+    let mode = Mode::from_bits_truncate(LOCK_FILE_MODE);
+    let mut created_parent = false;
+    let fd = loop {
+        match rustix::fs::open(path, flags, mode) {
+            Ok(fd) => break fd,
+            Err(Errno::NOENT) if !created_parent => {
+                create_parent_dir(path)?;
+                created_parent = true;
             }
-            Ok(metadata) => {
-                return Err(Error::NotRegularFile {
-                    path: path.to_owned(),
-                    file_type: describe_file_type(metadata.file_type()),
+            // ELOOP is what O_NOFOLLOW answers for a symlink, EISDIR for a directory; with
+            // fs.protected_symlinks/protected_regular, a link or file another user
+            // planted in a sticky directory gives EACCES first. Whatever the errno, name
+            // what is there.
+            Err(errno) => {
+                return Err(match fs::symlink_metadata(path) {
+                    Ok(metadata) if !metadata.file_type().is_file() => Error::NotRegularFile {
+                        path: path.to_owned(),
+                        file_type: describe_file_type(metadata.file_type()),
+                    },
+                    Ok(metadata) => check_lock_file(path, &metadata, rustix::process::geteuid().as_raw())
+                        .err()
+                        .unwrap_or_else(|| open_error(errno.into())),
+                    Err(_) => open_error(errno.into()),
                 });
             }
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                create_parent_dir(path)?;
-                // O_CREAT|O_EXCL never follows a symlink, even a dangling one.
-                match OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .mode(LOCK_FILE_MODE)
-                    .open(path)
-                {
-                    Ok(file) => {
-                        tracing::debug!(path = %path.display(), "created lock file");
-                        return Ok(file);
-                    }
-                    Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
-                    Err(error) => return Err(open_error(error)),
-                }
-            }
-            Err(error) => return Err(open_error(error)),
         }
+    };
+    let file = File::from(fd);
+    let metadata = file.metadata().map_err(open_error)?;
+    if !metadata.file_type().is_file() {
+        return Err(Error::NotRegularFile {
+            path: path.to_owned(),
+            file_type: describe_file_type(metadata.file_type()),
+        });
     }
-    Err(Error::KeptChanging {
+    check_lock_file(path, &metadata, rustix::process::geteuid().as_raw())?;
+    check_lock_dir(path, rustix::process::geteuid().as_raw())?;
+    make_private(path, &file, &metadata)?;
+    Ok(file)
+}
+
+/// Refuses a lock file another user could write or may have planted: one not owned by
+/// `euid` (someone else created it, e.g. in a world-writable directory before we did), or
+/// writable by group or others (they could fake the holder record, and open it to hold
+/// the lock). Read permission for group or others is fixed instead, by
+/// [`make_private`]: the file is ours, and `flock(1)` creates its files 0644.
+fn check_lock_file(path: &Path, metadata: &fs::Metadata, euid: u32) -> Result<()> {
+    let unsafe_file = |reason: String| Error::UnsafeLockFile {
         path: path.to_owned(),
-        attempts: MAX_OPEN_ATTEMPTS,
-    })
+        reason,
+    };
+    if metadata.uid() != euid {
+        return Err(unsafe_file(format!(
+            "it is owned by uid {}, not by this process (uid {euid}); another user may have created it to hold the lock",
+            metadata.uid()
+        )));
+    }
+    let mode = metadata.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(unsafe_file(format!(
+            "its mode is {mode:04o}: group or others could write it, or open it to hold the lock"
+        )));
+    }
+    Ok(())
+}
+
+/// Takes read permission away from group and others on our own lock file: `flock` needs
+/// only an open descriptor, so whoever can open the file can hold the lock forever.
+fn make_private(path: &Path, file: &File, metadata: &fs::Metadata) -> Result<()> {
+    let mode = metadata.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    tracing::warn!(path = %path.display(), mode = format_args!("{mode:04o}"), "lock file was readable by group or others; making it 0600");
+    file.set_permissions(fs::Permissions::from_mode(LOCK_FILE_MODE))
+        .map_err(|source| Error::Open {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// Refuses a directory in which another user could rename or delete our lock file (and
+/// put their own in its place): one owned by someone other than root or `euid`, or one
+/// writable by others without the sticky bit. A sticky world-writable directory such as
+/// `/run/lock` (mode 1777) passes: there only a file's owner can rename or delete it, and
+/// a file someone else created first is refused by [`check_lock_file`]. Group-writable
+/// directories pass too (Fedora's `/run/lock` is `root:lock` 0775): the group is the
+/// administrator's choice.
+fn check_lock_dir(path: &Path, euid: u32) -> Result<()> {
+    let Some(parent) = path.parent() else {
+        return Ok(());
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    // Followed: the configured path may go through a symlink such as /var/run -> /run.
+    let metadata = fs::metadata(parent).map_err(|source| Error::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    let unsafe_dir = |reason: String| Error::UnsafeLockDir {
+        path: path.to_owned(),
+        dir: parent.to_owned(),
+        reason,
+    };
+    if metadata.uid() != 0 && metadata.uid() != euid {
+        return Err(unsafe_dir(format!(
+            "it is owned by uid {}, who could replace the lock file",
+            metadata.uid()
+        )));
+    }
+    let mode = metadata.mode() & 0o7777;
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(unsafe_dir(format!(
+            "its mode is {mode:04o}: anyone can replace the lock file in it (no sticky bit)"
+        )));
+    }
+    Ok(())
 }
 
 fn create_parent_dir(path: &Path) -> Result<()> {
@@ -439,7 +533,6 @@ pub(crate) fn describe_file_type(file_type: FileType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     fn mode(path: &Path) -> u32 {
         fs::metadata(path).unwrap().permissions().mode() & 0o7777
@@ -465,6 +558,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lock");
         fs::write(&path, "pid=1\nidentity=someone\n").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
         let _file = open_lock_file(&path).unwrap();
         assert_eq!(fs::read_to_string(&path).unwrap(), "pid=1\nidentity=someone\n");
     }
@@ -558,6 +652,116 @@ mod tests {
         assert!(!is_file_at_path(&file, &path).unwrap());
         fs::write(&path, "").unwrap();
         assert!(!is_file_at_path(&file, &path).unwrap());
+    }
+
+    /// Whether this test process may chown (root): the owner cases need it.
+    fn can_chown() -> bool {
+        rustix::process::geteuid().is_root()
+    }
+
+    /// `check_lock_file` on a file with `mode` owned by `uid`, for a process of `euid`.
+    fn check_file(mode: u32, uid: u32, euid: u32, expected: Option<&str>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        fs::write(&path, "").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(&path, Some(uid), None).unwrap();
+        let got = check_lock_file(&path, &fs::metadata(&path).unwrap(), euid).map_err(|e| e.to_string());
+        match expected {
+            None => assert_eq!(got, Ok(()), "{mode:o} {uid} {euid}"),
+            Some(part) => assert!(
+                got.as_ref()
+                    .is_err_and(|e| e.contains(part) && e.starts_with("refusing lock file")),
+                "{mode:o} {uid} {euid}: {got:?}"
+            ),
+        }
+    }
+
+    #[test]
+    fn lock_file_owner_and_mode() {
+        let me = rustix::process::geteuid().as_raw();
+        let cases: &[(u32, u32, u32, Option<&str>)] = &[
+            (0o600, me, me, None),
+            (0o400, me, me, None),
+            // Readable by others: made private by `make_private`, not refused.
+            (0o644, me, me, None),
+            (0o640, me, me, None),
+            (
+                0o620,
+                me,
+                me,
+                Some("its mode is 0620: group or others could write it"),
+            ),
+            (0o602, me, me, Some("its mode is 0602")),
+            (0o666, me, me, Some("its mode is 0666")),
+        ];
+        for (mode, uid, euid, expected) in cases {
+            check_file(*mode, *uid, *euid, *expected);
+        }
+        if can_chown() {
+            check_file(
+                0o600,
+                65534,
+                0,
+                Some("owned by uid 65534, not by this process (uid 0)"),
+            );
+            check_file(
+                0o600,
+                0,
+                1000,
+                Some("owned by uid 0, not by this process (uid 1000)"),
+            );
+        }
+    }
+
+    #[test]
+    fn a_lock_file_readable_by_others_is_made_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        fs::write(&path, "").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let _file = open_lock_file(&path).unwrap();
+        assert_eq!(mode(&path), 0o600);
+    }
+
+    #[test]
+    fn lock_dir_owner_and_mode() {
+        let me = rustix::process::geteuid().as_raw();
+        let check = |mode: u32, owner: u32, expected: Option<&str>| {
+            let dir = tempfile::tempdir().unwrap();
+            let locks = dir.path().join("locks");
+            fs::create_dir(&locks).unwrap();
+            fs::set_permissions(&locks, fs::Permissions::from_mode(mode)).unwrap();
+            std::os::unix::fs::chown(&locks, Some(owner), None).unwrap();
+            let got = check_lock_dir(&locks.join("x.lock"), me).map_err(|e| e.to_string());
+            match expected {
+                None => assert_eq!(got, Ok(()), "{mode:o} {owner}"),
+                Some(part) => assert!(
+                    got.as_ref().is_err_and(|e| e.contains(part)),
+                    "{mode:o} {owner}: {got:?}"
+                ),
+            }
+        };
+        check(0o755, me, None);
+        check(0o700, me, None);
+        // /run/lock on Debian and Ubuntu; /tmp.
+        check(0o1777, me, None);
+        // Fedora's /run/lock is root:lock 0775.
+        check(0o775, me, None);
+        check(
+            0o777,
+            me,
+            Some("its mode is 0777: anyone can replace the lock file"),
+        );
+        check(0o757, me, Some("no sticky bit"));
+        if can_chown() {
+            check(
+                0o755,
+                65534,
+                Some("owned by uid 65534, who could replace the lock file"),
+            );
+            check(0o1777, 65534, Some("owned by uid 65534"));
+        }
     }
 
     #[test]

@@ -21,6 +21,12 @@ fn lock_path() -> (TempDir, PathBuf) {
     (dir, path)
 }
 
+/// Mode 0600, as the lock creates its file: a lock file open to others is refused.
+fn private(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 fn busy_holder(outcome: TryAcquire) -> Option<LockHolder> {
     match outcome {
         TryAcquire::Busy { holder } => holder,
@@ -113,6 +119,7 @@ fn stale_record_of_a_crashed_holder_is_replaced() {
     let (_dir, path) = lock_path();
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(&path, "pid=999999\nidentity=crashed\nacquired_at=1\n").unwrap();
+    private(&path);
 
     let guard = LockFile::new(&path, "new")
         .try_acquire()
@@ -132,6 +139,7 @@ fn garbage_in_the_lock_file_is_no_holder() {
     let (_dir, path) = lock_path();
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(&path, b"\xff\xfe garbage\n=\npid=abc\n").unwrap();
+    private(&path);
     assert_eq!(read_holder(&path).unwrap(), None);
 
     // A holder that writes no record (bootkube) holds the lock on the garbage file.

@@ -1,9 +1,9 @@
 //! File operations relative to directory handles that never follow a symlink.
 //!
 //! Why handles and `*at` calls (`openat(O_NOFOLLOW)`, `renameat`, `unlinkat`, `mkdirat`)
-//! instead of paths checked with `symlink_metadata`: the leaf data directories are owned
-//! by the pod's uid (so the pod can read its secrets through a hostPath mount), which
-//! means any process of that uid may swap entries inside them at any moment. A
+//! instead of paths checked with `symlink_metadata`: volume directories of the previous
+//! layout (and of bootkube) are owned by the pod's uid, and a checkpoint that mounted them
+//! writable let any process of that uid swap entries inside them at any moment. A
 //! check-then-use on paths loses that race; an operation relative to a directory handle
 //! we opened with `O_NOFOLLOW` does not, because the kernel never re-resolves the path
 //! above it. (A hand-written `O_NOFOLLOW` constant would also be wrong on some targets:
@@ -63,6 +63,12 @@ pub(crate) fn is_temp_name(name: &OsStr) -> bool {
 fn is_own_temp_name(name: &OsStr) -> bool {
     let own = format!("{TEMP_PREFIX}{}-", *PROCESS_TAG);
     name.as_bytes().starts_with(own.as_bytes())
+}
+
+/// A name part no other call (in this process or another) returns.
+pub(crate) fn unique_suffix() -> String {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{n}", *PROCESS_TAG)
 }
 
 fn temp_name() -> String {
@@ -435,27 +441,12 @@ impl Dir {
         mode: u32,
         owner: Option<FileOwner>,
     ) -> Result<bool> {
-        self.write_file_via(self, name, bytes, mode, owner)
-    }
-
-    /// [`Dir::write_file`], with the temporary file in `staging` (same filesystem), for
-    /// directories whose entries are someone else's names: Secret/ConfigMap keys and
-    /// `items[].path`s can be spelled exactly like a temp file, so no name in them
-    /// may be taken for one.
-    pub(crate) fn write_file_via(
-        &self,
-        staging: &Dir,
-        name: impl AsRef<OsStr>,
-        bytes: &[u8],
-        mode: u32,
-        owner: Option<FileOwner>,
-    ) -> Result<bool> {
         let name = name.as_ref();
         if self.file_matches(name, bytes, mode, owner)? {
             return Ok(false);
         }
         let target = self.child_path(name);
-        let (temp, mut file) = staging.create_temp(&target)?;
+        let (temp, mut file) = self.create_temp(&target)?;
         let result = (|| {
             file.write_all(bytes)
                 .map_err(|e| Error::io("writing", &target, e))?;
@@ -466,12 +457,12 @@ impl Dir {
             }
             file.sync_all().map_err(|e| Error::io("syncing", &target, e))?;
             drop(file);
-            rustix::fs::renameat(&staging.file, temp.as_str(), &self.file, name)
+            rustix::fs::renameat(&self.file, temp.as_str(), &self.file, name)
                 .map_err(|e| Error::io("renaming into place", &target, e))
         })();
         if let Err(error) = result {
             // Best effort: a leftover temp file is removed by the next cleanup anyway.
-            let _ = rustix::fs::unlinkat(&staging.file, temp.as_str(), AtFlags::empty());
+            let _ = rustix::fs::unlinkat(&self.file, temp.as_str(), AtFlags::empty());
             return Err(error);
         }
         debug!(path = %target.display(), bytes = bytes.len(), mode = format_args!("{mode:o}"), "wrote file");
@@ -583,6 +574,89 @@ impl Dir {
         let name = name.as_ref();
         rustix::fs::renameat(&self.file, name, &to.file, to_name.as_ref())
             .map_err(|e| Error::io("moving", &self.child_path(name), e))
+    }
+
+    /// This directory's permission bits.
+    pub(crate) fn mode(&self) -> Result<u32> {
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| Error::io("inspecting", &self.path, e))?;
+        Ok(meta.mode() & 0o7777)
+    }
+
+    /// The target of the symlink `name`; `None` if `name` is missing or not a symlink.
+    pub(crate) fn read_link(&self, name: impl AsRef<OsStr>) -> Result<Option<OsString>> {
+        let name = name.as_ref();
+        match rustix::fs::readlinkat(&self.file, name, Vec::new()) {
+            Ok(target) => Ok(Some(OsStr::from_bytes(target.as_bytes()).to_os_string())),
+            Err(Errno::NOENT | Errno::INVAL) => Ok(None),
+            Err(e) => Err(Error::io("reading the link", &self.child_path(name), e)),
+        }
+    }
+
+    /// Creates the symlink `name` pointing to `target` (which is never resolved here).
+    pub(crate) fn symlink(&self, target: impl AsRef<OsStr>, name: impl AsRef<OsStr>) -> Result<()> {
+        let name = name.as_ref();
+        rustix::fs::symlinkat(target.as_ref(), &self.file, name)
+            .map_err(|e| Error::io("creating the link", &self.child_path(name), e))
+    }
+
+    /// Swaps the entries `a` and `b` of this directory in one step (`RENAME_EXCHANGE`),
+    /// whatever their types: how a directory is replaced by a symlink without a moment in
+    /// which neither is there.
+    pub(crate) fn exchange(&self, a: impl AsRef<OsStr>, b: impl AsRef<OsStr>) -> Result<()> {
+        let b = b.as_ref();
+        rustix::fs::renameat_with(
+            &self.file,
+            a.as_ref(),
+            &self.file,
+            b,
+            rustix::fs::RenameFlags::EXCHANGE,
+        )
+        .map_err(|e| Error::io("replacing", &self.child_path(b), e))
+    }
+
+    /// Creates the new directory `name` with exactly `mode` (the umask aside) and opens
+    /// it; `None` if the name is taken.
+    pub(crate) fn create_child(&self, name: impl AsRef<OsStr>, mode: u32) -> Result<Option<Dir>> {
+        let name = name.as_ref();
+        match rustix::fs::mkdirat(&self.file, name, mode_bits(mode)) {
+            Ok(()) => {}
+            Err(Errno::EXIST) => return Ok(None),
+            Err(e) => return Err(Error::io("creating directory", &self.child_path(name), e)),
+        }
+        let dir = self
+            .open_dir_at(name)
+            .map_err(|e| Error::io("opening directory", &self.child_path(name), e))?;
+        dir.set_mode_and_owner(mode, None)?;
+        Ok(Some(dir))
+    }
+
+    /// Creates the new regular file `name` (never opening an existing entry) holding
+    /// `bytes`, with `mode` and `owner`, and fsyncs it. For directories nobody else sees
+    /// yet (a new version of a volume): elsewhere, [`Dir::write_file`] replaces atomically.
+    pub(crate) fn create_file(
+        &self,
+        name: impl AsRef<OsStr>,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<FileOwner>,
+    ) -> Result<()> {
+        let name = name.as_ref();
+        let path = self.child_path(name);
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mut file = rustix::fs::openat(&self.file, name, flags, mode_bits(0o600))
+            .map(File::from)
+            .map_err(|e| Error::io("creating", &path, e))?;
+        file.write_all(bytes)
+            .map_err(|e| Error::io("writing", &path, e))?;
+        file.set_permissions(Permissions::from_mode(mode))
+            .map_err(|e| Error::io("setting the mode of", &path, e))?;
+        if let Some(owner) = owner {
+            chown_if_needed(&file, &path, owner)?;
+        }
+        file.sync_all().map_err(|e| Error::io("syncing", &path, e))
     }
 
     /// Removes temporary files left by a killed writer (ours only: the prefix and suffix

@@ -9,13 +9,24 @@ use ckpt_core::{DataDir, DataKind, PodId};
 /// ```text
 /// <manifests-dir>/<ns>_<pod>.json                     active checkpoints (kubelet static pods)
 /// <checkpoint-dir>/inactive-manifests/<ns>_<pod>.json inactive checkpoints
-/// <checkpoint-dir>/checkpoint-secrets/<ns>/<pod>/<secret>/<key>
+/// <checkpoint-dir>/checkpoint-secrets/<ns>/<pod>/<secret>/<key>         data (see below)
 /// <checkpoint-dir>/checkpoint-configmaps/<ns>/<pod>/<configmap>/<key>
 /// <checkpoint-dir>/checkpoint-projected/<ns>/<pod>/<volume>/<path>
 /// <checkpoint-dir>/pod-checkpointer-state.json        the state journal
 /// <checkpoint-dir>/pod-checkpointer-kubeconfig        API credentials for the agent's static copy
 /// <checkpoint-dir>/pod-checkpointer-token             … and the token that kubeconfig reads
 /// <checkpoint-dir>/checkpoint-quarantine/             files we could not read, kept for a human
+/// ```
+///
+/// Each data root (`checkpoint-*`) and the namespace and pod directories below it are
+/// root-only (0700): host users cannot reach the data. A volume directory (the hostPath
+/// a checkpoint mounts, read-only) is 0755 and laid out as the kubelet lays out a secret
+/// volume, one version at a time:
+///
+/// ```text
+/// <volume>/..<timestamp>.<unique>/<key>   the files, with the pod's modes and owner
+/// <volume>/..data -> ..<timestamp>.<unique>
+/// <volume>/<key> -> ..data/<key>          one link per top-level name
 /// ```
 ///
 /// The two configured directories are trusted as given (either may be a symlink an
@@ -39,8 +50,11 @@ impl Layout {
     pub const DEFAULT_MANIFESTS_DIR: &'static str = "/etc/kubernetes/manifests";
     /// Inactive checkpoints, under the checkpoint dir.
     pub const INACTIVE_DIR_NAME: &'static str = "inactive-manifests";
-    /// [`Layout::staging_dir`], below each data root.
-    pub const STAGING_DIR_NAME: &'static str = ".staging";
+    /// Below each data root, where the previous layout staged data files; removed by
+    /// [`crate::Store::open`].
+    pub(crate) const STAGING_DIR_NAME: &'static str = ".staging";
+    /// In each volume directory, the link to its current version (the kubelet's name).
+    pub const DATA_LINK_NAME: &'static str = "..data";
     /// Unreadable files moved aside, under the checkpoint dir.
     pub const QUARANTINE_DIR_NAME: &'static str = "checkpoint-quarantine";
     /// The state journal, in the checkpoint dir.
@@ -93,15 +107,6 @@ impl Layout {
     /// a running static copy picks up every refresh).
     pub fn credentials_token_path(&self) -> PathBuf {
         self.checkpoint_dir.join(Self::CREDENTIALS_TOKEN_FILE_NAME)
-    }
-
-    /// Where the temporary files of one kind's data files are written before they are
-    /// renamed into place: `<kind root>/.staging`. The data directories hold keys and
-    /// paths named by the pod, any of which may look like a temp file; a namespace
-    /// name never starts with a dot, so this name is ours alone, and it is on the same
-    /// filesystem as the data it stages.
-    pub fn staging_dir(&self, kind: DataKind) -> PathBuf {
-        self.data_root(kind).join(Self::STAGING_DIR_NAME)
     }
 
     /// The root directory of one kind of materialized data.

@@ -19,14 +19,22 @@
 //!   directory. A file already holding the same bytes, mode and owner is not rewritten.
 //! - Nothing below the two configured directories is ever followed through a symlink:
 //!   all operations are relative to directory handles opened with `O_NOFOLLOW`
-//!   (the leaf data directories belong to the pod's uid, which could otherwise race us).
+//!   (volume directories of the previous layout belong to the pod's uid, which could
+//!   otherwise race us).
+//! - A pod sees one version of a volume at a time: volume directories are laid out as
+//!   the kubelet's AtomicWriter lays them out (a version directory, a `..data` link
+//!   switched by one `rename`, keys as links `<key> -> ..data/<key>`; see [`Layout`]).
+//!   Plain files of the previous layout and of bootkube are replaced in place.
 //! - Names that become paths are validated as Kubernetes names; data paths cannot
 //!   escape their directory.
 //! - Files in the manifests dir that are not our checkpoints are never touched; an
 //!   unreadable file in our own inactive dir is moved to a quarantine dir, never
 //!   deleted silently. Checkpoints left by bootkube (`<ns>-<name>.json`) are adopted.
-//! - Directories are 0700, data files have the checkpoint's modes and owner, manifests
-//!   are 0644 (0600 when they hold secret values).
+//! - Our directories are 0700, and so are the data roots and the namespace and pod
+//!   directories below them (the root-only ancestors that keep host users out); volume
+//!   directories and everything directory-like in them are 0755 and ours; data files
+//!   have the checkpoint's modes and owner; manifests are 0644 (0600 when they hold
+//!   secret values).
 //!
 //! ```
 //! use std::collections::BTreeMap;

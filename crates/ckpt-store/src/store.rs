@@ -19,8 +19,13 @@ use crate::names::{check_namespace, check_pod_id, check_subdomain, data_path_com
 /// Largest manifest we read. etcd refuses objects above 1.5 MiB, so anything larger
 /// cannot be a checkpoint of a real pod.
 const MAX_MANIFEST_BYTES: u64 = 16 << 20;
-/// Directories created below the roots: nothing outside the owner may look inside.
+/// Our own directories, the data roots and the namespace and pod directories below them:
+/// root-only. A data root is the ancestor that keeps host users away from the data.
 const DIR_MODE: u32 = 0o700;
+/// Volume directories, their versions and the subdirectories in those: enterable by every
+/// user of the pod (the kubelet mounts a volume directory itself, so the root-only
+/// ancestors do not stand in the pod's way), as the kubelet makes them.
+const VOLUME_DIR_MODE: u32 = 0o755;
 /// The kubelet's static pod directory, when we have to create it.
 const MANIFESTS_DIR_MODE: u32 = 0o755;
 /// Data file modes are limited to permission bits: never setuid/setgid/sticky.
@@ -91,9 +96,11 @@ impl StoredCheckpoint {
 pub struct WriteSummary {
     /// The inactive manifest was (re)written.
     pub manifest_written: bool,
-    /// Data files (re)written.
+    /// Data files written: every file of each volume that got a new version.
     pub files_written: usize,
-    /// Stale data entries removed (keys, item subdirectories, volume directories).
+    /// Key links (`<key> -> ..data/<key>`) created or replaced.
+    pub links_written: usize,
+    /// Stale data entries removed (previous versions, keys, volume directories).
     pub entries_removed: usize,
     /// An adopted bootkube inactive manifest was replaced by ours.
     pub legacy_removed: bool,
@@ -102,7 +109,11 @@ pub struct WriteSummary {
 impl WriteSummary {
     /// Whether anything on disk changed.
     pub fn changed(&self) -> bool {
-        self.manifest_written || self.files_written > 0 || self.entries_removed > 0 || self.legacy_removed
+        self.manifest_written
+            || self.files_written > 0
+            || self.links_written > 0
+            || self.entries_removed > 0
+            || self.legacy_removed
     }
 }
 
@@ -283,10 +294,11 @@ impl Store {
             return Ok(removed);
         };
         removed += checkpoint_dir.remove_stale_temp_files(0)?;
-        // Data directories are never searched: their names are the pod's (keys, item
-        // paths), any of which may be spelled like a temp file. Their temp files live in
-        // the staging dirs; a temp file an older version left in a data directory is
-        // not in the checkpoint's tree, so the next write of that checkpoint removes it.
+        // Data directories are not searched for temp files: their names are the pod's
+        // (keys, item paths), any of which may be spelled like one; a stray file there
+        // is not in the checkpoint's tree, so the next write of that checkpoint removes
+        // it. Only the hidden `..` names, which can never be the pod's, are cleaned:
+        // versions a killed writer left unpublished.
         // Not ours to descend into (a symlink, a file): write_inactive reports it.
         let ours = |found: Result<Option<Dir>>| match found {
             Err(Error::Symlink { .. } | Error::NotADirectory { .. }) => Ok(None),
@@ -299,9 +311,9 @@ impl Store {
             let Some(root) = ours(checkpoint_dir.open_child(kind.root_dir_name()))? else {
                 continue;
             };
-            if let Some(staging) = ours(root.open_child(Layout::STAGING_DIR_NAME))? {
-                removed += staging.remove_stale_temp_files(0)?;
-            }
+            // The previous layout staged data files here; nothing else ever lived in it.
+            removed += usize::from(root.remove_tree(Layout::STAGING_DIR_NAME)?);
+            removed += remove_abandoned_versions(&root)?;
         }
         Ok(removed)
     }
@@ -512,14 +524,16 @@ impl Store {
                 continue;
             }
             let root = checkpoint_dir.ensure_child(kind.root_dir_name(), DIR_MODE, None, false)?;
-            let staging = root.ensure_child(Layout::STAGING_DIR_NAME, DIR_MODE, None, true)?;
             let ns_dir = root.ensure_child(&id.namespace, DIR_MODE, None, true)?;
             let pod_dir = ns_dir.ensure_child(&id.name, DIR_MODE, None, true)?;
             let mut pod_dir_changed = false;
             for (dir, tree) in &wanted {
-                let leaf = pod_dir.ensure_child(&dir.dir.name, DIR_MODE, Some(checkpoint.owner), true)?;
+                // Ours, not the pod's (the previous layout gave it to the pod's uid): the
+                // pod reads it, only we change it.
+                let volume =
+                    pod_dir.ensure_child(&dir.dir.name, VOLUME_DIR_MODE, Some(agent_owner()), true)?;
                 let Node::Dir(tree) = tree else { continue };
-                sync_tree(&leaf, &staging, tree, checkpoint.owner, &mut summary)?;
+                sync_volume(&volume, tree, checkpoint.owner, &mut summary)?;
             }
             for entry in pod_dir.entries()? {
                 if wanted
@@ -963,69 +977,256 @@ fn insert<'a>(tree: &mut Node<'a>, components: &[&'a str], file: &'a DataFile) -
     }
 }
 
-/// Makes `dir` hold exactly `tree`: entries of the wrong type go first, then files are
-/// written (unchanged ones skipped) and subdirectories recursed into, then whatever is
-/// not in the tree is removed, so the pod sees a superset of keys rather than a subset
-/// mid-update.
-fn sync_tree(
-    dir: &Dir,
-    staging: &Dir,
+/// Removes, in every volume directory below a data root, the hidden entries no reader
+/// can reach: versions and temporary links a killed writer left, anything `..data` does
+/// not point to. Returns how many.
+fn remove_abandoned_versions(root: &Dir) -> Result<usize> {
+    let mut removed = 0;
+    let dirs = |dir: &Dir| -> Result<Vec<Dir>> {
+        let mut found = Vec::new();
+        for entry in dir.entries()? {
+            if entry.kind == Kind::Dir && !is_hidden_volume_entry(&entry.name) {
+                // Gone or swapped for something else meanwhile: nothing of ours below.
+                if let Ok(Some(child)) = dir.open_child(&entry.name) {
+                    found.push(child);
+                }
+            }
+        }
+        Ok(found)
+    };
+    for ns_dir in dirs(root)? {
+        for pod_dir in dirs(&ns_dir)? {
+            for volume in dirs(&pod_dir)? {
+                let current = current_version(&volume)?.map(|(name, _)| name);
+                let mut changed = false;
+                for entry in volume.entries()? {
+                    let abandoned = is_hidden_volume_entry(&entry.name)
+                        && entry.name != Layout::DATA_LINK_NAME
+                        && current.as_ref() != Some(&entry.name);
+                    if abandoned && volume.remove_tree(&entry.name)? {
+                        removed += 1;
+                        changed = true;
+                    }
+                }
+                if changed {
+                    volume.sync()?;
+                }
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// The owner of the directories we create: this process (root on a node).
+fn agent_owner() -> FileOwner {
+    FileOwner {
+        uid: rustix::process::geteuid().as_raw(),
+        gid: rustix::process::getegid().as_raw(),
+    }
+}
+
+/// Makes the volume directory `volume` show exactly `tree`, one version at a time, the
+/// way the kubelet's AtomicWriter does:
+///
+/// ```text
+/// <volume>/..2025_01_02T03_04_05_678Z.<unique>/   one complete version (files, subdirs)
+/// <volume>/..data -> ..2025_01_02T03_04_05_678Z.<unique>
+/// <volume>/<key> -> ..data/<key>                   one link per top-level name
+/// ```
+///
+/// A new version is written completely (and fsynced) in a directory nobody looks at, then
+/// `..data` is switched to it with one `rename`, so a reader sees the old version or the
+/// new one, never a new certificate with the old key. Then missing links are added, and
+/// whatever else is there goes: the old version, stale keys, versions a killed writer
+/// left, and the plain files and directories of the previous layout (or of bootkube,
+/// whose checkpoints held plain files: those keep working until replaced, in one step
+/// each, by their links). Nothing is written when the current version already holds
+/// exactly `tree` with the right modes and owner.
+fn sync_volume(
+    volume: &Dir,
     tree: &BTreeMap<&str, Node<'_>>,
     owner: FileOwner,
     summary: &mut WriteSummary,
 ) -> Result<()> {
+    let current = current_version(volume)?;
+    let up_to_date = match &current {
+        Some((_, dir)) => version_matches(dir, tree, owner)?,
+        None => false,
+    };
     let mut changed = false;
-    let existing = dir.entries()?;
-    for entry in &existing {
-        let conflicts = match entry.name.to_str().and_then(|name| tree.get(name)) {
-            // A rename replaces a file or a symlink (never following it), not a directory.
-            Some(Node::File(_)) => entry.kind == Kind::Dir,
-            Some(Node::Dir(_)) => entry.kind != Kind::Dir,
-            None => false,
-        };
-        if conflicts {
-            dir.remove_tree(&entry.name)?;
-            summary.entries_removed += 1;
+    let version = match current {
+        Some((name, _)) if up_to_date => name,
+        _ => {
+            let (name, dir) = new_version_dir(volume)?;
+            if let Err(error) = write_version(&dir, tree, owner, summary) {
+                // Best effort (a full disk still lets us remove): what is left is removed
+                // by the next write or `Store::open` anyway, and nobody reads it.
+                let _ = volume.remove_tree(&name);
+                return Err(error);
+            }
+            // The new version is durable before anything points at it.
+            volume.sync()?;
+            if volume.kind_of(Layout::DATA_LINK_NAME)? == Some(Kind::Dir) {
+                volume.remove_tree(Layout::DATA_LINK_NAME)?;
+            }
+            volume.remove_tree(DATA_LINK_TEMP_NAME)?;
+            volume.symlink(&name, DATA_LINK_TEMP_NAME)?;
+            volume.rename(DATA_LINK_TEMP_NAME, volume, Layout::DATA_LINK_NAME)?;
             changed = true;
+            name
         }
-    }
-    for (name, node) in tree {
-        match node {
-            Node::File(file) => {
-                if dir.write_file_via(
-                    staging,
-                    name,
-                    &file.bytes,
-                    file.mode & DATA_MODE_MASK,
-                    Some(owner),
-                )? {
-                    summary.files_written += 1;
-                    changed = true;
+    };
+    for name in tree.keys() {
+        let target = format!("{}/{name}", Layout::DATA_LINK_NAME);
+        if volume.read_link(name)?.is_some_and(|t| t == OsStr::new(&target)) {
+            continue;
+        }
+        match volume.kind_of(name)? {
+            None => volume.symlink(&target, name)?,
+            found => {
+                // Replaced in one step: a plain file by rename, a directory (the previous
+                // layout's nested item paths) by exchange, then removed.
+                volume.remove_tree(LINK_TEMP_NAME)?;
+                volume.symlink(&target, LINK_TEMP_NAME)?;
+                if found == Some(Kind::Dir) {
+                    volume.exchange(LINK_TEMP_NAME, name)?;
+                    volume.remove_tree(LINK_TEMP_NAME)?;
+                } else {
+                    volume.rename(LINK_TEMP_NAME, volume, name)?;
                 }
             }
-            Node::Dir(children) => {
-                let child = dir.ensure_child(name, DIR_MODE, Some(owner), true)?;
-                sync_tree(&child, staging, children, owner, summary)?;
-            }
         }
+        summary.links_written += 1;
+        changed = true;
     }
-    for entry in &existing {
-        let stale = entry.name.to_str().is_none_or(|name| !tree.contains_key(name));
-        if stale && dir.remove_tree(&entry.name)? {
+    for entry in volume.entries()? {
+        let keep = entry.name == Layout::DATA_LINK_NAME
+            || entry.name == version
+            || entry.name.to_str().is_some_and(|name| tree.contains_key(name));
+        if !keep && volume.remove_tree(&entry.name)? {
             summary.entries_removed += 1;
             changed = true;
         }
     }
     if changed {
-        dir.sync()?;
+        volume.sync()?;
     }
     Ok(())
+}
+
+/// The temporary name of the new `..data` link before it is renamed over the old one.
+const DATA_LINK_TEMP_NAME: &str = "..data_tmp";
+/// The temporary name of a key link that replaces a plain file or directory.
+const LINK_TEMP_NAME: &str = "..link_tmp";
+
+/// Whether a volume directory entry is one of the hidden names of the versioned layout
+/// (`..data`, versions, temporary links). Keys and item paths never start with `..`
+/// (the API server refuses them, and so does the store), so these cannot be the pod's.
+pub(crate) fn is_hidden_volume_entry(name: &OsStr) -> bool {
+    name.as_encoded_bytes().starts_with(b"..")
+}
+
+/// The version `..data` points to, opened; `None` if there is none, or `..data` is not a
+/// link to a version directory right here (it is then replaced, never followed).
+fn current_version(volume: &Dir) -> Result<Option<(std::ffi::OsString, Dir)>> {
+    let Some(target) = volume.read_link(Layout::DATA_LINK_NAME)? else {
+        return Ok(None);
+    };
+    let is_version = is_hidden_volume_entry(&target)
+        && !target.as_encoded_bytes().contains(&b'/')
+        && ![Layout::DATA_LINK_NAME, DATA_LINK_TEMP_NAME, LINK_TEMP_NAME]
+            .iter()
+            .any(|name| target == *name);
+    if !is_version {
+        warn!(path = %volume.child_path(Layout::DATA_LINK_NAME).display(), target = %target.to_string_lossy(), "not a link to a version of this volume; replacing it");
+        return Ok(None);
+    }
+    match volume.open_child(&target) {
+        Ok(Some(dir)) => Ok(Some((target, dir))),
+        Ok(None) | Err(Error::Symlink { .. } | Error::NotADirectory { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the version directory `dir` holds exactly `tree`: the same names, files with
+/// these bytes, modes and owner (and no other hard link), directories with our mode.
+fn version_matches(dir: &Dir, tree: &BTreeMap<&str, Node<'_>>, owner: FileOwner) -> Result<bool> {
+    if dir.mode()? != VOLUME_DIR_MODE {
+        return Ok(false);
+    }
+    let entries = dir.entries()?;
+    if entries.len() != tree.len() {
+        return Ok(false);
+    }
+    for entry in entries {
+        let Some(node) = entry.name.to_str().and_then(|name| tree.get(name)) else {
+            return Ok(false);
+        };
+        let matches = match node {
+            Node::File(file) => {
+                entry.kind == Kind::File
+                    && dir.file_matches(&entry.name, &file.bytes, file.mode & DATA_MODE_MASK, Some(owner))?
+            }
+            Node::Dir(children) => match dir.open_child(&entry.name) {
+                Ok(Some(child)) => version_matches(&child, children, owner)?,
+                Ok(None) | Err(Error::Symlink { .. } | Error::NotADirectory { .. }) => false,
+                Err(e) => return Err(e),
+            },
+        };
+        if !matches {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Creates an empty, uniquely named version directory in `volume`.
+fn new_version_dir(volume: &Dir) -> Result<(std::ffi::OsString, Dir)> {
+    let stamp: String = ckpt_core::Timestamp::now()
+        .to_rfc3339()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    loop {
+        let name = format!("..{stamp}.{}", crate::fsops::unique_suffix());
+        if let Some(dir) = volume.create_child(&name, VOLUME_DIR_MODE)? {
+            return Ok((name.into(), dir));
+        }
+    }
+}
+
+/// Writes `tree` into the new, empty version directory `dir`.
+fn write_version(
+    dir: &Dir,
+    tree: &BTreeMap<&str, Node<'_>>,
+    owner: FileOwner,
+    summary: &mut WriteSummary,
+) -> Result<()> {
+    for (name, node) in tree {
+        match node {
+            Node::File(file) => {
+                dir.create_file(name, &file.bytes, file.mode & DATA_MODE_MASK, Some(owner))?;
+                summary.files_written += 1;
+            }
+            Node::Dir(children) => {
+                let child = dir.create_child(name, VOLUME_DIR_MODE)?.ok_or_else(|| {
+                    Error::io(
+                        "creating directory",
+                        &dir.child_path(name),
+                        std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+                    )
+                })?;
+                write_version(&child, children, owner, summary)?;
+            }
+        }
+    }
+    dir.sync()
 }
 
 #[cfg(test)]
 mod tests {
     use std::fs;
-    use std::os::unix::fs::{MetadataExt, symlink};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
     use std::path::Path;
 
     use ckpt_core::DataKind::{ConfigMap, Projected, Secret};
@@ -1038,14 +1239,22 @@ mod tests {
         PodId::new(ns, name)
     }
 
-    /// Every file below `dir`, relative, with its content (symlinks as `-> target`).
+    /// Every file below `dir` as the pod sees it, relative, with its content: the
+    /// hidden `..` entries of a volume are skipped and its key links (`-> ..data/…`)
+    /// followed; any other symlink shows as `-> target`.
     fn tree(dir: &Path) -> Vec<(String, String)> {
         fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
             let Ok(entries) = fs::read_dir(dir) else { return };
             for entry in entries {
                 let path = entry.unwrap().path();
+                if path.file_name().unwrap().as_encoded_bytes().starts_with(b"..") {
+                    continue;
+                }
                 let rel = path.strip_prefix(base).unwrap().display().to_string();
-                let meta = fs::symlink_metadata(&path).unwrap();
+                let mut meta = fs::symlink_metadata(&path).unwrap();
+                if meta.is_symlink() && fs::read_link(&path).unwrap().starts_with(Layout::DATA_LINK_NAME) {
+                    meta = fs::metadata(&path).unwrap();
+                }
                 if meta.is_dir() {
                     walk(base, &path, out);
                 } else if meta.is_symlink() {
@@ -1103,6 +1312,7 @@ mod tests {
             WriteSummary {
                 manifest_written: true,
                 files_written: 4,
+                links_written: 4,
                 entries_removed: 0,
                 legacy_removed: false
             }
@@ -1126,11 +1336,12 @@ mod tests {
         );
         let cfg = layout.data_dir(&v1.dirs[1].dir);
         let modes = [
-            (cfg.join("top"), 0o400),
-            (cfg.join("a/b/c.yaml"), 0o644),
-            (cfg.join("a"), 0o700),
-            (cfg.join("a/b"), 0o700),
-            (cfg.clone(), 0o700),
+            (cfg.join("..data/top"), 0o400),
+            (cfg.join("..data/a/b/c.yaml"), 0o644),
+            (cfg.join("..data/a"), 0o755),
+            (cfg.join("..data/a/b"), 0o755),
+            (cfg.clone(), 0o755),
+            (layout.data_root(ConfigMap).join("kube-system/api"), 0o700),
             (layout.data_root(ConfigMap).join("kube-system"), 0o700),
             (layout.data_root(ConfigMap), 0o700),
             (layout.inactive_dir(), 0o700),
@@ -1161,7 +1372,10 @@ mod tests {
             summary.files_written, 2,
             "tls.key and ca.crt; tls.crt only removed"
         );
-        assert_eq!(summary.entries_removed, 2, "tls.crt and the configmap pod dir");
+        assert_eq!(
+            summary.entries_removed, 3,
+            "the previous tls version, the tls.crt link and the configmap pod dir"
+        );
         assert_eq!(
             tree(&layout.checkpoint_dir().join("checkpoint-secrets")),
             pairs(&[("kube-system/api/tls/tls.key", "k2")])
@@ -1175,6 +1389,92 @@ mod tests {
             pairs(&[("kube-system/api/token/ca.crt", "ca")])
         );
         assert_eq!(fs::read(&inactive).unwrap(), v2.manifest_bytes());
+    }
+
+    #[test]
+    fn plain_files_of_the_previous_layout_and_of_bootkube_become_versions_in_place() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("kube-system", "api");
+        // What the previous layout (and bootkube) left: plain files and directories in
+        // a 0700 volume directory; a running static pod mounts that directory.
+        let dir = layout.pod_data_dir(Secret, &pod).join("tls");
+        fs::create_dir_all(dir.join("nested")).unwrap();
+        fs::write(dir.join("tls.key"), "old key").unwrap();
+        fs::write(dir.join("nested/ca.crt"), "old ca").unwrap();
+        fs::write(dir.join("stale"), "gone").unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        let mounted = fs::metadata(&dir).unwrap().ino();
+        assert_eq!(
+            tree(&dir),
+            pairs(&[
+                ("nested/ca.crt", "old ca"),
+                ("stale", "gone"),
+                ("tls.key", "old key")
+            ]),
+            "read as they are until the first write"
+        );
+
+        let v1 = checkpoint(
+            &layout,
+            &pod,
+            "1",
+            &[(
+                Secret,
+                "tls",
+                &[("tls.key", "new key", 0o600), ("nested/ca.crt", "new ca", 0o644)],
+            )],
+        );
+        let summary = store.write_inactive(&v1).unwrap();
+        assert_eq!(
+            (
+                summary.files_written,
+                summary.links_written,
+                summary.entries_removed
+            ),
+            (2, 2, 1),
+            "a version of two files, their two links replacing a file and a directory, the stale key"
+        );
+        assert_eq!(
+            tree(&dir),
+            pairs(&[("nested/ca.crt", "new ca"), ("tls.key", "new key")])
+        );
+        assert_eq!(
+            fs::metadata(&dir).unwrap().ino(),
+            mounted,
+            "the same directory: the running pod's mount sees the new files"
+        );
+        for key in ["tls.key", "nested"] {
+            assert_eq!(
+                fs::read_link(dir.join(key)).unwrap(),
+                Path::new("..data").join(key)
+            );
+        }
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(
+            store.write_inactive(&v1).unwrap(),
+            WriteSummary::default(),
+            "steady state"
+        );
+
+        // A version a killed writer never published goes with the next open; the current
+        // one stays.
+        let current = fs::read_link(dir.join("..data")).unwrap();
+        fs::create_dir(dir.join("..2000_01_01T00_00_00_000Z.dead-1")).unwrap();
+        fs::write(dir.join("..2000_01_01T00_00_00_000Z.dead-1/tls.key"), "half").unwrap();
+        symlink("..2000_01_01T00_00_00_000Z.dead-1", dir.join("..data_tmp")).unwrap();
+        Store::open(layout.clone()).unwrap();
+        let hidden: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.as_encoded_bytes().starts_with(b".."))
+            .collect();
+        assert_eq!(hidden.len(), 2, "..data and {}: {hidden:?}", current.display());
+        assert_eq!(fs::read_link(dir.join("..data")).unwrap(), current);
+        assert_eq!(
+            tree(&dir),
+            pairs(&[("nested/ca.crt", "new ca"), ("tls.key", "new key")])
+        );
     }
 
     #[test]
@@ -1208,7 +1508,9 @@ mod tests {
         symlink(&outside, dir.join("junk-link")).unwrap();
         fs::create_dir_all(dir.join("junk-dir/deeper")).unwrap();
         let summary = store.write_inactive(&v2).unwrap();
-        assert_eq!((summary.files_written, summary.entries_removed), (1, 2));
+        // A new version (its a/y was replaced): both files; the tampered version and
+        // the two junk entries go.
+        assert_eq!((summary.files_written, summary.entries_removed), (2, 3));
         assert_eq!(tree(&dir), pairs(&[("a/y", "y"), ("d", "file")]));
         assert_eq!(fs::read_to_string(&outside).unwrap(), "precious");
     }
@@ -1718,11 +2020,14 @@ mod tests {
             ))
             .unwrap();
         let secret_dir = layout.pod_data_dir(Secret, &pod).join("s");
+        // The previous layout staged data files below each data root: that dir goes.
+        let staging = layout.data_root(Secret).join(".staging");
+        fs::create_dir(&staging).unwrap();
+        fs::write(staging.join(stale), "partial").unwrap();
         let dirs = [
             layout.manifests_dir().to_path_buf(),
             layout.inactive_dir(),
             layout.checkpoint_dir().to_path_buf(),
-            layout.staging_dir(Secret),
         ];
         for dir in dirs.iter().chain([&secret_dir]) {
             fs::write(dir.join(stale), "partial").unwrap();
@@ -1730,6 +2035,7 @@ mod tests {
             fs::write(dir.join(".swp"), "an editor's").unwrap();
         }
         let reopened = Store::open(layout.clone()).unwrap();
+        assert!(!staging.exists());
         for dir in &dirs {
             assert!(!dir.join(stale).exists(), "{}", dir.display());
             assert!(

@@ -1,6 +1,8 @@
 //! Crash safety: a writer SIGKILLed at random points never leaves a manifest the kubelet
-//! (or we) cannot parse, never a truncated data file, and its temp files are invisible to
-//! the kubelet (dotfiles) and removed by the next `Store::open`.
+//! (or we) cannot parse, never a truncated data file, never a volume whose files come from
+//! two versions, and its leftovers (temp files, unpublished versions of a volume) are
+//! invisible to the kubelet and the pod (dotfiles, `..` names) and removed by the next
+//! `Store::open`.
 //!
 //! The writer is this test binary re-executed with `CKPT_STORE_CRASH_DIR` set, running
 //! only `crash_child_writer`, which loops forever over random writes, activations,
@@ -55,7 +57,8 @@ fn pods() -> Vec<PodId> {
 
 /// Content that proves it is complete: its own length in the first 9 bytes.
 fn self_checking(len: usize, fill: u8) -> Vec<u8> {
-    let len = len.max(9);
+    // At least one fill byte: it tells which version the file belongs to.
+    let len = len.max(10);
     let mut bytes = format!("{len:08}:").into_bytes();
     bytes.resize(len, fill);
     bytes
@@ -155,29 +158,87 @@ fn check_manifests(dir: &Path, round: usize) {
     }
 }
 
-/// Every data file (temp files aside) is complete. Returns the number of our temp
-/// files seen anywhere below `dir`.
-fn check_data(dir: &Path, round: usize) -> usize {
-    let mut temps = 0;
-    let Ok(entries) = fs::read_dir(dir) else { return 0 };
-    for entry in entries {
-        let entry = entry.expect("entry");
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let kind = entry.file_type().expect("type");
-        if name.starts_with(TEMP_PREFIX) {
-            temps += 1;
-        } else if kind.is_dir() {
-            temps += check_data(&entry.path(), round);
-        } else {
-            let bytes = fs::read(entry.path()).expect("read data");
-            assert!(
-                is_complete(&bytes),
-                "round {round}: {} is truncated",
-                entry.path().display()
-            );
+/// What the pod sees in every volume directory below a data root (`<ns>/<pod>/<volume>`)
+/// is complete and one version: every file reached through its key link is complete, and
+/// all of a volume's files carry the same fill byte (the writer's version). Returns how
+/// many leftovers of a killed writer there are: our temp files anywhere, and hidden `..`
+/// entries of a volume that `..data` does not point to (unpublished versions, temporary
+/// links), which no reader can reach.
+fn check_data(root: &Path, round: usize) -> usize {
+    let mut leftovers = 0;
+    for ns in subdirs(root, &mut leftovers) {
+        for pod in subdirs(&ns, &mut leftovers) {
+            for volume in subdirs(&pod, &mut leftovers) {
+                leftovers += check_volume(&volume, round);
+            }
         }
     }
-    temps
+    leftovers
+}
+
+/// The subdirectories of `dir`; counts our temp files met on the way.
+fn subdirs(dir: &Path, leftovers: &mut usize) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut dirs = Vec::new();
+    for entry in entries {
+        let entry = entry.expect("entry");
+        if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            *leftovers += 1;
+        } else if entry.file_type().expect("type").is_dir() {
+            dirs.push(entry.path());
+        }
+    }
+    dirs
+}
+
+fn check_volume(volume: &Path, round: usize) -> usize {
+    let current = fs::read_link(volume.join("..data")).ok();
+    let mut leftovers = 0;
+    let mut fills = BTreeMap::new();
+    for entry in fs::read_dir(volume).expect("volume") {
+        let entry = entry.expect("entry");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(TEMP_PREFIX) {
+            leftovers += 1;
+        } else if name.starts_with("..") {
+            if name != "..data" && current.as_deref() != Some(Path::new(&name)) {
+                leftovers += 1;
+            }
+        } else {
+            read_visible(&entry.path(), round, &mut fills);
+        }
+    }
+    assert!(
+        fills.len() <= 1,
+        "round {round}: {} mixes versions: {fills:?}",
+        volume.display()
+    );
+    leftovers
+}
+
+/// Reads a user-visible entry as the pod would (following links). A key link of a key
+/// the new version dropped dangles until the writer removes it, as with the kubelet.
+fn read_visible(path: &Path, round: usize, fills: &mut BTreeMap<u8, String>) {
+    let meta = match fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => panic!("round {round}: {}: {e}", path.display()),
+    };
+    if meta.is_dir() {
+        for entry in fs::read_dir(path).expect("dir") {
+            read_visible(&entry.expect("entry").path(), round, fills);
+        }
+        return;
+    }
+    let bytes = fs::read(path).expect("read data");
+    assert!(
+        is_complete(&bytes),
+        "round {round}: {} is truncated",
+        path.display()
+    );
+    fills.insert(bytes[bytes.len() - 1], path.display().to_string());
 }
 
 fn count_temps(dir: &Path) -> usize {

@@ -187,3 +187,66 @@ fn read_only_filesystem_is_a_typed_error_and_reads_still_work() {
         .write_inactive(&checkpoint(&layout, &id, "v2", 10))
         .expect("writable again");
 }
+
+/// One version of a volume at a time: an update whose second file does not fit leaves
+/// the pod seeing the whole previous version, never a new first file beside an old second
+/// one (a new certificate with the old key).
+#[test]
+fn a_volume_update_that_does_not_fit_leaves_the_whole_previous_version() {
+    let Some(tmpfs) = Tmpfs::mount("1m") else { return };
+    let layout = common::layout(&tmpfs.mountpoint);
+    let store = Store::open(layout.clone()).expect("open");
+    let id = PodId::new("kube-system", "api");
+    let volume = |v: &str, big: usize| {
+        // Written in name order: `a.crt` first, then `b.key`.
+        let secret = vec![
+            ("a.crt".to_owned(), format!("cert {v}").into_bytes(), 0o600),
+            ("b.key".to_owned(), vec![v.as_bytes()[0]; big], 0o600),
+        ];
+        common::checkpoint(
+            &layout,
+            &id,
+            &[],
+            &[(DataKind::Secret, "tls", secret)],
+            FileOwner::default(),
+        )
+    };
+    store.write_inactive(&volume("1", 10)).expect("write v1");
+    let dir = layout.pod_data_dir(DataKind::Secret, &id).join("tls");
+    // Leave room for the small certificate but not for the key.
+    let filler = tmpfs.mountpoint.join("filler");
+    let room = free_bytes(&tmpfs.mountpoint).saturating_sub(16 << 10);
+    fs::write(&filler, vec![0u8; room]).expect("fill all but 16 KiB");
+    let error = store
+        .write_inactive(&volume("2", 256 << 10))
+        .expect_err("disk full");
+    assert!(matches!(error, Error::NoSpace { .. }), "{error:?}");
+    assert_eq!(fs::read(dir.join("a.crt")).expect("cert"), b"cert 1");
+    assert_eq!(fs::read(dir.join("b.key")).expect("key"), vec![b'1'; 10]);
+    fs::remove_file(&filler).expect("free space");
+    assert!(no_temp_files(&tmpfs.mountpoint));
+    let leftovers: Vec<_> = fs::read_dir(&dir)
+        .expect("volume")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("..") && n != "..data")
+        .collect();
+    assert_eq!(leftovers.len(), 1, "only the current version: {leftovers:?}");
+
+    store.write_inactive(&volume("2", 256 << 10)).expect("fits now");
+    assert_eq!(fs::read(dir.join("a.crt")).expect("cert"), b"cert 2");
+    assert_eq!(fs::read(dir.join("b.key")).expect("key"), vec![b'2'; 256 << 10]);
+}
+
+/// Free bytes on the filesystem of `path`, from `df`.
+fn free_bytes(path: &Path) -> usize {
+    let output = Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(path)
+        .output()
+        .expect("df");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .expect("df output")
+}

@@ -1,7 +1,12 @@
-//! Modes and owners of everything the store writes (ARCHITECTURE.md, Identity and layout): directories 0700,
-//! data files at the checkpoint's modes and owned by the pod's uid/gid (so are the
-//! volume directories), manifests 0644 or 0600 with secret values, the kubelet's
-//! directory 0755 when we create it. Changing owners needs root, which the tests have.
+//! Modes and owners of everything the store writes (ARCHITECTURE.md, Identity and layout):
+//! our directories and the data roots with the namespace and pod directories below them
+//! 0700 (the root-only ancestors that keep host users out), volume directories and
+//! everything directory-like inside them 0755 and ours, data files at the checkpoint's
+//! modes and owned by the pod's uid/gid, manifests 0644 or 0600 with secret values, the
+//! kubelet's directory 0755 when we create it. Then, with real second uids, that the pod's
+//! users read their files through a read-only bind mount of a volume directory (as in the
+//! container), and that host users other than root reach nothing. Changing owners and
+//! mounting need root, which the tests have.
 
 mod common;
 
@@ -54,6 +59,7 @@ fn modes_and_owners() {
 
     let secret_dir = layout.pod_data_dir(DataKind::Secret, &id).join("tls");
     let config_dir = layout.pod_data_dir(DataKind::ConfigMap, &id).join("cfg");
+    let secret = secret_dir.join("..data");
     let expected: &[(&Path, (u32, u32, u32))] = &[
         (&layout.inactive_dir(), (0o700, 0, 0)),
         (&layout.quarantine_dir(), (0o700, 0, 0)),
@@ -63,19 +69,27 @@ fn modes_and_owners() {
             (0o700, 0, 0),
         ),
         (&layout.pod_data_dir(DataKind::Secret, &id), (0o700, 0, 0)),
-        (&secret_dir, (0o700, 1234, 5678)),
-        (&secret_dir.join("tls.key"), (0o400, 1234, 5678)),
-        (&secret_dir.join("tls.crt"), (0o640, 1234, 5678)),
-        (&secret_dir.join("tool"), (0o755, 1234, 5678)),
-        (&secret_dir.join("nested"), (0o700, 1234, 5678)),
-        (&secret_dir.join("nested/deeper"), (0o700, 1234, 5678)),
-        (&secret_dir.join("nested/deeper/ca.crt"), (0o644, 1234, 5678)),
-        (&config_dir, (0o700, 1234, 5678)),
-        (&config_dir.join("config.yaml"), (0o644, 1234, 5678)),
+        (&secret_dir, (0o755, 0, 0)),
+        (&secret.join("tls.key"), (0o400, 1234, 5678)),
+        (&secret.join("tls.crt"), (0o640, 1234, 5678)),
+        (&secret.join("tool"), (0o755, 1234, 5678)),
+        (&secret.join("nested"), (0o755, 0, 0)),
+        (&secret.join("nested/deeper"), (0o755, 0, 0)),
+        (&secret.join("nested/deeper/ca.crt"), (0o644, 1234, 5678)),
+        (&config_dir, (0o755, 0, 0)),
+        (&config_dir.join("..data/config.yaml"), (0o644, 1234, 5678)),
         (&layout.inactive_manifest_path(&id), (0o600, 0, 0)),
         (&layout.active_manifest_path(&id), (0o600, 0, 0)),
         (layout.manifests_dir(), (0o755, 0, 0)),
     ];
+    for (key, target) in [("tls.key", "..data/tls.key"), ("nested", "..data/nested")] {
+        assert_eq!(
+            fs::read_link(secret_dir.join(key)).expect("a key is a link"),
+            Path::new(target)
+        );
+    }
+    let version = fs::read_link(&secret).expect("..data is a link");
+    assert_eq!(stat(&secret_dir.join(version)), (0o755, 0, 0));
     let check = |expected: &[(&Path, (u32, u32, u32))]| {
         for (path, (mode, uid, gid)) in expected {
             let got = stat(path);
@@ -101,7 +115,8 @@ fn modes_and_owners() {
         (&layout.active_manifest_path(&id), (0o644, 0, 0)),
     ]);
 
-    // A new owner (the pod's runAsUser changed) re-owns files and volume dirs.
+    // A new owner (the pod's runAsUser changed) re-owns the files, in new versions;
+    // the directories stay ours.
     cp.owner = FileOwner { uid: 4321, gid: 8765 };
     let summary = store.write_inactive(&cp).expect("write");
     assert_eq!(
@@ -109,21 +124,169 @@ fn modes_and_owners() {
         "every file is rewritten for its new owner"
     );
     check(&[
-        (&secret_dir, (0o700, 4321, 8765)),
-        (&secret_dir.join("nested"), (0o700, 4321, 8765)),
-        (&secret_dir.join("tls.key"), (0o400, 4321, 8765)),
-        (&config_dir, (0o700, 4321, 8765)),
+        (&secret_dir, (0o755, 0, 0)),
+        (&secret.join("nested"), (0o755, 0, 0)),
+        (&secret.join("tls.key"), (0o400, 4321, 8765)),
+        (&config_dir, (0o755, 0, 0)),
+        (&config_dir.join("..data/config.yaml"), (0o644, 4321, 8765)),
     ]);
 
-    // Tampered modes are put right on the next write.
-    fs::set_permissions(&secret_dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+    // Tampered modes are put right on the next write (a file's by a new version).
+    fs::set_permissions(&secret_dir, fs::Permissions::from_mode(0o777)).expect("chmod");
     fs::set_permissions(secret_dir.join("tls.key"), fs::Permissions::from_mode(0o666)).expect("chmod");
     let summary = store.write_inactive(&cp).expect("write");
-    assert_eq!(summary.files_written, 1);
+    assert_eq!(summary.files_written, 4, "a new version of the secret volume");
     check(&[
-        (&secret_dir, (0o700, 4321, 8765)),
-        (&secret_dir.join("tls.key"), (0o400, 4321, 8765)),
+        (&secret_dir, (0o755, 0, 0)),
+        (&secret.join("tls.key"), (0o400, 4321, 8765)),
     ]);
+}
+
+/// A bind mount of `source` at `target`, read-only, as the kubelet mounts a hostPath
+/// volume with `readOnly: true`; unmounted on drop.
+struct ReadOnlyBind(std::path::PathBuf);
+
+impl ReadOnlyBind {
+    fn mount(source: &Path, target: &Path) -> Option<Self> {
+        fs::create_dir_all(target).expect("mountpoint");
+        let run = |args: &[&str]| {
+            std::process::Command::new("mount")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let (source, target_str) = (source.display().to_string(), target.display().to_string());
+        if !run(&["--bind", &source, &target_str]) {
+            eprintln!("skipped: bind mounts are not permitted here");
+            return None;
+        }
+        let bind = Self(target.to_path_buf());
+        assert!(run(&["-o", "remount,bind,ro", &target_str]), "remount read-only");
+        Some(bind)
+    }
+}
+
+impl Drop for ReadOnlyBind {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Runs `cat` on `paths` as `uid` with the supplementary `groups` (`setpriv`); the output
+/// if every file was readable, `None` if one was not.
+fn cat_as(uid: u32, groups: &[u32], paths: &[&Path]) -> Option<String> {
+    let groups = if groups.is_empty() {
+        "--clear-groups".to_owned()
+    } else {
+        format!(
+            "--groups={}",
+            groups.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        )
+    };
+    let output = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            &groups,
+            "--",
+            "cat",
+        ])
+        .args(paths)
+        .output()
+        .expect("setpriv runs");
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+#[test]
+fn the_pods_users_read_their_files_through_the_mount_and_host_users_reach_nothing() {
+    if !common::running_as_root() {
+        eprintln!("skipped: other users and mounts need root");
+        return;
+    }
+    if std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: setpriv is not available");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A node's /etc is open to everyone; so is the temp dir, to see that what keeps host
+    // users out is our own root-only ancestor.
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let layout = common::layout(tmp.path());
+    let store = Store::open(layout.clone()).expect("open");
+    fs::set_permissions(layout.checkpoint_dir(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let id = PodId::new("kube-system", "kube-apiserver-x");
+    // runAsUser 1234, fsGroup 5678: the sanitizer gave the files group read, as the
+    // kubelet does. `image.txt` is 0644, as for an image whose USER is not root.
+    let secret = vec![
+        ("tls.key".to_owned(), b"KEY".to_vec(), 0o400),
+        ("ca.crt".to_owned(), b"CA".to_vec(), 0o440),
+        ("nested/image.txt".to_owned(), b"IMG".to_vec(), 0o644),
+    ];
+    let cp = common::checkpoint(
+        &layout,
+        &id,
+        &[],
+        &[(DataKind::Secret, "tls", secret)],
+        FileOwner { uid: 1234, gid: 5678 },
+    );
+    store.write_inactive(&cp).expect("write");
+    let volume = layout.pod_data_dir(DataKind::Secret, &id).join("tls");
+    let Some(mount) = ReadOnlyBind::mount(&volume, &tmp.path().join("container/etc/tls")) else {
+        return;
+    };
+    let seen = |name: &str| mount.0.join(name);
+
+    // The pod's runAsUser (with fsGroup as a supplementary group, as the runtime adds it).
+    assert_eq!(
+        cat_as(
+            1234,
+            &[5678],
+            &[&seen("tls.key"), &seen("ca.crt"), &seen("nested/image.txt")]
+        )
+        .as_deref(),
+        Some("KEYCAIMG")
+    );
+    // Another uid of the same pod: group read through fsGroup, not the owner-only key.
+    assert_eq!(cat_as(4000, &[5678], &[&seen("ca.crt")]).as_deref(), Some("CA"));
+    assert_eq!(cat_as(4000, &[5678], &[&seen("tls.key")]), None);
+    // An image USER without runAsUser or fsGroup reads what is world-readable.
+    assert_eq!(
+        cat_as(4000, &[], &[&seen("nested/image.txt")]).as_deref(),
+        Some("IMG")
+    );
+
+    // Host users, even with the pod's uid and group, are stopped at the data root.
+    for uid in [65534, 1234, 4000] {
+        for path in [
+            volume.join("ca.crt"),
+            volume.join("nested/image.txt"),
+            volume.join("..data/ca.crt"),
+        ] {
+            assert_eq!(
+                cat_as(uid, &[5678], &[&path]),
+                None,
+                "uid {uid}: {}",
+                path.display()
+            );
+        }
+    }
+    let listing = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "ls"])
+        .arg(layout.data_root(DataKind::Secret))
+        .output()
+        .expect("ls");
+    assert!(!listing.status.success(), "a host user lists the data root");
+    drop(mount);
 }
 
 const UNPRIVILEGED_DIR_ENV: &str = "CKPT_STORE_UNPRIVILEGED_DIR";

@@ -137,6 +137,32 @@ fn nothing_outside_is_touched_whatever_is_planted() {
             fs::remove_file(&key).expect("rm");
             fs::hard_link(f.outside.join("victim"), &key).expect("hard link");
         }),
+        ("data link", |f| {
+            f.store.write_inactive(&f.checkpoint("v0")).expect("write");
+            let dir = f.layout.pod_data_dir(DataKind::Secret, &f.id).join("tls");
+            f.link(&dir.join("..data"), &f.outside.join("dir"));
+        }),
+        ("data link to a version elsewhere", |f| {
+            f.store.write_inactive(&f.checkpoint("v0")).expect("write");
+            let dir = f.layout.pod_data_dir(DataKind::Secret, &f.id).join("tls");
+            f.link(&dir.join("..data"), Path::new("../../../../../outside/dir"));
+            f.link(&dir.join("..2000_01_01"), &f.outside);
+        }),
+        ("hard link in the current version", |f| {
+            f.store.write_inactive(&f.checkpoint("v0")).expect("write");
+            let key = f
+                .layout
+                .pod_data_dir(DataKind::Secret, &f.id)
+                .join("tls/..data/key");
+            fs::remove_file(&key).expect("rm");
+            fs::hard_link(f.outside.join("victim"), &key).expect("hard link");
+        }),
+        ("symlink in the current version", |f| {
+            f.store.write_inactive(&f.checkpoint("v0")).expect("write");
+            let version = f.layout.pod_data_dir(DataKind::Secret, &f.id).join("tls/..data");
+            f.link(&version.join("key"), &f.outside.join("victim"));
+            f.link(&version.join("sub"), &f.outside.join("dir"));
+        }),
         ("inactive manifest", |f| {
             f.link(
                 &f.layout.inactive_manifest_path(&f.id),
