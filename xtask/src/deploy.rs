@@ -15,7 +15,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
 use xtask::progress::Progress;
 
-use crate::manifests::{KubernetesVersion, Manifest, ManifestArgs, ManifestOptions, NAME, render};
+use ckpt_bin::render::{KubernetesVersion, Manifest, ManifestArgs, ManifestOptions, NAME, render};
 
 /// The field manager of every apply, so a second deploy owns (and can drop) what the first set.
 pub(crate) const FIELD_MANAGER: &str = "pod-checkpointer-xtask";

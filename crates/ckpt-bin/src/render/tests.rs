@@ -1,12 +1,24 @@
 //! Render tests: the YAML reads back into the same objects, every registered strategy
-//! renders a config the agent accepts, and the manifests say what ARCHITECTURE.md, Deployment asks for.
+//! renders a config the agent accepts, and the manifests are what the README's
+//! installation section promises.
 
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::RollingUpdateDaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::PolicyRule;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::objects::{CHECKPOINT_ANNOTATION, CONFIG_HASH_ANNOTATION, CONFIG_KEY, KUBECONFIG_KEY, KUBECONFIG_NAME};
 use super::*;
+
+fn kubelet_args() -> ManifestArgs {
+    ManifestArgs {
+        runtime_endpoint: String::new(),
+        kubelet_insecure: true,
+        ..ManifestArgs::default()
+    }
+}
 
 fn options(args: &ManifestArgs) -> ManifestOptions {
     args.options(KubernetesVersion::NEWEST).unwrap()
@@ -47,39 +59,39 @@ fn container_of(objects: &[Manifest]) -> &Container {
     &pod_spec_of(objects).containers[0]
 }
 
-fn config_of(objects: &[Manifest]) -> &str {
-    objects
-        .iter()
-        .find_map(|o| match o {
-            Manifest::ConfigMap(cm) => cm.data.as_ref()?.get(CONFIG_KEY),
-            _ => None,
-        })
-        .expect("the agent's ConfigMap")
+fn config_map_of<'a>(objects: &'a [Manifest], name: &str, key: &str) -> Option<&'a str> {
+    objects.iter().find_map(|o| match o {
+        Manifest::ConfigMap(cm) if cm.metadata.name.as_deref() == Some(name) => {
+            cm.data.as_ref()?.get(key).map(String::as_str)
+        }
+        _ => None,
+    })
 }
 
-fn cluster_rules(objects: &[Manifest]) -> &[PolicyRule] {
-    objects
-        .iter()
-        .find_map(|o| match o {
-            Manifest::ClusterRole(r) => r.rules.as_deref(),
-            _ => None,
-        })
-        .expect("a ClusterRole")
+fn config_of(objects: &[Manifest]) -> &str {
+    config_map_of(objects, NAME, CONFIG_KEY).expect("the agent's ConfigMap")
+}
+
+fn cluster_rules<'a>(objects: &'a [Manifest], name: &str) -> Option<&'a [PolicyRule]> {
+    objects.iter().find_map(|o| match o {
+        Manifest::ClusterRole(r) if r.metadata.name.as_deref() == Some(name) => r.rules.as_deref(),
+        _ => None,
+    })
 }
 
 /// Parses what [`to_yaml`] wrote, each document by its `kind`.
-fn from_yaml(text: &str) -> anyhow::Result<Vec<Manifest>> {
+fn from_yaml(text: &str) -> std::result::Result<Vec<Manifest>, String> {
     let documents: Vec<serde_json::Value> =
-        serde_saphyr::from_multiple(text).context("not a multi-document YAML stream")?;
+        serde_saphyr::from_multiple(text).map_err(|e| format!("not a multi-document YAML stream: {e}"))?;
     documents
         .into_iter()
         .enumerate()
-        .map(|(index, doc)| manifest_from_json(doc).with_context(|| format!("document {}", index + 1)))
+        .map(|(index, doc)| manifest_from_json(doc).map_err(|e| format!("document {}: {e}", index + 1)))
         .collect()
 }
 
 /// One document, by its `kind`.
-fn manifest_from_json(value: serde_json::Value) -> anyhow::Result<Manifest> {
+fn manifest_from_json(value: serde_json::Value) -> std::result::Result<Manifest, String> {
     let kind = value
         .get("kind")
         .and_then(|k| k.as_str())
@@ -94,9 +106,9 @@ fn manifest_from_json(value: serde_json::Value) -> anyhow::Result<Manifest> {
         "Role" => serde_json::from_value(value).map(Manifest::Role),
         "RoleBinding" => serde_json::from_value(value).map(Manifest::RoleBinding),
         "DaemonSet" => serde_json::from_value(value).map(|ds| Manifest::DaemonSet(Box::new(ds))),
-        other => bail!("unexpected kind {other:?}"),
+        other => return Err(format!("unexpected kind {other:?}")),
     };
-    parsed.with_context(|| format!("invalid {kind}"))
+    parsed.map_err(|e| format!("invalid {kind}: {e}"))
 }
 
 fn kinds_and_names(objects: &[Manifest]) -> Vec<String> {
@@ -114,10 +126,13 @@ fn yaml_reads_back_into_the_same_objects() {
             namespace: "pod-checkpointer".into(),
             image: "registry.example/pod-checkpointer:dev".into(),
             runtime_endpoint: String::new(),
+            kubelet_ca: Some("/etc/kubernetes/pki/kubelet-ca.crt".into()),
+            api_server: IN_CLUSTER.into(),
             kubernetes_version: Some(KubernetesVersion::new(1, 20)),
             bind_user: vec!["pod-checkpointer".into()],
             ..ManifestArgs::default()
         },
+        kubelet_args(),
     ];
     for args in variants {
         let objects = render(&options(&args));
@@ -139,7 +154,7 @@ fn every_registered_strategy_renders_a_config_the_agent_accepts() {
         };
         let objects = render(&options(&args));
         let config = config_of(&objects);
-        ckpt_bin::config::check_config_file(config)
+        crate::config::check_config_file(config)
             .unwrap_or_else(|e| panic!("{name}: {}\n{config}", ckpt_core::error_chain(&e)));
         let parsed: serde_json::Value = serde_saphyr::from_str(config).unwrap();
         assert_eq!(parsed["gc-strategy"], name);
@@ -157,6 +172,16 @@ fn the_config_names_strategy_grace_period_namespaces_paths_and_metrics() {
         metrics_port: 9999,
         ..ManifestArgs::default()
     };
+    let kubelet = render(&options(&ManifestArgs {
+        kubelet_ca: Some("/etc/kubernetes/pki/ca.crt".into()),
+        kubelet_insecure: false,
+        ..kubelet_args()
+    }));
+    let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&kubelet)).unwrap();
+    assert_eq!(parsed["kubelet-ca"], "/etc/kubernetes/pki/ca.crt");
+    assert_eq!(parsed.get("kubelet-insecure"), None);
+    let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&render(&options(&kubelet_args())))).unwrap();
+    assert_eq!(parsed["kubelet-insecure"], true);
     let objects = render(&options(&args));
     let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&objects)).unwrap();
     assert_eq!(
@@ -170,6 +195,7 @@ fn the_config_names_strategy_grace_period_namespaces_paths_and_metrics() {
             "lock-file": "/var/run/lock/pod-checkpointer.lock",
             "runtime-endpoint": "unix:///var/run/crio/crio.sock",
             "metrics-addr": "127.0.0.1:9999",
+            "health-socket": "/run/pod-checkpointer/health.sock",
         })
     );
 }
@@ -217,6 +243,29 @@ fn flags_the_agent_would_refuse_are_rejected_before_rendering() {
             image: " ".into(),
             ..ManifestArgs::default()
         },
+        ManifestArgs {
+            api_server: "http://127.0.0.1:8080".into(),
+            ..ManifestArgs::default()
+        },
+        ManifestArgs {
+            api_server: "https://".into(),
+            ..ManifestArgs::default()
+        },
+        // The kubelet API without a choice about its certificate.
+        ManifestArgs {
+            kubelet_insecure: false,
+            ..kubelet_args()
+        },
+        ManifestArgs {
+            kubelet_ca: Some("ca.crt".into()),
+            kubelet_insecure: false,
+            ..kubelet_args()
+        },
+        // A kubelet choice without the kubelet API.
+        ManifestArgs {
+            kubelet_insecure: true,
+            ..ManifestArgs::default()
+        },
     ];
     for args in refused {
         let error = args.options(KubernetesVersion::NEWEST).unwrap_err();
@@ -247,108 +296,125 @@ fn objects_come_in_apply_order_with_a_role_per_checkpointed_namespace() {
         kinds_and_names(&in_kube_system),
         [
             "ServiceAccount kube-system/pod-checkpointer",
+            "ServiceAccount kube-system/pod-checkpointer-static",
             "ConfigMap kube-system/pod-checkpointer",
+            "ConfigMap kube-system/pod-checkpointer-kubeconfig",
             "ClusterRole pod-checkpointer",
             "ClusterRoleBinding pod-checkpointer",
             "Role kube-system/pod-checkpointer",
             "RoleBinding kube-system/pod-checkpointer",
+            "Role kube-system/pod-checkpointer-token",
+            "RoleBinding kube-system/pod-checkpointer-token",
             "DaemonSet kube-system/pod-checkpointer",
         ]
     );
     let elsewhere = render(&options(&ManifestArgs {
         namespace: "checkpointer".into(),
         namespaces: vec!["kube-system".into()],
-        ..ManifestArgs::default()
+        api_server: IN_CLUSTER.into(),
+        ..kubelet_args()
     }));
     assert_eq!(
         kinds_and_names(&elsewhere),
         [
             "Namespace checkpointer",
             "ServiceAccount checkpointer/pod-checkpointer",
+            "ServiceAccount checkpointer/pod-checkpointer-static",
             "ConfigMap checkpointer/pod-checkpointer",
             "ClusterRole pod-checkpointer",
             "ClusterRoleBinding pod-checkpointer",
+            "ClusterRole pod-checkpointer-kubelet",
+            "ClusterRoleBinding pod-checkpointer-kubelet",
             "Role checkpointer/pod-checkpointer",
             "RoleBinding checkpointer/pod-checkpointer",
             "Role kube-system/pod-checkpointer",
             "RoleBinding kube-system/pod-checkpointer",
+            "Role checkpointer/pod-checkpointer-token",
+            "RoleBinding checkpointer/pod-checkpointer-token",
             "DaemonSet checkpointer/pod-checkpointer",
         ],
-        "the install namespace is always checkpointed: the agent checkpoints itself"
+        "the install namespace is always checkpointed (the agent checkpoints itself); \
+         in-cluster needs no kubeconfig; the kubelet role only with the kubelet API"
     );
 }
 
+/// Both copies get the read-only roles; only the agent's account mints tokens.
 #[test]
-fn bindings_name_the_service_account_and_any_extra_user() {
+fn bindings_name_both_accounts_but_tokens_are_minted_by_the_agents_alone() {
     let objects = render(&options(&ManifestArgs {
         bind_user: vec!["pod-checkpointer".into()],
-        ..ManifestArgs::default()
+        ..kubelet_args()
     }));
+    let mut seen = 0;
     for object in &objects {
         let (role_ref, subjects) = match object {
             Manifest::ClusterRoleBinding(b) => (&b.role_ref, b.subjects.as_ref().unwrap()),
             Manifest::RoleBinding(b) => (&b.role_ref, b.subjects.as_ref().unwrap()),
             _ => continue,
         };
-        assert_eq!(role_ref.name, NAME);
+        seen += 1;
+        assert_eq!(role_ref.name, object.name());
         let subjects: Vec<_> = subjects
             .iter()
             .map(|s| (s.kind.as_str(), s.name.as_str(), s.namespace.as_deref()))
             .collect();
-        assert_eq!(
-            subjects,
-            [
-                ("ServiceAccount", NAME, Some("kube-system")),
-                ("User", "pod-checkpointer", None)
-            ]
-        );
+        let mut expected = vec![("ServiceAccount", NAME, Some("kube-system"))];
+        if object.name() != "pod-checkpointer-token" {
+            expected.push(("ServiceAccount", STATIC_NAME, Some("kube-system")));
+        }
+        expected.push(("User", "pod-checkpointer", None));
+        assert_eq!(subjects, expected, "{}", object.describe());
     }
+    assert_eq!(seen, 4);
 }
 
 #[test]
-fn rbac_is_least_privilege() {
-    let objects = render(&default_options());
-    for object in &objects {
-        let rules = match object {
-            Manifest::ClusterRole(r) => r.rules.as_ref().unwrap(),
-            Manifest::Role(r) => r.rules.as_ref().unwrap(),
-            _ => continue,
-        };
-        for rule in rules {
-            let resources = rule.resources.as_ref().unwrap();
-            let everything = [rule.api_groups.as_ref().unwrap(), resources, &rule.verbs];
-            assert!(
-                everything.iter().all(|list| !list.iter().any(|s| s == "*")),
-                "no wildcards: {rule:?}"
-            );
-            let writes: Vec<_> = rule
-                .verbs
-                .iter()
-                .filter(|v| !["get", "list", "watch"].contains(&v.as_str()))
-                .collect();
-            let own_token = resources == &["serviceaccounts/token"]
-                && rule.resource_names.as_deref() == Some(&[NAME.to_owned()][..])
-                && object.namespace() == Some("kube-system");
-            assert!(
-                writes.is_empty() || resources == &["events"] || own_token,
-                "only Events are written, and tokens of its own service account minted: {rule:?}"
-            );
+fn rbac_is_least_privilege_and_every_rule_says_why() {
+    for args in [ManifestArgs::default(), kubelet_args()] {
+        let objects = render(&options(&args));
+        for object in &objects {
+            for rule in object.rules().unwrap_or_default() {
+                assert!(objects::why(rule).is_some(), "no reason for {rule:?}");
+                let resources = rule.resources.as_ref().unwrap();
+                let everything = [rule.api_groups.as_ref().unwrap(), resources, &rule.verbs];
+                assert!(
+                    everything.iter().all(|list| !list.iter().any(|s| s == "*")),
+                    "no wildcards: {rule:?}"
+                );
+                let writes: Vec<_> = rule
+                    .verbs
+                    .iter()
+                    .filter(|v| !["get", "list", "watch"].contains(&v.as_str()))
+                    .collect();
+                let static_token = resources == &["serviceaccounts/token"]
+                    && rule.resource_names.as_deref() == Some(&[STATIC_NAME.to_owned()][..])
+                    && object.namespace() == Some("kube-system");
+                assert!(
+                    writes.is_empty() || resources == &["events"] || static_token,
+                    "only Events are written, and tokens of the static copy's account minted: {rule:?}"
+                );
+            }
+        }
+        // Each rule's reason is the comment right above it in the YAML.
+        let yaml = to_yaml(&objects).unwrap();
+        let rules = objects.iter().flat_map(|o| o.rules().unwrap_or_default()).count();
+        let lines: Vec<&str> = yaml.lines().collect();
+        let items: Vec<usize> = (0..lines.len()).filter(|&i| lines[i] == "- apiGroups:").collect();
+        assert_eq!(items.len(), rules, "{yaml}");
+        for i in items {
+            assert!(lines[i - 1].starts_with("# ") && lines[i - 1].len() > 30, "{}", lines[i - 1]);
         }
     }
 }
 
 #[test]
-fn tokens_only_of_its_own_service_account_in_its_own_namespace() {
+fn tokens_only_for_the_static_account_in_its_own_namespace() {
     let mut options = default_options();
     options.namespaces = vec!["kube-system".into(), "cni".into()];
     let objects = render(&options);
-    let token_rules: Vec<(Option<&str>, &PolicyRule)> = objects
+    let token_rules: Vec<(String, &PolicyRule)> = objects
         .iter()
-        .filter_map(|object| match object {
-            Manifest::Role(r) => Some((object.namespace(), r.rules.as_ref()?)),
-            _ => None,
-        })
-        .flat_map(|(ns, rules)| rules.iter().map(move |r| (ns, r)))
+        .flat_map(|o| o.rules().unwrap_or_default().iter().map(move |r| (o.describe(), r)))
         .filter(|(_, r)| {
             r.resources
                 .iter()
@@ -357,20 +423,40 @@ fn tokens_only_of_its_own_service_account_in_its_own_namespace() {
         })
         .collect();
     assert_eq!(token_rules.len(), 1, "{token_rules:?}");
-    let (ns, rule) = token_rules[0];
-    assert_eq!(ns, Some("kube-system"));
+    let (role, rule) = &token_rules[0];
+    assert_eq!(role, "Role kube-system/pod-checkpointer-token");
     assert_eq!(rule.verbs, ["create"]);
-    assert_eq!(rule.resource_names.as_deref(), Some(&[NAME.to_owned()][..]));
+    assert_eq!(rule.resource_names.as_deref(), Some(&[STATIC_NAME.to_owned()][..]));
 }
 
 #[test]
-fn the_kubelet_api_and_rolling_update_follow_the_kubernetes_version() {
-    let current = render(&default_options());
-    let legacy = render(&legacy_options());
-    let subresource = |objects: &[Manifest]| cluster_rules(objects)[0].resources.clone().unwrap();
+fn the_kubelet_api_role_exists_only_with_the_kubelet_api_and_follows_the_version() {
+    assert_eq!(cluster_rules(&render(&default_options()), "pod-checkpointer-kubelet"), None);
+    let current = render(&options(&kubelet_args()));
+    let legacy = render(
+        &kubelet_args()
+            .options(KubernetesVersion::new(1, 20))
+            .unwrap(),
+    );
+    let subresource = |objects: &[Manifest]| {
+        cluster_rules(objects, "pod-checkpointer-kubelet").unwrap()[0]
+            .resources
+            .clone()
+            .unwrap()
+    };
     assert_eq!(subresource(&current), ["nodes/pods"]);
     assert_eq!(subresource(&legacy), ["nodes/proxy"]);
+    for objects in [&current, &legacy] {
+        let node = cluster_rules(objects, NAME).unwrap();
+        assert_eq!(node.len(), 1);
+        assert_eq!(node[0].resources.as_deref().unwrap(), ["nodes"]);
+    }
+}
 
+#[test]
+fn the_rolling_update_follows_the_kubernetes_version() {
+    let current = render(&default_options());
+    let legacy = render(&legacy_options());
     let rolling = |objects: &[Manifest]| {
         let strategy = daemonset_of(objects)
             .spec
@@ -398,6 +484,62 @@ fn the_kubelet_api_and_rolling_update_follow_the_kubernetes_version() {
     assert!(
         !to_yaml(&legacy).unwrap().contains("maxSurge"),
         "an API server before 1.21 refuses the field in a server-side apply"
+    );
+}
+
+/// The kubeconfig names the server chosen at render time, the pod's token and CA, and is
+/// passed to the agent; in-cluster needs neither.
+#[test]
+fn the_api_server_is_chosen_at_render_time() {
+    let check = |args: ManifestArgs, server: Option<(&str, Option<&str>)>| {
+        let objects = render(&options(&args));
+        let kubeconfig = config_map_of(&objects, KUBECONFIG_NAME, KUBECONFIG_KEY);
+        let container = container_of(&objects);
+        let args = container.args.clone().unwrap();
+        let Some((url, name)) = server else {
+            assert_eq!(kubeconfig, None);
+            assert_eq!(args, ["run", "--config", "/etc/pod-checkpointer/config.yaml"]);
+            return;
+        };
+        let parsed: kube::config::Kubeconfig = serde_saphyr::from_str(kubeconfig.unwrap()).unwrap();
+        let cluster = parsed.clusters[0].cluster.clone().unwrap();
+        assert_eq!(cluster.server.as_deref(), Some(url));
+        assert_eq!(cluster.tls_server_name.as_deref(), name);
+        assert_eq!(
+            cluster.certificate_authority.as_deref(),
+            Some("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+        );
+        let user = parsed.auth_infos[0].auth_info.clone().unwrap();
+        assert_eq!(
+            user.token_file.as_deref(),
+            Some("/var/run/secrets/kubernetes.io/serviceaccount/token")
+        );
+        assert_eq!(
+            args,
+            [
+                "run",
+                "--config",
+                "/etc/pod-checkpointer/config.yaml",
+                "--kubeconfig",
+                "/etc/pod-checkpointer-kubeconfig/kubeconfig"
+            ]
+        );
+    };
+    check(ManifestArgs::default(), Some(("https://127.0.0.1:6443", Some("kubernetes"))));
+    check(
+        ManifestArgs {
+            api_server: "https://10.0.0.1:6443/".into(),
+            api_server_name: String::new(),
+            ..ManifestArgs::default()
+        },
+        Some(("https://10.0.0.1:6443", None)),
+    );
+    check(
+        ManifestArgs {
+            api_server: IN_CLUSTER.into(),
+            ..ManifestArgs::default()
+        },
+        None,
     );
 }
 
@@ -435,28 +577,10 @@ fn the_daemonset_runs_the_agent_on_control_plane_nodes_and_checkpoints_itself() 
             "node-role.kubernetes.io/master"
         ]
     );
-    let tolerated: Vec<_> = spec
-        .tolerations
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|t| (t.key.as_deref().unwrap(), t.effect.as_deref().unwrap()))
-        .collect();
-    assert_eq!(
-        tolerated,
-        [
-            ("node-role.kubernetes.io/control-plane", "NoSchedule"),
-            ("node-role.kubernetes.io/master", "NoSchedule")
-        ]
-    );
 
     let container = container_of(&objects);
     assert_eq!(container.image.as_deref(), Some(DEFAULT_IMAGE));
     assert_eq!(container.image_pull_policy.as_deref(), Some("IfNotPresent"));
-    assert_eq!(
-        container.args.as_deref().unwrap(),
-        ["run", "--config", "/etc/pod-checkpointer/config.yaml"]
-    );
     let env: Vec<_> = container
         .env
         .as_ref()
@@ -476,20 +600,77 @@ fn the_daemonset_runs_the_agent_on_control_plane_nodes_and_checkpoints_itself() 
             ("HOST_IP", "status.hostIP"),
         ]
     );
-    for (probe, path) in [
-        (container.liveness_probe.as_ref(), "/healthz"),
-        (container.readiness_probe.as_ref(), "/readyz"),
+}
+
+/// Exec probes that ask the agent of this pod, on the socket in this pod's emptyDir.
+#[test]
+fn probes_ask_the_agent_in_the_same_pod() {
+    let objects = render(&default_options());
+    let container = container_of(&objects);
+    for (probe, flag) in [
+        (container.liveness_probe.as_ref(), "--live"),
+        (container.readiness_probe.as_ref(), "--ready"),
     ] {
-        let get = probe.unwrap().http_get.as_ref().unwrap();
-        assert_eq!(get.path.as_deref(), Some(path));
-        assert_eq!(get.port, IntOrString::Int(i32::from(DEFAULT_METRICS_PORT)));
-        assert_eq!(get.host.as_deref(), Some("127.0.0.1"));
+        let probe = probe.unwrap();
+        assert!(probe.http_get.is_none() && probe.tcp_socket.is_none());
+        let command = probe.exec.as_ref().unwrap().command.clone().unwrap();
+        assert_eq!(
+            command,
+            [
+                "/pod-checkpointer",
+                "health",
+                flag,
+                "--health-socket",
+                "/run/pod-checkpointer/health.sock"
+            ]
+        );
+        // The agent's own parser accepts the probe's command line.
+        let cli = <crate::config::Cli as clap::Parser>::try_parse_from(&command);
+        assert!(cli.is_ok(), "{command:?}");
+    }
+    let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&objects)).unwrap();
+    assert_eq!(parsed["health-socket"], "/run/pod-checkpointer/health.sock");
+    let spec = pod_spec_of(&objects);
+    let health = spec.volumes.as_ref().unwrap().iter().find(|v| v.name == "health").unwrap();
+    assert!(health.empty_dir.is_some(), "a directory of this pod's own: {health:?}");
+}
+
+#[test]
+fn the_pod_is_hardened() {
+    let objects = render(&default_options());
+    let spec = pod_spec_of(&objects);
+    let tolerations = spec.tolerations.clone().unwrap();
+    assert_eq!(tolerations.len(), 1);
+    assert_eq!(tolerations[0].operator.as_deref(), Some("Exists"));
+    assert_eq!(
+        (&tolerations[0].key, &tolerations[0].effect, &tolerations[0].value),
+        (&None, &None, &None),
+        "every taint"
+    );
+    let seccomp = spec.security_context.as_ref().unwrap().seccomp_profile.as_ref().unwrap();
+    assert_eq!(seccomp.type_, "RuntimeDefault");
+    let container = container_of(&objects);
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(security.privileged, None);
+    let capabilities = security.capabilities.as_ref().unwrap();
+    assert_eq!(capabilities.drop.as_deref().unwrap(), ["ALL"]);
+    assert_eq!(
+        capabilities.add.as_deref().unwrap(),
+        ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+    );
+    let resources = container.resources.as_ref().unwrap();
+    assert_eq!(resources.limits, None, "no memory limit");
+    let yaml = to_yaml(&objects).unwrap();
+    for comment in ["# Requests only, no memory limit", "# Root, with every capability dropped", "# LOCK DIR"] {
+        assert!(yaml.contains(comment), "{comment}");
     }
 }
 
 #[test]
-fn host_paths_are_mounted_where_they_are_on_the_host() {
-    let mounted = |options: &ManifestOptions| -> Vec<(String, String, bool)> {
+fn only_the_directories_the_agent_writes_are_mounted() {
+    let mounted = |options: &ManifestOptions| -> Vec<(String, bool)> {
         let objects = render(options);
         let spec = pod_spec_of(&objects);
         let volumes = spec.volumes.as_ref().unwrap();
@@ -501,31 +682,47 @@ fn host_paths_are_mounted_where_they_are_on_the_host() {
             .filter_map(|m| {
                 let volume = volumes.iter().find(|v| v.name == m.name).unwrap();
                 let host = volume.host_path.as_ref()?;
-                assert_eq!(host.path, m.mount_path, "{}", m.name);
-                Some((m.name.clone(), host.path.clone(), m.read_only == Some(true)))
+                assert_eq!(host.path, m.mount_path, "same path inside as on the host: {}", m.name);
+                Some((host.path.clone(), m.read_only == Some(true)))
             })
             .collect()
     };
-    let expected = |cri: &[(&str, &str, bool)]| -> Vec<(String, String, bool)> {
+    let expected = |extra: &[(&str, bool)]| -> Vec<(String, bool)> {
         [
-            ("checkpoint-dir", "/etc/kubernetes", false),
-            ("manifests-dir", "/etc/kubernetes/manifests", false),
-            ("lock-dir", "/var/run/lock", false),
+            ("/etc/kubernetes/manifests", false),
+            ("/etc/kubernetes/inactive-manifests", false),
+            ("/etc/kubernetes/checkpoint-secrets", false),
+            ("/etc/kubernetes/checkpoint-configmaps", false),
+            ("/etc/kubernetes/checkpoint-projected", false),
+            ("/etc/kubernetes/checkpoint-quarantine", false),
+            ("/var/run/lock", false),
         ]
         .iter()
-        .chain(cri)
-        .map(|(n, p, ro)| ((*n).to_owned(), (*p).to_owned(), *ro))
+        .chain(extra)
+        .map(|(p, ro)| ((*p).to_owned(), *ro))
         .collect()
     };
     assert_eq!(
         mounted(&default_options()),
-        expected(&[("cri-socket-dir", "/run/containerd", true)])
+        expected(&[("/run/containerd", true)])
     );
-    let without_cri = options(&ManifestArgs {
-        runtime_endpoint: String::new(),
-        ..ManifestArgs::default()
+    assert_eq!(mounted(&options(&kubelet_args())), expected(&[]));
+    let with_ca = options(&ManifestArgs {
+        kubelet_ca: Some("/etc/kubernetes/pki/ca.crt".into()),
+        kubelet_insecure: false,
+        ..kubelet_args()
     });
-    assert_eq!(mounted(&without_cri), expected(&[]));
+    assert_eq!(
+        mounted(&with_ca),
+        expected(&[("/etc/kubernetes/pki/ca.crt", true)]),
+        "the CA file alone, read-only"
+    );
+    for options in [default_options(), with_ca] {
+        for (path, read_only) in mounted(&options) {
+            assert!(path != "/etc/kubernetes" && path != "/etc" && path != "/", "{path}");
+            assert!(read_only || !path.contains("pki"), "{path}");
+        }
+    }
 }
 
 #[test]
