@@ -690,6 +690,74 @@ mod tests {
         );
     }
 
+    /// The service-account token never goes to an unverified kubelet unless asked.
+    #[test]
+    fn kubelet_trust_follows_the_flags_and_what_is_at_stake() {
+        let check = |argv: &[&str], token: bool, expected: std::result::Result<KubeletTrust, &str>| {
+            let mut all = IDS.to_vec();
+            all.extend(argv);
+            let env = Environment {
+                service_account_token: token,
+                ..no_env()
+            };
+            let got = resolve(&all, "", env).map(|s| s.kubelet_trust);
+            match (got, expected) {
+                (Ok(got), Ok(expected)) => assert_eq!(got, expected, "{argv:?} token={token}"),
+                (Err(e), Err(expected)) => {
+                    let e = ckpt_core::error_chain(&e);
+                    assert!(e.contains(expected), "{e:?} should contain {expected:?}");
+                }
+                (got, expected) => panic!("{argv:?} token={token}: {got:?}, expected {expected:?}"),
+            }
+        };
+        let kubelet = ["--runtime-endpoint", ""];
+        // The kubelet over https with a token: a choice must be made.
+        check(&kubelet, true, Err("--kubelet-ca: the kubelet API https://127.0.0.1:10250"));
+        check(
+            &["--runtime-endpoint", "", "--kubelet-ca", "/pki/ca.crt"],
+            true,
+            Ok(KubeletTrust::Ca(PathBuf::from("/pki/ca.crt"))),
+        );
+        check(&["--runtime-endpoint", "", "--kubelet-insecure"], true, Ok(KubeletTrust::Unverified));
+        check(
+            &["--runtime-endpoint", "", "--kubelet-insecure", "--kubelet-ca", "/ca"],
+            true,
+            Err("cannot be used with"),
+        );
+        // Nothing at stake: no token, plain http, or the kubelet not read (CRI on).
+        check(&kubelet, false, Ok(KubeletTrust::Unverified));
+        check(
+            &["--runtime-endpoint", "", "--kubelet-url", "http://127.0.0.1:10255"],
+            true,
+            Ok(KubeletTrust::Unverified),
+        );
+        check(&[], true, Ok(KubeletTrust::Unverified));
+        // The config file's keys.
+        let s = resolve(&IDS, "runtime-endpoint: \"\"\nkubelet-insecure: true\n", no_env()).expect("ok");
+        assert_eq!(s.kubelet_trust, KubeletTrust::Unverified);
+        let env = Environment {
+            service_account_token: true,
+            ..no_env()
+        };
+        let s = resolve(&IDS, "runtime-endpoint: \"\"\nkubelet-ca: /ca.crt\n", env).expect("ok");
+        assert_eq!(s.kubelet_trust, KubeletTrust::Ca(PathBuf::from("/ca.crt")));
+    }
+
+    #[test]
+    fn the_health_socket_is_off_unless_named() {
+        assert_eq!(resolve(&IDS, "", no_env()).expect("ok").health_socket, None);
+        let mut argv = IDS.to_vec();
+        argv.extend(["--health-socket", "/run/pc/health.sock"]);
+        let s = resolve(&argv, "", no_env()).expect("ok");
+        assert_eq!(s.health_socket, Some(PathBuf::from("/run/pc/health.sock")));
+        let s = resolve(&IDS, "health-socket: /run/x.sock\n", no_env()).expect("ok");
+        assert_eq!(s.health_socket, Some(PathBuf::from("/run/x.sock")));
+        let mut argv = IDS.to_vec();
+        argv.extend(["--health-socket", "health.sock"]);
+        let e = resolve(&argv, "", no_env()).expect_err("relative");
+        assert!(e.to_string().starts_with("--health-socket"), "{e}");
+    }
+
     #[test]
     fn usage_errors_name_the_flag() {
         let check = |argv: &[&str], yaml: &str, expected: &str| {
