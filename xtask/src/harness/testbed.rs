@@ -16,7 +16,7 @@ use super::cri::CriClient;
 use super::expect::Expect;
 use super::kubectl::{self, Kubectl};
 use super::objects::{
-    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, cluster_role, cluster_role_binding,
+    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, STATIC_SERVICE_ACCOUNT, PodBuilder, cluster_role, cluster_role_binding,
     config_map, daemon_set, deployed_agent_cluster_rules, deployed_agent_rules, namespace, role_binding,
     secret, service_account,
 };
@@ -194,6 +194,7 @@ impl Testbed {
     pub fn create_checkpointer_pod(&self, ns: &str) -> anyhow::Result<SelfPod> {
         self.kubectl
             .create(&service_account(ns, CHECKPOINTER_SERVICE_ACCOUNT))?;
+        self.kubectl.create(&service_account(ns, STATIC_SERVICE_ACCOUNT))?;
         let (daemon_set, pod) = self.create_daemon_set_pod(ns, CHECKPOINTER_SERVICE_ACCOUNT, true)?;
         Ok(SelfPod {
             static_name: format!("{}-{NODE_NAME}", pod.name),
