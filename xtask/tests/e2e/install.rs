@@ -1,6 +1,6 @@
 //! Install: what `pod-checkpointer render` writes is accepted by the real 1.20 API server
-//! (server-side dry run: the server validates and admits every object, and keeps none, so
-//! the suite's own RBAC stays as it is), in each variant an operator may choose; a render
+//! (server-side dry run into an empty namespace: the server validates and admits every
+//! object, and keeps none, so the suite's own RBAC stays as it is), in each variant an operator may choose; a render
 //! for a newer cluster is refused by this one, which is why `deploy` reads the version.
 
 use std::io::Write as _;
@@ -9,7 +9,11 @@ use std::process::{Command, Stdio};
 use crate::suite::Scenario;
 
 pub(crate) fn render_applies_to_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
-    let ns = ctx.ns.clone();
+    // A namespace of its own: the scenario's namespace already binds the suite's role
+    // under the name the install uses (and a RoleBinding's roleRef cannot change).
+    let ns = format!("{}-target", ctx.ns);
+    ctx.step(&format!("create the empty namespace {ns} to install into"));
+    ctx.suite.kubectl.run(&["create", "namespace", &ns], None)?;
     let variants: [(&str, &[&str]); 3] = [
         ("the default (CRI, node-local API server)", &[]),
         (
