@@ -96,7 +96,9 @@ impl Deploy {
             } else {
                 "maxUnavailable 1"
             },
-            if version.kubelet_authorizes_nodes_pods() {
+            if options.kubelet == ckpt_bin::render::KubeletTrust::NotUsed {
+                "not used (the CRI is on)"
+            } else if version.kubelet_authorizes_nodes_pods() {
                 "nodes/pods"
             } else {
                 "nodes/proxy"

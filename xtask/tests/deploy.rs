@@ -295,7 +295,11 @@ async fn check_agent_rbac(agent_kubeconfig: &Path) {
             .create(&PostParams::default(), &review)
             .await
             .expect("a self-review");
-        assert_eq!(answer.status.map(|s| s.allowed), Some(expected), "a token of {name}");
+        assert_eq!(
+            answer.status.map(|s| s.allowed),
+            Some(expected),
+            "a token of {name}"
+        );
     }
     for (attributes, expected) in allowed
         .iter()
@@ -337,7 +341,10 @@ async fn check_service_accounts(admin: &kube::Client) {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(format!("system:serviceaccount:kube-system:{account}")),
-                groups: Some(vec!["system:serviceaccounts".into(), "system:serviceaccounts:kube-system".into()]),
+                groups: Some(vec![
+                    "system:serviceaccounts".into(),
+                    "system:serviceaccounts:kube-system".into(),
+                ]),
                 resource_attributes: Some(ResourceAttributes {
                     verb: Some(verb.into()),
                     resource: Some(resource.into()),
@@ -361,15 +368,45 @@ async fn check_service_accounts(admin: &kube::Client) {
         }
     };
     for account in ["pod-checkpointer", "pod-checkpointer-static"] {
-        assert!(can(account, "watch", "pods", None, None).await, "{account} watches pods");
-        assert!(can(account, "get", "secrets", None, None).await, "{account} reads secrets");
-        assert!(!can(account, "update", "secrets", None, None).await, "{account} writes no secret");
+        assert!(
+            can(account, "watch", "pods", None, None).await,
+            "{account} watches pods"
+        );
+        assert!(
+            can(account, "get", "secrets", None, None).await,
+            "{account} reads secrets"
+        );
+        assert!(
+            !can(account, "update", "secrets", None, None).await,
+            "{account} writes no secret"
+        );
     }
-    let token = |account| can(account, "create", "serviceaccounts", Some("token"), Some("pod-checkpointer-static"));
-    assert!(token("pod-checkpointer").await, "the agent mints the static copy's tokens");
-    assert!(!token("pod-checkpointer-static").await, "the static copy mints none");
+    let token = |account| {
+        can(
+            account,
+            "create",
+            "serviceaccounts",
+            Some("token"),
+            Some("pod-checkpointer-static"),
+        )
+    };
     assert!(
-        !can("pod-checkpointer", "create", "serviceaccounts", Some("token"), Some("pod-checkpointer")).await,
+        token("pod-checkpointer").await,
+        "the agent mints the static copy's tokens"
+    );
+    assert!(
+        !token("pod-checkpointer-static").await,
+        "the static copy mints none"
+    );
+    assert!(
+        !can(
+            "pod-checkpointer",
+            "create",
+            "serviceaccounts",
+            Some("token"),
+            Some("pod-checkpointer")
+        )
+        .await,
         "the agent mints no token of its own account"
     );
 }

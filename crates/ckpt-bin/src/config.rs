@@ -437,7 +437,10 @@ impl RunSettings {
             }
         }
 
-        let kubelet_ca = args.kubelet_ca.or(file.kubelet_ca).filter(|p| !p.as_os_str().is_empty());
+        let kubelet_ca = args
+            .kubelet_ca
+            .or(file.kubelet_ca)
+            .filter(|p| !p.as_os_str().is_empty());
         let kubelet_insecure = args.kubelet_insecure || file.kubelet_insecure.unwrap_or(false);
         let kubelet_trust = kubelet_trust(
             kubelet_ca,
@@ -712,22 +715,41 @@ mod tests {
         };
         let kubelet = ["--runtime-endpoint", ""];
         // The kubelet over https with a token: a choice must be made.
-        check(&kubelet, true, Err("--kubelet-ca: the kubelet API https://127.0.0.1:10250"));
+        check(
+            &kubelet,
+            true,
+            Err("--kubelet-ca: the kubelet API https://127.0.0.1:10250"),
+        );
         check(
             &["--runtime-endpoint", "", "--kubelet-ca", "/pki/ca.crt"],
             true,
             Ok(KubeletTrust::Ca(PathBuf::from("/pki/ca.crt"))),
         );
-        check(&["--runtime-endpoint", "", "--kubelet-insecure"], true, Ok(KubeletTrust::Unverified));
         check(
-            &["--runtime-endpoint", "", "--kubelet-insecure", "--kubelet-ca", "/ca"],
+            &["--runtime-endpoint", "", "--kubelet-insecure"],
+            true,
+            Ok(KubeletTrust::Unverified),
+        );
+        check(
+            &[
+                "--runtime-endpoint",
+                "",
+                "--kubelet-insecure",
+                "--kubelet-ca",
+                "/ca",
+            ],
             true,
             Err("cannot be used with"),
         );
         // Nothing at stake: no token, plain http, or the kubelet not read (CRI on).
         check(&kubelet, false, Ok(KubeletTrust::Unverified));
         check(
-            &["--runtime-endpoint", "", "--kubelet-url", "http://127.0.0.1:10255"],
+            &[
+                "--runtime-endpoint",
+                "",
+                "--kubelet-url",
+                "http://127.0.0.1:10255",
+            ],
             true,
             Ok(KubeletTrust::Unverified),
         );

@@ -10,7 +10,7 @@
 //! Readiness: a copy waiting on the lock is Ready (`standby`), so a DaemonSet pod that
 //! waits while the static copy holds the lock never stalls a rollout; the holder is Ready
 //! after its first pass. Liveness fails when the holder has not completed a pass for
-//! [`Health::stall_after`] (several resync intervals: the holder passes at least once per
+//! `stall_after` (several resync intervals: the holder passes at least once per
 //! interval), or when the copy is neither holding nor waiting (exiting).
 
 use std::collections::BTreeMap;
@@ -150,11 +150,8 @@ impl Health {
             Phase::Standby => Verdict::ok("standby\n"),
             Phase::Starting => stalled("holding the lock, no pass completed", life.since)
                 .unwrap_or_else(|| Verdict::ok("starting\n")),
-            Phase::Ready => stalled(
-                "no pass completed",
-                life.last_pass.unwrap_or(life.since),
-            )
-            .unwrap_or_else(|| Verdict::ok("ok\n")),
+            Phase::Ready => stalled("no pass completed", life.last_pass.unwrap_or(life.since))
+                .unwrap_or_else(|| Verdict::ok("ok\n")),
             Phase::Stopping => Verdict::failed("stopping: neither holding nor waiting on the lock\n".into()),
         }
     }
@@ -435,11 +432,8 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     tokio::spawn(async move {
-        if let Err(e) = tokio::time::timeout(
-            Duration::from_secs(5),
-            respond(stream, &health, with_metrics),
-        )
-        .await
+        if let Err(e) =
+            tokio::time::timeout(Duration::from_secs(5), respond(stream, &health, with_metrics)).await
         {
             debug!(error = %e, "health request timed out");
         }
@@ -522,9 +516,11 @@ pub(crate) fn probe(socket: &Path, kind: ProbeKind) -> Result<String> {
         ProbeKind::Ready => "/readyz",
         ProbeKind::Live => "/healthz",
     };
-    let failed = |what: String, e: std::io::Error| Error::runtime(format!("{path} on {}: {what}", socket.display()), e);
-    let mut stream = std::os::unix::net::UnixStream::connect(socket)
-        .map_err(|e| failed("no agent answers".into(), e))?;
+    let failed = |what: String, e: std::io::Error| {
+        Error::runtime(format!("{path} on {}: {what}", socket.display()), e)
+    };
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(socket).map_err(|e| failed("no agent answers".into(), e))?;
     stream
         .set_read_timeout(Some(PROBE_TIMEOUT))
         .and_then(|()| stream.set_write_timeout(Some(PROBE_TIMEOUT)))
@@ -565,13 +561,7 @@ mod tests {
 
     /// `(phase, seconds since the phase began, seconds since the last pass)` → the
     /// `/readyz` and `/healthz` answers `(status, body)`.
-    fn check(
-        phase: Phase,
-        in_phase: u64,
-        since_pass: Option<u64>,
-        ready: (&str, &str),
-        live: (&str, &str),
-    ) {
+    fn check(phase: Phase, in_phase: u64, since_pass: Option<u64>, ready: (&str, &str), live: (&str, &str)) {
         let h = Health::new(STALL);
         h.set_phase(phase);
         let start = Instant::now();
@@ -609,9 +599,21 @@ mod tests {
         // The holder after a pass: ready and live while passes complete.
         check(Phase::Ready, 3_600, Some(10), (OK, "ok"), (OK, "ok"));
         check(Phase::Ready, 3_600, Some(90), (OK, "ok"), (OK, "ok"));
-        check(Phase::Ready, 3_600, Some(91), (DOWN, "stalled"), (DOWN, "stalled"));
+        check(
+            Phase::Ready,
+            3_600,
+            Some(91),
+            (DOWN, "stalled"),
+            (DOWN, "stalled"),
+        );
         // Neither holding nor waiting.
-        check(Phase::Stopping, 5, Some(1), (DOWN, "stopping"), (DOWN, "stopping"));
+        check(
+            Phase::Stopping,
+            5,
+            Some(1),
+            (DOWN, "stopping"),
+            (DOWN, "stopping"),
+        );
     }
 
     #[test]
@@ -621,7 +623,10 @@ mod tests {
         h.record_pass(Duration::from_millis(3), BTreeMap::new());
         assert!(h.liveness(Instant::now()).ok);
         assert!(!h.liveness(Instant::now() + Duration::from_secs(2)).ok);
-        assert_eq!(route("POST", "/healthz", &h, Instant::now()).0, "405 Method Not Allowed");
+        assert_eq!(
+            route("POST", "/healthz", &h, Instant::now()).0,
+            "405 Method Not Allowed"
+        );
         assert_eq!(route("GET", "/nope", &h, Instant::now()).0, "404 Not Found");
     }
 
@@ -639,7 +644,10 @@ mod tests {
         assert_eq!(ask(ProbeKind::Ready).await.unwrap().unwrap(), "standby");
         h.set_phase(Phase::Starting);
         let refused = ckpt_core::error_chain(&ask(ProbeKind::Ready).await.unwrap().unwrap_err());
-        assert!(refused.contains("answered 503") && refused.contains("starting"), "{refused}");
+        assert!(
+            refused.contains("answered 503") && refused.contains("starting"),
+            "{refused}"
+        );
         assert_eq!(ask(ProbeKind::Live).await.unwrap().unwrap(), "starting\n");
         h.set_phase(Phase::Ready);
         assert_eq!(ask(ProbeKind::Ready).await.unwrap().unwrap(), "ok\n");

@@ -315,8 +315,10 @@ impl ManifestArgs {
             return Ok(ApiEndpoint::InCluster);
         }
         // The service-account token is a bearer credential: never over plain HTTP.
-        let host = url.strip_prefix("https://").map(|rest| rest.split(['/', ':']).next().unwrap_or(""));
-        if !host.is_some_and(|h| !h.is_empty()) || url.contains(char::is_whitespace) {
+        let host = url
+            .strip_prefix("https://")
+            .map(|rest| rest.split(['/', ':']).next().unwrap_or(""));
+        if host.is_none_or(str::is_empty) || url.contains(char::is_whitespace) {
             return Err(Error::usage_message(format!(
                 "--api-server: {url:?} is not an https:// URL like {DEFAULT_API_SERVER} (or {IN_CLUSTER:?})"
             )));
@@ -329,7 +331,11 @@ impl ManifestArgs {
     }
 
     fn kubelet_trust(&self) -> Result<KubeletTrust> {
-        let ca = self.kubelet_ca.as_deref().map(str::trim).filter(|c| !c.is_empty());
+        let ca = self
+            .kubelet_ca
+            .as_deref()
+            .map(str::trim)
+            .filter(|c| !c.is_empty());
         if !self.runtime_endpoint.is_empty() {
             if ca.is_some() || self.kubelet_insecure {
                 return Err(Error::usage_message(
@@ -459,7 +465,10 @@ pub fn to_yaml(objects: &[Manifest]) -> Result<String> {
                     ..role.clone()
                 };
                 out.push_str(&yaml(&bare, &object.describe())?);
-                out.push_str(&commented_rules(role.rules.as_deref().unwrap_or_default(), &object.describe())?);
+                out.push_str(&commented_rules(
+                    role.rules.as_deref().unwrap_or_default(),
+                    &object.describe(),
+                )?);
             }
             Manifest::Role(role) => {
                 let bare = Role {
@@ -467,7 +476,10 @@ pub fn to_yaml(objects: &[Manifest]) -> Result<String> {
                     ..role.clone()
                 };
                 out.push_str(&yaml(&bare, &object.describe())?);
-                out.push_str(&commented_rules(role.rules.as_deref().unwrap_or_default(), &object.describe())?);
+                out.push_str(&commented_rules(
+                    role.rules.as_deref().unwrap_or_default(),
+                    &object.describe(),
+                )?);
             }
             Manifest::DaemonSet(daemonset) => {
                 let text = yaml(daemonset.as_ref(), &object.describe())?;

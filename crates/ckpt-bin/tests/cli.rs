@@ -385,13 +385,20 @@ fn render_writes_the_install_manifests() {
     let out = run(&["render", "--gc-strategy", "sometimes"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("--gc-strategy: unknown strategy \"sometimes\""), "{stderr}");
+    assert!(
+        stderr.contains("--gc-strategy: unknown strategy \"sometimes\""),
+        "{stderr}"
+    );
     for name in ["grace-period", "immediate", "owner-reference"] {
         assert!(stderr.contains(name), "{stderr}");
     }
     let out = run(&["render", "--runtime-endpoint", ""]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("--kubelet-ca"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--kubelet-ca"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// `pod-checkpointer health` with no agent behind the socket fails (exit 1); without a
@@ -402,10 +409,18 @@ fn health_fails_without_an_agent() {
     let socket = dir.path().join("health.sock").display().to_string();
     let out = run(&["health", "--ready", "--health-socket", &socket]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("no agent answers"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no agent answers"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = run(&["health", "--live"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("--health-socket"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--health-socket"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = run(&["health", "--health-socket", &socket]);
     assert_eq!(out.status.code(), Some(2), "--ready or --live is required");
 }

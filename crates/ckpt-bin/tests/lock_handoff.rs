@@ -105,7 +105,10 @@ impl Agent {
             .arg(&self.socket)
             .output()
             .expect("runs");
-        (output.status.success(), String::from_utf8_lossy(&output.stdout).into_owned())
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
     }
 }
 

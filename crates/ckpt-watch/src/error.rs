@@ -28,7 +28,9 @@ pub enum Error {
     },
     /// An https kubelet URL with a token to send, and neither a CA to verify the kubelet's
     /// certificate nor an explicit choice not to.
-    #[error("the kubelet at {url} would get the service-account token unverified: give its CA, or choose insecure explicitly")]
+    #[error(
+        "the kubelet at {url} would get the service-account token unverified: give its CA, or choose insecure explicitly"
+    )]
     KubeletUnverified {
         /// The URL as given.
         url: String,

@@ -218,10 +218,13 @@ pub const DEPLOY_MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../depl
 pub fn deployed_agent_rules() -> anyhow::Result<Vec<Value>> {
     let text = std::fs::read_to_string(DEPLOY_MANIFESTS)
         .with_context(|| format!("cannot read the deploy manifests {DEPLOY_MANIFESTS}"))?;
-    let mut rules = role_rules(&text, "pod-checkpointer").with_context(|| format!("in {DEPLOY_MANIFESTS}"))?;
+    let mut rules =
+        role_rules(&text, "pod-checkpointer").with_context(|| format!("in {DEPLOY_MANIFESTS}"))?;
     // Minting tokens for the static copy's account: its own Role in the install namespace,
     // which every scenario namespace stands for.
-    rules.extend(role_rules(&text, "pod-checkpointer-token").with_context(|| format!("in {DEPLOY_MANIFESTS}"))?);
+    rules.extend(
+        role_rules(&text, "pod-checkpointer-token").with_context(|| format!("in {DEPLOY_MANIFESTS}"))?,
+    );
     Ok(rules)
 }
 

@@ -16,9 +16,9 @@ use super::cri::CriClient;
 use super::expect::Expect;
 use super::kubectl::{self, Kubectl};
 use super::objects::{
-    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, STATIC_SERVICE_ACCOUNT, PodBuilder, cluster_role, cluster_role_binding,
-    config_map, daemon_set, deployed_agent_cluster_rules, deployed_agent_rules, namespace, role_binding,
-    secret, service_account,
+    AGENT_USER, CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, STATIC_SERVICE_ACCOUNT, cluster_role,
+    cluster_role_binding, config_map, daemon_set, deployed_agent_cluster_rules, deployed_agent_rules,
+    namespace, role_binding, secret, service_account,
 };
 use super::wait::{Probe, wait_for};
 use crate::e2e_env::process::random_hex;
@@ -194,7 +194,8 @@ impl Testbed {
     pub fn create_checkpointer_pod(&self, ns: &str) -> anyhow::Result<SelfPod> {
         self.kubectl
             .create(&service_account(ns, CHECKPOINTER_SERVICE_ACCOUNT))?;
-        self.kubectl.create(&service_account(ns, STATIC_SERVICE_ACCOUNT))?;
+        self.kubectl
+            .create(&service_account(ns, STATIC_SERVICE_ACCOUNT))?;
         let (daemon_set, pod) = self.create_daemon_set_pod(ns, CHECKPOINTER_SERVICE_ACCOUNT, true)?;
         Ok(SelfPod {
             static_name: format!("{}-{NODE_NAME}", pod.name),

@@ -31,11 +31,19 @@ pub(crate) fn render_applies_to_the_api_server(ctx: &mut Scenario<'_>) -> anyhow
         ),
         (
             "the kubelet API unverified, in-cluster API",
-            &["--runtime-endpoint", "", "--kubelet-insecure", "--api-server", "in-cluster"],
+            &[
+                "--runtime-endpoint",
+                "",
+                "--kubelet-insecure",
+                "--api-server",
+                "in-cluster",
+            ],
         ),
     ];
     for (what, flags) in variants {
-        ctx.step(&format!("render for 1.20, {what}: the API server accepts every object"));
+        ctx.step(&format!(
+            "render for 1.20, {what}: the API server accepts every object"
+        ));
         let yaml = render(ctx, &ns, &["--kubernetes-version", "1.20"], flags)?;
         let out = dry_run(ctx, &yaml)?;
         anyhow::ensure!(out.0, "the API server refused the render ({what}):\n{}", out.1);
@@ -46,7 +54,11 @@ pub(crate) fn render_applies_to_the_api_server(ctx: &mut Scenario<'_>) -> anyhow
             "{accepted} of {documents} objects accepted ({what}):\n{}",
             out.1
         );
-        for kind in ["serviceaccount/pod-checkpointer-static", "daemonset.apps/pod-checkpointer", "role.rbac.authorization.k8s.io/pod-checkpointer-token"] {
+        for kind in [
+            "serviceaccount/pod-checkpointer-static",
+            "daemonset.apps/pod-checkpointer",
+            "role.rbac.authorization.k8s.io/pod-checkpointer-token",
+        ] {
             anyhow::ensure!(out.1.contains(kind), "no {kind} in:\n{}", out.1);
         }
     }
@@ -54,7 +66,10 @@ pub(crate) fn render_applies_to_the_api_server(ctx: &mut Scenario<'_>) -> anyhow
     ctx.step("a render for 1.33 (maxSurge) is refused by the 1.20 API server");
     let yaml = render(ctx, &ns, &[], &[])?;
     let (ok, out) = dry_run(ctx, &yaml)?;
-    anyhow::ensure!(!ok && out.contains("maxSurge"), "expected a refusal naming maxSurge:\n{out}");
+    anyhow::ensure!(
+        !ok && out.contains("maxSurge"),
+        "expected a refusal naming maxSurge:\n{out}"
+    );
     Ok(())
 }
 

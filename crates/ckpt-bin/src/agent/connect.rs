@@ -285,7 +285,10 @@ mod tests {
             "users:\n- name: sa\n  user:\n    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
             false,
         );
-        check("users:\n- name: u\n  user:\n    tokenFile: /etc/kubernetes/token\n", true);
+        check(
+            "users:\n- name: u\n  user:\n    tokenFile: /etc/kubernetes/token\n",
+            true,
+        );
         assert!(is_explicit(&KubeconfigSource::File(dir.path().join("missing"))));
         assert!(!is_explicit(&KubeconfigSource::InCluster));
     }

@@ -73,12 +73,13 @@ pub(crate) async fn run(
         ),
         None => None,
     };
-    let _socket_server = match &settings.health_socket {
-        Some(path) => Some(health::serve_unix(path, health.clone()).await.map_err(|e| {
-            Error::usage(format!("--health-socket: cannot listen on {}", path.display()), e)
-        })?),
-        None => None,
-    };
+    let _socket_server =
+        match &settings.health_socket {
+            Some(path) => Some(health::serve_unix(path, health.clone()).await.map_err(|e| {
+                Error::usage(format!("--health-socket: cannot listen on {}", path.display()), e)
+            })?),
+            None => None,
+        };
     let result = hold_and_run(settings, policy, connect, health.clone(), shutdown).await;
     // Neither holding nor waiting any more, whatever the outcome.
     health.set_phase(Phase::Stopping);
@@ -93,7 +94,6 @@ async fn hold_and_run(
     health: Health,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-
     let identity = LockIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name);
     let lock = LockFile::new(&settings.disk.lock_file, identity.to_string());
     info!(lock = %settings.disk.lock_file.display(), "waiting for the lock");

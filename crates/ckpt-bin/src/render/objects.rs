@@ -164,15 +164,29 @@ pub(super) fn why(rule: &PolicyRule) -> Option<&'static str> {
     let resources = rule.resources.as_deref().unwrap_or_default();
     let first = resources.first().map(String::as_str)?;
     Some(match first {
-        "nodes" => "its own node, read while its own pod is gone, tells a rollout (keep everything) from a descheduling (self-GC); a ClusterRole cannot name the node",
-        "nodes/pods" | "nodes/proxy" => "GET /pods on the kubelet (--runtime-endpoint \"\"): which pods run; the kubelet authorizes it as nodes/pods from 1.33 on, as nodes/proxy before",
+        "nodes" => {
+            "its own node, read while its own pod is gone, tells a rollout (keep everything) from a descheduling (self-GC); a ClusterRole cannot name the node"
+        }
+        "nodes/pods" | "nodes/proxy" => {
+            "GET /pods on the kubelet (--runtime-endpoint \"\"): which pods run; the kubelet authorizes it as nodes/pods from 1.33 on, as nodes/proxy before"
+        }
         "pods" => "a watch of the pods on its node (field selector spec.nodeName): the parents to checkpoint",
-        "secrets" => "the Secrets and ConfigMaps checkpointed pods mount, each watched by name, so a change is written at once",
-        "events" => "Events on the parent pods (activated, deactivated, removed, refused): created, then patched when repeated",
-        "daemonsets" => "a parent's controller owner (owner-reference strategy: deleted or moved?) and its own DaemonSet while its own pod is gone",
+        "secrets" => {
+            "the Secrets and ConfigMaps checkpointed pods mount, each watched by name, so a change is written at once"
+        }
+        "events" => {
+            "Events on the parent pods (activated, deactivated, removed, refused): created, then patched when repeated"
+        }
+        "daemonsets" => {
+            "a parent's controller owner (owner-reference strategy: deleted or moved?) and its own DaemonSet while its own pod is gone"
+        }
         "jobs" => "a parent's controller owner when it is a Job (owner-reference strategy)",
-        "replicationcontrollers" => "a parent's controller owner when it is a ReplicationController (owner-reference strategy)",
-        "serviceaccounts/token" => "the static copy's API credentials: tokens of the static copy's account only, kept on disk for it",
+        "replicationcontrollers" => {
+            "a parent's controller owner when it is a ReplicationController (owner-reference strategy)"
+        }
+        "serviceaccounts/token" => {
+            "the static copy's API credentials: tokens of the static copy's account only, kept on disk for it"
+        }
         _ => return None,
     })
 }
@@ -417,7 +431,11 @@ fn volumes_and_mounts(options: &ManifestOptions) -> (Vec<Volume>, Vec<VolumeMoun
     mounts.push(mount("health", HEALTH_DIR, false));
     // Same paths inside as on the host: the static manifests the agent writes refer to
     // the checkpointed data by their host paths.
-    volumes.push(host_path_volume("manifests-dir", &options.manifests_dir, "DirectoryOrCreate"));
+    volumes.push(host_path_volume(
+        "manifests-dir",
+        &options.manifests_dir,
+        "DirectoryOrCreate",
+    ));
     mounts.push(mount("manifests-dir", &options.manifests_dir, false));
     for dir in CHECKPOINT_SUBDIRS {
         let name = format!("data-{}", dir.trim_start_matches("checkpoint-"));
@@ -468,7 +486,10 @@ fn pod_spec(options: &ManifestOptions) -> PodSpec {
         .map(str::to_owned)
         .to_vec();
     if options.api != ApiEndpoint::InCluster {
-        args.extend(["--kubeconfig".to_owned(), format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}")]);
+        args.extend([
+            "--kubeconfig".to_owned(),
+            format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}"),
+        ]);
     }
     PodSpec {
         service_account_name: Some(NAME.into()),

@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::objects::{CHECKPOINT_ANNOTATION, CONFIG_HASH_ANNOTATION, CONFIG_KEY, KUBECONFIG_KEY, KUBECONFIG_NAME};
+use super::objects::{
+    CHECKPOINT_ANNOTATION, CONFIG_HASH_ANNOTATION, CONFIG_KEY, KUBECONFIG_KEY, KUBECONFIG_NAME,
+};
 use super::*;
 
 fn kubelet_args() -> ManifestArgs {
@@ -180,7 +182,8 @@ fn the_config_names_strategy_grace_period_namespaces_paths_and_metrics() {
     let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&kubelet)).unwrap();
     assert_eq!(parsed["kubelet-ca"], "/etc/kubernetes/pki/ca.crt");
     assert_eq!(parsed.get("kubelet-insecure"), None);
-    let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&render(&options(&kubelet_args())))).unwrap();
+    let parsed: serde_json::Value =
+        serde_saphyr::from_str(config_of(&render(&options(&kubelet_args())))).unwrap();
     assert_eq!(parsed["kubelet-insecure"], true);
     let objects = render(&options(&args));
     let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&objects)).unwrap();
@@ -402,7 +405,11 @@ fn rbac_is_least_privilege_and_every_rule_says_why() {
         let items: Vec<usize> = (0..lines.len()).filter(|&i| lines[i] == "- apiGroups:").collect();
         assert_eq!(items.len(), rules, "{yaml}");
         for i in items {
-            assert!(lines[i - 1].starts_with("# ") && lines[i - 1].len() > 30, "{}", lines[i - 1]);
+            assert!(
+                lines[i - 1].starts_with("# ") && lines[i - 1].len() > 30,
+                "{}",
+                lines[i - 1]
+            );
         }
     }
 }
@@ -414,7 +421,12 @@ fn tokens_only_for_the_static_account_in_its_own_namespace() {
     let objects = render(&options);
     let token_rules: Vec<(String, &PolicyRule)> = objects
         .iter()
-        .flat_map(|o| o.rules().unwrap_or_default().iter().map(move |r| (o.describe(), r)))
+        .flat_map(|o| {
+            o.rules()
+                .unwrap_or_default()
+                .iter()
+                .map(move |r| (o.describe(), r))
+        })
         .filter(|(_, r)| {
             r.resources
                 .iter()
@@ -426,18 +438,20 @@ fn tokens_only_for_the_static_account_in_its_own_namespace() {
     let (role, rule) = &token_rules[0];
     assert_eq!(role, "Role kube-system/pod-checkpointer-token");
     assert_eq!(rule.verbs, ["create"]);
-    assert_eq!(rule.resource_names.as_deref(), Some(&[STATIC_NAME.to_owned()][..]));
+    assert_eq!(
+        rule.resource_names.as_deref(),
+        Some(&[STATIC_NAME.to_owned()][..])
+    );
 }
 
 #[test]
 fn the_kubelet_api_role_exists_only_with_the_kubelet_api_and_follows_the_version() {
-    assert_eq!(cluster_rules(&render(&default_options()), "pod-checkpointer-kubelet"), None);
-    let current = render(&options(&kubelet_args()));
-    let legacy = render(
-        &kubelet_args()
-            .options(KubernetesVersion::new(1, 20))
-            .unwrap(),
+    assert_eq!(
+        cluster_rules(&render(&default_options()), "pod-checkpointer-kubelet"),
+        None
     );
+    let current = render(&options(&kubelet_args()));
+    let legacy = render(&kubelet_args().options(KubernetesVersion::new(1, 20)).unwrap());
     let subresource = |objects: &[Manifest]| {
         cluster_rules(objects, "pod-checkpointer-kubelet").unwrap()[0]
             .resources
@@ -525,7 +539,10 @@ fn the_api_server_is_chosen_at_render_time() {
             ]
         );
     };
-    check(ManifestArgs::default(), Some(("https://127.0.0.1:6443", Some("kubernetes"))));
+    check(
+        ManifestArgs::default(),
+        Some(("https://127.0.0.1:6443", Some("kubernetes"))),
+    );
     check(
         ManifestArgs {
             api_server: "https://10.0.0.1:6443/".into(),
@@ -631,8 +648,17 @@ fn probes_ask_the_agent_in_the_same_pod() {
     let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&objects)).unwrap();
     assert_eq!(parsed["health-socket"], "/run/pod-checkpointer/health.sock");
     let spec = pod_spec_of(&objects);
-    let health = spec.volumes.as_ref().unwrap().iter().find(|v| v.name == "health").unwrap();
-    assert!(health.empty_dir.is_some(), "a directory of this pod's own: {health:?}");
+    let health = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "health")
+        .unwrap();
+    assert!(
+        health.empty_dir.is_some(),
+        "a directory of this pod's own: {health:?}"
+    );
 }
 
 #[test]
@@ -647,7 +673,13 @@ fn the_pod_is_hardened() {
         (&None, &None, &None),
         "every taint"
     );
-    let seccomp = spec.security_context.as_ref().unwrap().seccomp_profile.as_ref().unwrap();
+    let seccomp = spec
+        .security_context
+        .as_ref()
+        .unwrap()
+        .seccomp_profile
+        .as_ref()
+        .unwrap();
     assert_eq!(seccomp.type_, "RuntimeDefault");
     let container = container_of(&objects);
     let security = container.security_context.as_ref().unwrap();
@@ -663,7 +695,11 @@ fn the_pod_is_hardened() {
     let resources = container.resources.as_ref().unwrap();
     assert_eq!(resources.limits, None, "no memory limit");
     let yaml = to_yaml(&objects).unwrap();
-    for comment in ["# Requests only, no memory limit", "# Root, with every capability dropped", "# LOCK DIR"] {
+    for comment in [
+        "# Requests only, no memory limit",
+        "# Root, with every capability dropped",
+        "# LOCK DIR",
+    ] {
         assert!(yaml.contains(comment), "{comment}");
     }
 }
@@ -682,7 +718,11 @@ fn only_the_directories_the_agent_writes_are_mounted() {
             .filter_map(|m| {
                 let volume = volumes.iter().find(|v| v.name == m.name).unwrap();
                 let host = volume.host_path.as_ref()?;
-                assert_eq!(host.path, m.mount_path, "same path inside as on the host: {}", m.name);
+                assert_eq!(
+                    host.path, m.mount_path,
+                    "same path inside as on the host: {}",
+                    m.name
+                );
                 Some((host.path.clone(), m.read_only == Some(true)))
             })
             .collect()
@@ -719,7 +759,10 @@ fn only_the_directories_the_agent_writes_are_mounted() {
     );
     for options in [default_options(), with_ca] {
         for (path, read_only) in mounted(&options) {
-            assert!(path != "/etc/kubernetes" && path != "/etc" && path != "/", "{path}");
+            assert!(
+                path != "/etc/kubernetes" && path != "/etc" && path != "/",
+                "{path}"
+            );
             assert!(read_only || !path.contains("pki"), "{path}");
         }
     }
