@@ -15,7 +15,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
 use xtask::progress::Progress;
 
-use crate::manifests::{KubernetesVersion, Manifest, ManifestArgs, ManifestOptions, NAME, render};
+use ckpt_bin::render::{KubernetesVersion, Manifest, ManifestArgs, ManifestOptions, NAME, render};
 
 /// The field manager of every apply, so a second deploy owns (and can drop) what the first set.
 pub(crate) const FIELD_MANAGER: &str = "pod-checkpointer-xtask";
@@ -96,7 +96,9 @@ impl Deploy {
             } else {
                 "maxUnavailable 1"
             },
-            if version.kubelet_authorizes_nodes_pods() {
+            if options.kubelet == ckpt_bin::render::KubeletTrust::NotUsed {
+                "not used (the CRI is on)"
+            } else if version.kubelet_authorizes_nodes_pods() {
                 "nodes/pods"
             } else {
                 "nodes/proxy"

@@ -10,7 +10,6 @@ mod bench;
 mod demo;
 mod deploy;
 mod e2e;
-mod manifests;
 mod render;
 mod standalone;
 mod test;

@@ -1,12 +1,13 @@
 //! `cargo xtask render`: the install manifests as multi-document YAML, for `kubectl apply`,
-//! GitOps or review. `deploy/pod-checkpointer.yaml` is the default render, checked in and
-//! kept current by a test.
+//! GitOps or review: the agent's own `pod-checkpointer render` (the same library code,
+//! `ckpt_bin::render`), writing into a directory. `deploy/pod-checkpointer.yaml` is the
+//! default render, checked in and kept current by a test.
 
 use std::path::Path;
 
 use anyhow::Context;
 
-use crate::manifests::{KubernetesVersion, ManifestArgs, render, to_yaml};
+use ckpt_bin::render::{KubernetesVersion, ManifestArgs, render, to_yaml};
 
 /// The file `-o DIR` writes, and the checked-in default render's name under `deploy/`.
 pub(crate) const FILE_NAME: &str = "pod-checkpointer.yaml";
@@ -40,7 +41,7 @@ impl Render {
 /// The YAML for these flags; without `--kubernetes-version`, for current clusters.
 pub(crate) fn render_yaml(args: &ManifestArgs) -> anyhow::Result<String> {
     let options = args.options(KubernetesVersion::NEWEST)?;
-    to_yaml(&render(&options))
+    Ok(to_yaml(&render(&options))?)
 }
 
 #[cfg(test)]

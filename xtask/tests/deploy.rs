@@ -12,7 +12,8 @@ use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Secret};
@@ -148,6 +149,7 @@ fn deploy_against_a_real_api_server() {
     );
 
     runtime.block_on(check_agent_rbac(&plane.agent_kubeconfig()));
+    runtime.block_on(check_service_accounts(&admin_client));
 
     // Why the version is read from the cluster: a 1.20 API server refuses maxSurge.
     let too_new = xtask(&deploy_args(
@@ -254,8 +256,6 @@ async fn check_agent_rbac(agent_kubeconfig: &Path) {
         ("get", "apps", "replicasets", None, Some(ns)),
         ("get", "apps", "statefulsets", None, Some(ns)),
         ("get", "", "replicationcontrollers", None, Some(ns)),
-        // Rendered for the 1.20 kubelet, which authorizes GET /pods as nodes/proxy.
-        ("get", "", "nodes", Some("proxy"), None),
         // Its own DaemonSet and its node, read when its own pod is gone: a rollout, or a
         // descheduling?
         ("get", "apps", "daemonsets", None, Some(ns)),
@@ -272,7 +272,35 @@ async fn check_agent_rbac(agent_kubeconfig: &Path) {
         ("list", "", "nodes", None, None),
         ("get", "", "nodes", Some("pods"), None),
         ("create", "", "nodes", Some("proxy"), None),
+        // With the CRI (the default) the kubelet API is not used: no nodes/proxy at all.
+        ("get", "", "nodes", Some("proxy"), None),
     ];
+    // Tokens: only for the static copy's account, by name.
+    for (name, expected) in [("pod-checkpointer-static", true), ("pod-checkpointer", false)] {
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some("create".into()),
+                    resource: Some("serviceaccounts".into()),
+                    subresource: Some("token".into()),
+                    name: Some(name.into()),
+                    namespace: Some(ns.into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        };
+        let answer = Api::<SelfSubjectAccessReview>::all(agent.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .expect("a self-review");
+        assert_eq!(
+            answer.status.map(|s| s.allowed),
+            Some(expected),
+            "a token of {name}"
+        );
+    }
     for (attributes, expected) in allowed
         .iter()
         .map(|a| (a, true))
@@ -306,6 +334,83 @@ async fn check_agent_rbac(agent_kubeconfig: &Path) {
     }
 }
 
+/// The deployed ServiceAccounts, asked of the authorizer: both read alike; the agent's
+/// mints tokens for the static copy's account alone, the static copy's mints none.
+async fn check_service_accounts(admin: &kube::Client) {
+    let can = |account: &str, verb: &str, resource: &str, subresource: Option<&str>, name: Option<&str>| {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(format!("system:serviceaccount:kube-system:{account}")),
+                groups: Some(vec![
+                    "system:serviceaccounts".into(),
+                    "system:serviceaccounts:kube-system".into(),
+                ]),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.into()),
+                    resource: Some(resource.into()),
+                    subresource: subresource.map(Into::into),
+                    name: name.map(Into::into),
+                    namespace: Some("kube-system".into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        let admin = admin.clone();
+        async move {
+            Api::<SubjectAccessReview>::all(admin)
+                .create(&PostParams::default(), &review)
+                .await
+                .expect("a review")
+                .status
+                .is_some_and(|s| s.allowed)
+        }
+    };
+    for account in ["pod-checkpointer", "pod-checkpointer-static"] {
+        assert!(
+            can(account, "watch", "pods", None, None).await,
+            "{account} watches pods"
+        );
+        assert!(
+            can(account, "get", "secrets", None, None).await,
+            "{account} reads secrets"
+        );
+        assert!(
+            !can(account, "update", "secrets", None, None).await,
+            "{account} writes no secret"
+        );
+    }
+    let token = |account| {
+        can(
+            account,
+            "create",
+            "serviceaccounts",
+            Some("token"),
+            Some("pod-checkpointer-static"),
+        )
+    };
+    assert!(
+        token("pod-checkpointer").await,
+        "the agent mints the static copy's tokens"
+    );
+    assert!(
+        !token("pod-checkpointer-static").await,
+        "the static copy mints none"
+    );
+    assert!(
+        !can(
+            "pod-checkpointer",
+            "create",
+            "serviceaccounts",
+            Some("token"),
+            Some("pod-checkpointer")
+        )
+        .await,
+        "the agent mints no token of its own account"
+    );
+}
+
 /// The control plane on this test's ports, or `None` (skip) off CI when its binaries are
 /// not built yet.
 fn start_plane() -> Option<ControlPlane> {
@@ -335,7 +440,7 @@ fn rendered_objects() -> Vec<serde_json::Value> {
     let output = xtask(&args);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let objects: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text(&output.stdout)).unwrap();
-    assert_eq!(objects.len(), 7, "{objects:?}");
+    assert_eq!(objects.len(), 11, "{objects:?}");
     objects
 }
 

@@ -29,6 +29,40 @@ pub(crate) enum Command {
     Drain(DrainArgs),
     /// List the registered garbage-collection strategies.
     Strategies,
+    /// Ask the agent of this pod whether it is ready or live (the pod's exec probes).
+    Health(HealthArgs),
+    /// Write the manifests that install pod-checkpointer (ServiceAccounts, RBAC, config,
+    /// API kubeconfig, DaemonSet) as YAML.
+    Render(Box<RenderArgs>),
+}
+
+/// `pod-checkpointer health`: exit 0 when the agent answers 200, 1 otherwise (its answer,
+/// or why there is none, on stderr).
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("probe").required(true).args(["ready", "live"])))]
+pub(crate) struct HealthArgs {
+    /// Readiness: the holder after its first pass, or a healthy copy waiting on the lock
+    #[arg(long)]
+    pub(crate) ready: bool,
+    /// Liveness: holding the lock and passing, or waiting on it
+    #[arg(long)]
+    pub(crate) live: bool,
+    /// The agent's health socket (its --health-socket)
+    #[arg(long, value_name = "PATH")]
+    pub(crate) health_socket: Option<PathBuf>,
+    /// The agent's config file, for its `health-socket:`
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+}
+
+/// `pod-checkpointer render`.
+#[derive(Debug, Args)]
+pub(crate) struct RenderArgs {
+    #[command(flatten)]
+    pub(crate) manifest: crate::render::ManifestArgs,
+    /// Write the YAML to FILE, or "-" for stdout
+    #[arg(short = 'o', long = "output", value_name = "FILE|-", default_value = "-")]
+    pub(crate) output: String,
 }
 
 /// Paths shared by every subcommand that touches the disk.
@@ -68,9 +102,17 @@ pub(crate) struct RunArgs {
     /// A read-only kubelet API to fall back to [default: none]
     #[arg(long, value_name = "URL")]
     pub(crate) kubelet_readonly_url: Option<String>,
-    /// CRI endpoint; "" turns the CRI off [default: unix:///run/containerd/containerd.sock]
+    /// CRI endpoint; "" turns the CRI off (then the kubelet's /pods says what runs)
+    /// [default: unix:///run/containerd/containerd.sock]
     #[arg(long, value_name = "URL")]
     pub(crate) runtime_endpoint: Option<String>,
+    /// The CA bundle that signed the kubelet's serving certificate: verify it before the
+    /// service-account token is sent
+    #[arg(long, value_name = "FILE")]
+    pub(crate) kubelet_ca: Option<PathBuf>,
+    /// Do not verify the kubelet's serving certificate (the token goes to whatever answers)
+    #[arg(long, conflicts_with = "kubelet_ca")]
+    pub(crate) kubelet_insecure: bool,
     /// GC strategy (see `pod-checkpointer strategies`) [default: grace-period]
     #[arg(long, value_name = "NAME")]
     pub(crate) gc_strategy: Option<String>,
@@ -80,9 +122,13 @@ pub(crate) struct RunArgs {
     /// Namespaces whose pods may be checkpointed [default: the pod's own namespace]
     #[arg(long, value_name = "NS[,NS…]", value_delimiter = ',')]
     pub(crate) namespaces: Option<Vec<String>>,
-    /// Address for /healthz, /readyz and /metrics; "" turns it off [default: 127.0.0.1:8080]
+    /// Address for /healthz, /readyz and /metrics; "" turns it off [default: 127.0.0.1:10266]
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_addr: Option<String>,
+    /// A unix socket answering /healthz and /readyz for this process alone (what
+    /// `pod-checkpointer health` asks); "" turns it off [default: off]
+    #[arg(long, value_name = "PATH")]
+    pub(crate) health_socket: Option<PathBuf>,
     /// Log format (levels via RUST_LOG) [default: text]
     #[arg(long, value_enum)]
     pub(crate) log_format: Option<LogFormat>,
@@ -140,6 +186,9 @@ pub(crate) struct FileConfig {
     kubelet_url: Option<String>,
     kubelet_readonly_url: Option<String>,
     runtime_endpoint: Option<String>,
+    kubelet_ca: Option<PathBuf>,
+    kubelet_insecure: Option<bool>,
+    health_socket: Option<PathBuf>,
     manifests_dir: Option<PathBuf>,
     checkpoint_dir: Option<PathBuf>,
     lock_file: Option<PathBuf>,
@@ -151,6 +200,13 @@ pub(crate) struct FileConfig {
     static_service_account: Option<String>,
     unauthorized_handover: Option<String>,
     gc: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+impl FileConfig {
+    /// `health-socket:`, what `pod-checkpointer health` asks when not told.
+    pub(crate) fn health_socket(&self) -> Option<PathBuf> {
+        self.health_socket.clone()
+    }
 }
 
 /// `namespaces: [a, b]` or `namespaces: "a,b"`.
@@ -188,10 +244,13 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
         kubelet_url: None,
         kubelet_readonly_url: None,
         runtime_endpoint: None,
+        kubelet_ca: None,
+        kubelet_insecure: false,
         gc_strategy: None,
         checkpoint_grace_period: None,
         namespaces: None,
         metrics_addr: None,
+        health_socket: None,
         log_format: None,
         static_service_account: None,
         unauthorized_handover: None,
@@ -203,6 +262,7 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
         &Environment {
             host_ip: None,
             in_cluster: true,
+            service_account_token: true,
         },
     )
     .map(drop)
@@ -231,13 +291,18 @@ pub(crate) const DEFAULT_MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
 /// `/var/run/lock`), on the tmpfs `/run`, so no holder record outlives a reboot.
 pub(crate) const DEFAULT_LOCK_FILE: &str = "/run/pod-checkpointer/pod-checkpointer.lock";
 pub(crate) const DEFAULT_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
-pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:8080";
+/// Port of `--metrics-addr`: one no core component uses (8080 is crowded on control-plane
+/// hosts).
+pub(crate) const DEFAULT_METRICS_PORT: u16 = 10266;
+pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:10266";
 pub(crate) const DEFAULT_KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";
 pub(crate) const DEFAULT_STATIC_SERVICE_ACCOUNT: &str = "pod-checkpointer-static";
 /// Long enough for a refreshed token file to be re-read (kube clients re-read it every
 /// minute) and for a restarting API server's authenticator; short enough that a node
 /// returns to a working copy in about a minute.
 pub(crate) const DEFAULT_UNAUTHORIZED_HANDOVER: Duration = Duration::from_secs(60);
+/// The service-account token the kubelet API is called with, when running in a pod.
+pub(crate) const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 /// Where checkpoints live on disk, and the lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -297,21 +362,36 @@ pub(crate) struct RunSettings {
     pub(crate) kubelet_url: String,
     pub(crate) kubelet_readonly_url: Option<String>,
     pub(crate) runtime_endpoint: Option<String>,
+    /// How the kubelet's certificate is trusted (used only with the CRI off).
+    pub(crate) kubelet_trust: KubeletTrust,
     pub(crate) gc_strategy: String,
     pub(crate) grace_period: Duration,
     pub(crate) gc_section: serde_json::Value,
     pub(crate) namespaces: Vec<String>,
     pub(crate) metrics_addr: Option<String>,
+    pub(crate) health_socket: Option<PathBuf>,
     pub(crate) log_format: LogFormat,
     pub(crate) static_service_account: String,
     pub(crate) unauthorized_handover: Duration,
     pub(crate) disk: DiskSettings,
 }
 
+/// How the agent trusts the kubelet's serving certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KubeletTrust {
+    /// `--kubelet-ca`: verified against this bundle.
+    Ca(PathBuf),
+    /// `--kubelet-insecure`, or nothing to protect: plain http, no token, or the kubelet
+    /// API not used.
+    Unverified,
+}
+
 /// What the process environment says (injected, so tests need not mutate it).
 pub(crate) struct Environment {
     pub(crate) host_ip: Option<String>,
     pub(crate) in_cluster: bool,
+    /// The pod's service-account token exists: it is what the kubelet API is called with.
+    pub(crate) service_account_token: bool,
 }
 
 impl Environment {
@@ -319,6 +399,7 @@ impl Environment {
         Self {
             host_ip: std::env::var("HOST_IP").ok().filter(|v| !v.is_empty()),
             in_cluster: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+            service_account_token: Path::new(SERVICE_ACCOUNT_TOKEN).exists(),
         }
     }
 }
@@ -377,6 +458,19 @@ impl RunSettings {
             }
         }
 
+        let kubelet_ca = args
+            .kubelet_ca
+            .or(file.kubelet_ca)
+            .filter(|p| !p.as_os_str().is_empty());
+        let kubelet_insecure = args.kubelet_insecure || file.kubelet_insecure.unwrap_or(false);
+        let kubelet_trust = kubelet_trust(
+            kubelet_ca,
+            kubelet_insecure,
+            runtime_endpoint.is_none(),
+            &kubelet_url,
+            env.service_account_token,
+        )?;
+
         let gc_strategy = args
             .gc_strategy
             .or(file.gc_strategy)
@@ -428,7 +522,19 @@ impl RunSettings {
             && addr.parse::<std::net::SocketAddr>().is_err()
         {
             return Err(Error::usage_message(format!(
-                "--metrics-addr: {addr:?} is not an address like 127.0.0.1:8080"
+                "--metrics-addr: {addr:?} is not an address like {DEFAULT_METRICS_ADDR}"
+            )));
+        }
+        let health_socket = args
+            .health_socket
+            .or(file.health_socket)
+            .filter(|p| !p.as_os_str().is_empty());
+        if let Some(path) = &health_socket
+            && (!path.is_absolute() || path.parent().is_none_or(|p| p.as_os_str().is_empty()))
+        {
+            return Err(Error::usage_message(format!(
+                "--health-socket: {} is not an absolute path",
+                path.display()
             )));
         }
         let static_service_account = args
@@ -461,16 +567,45 @@ impl RunSettings {
             kubelet_url,
             kubelet_readonly_url,
             runtime_endpoint,
+            kubelet_trust,
             gc_strategy,
             grace_period,
             gc_section,
             namespaces,
             metrics_addr,
+            health_socket,
             log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
             static_service_account,
             unauthorized_handover,
             disk,
         })
+    }
+}
+
+/// `--kubelet-ca`/`--kubelet-insecure`: the token is never sent to an unverified kubelet
+/// unless the operator said so. Only matters when the kubelet API is read (CRI off) over
+/// https with a token.
+fn kubelet_trust(
+    ca: Option<PathBuf>,
+    insecure: bool,
+    kubelet_used: bool,
+    url: &str,
+    token: bool,
+) -> Result<KubeletTrust> {
+    match (ca, insecure) {
+        (Some(_), true) => Err(Error::usage_message(
+            "--kubelet-ca and --kubelet-insecure exclude each other",
+        )),
+        (Some(ca), false) => Ok(KubeletTrust::Ca(ca)),
+        (None, true) => Ok(KubeletTrust::Unverified),
+        (None, false) if kubelet_used && token && url.starts_with("https://") => {
+            Err(Error::usage_message(format!(
+                "--kubelet-ca: the kubelet API {url} is read over https with the service-account \
+                 token (--runtime-endpoint \"\"); pass --kubelet-ca FILE to verify the kubelet's \
+                 serving certificate, or --kubelet-insecure to send the token unverified"
+            )))
+        }
+        (None, false) => Ok(KubeletTrust::Unverified),
     }
 }
 
@@ -511,6 +646,7 @@ mod tests {
         Environment {
             host_ip: None,
             in_cluster: false,
+            service_account_token: false,
         }
     }
 
@@ -544,6 +680,7 @@ mod tests {
             Environment {
                 host_ip: Some("10.0.0.5".into()),
                 in_cluster: true,
+                service_account_token: true,
             },
         )
         .expect("ok");
@@ -590,6 +727,93 @@ mod tests {
             (s.node_name.as_str(), s.namespaces.clone()),
             ("n", vec!["x".to_owned(), "y".to_owned()])
         );
+    }
+
+    /// The service-account token never goes to an unverified kubelet unless asked.
+    #[test]
+    fn kubelet_trust_follows_the_flags_and_what_is_at_stake() {
+        let check = |argv: &[&str], token: bool, expected: std::result::Result<KubeletTrust, &str>| {
+            let mut all = IDS.to_vec();
+            all.extend(argv);
+            let env = Environment {
+                service_account_token: token,
+                ..no_env()
+            };
+            let got = resolve(&all, "", env).map(|s| s.kubelet_trust);
+            match (got, expected) {
+                (Ok(got), Ok(expected)) => assert_eq!(got, expected, "{argv:?} token={token}"),
+                (Err(e), Err(expected)) => {
+                    let e = ckpt_core::error_chain(&e);
+                    assert!(e.contains(expected), "{e:?} should contain {expected:?}");
+                }
+                (got, expected) => panic!("{argv:?} token={token}: {got:?}, expected {expected:?}"),
+            }
+        };
+        let kubelet = ["--runtime-endpoint", ""];
+        // The kubelet over https with a token: a choice must be made.
+        check(
+            &kubelet,
+            true,
+            Err("--kubelet-ca: the kubelet API https://127.0.0.1:10250"),
+        );
+        check(
+            &["--runtime-endpoint", "", "--kubelet-ca", "/pki/ca.crt"],
+            true,
+            Ok(KubeletTrust::Ca(PathBuf::from("/pki/ca.crt"))),
+        );
+        check(
+            &["--runtime-endpoint", "", "--kubelet-insecure"],
+            true,
+            Ok(KubeletTrust::Unverified),
+        );
+        check(
+            &[
+                "--runtime-endpoint",
+                "",
+                "--kubelet-insecure",
+                "--kubelet-ca",
+                "/ca",
+            ],
+            true,
+            Err("cannot be used with"),
+        );
+        // Nothing at stake: no token, plain http, or the kubelet not read (CRI on).
+        check(&kubelet, false, Ok(KubeletTrust::Unverified));
+        check(
+            &[
+                "--runtime-endpoint",
+                "",
+                "--kubelet-url",
+                "http://127.0.0.1:10255",
+            ],
+            true,
+            Ok(KubeletTrust::Unverified),
+        );
+        check(&[], true, Ok(KubeletTrust::Unverified));
+        // The config file's keys.
+        let s = resolve(&IDS, "runtime-endpoint: \"\"\nkubelet-insecure: true\n", no_env()).expect("ok");
+        assert_eq!(s.kubelet_trust, KubeletTrust::Unverified);
+        let env = Environment {
+            service_account_token: true,
+            ..no_env()
+        };
+        let s = resolve(&IDS, "runtime-endpoint: \"\"\nkubelet-ca: /ca.crt\n", env).expect("ok");
+        assert_eq!(s.kubelet_trust, KubeletTrust::Ca(PathBuf::from("/ca.crt")));
+    }
+
+    #[test]
+    fn the_health_socket_is_off_unless_named() {
+        assert_eq!(resolve(&IDS, "", no_env()).expect("ok").health_socket, None);
+        let mut argv = IDS.to_vec();
+        argv.extend(["--health-socket", "/run/pc/health.sock"]);
+        let s = resolve(&argv, "", no_env()).expect("ok");
+        assert_eq!(s.health_socket, Some(PathBuf::from("/run/pc/health.sock")));
+        let s = resolve(&IDS, "health-socket: /run/x.sock\n", no_env()).expect("ok");
+        assert_eq!(s.health_socket, Some(PathBuf::from("/run/x.sock")));
+        let mut argv = IDS.to_vec();
+        argv.extend(["--health-socket", "health.sock"]);
+        let e = resolve(&argv, "", no_env()).expect_err("relative");
+        assert!(e.to_string().starts_with("--health-socket"), "{e}");
     }
 
     #[test]

@@ -1,16 +1,32 @@
-//! `/healthz`, `/readyz` and `/metrics` on `--metrics-addr`: a deliberately tiny HTTP/1.1
-//! server (three GET paths, one response per connection) so the agent needs no web stack.
+//! `/healthz`, `/readyz` and `/metrics` on `--metrics-addr`, and `/healthz` and `/readyz`
+//! on `--health-socket`: a deliberately tiny HTTP/1.1 server (three GET paths, one
+//! response per connection) so the agent needs no web stack.
+//!
+//! Both copies of the agent (the DaemonSet pod and its static copy) run with the host
+//! network, so whichever binds the TCP port answers there for the node. The unix socket
+//! lives in the pod's own emptyDir: `pod-checkpointer health --ready|--live`, the pods'
+//! exec probes, asks it, so each pod's probes reflect that pod's own process.
+//!
+//! Readiness: a copy waiting on the lock is Ready (`standby`), so a DaemonSet pod that
+//! waits while the static copy holds the lock never stalls a rollout; the holder is Ready
+//! after its first pass. Liveness fails when the holder has not completed a pass for
+//! `stall_after` (several resync intervals: the holder passes at least once per
+//! interval), or when the copy is neither holding nor waiting (exiting).
 
 use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ckpt_core::Timestamp;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
 use tracing::{debug, info, warn};
 
-/// Where the agent is in its life, for `/readyz`.
+use crate::error::{Error, Result};
+
+/// Where the agent is in its life, for `/readyz` and `/healthz`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
     /// Waiting for the lock: another copy is active.
@@ -19,6 +35,36 @@ pub(crate) enum Phase {
     Starting,
     /// Holds the lock and has completed a pass.
     Ready,
+    /// Leaving (signal, self-GC, failure): neither holding nor waiting.
+    Stopping,
+}
+
+/// What the probes see: the phase, since when, and the last completed pass.
+#[derive(Clone, Copy, Debug)]
+struct Life {
+    phase: Phase,
+    since: Instant,
+    last_pass: Option<Instant>,
+}
+
+/// A probe's answer: HTTP status (200 or 503) and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub(crate) ok: bool,
+    pub(crate) body: String,
+}
+
+impl Verdict {
+    fn ok(body: &str) -> Self {
+        Self {
+            ok: true,
+            body: body.to_owned(),
+        }
+    }
+
+    fn failed(body: String) -> Self {
+        Self { ok: false, body }
+    }
 }
 
 /// Pass-duration histogram buckets, in seconds.
@@ -41,30 +87,93 @@ struct Counters {
     last_sync: Option<Timestamp>,
 }
 
-/// The agent's health and metrics, shared between the loop and the HTTP server.
+/// The agent's health and metrics, shared between the loop and the HTTP servers.
 #[derive(Debug, Clone)]
 pub(crate) struct Health {
-    phase: Arc<Mutex<Phase>>,
+    life: Arc<Mutex<Life>>,
     counters: Arc<Mutex<Counters>>,
+    stall_after: Duration,
 }
 
 impl Health {
-    pub(crate) fn new() -> Self {
+    /// A copy on standby; liveness fails once the holder goes `stall_after` without
+    /// completing a pass.
+    pub(crate) fn new(stall_after: Duration) -> Self {
         Self {
-            phase: Arc::new(Mutex::new(Phase::Standby)),
+            life: Arc::new(Mutex::new(Life {
+                phase: Phase::Standby,
+                since: Instant::now(),
+                last_pass: None,
+            })),
             counters: Arc::new(Mutex::new(Counters {
                 api_state: "unreachable",
                 ..Counters::default()
             })),
+            stall_after,
         }
     }
 
+    fn life(&self) -> std::sync::MutexGuard<'_, Life> {
+        self.life.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn set_phase(&self, phase: Phase) {
-        *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = phase;
+        let mut life = self.life();
+        if life.phase != phase {
+            life.phase = phase;
+            life.since = Instant::now();
+        }
     }
 
     pub(crate) fn phase(&self) -> Phase {
-        *self.phase.lock().unwrap_or_else(|e| e.into_inner())
+        self.life().phase
+    }
+
+    /// A pass completed now (the holder is alive and making progress).
+    pub(crate) fn pass_completed(&self) {
+        self.life().last_pass = Some(Instant::now());
+    }
+
+    /// `/healthz`: standby, or holding and passing.
+    pub(crate) fn liveness(&self, now: Instant) -> Verdict {
+        let life = *self.life();
+        let stalled = |what: &str, from: Instant| {
+            let idle = now.saturating_duration_since(from);
+            (idle > self.stall_after).then(|| {
+                Verdict::failed(format!(
+                    "stalled: {what} for {}s (limit {}s)\n",
+                    idle.as_secs(),
+                    self.stall_after.as_secs()
+                ))
+            })
+        };
+        match life.phase {
+            Phase::Standby => Verdict::ok("standby\n"),
+            Phase::Starting => stalled("holding the lock, no pass completed", life.since)
+                .unwrap_or_else(|| Verdict::ok("starting\n")),
+            Phase::Ready => stalled("no pass completed", life.last_pass.unwrap_or(life.since))
+                .unwrap_or_else(|| Verdict::ok("ok\n")),
+            Phase::Stopping => Verdict::failed("stopping: neither holding nor waiting on the lock\n".into()),
+        }
+    }
+
+    /// `/readyz`: a healthy copy waiting on the lock (`standby`), or the holder after its
+    /// first pass.
+    pub(crate) fn readiness(&self, now: Instant) -> Verdict {
+        let live = self.liveness(now);
+        if !live.ok {
+            return live;
+        }
+        match self.phase() {
+            Phase::Standby => Verdict::ok("standby"),
+            // The holder cannot sync: not ready, and says why (it hands the lock over).
+            Phase::Ready if self.api_state() == "unauthorized" => {
+                Verdict::failed("unauthorized: the API server rejects this copy's credentials".into())
+            }
+            Phase::Ready => Verdict::ok("ok\n"),
+            Phase::Starting => Verdict::failed("starting".into()),
+            Phase::Stopping => Verdict::failed("stopping".into()),
+        }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
@@ -83,6 +192,7 @@ impl Health {
             }
             c.checkpoints_by_state = states;
         });
+        self.pass_completed();
     }
 
     pub(crate) fn record_views(
@@ -239,7 +349,10 @@ impl Health {
                 "lock_held",
                 "gauge",
                 "Whether this copy holds the lock (is the active copy).",
-                vec![(String::new(), u8::from(phase != Phase::Standby).to_string())],
+                vec![(
+                    String::new(),
+                    u8::from(matches!(phase, Phase::Starting | Phase::Ready)).to_string(),
+                )],
             );
             let mut samples: Vec<(String, String)> = BUCKETS
                 .iter()
@@ -303,18 +416,56 @@ pub(crate) async fn serve(addr: &str, health: Health) -> std::io::Result<Server>
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let health = health.clone();
-            tokio::spawn(async move {
-                if let Err(e) = tokio::time::timeout(Duration::from_secs(5), respond(stream, &health)).await {
-                    debug!(error = %e, "health request timed out");
-                }
-            });
+            spawn_response(stream, health.clone(), true);
         }
     });
     Ok(Server(task))
 }
 
-async fn respond(mut stream: tokio::net::TcpStream, health: &Health) {
+/// Serves `/healthz` and `/readyz` on the unix socket `path` (in the pod's own emptyDir)
+/// until the returned [`Server`] is dropped. A socket left by a process that is gone (a
+/// restarted container) is replaced; one a live process answers on is not taken over.
+pub(crate) async fn serve_unix(path: &Path, health: Health) -> std::io::Result<Server> {
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "another process answers on this socket",
+        ));
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => debug!(path = %path.display(), "replaced a stale health socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(path)?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            spawn_response(stream, health.clone(), false);
+        }
+    });
+    Ok(Server(task))
+}
+
+fn spawn_response<S>(stream: S, health: Health, with_metrics: bool)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) =
+            tokio::time::timeout(Duration::from_secs(5), respond(stream, &health, with_metrics)).await
+        {
+            debug!(error = %e, "health request timed out");
+        }
+    });
+}
+
+async fn respond<S>(mut stream: S, health: &Health, with_metrics: bool)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
     // Read until the end of the request head (or the buffer is full: a bad request).
@@ -330,7 +481,11 @@ async fn respond(mut stream: tokio::net::TcpStream, health: &Health) {
     let head = String::from_utf8_lossy(&buf[..len]);
     let mut parts = head.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, content_type, body) = route(method, path, health);
+    let (status, content_type, body) = if !with_metrics && path.starts_with("/metrics") {
+        ("404 Not Found", TEXT, "not found\n".to_owned())
+    } else {
+        route(method, path, health, Instant::now())
+    };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -340,24 +495,23 @@ async fn respond(mut stream: tokio::net::TcpStream, health: &Health) {
     }
 }
 
-fn route(method: &str, path: &str, health: &Health) -> (&'static str, &'static str, String) {
-    const TEXT: &str = "text/plain; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
+
+fn route(method: &str, path: &str, health: &Health, now: Instant) -> (&'static str, &'static str, String) {
     if method != "GET" {
         return ("405 Method Not Allowed", TEXT, "only GET\n".into());
     }
+    let answer = |verdict: Verdict| {
+        let status = if verdict.ok {
+            "200 OK"
+        } else {
+            "503 Service Unavailable"
+        };
+        (status, TEXT, verdict.body)
+    };
     match path.split('?').next().unwrap_or("") {
-        "/healthz" => ("200 OK", TEXT, "ok\n".into()),
-        "/readyz" => match health.phase() {
-            // The holder cannot sync: not ready, and says why (it hands the lock over).
-            Phase::Ready if health.api_state() == "unauthorized" => (
-                "503 Service Unavailable",
-                TEXT,
-                "unauthorized: the API server rejects this copy's credentials".into(),
-            ),
-            Phase::Ready => ("200 OK", TEXT, "ok\n".into()),
-            Phase::Standby => ("503 Service Unavailable", TEXT, "standby".into()),
-            Phase::Starting => ("503 Service Unavailable", TEXT, "starting".into()),
-        },
+        "/healthz" => answer(health.liveness(now)),
+        "/readyz" => answer(health.readiness(now)),
         "/metrics" => (
             "200 OK",
             "text/plain; version=0.0.4",
@@ -367,37 +521,195 @@ fn route(method: &str, path: &str, health: &Health) -> (&'static str, &'static s
     }
 }
 
+/// Which endpoint `pod-checkpointer health` asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProbeKind {
+    Ready,
+    Live,
+}
+
+/// How long `pod-checkpointer health` waits for the agent (below the probes' timeout).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `pod-checkpointer health`: asks the agent on `socket`; the body when it answers 200,
+/// an error (exit 1) with its answer, or why there is none, otherwise.
+pub(crate) fn probe(socket: &Path, kind: ProbeKind) -> Result<String> {
+    let path = match kind {
+        ProbeKind::Ready => "/readyz",
+        ProbeKind::Live => "/healthz",
+    };
+    let failed = |what: String, e: std::io::Error| {
+        Error::runtime(format!("{path} on {}: {what}", socket.display()), e)
+    };
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(socket).map_err(|e| failed("no agent answers".into(), e))?;
+    stream
+        .set_read_timeout(Some(PROBE_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(PROBE_TIMEOUT)))
+        .and_then(|()| stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: agent\r\n\r\n").as_bytes()))
+        .map_err(|e| failed("cannot ask".into(), e))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| failed("no answer".into(), e))?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status == "200" {
+        Ok(body.to_owned())
+    } else {
+        Err(failed(
+            format!("answered {status}"),
+            std::io::Error::other(body.trim().to_owned()),
+        ))
+    }
+}
+
+/// The socket `pod-checkpointer health` asks: its own flag, else the config file's.
+pub(crate) fn probe_socket(flag: Option<PathBuf>, config_socket: Option<PathBuf>) -> Result<PathBuf> {
+    flag.or(config_socket)
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| {
+            Error::usage_message(
+                "--health-socket is required (or `health-socket:` in --config): the agent's socket",
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn readiness_follows_the_phase() {
-        let h = Health::new();
-        let check = |phase: Phase, status: &str, body: &str| {
-            h.set_phase(phase);
-            let (s, _, b) = route("GET", "/readyz", &h);
-            assert_eq!((s, b.as_str()), (status, body));
-            assert_eq!(route("GET", "/healthz", &h).0, "200 OK");
+    const STALL: Duration = Duration::from_secs(90);
+
+    /// `(phase, seconds since the phase began, seconds since the last pass)` → the
+    /// `/readyz` and `/healthz` answers `(status, body)`.
+    fn check(phase: Phase, in_phase: u64, since_pass: Option<u64>, ready: (&str, &str), live: (&str, &str)) {
+        let h = Health::new(STALL);
+        h.set_phase(phase);
+        let start = Instant::now();
+        {
+            let mut life = h.life();
+            life.since = start;
+            life.last_pass = since_pass.map(|s| start + Duration::from_secs(in_phase - s));
+        }
+        let now = start + Duration::from_secs(in_phase);
+        let answer = |path: &str| {
+            let (status, _, body) = route("GET", path, &h, now);
+            (status.to_owned(), body)
         };
-        check(Phase::Standby, "503 Service Unavailable", "standby");
-        check(Phase::Starting, "503 Service Unavailable", "starting");
-        check(Phase::Ready, "200 OK", "ok\n");
-        h.record_views("unauthorized", true, None);
+        let case = format!("{phase:?} for {in_phase}s, last pass {since_pass:?}s ago");
+        let (status, body) = answer("/readyz");
+        assert_eq!(status, ready.0, "readyz, {case}");
+        assert!(body.starts_with(ready.1), "readyz {body:?}, {case}");
+        let (status, body) = answer("/healthz");
+        assert_eq!(status, live.0, "healthz, {case}");
+        assert!(body.starts_with(live.1), "healthz {body:?}, {case}");
+    }
+
+    const OK: &str = "200 OK";
+    const DOWN: &str = "503 Service Unavailable";
+
+    #[test]
+    fn readiness_and_liveness_per_state() {
+        // A copy waiting on the lock is ready (a rollout must not stall on it) and live,
+        // however long it waits.
+        check(Phase::Standby, 5, None, (OK, "standby"), (OK, "standby"));
+        check(Phase::Standby, 86_400, None, (OK, "standby"), (OK, "standby"));
+        // The holder before its first pass: alive, not ready; stalled past the limit.
+        check(Phase::Starting, 1, None, (DOWN, "starting"), (OK, "starting"));
+        check(Phase::Starting, 91, None, (DOWN, "stalled"), (DOWN, "stalled"));
+        // The holder after a pass: ready and live while passes complete.
+        check(Phase::Ready, 3_600, Some(10), (OK, "ok"), (OK, "ok"));
+        check(Phase::Ready, 3_600, Some(90), (OK, "ok"), (OK, "ok"));
         check(
             Phase::Ready,
-            "503 Service Unavailable",
-            "unauthorized: the API server rejects this copy's credentials",
+            3_600,
+            Some(91),
+            (DOWN, "stalled"),
+            (DOWN, "stalled"),
         );
+        // Neither holding nor waiting.
+        check(
+            Phase::Stopping,
+            5,
+            Some(1),
+            (DOWN, "stopping"),
+            (DOWN, "stopping"),
+        );
+    }
+
+    #[test]
+    fn a_holder_whose_credentials_are_rejected_is_live_but_not_ready() {
+        let h = Health::new(STALL);
+        h.set_phase(Phase::Ready);
+        h.record_pass(Duration::from_millis(3), BTreeMap::new());
+        h.record_views("unauthorized", true, None);
+        let (status, _, body) = route("GET", "/readyz", &h, Instant::now());
+        assert_eq!(
+            (status, body.as_str()),
+            (
+                DOWN,
+                "unauthorized: the API server rejects this copy's credentials"
+            )
+        );
+        assert_eq!(route("GET", "/healthz", &h, Instant::now()).0, OK);
         h.record_views("synced", true, None);
-        check(Phase::Ready, "200 OK", "ok\n");
-        assert_eq!(route("POST", "/healthz", &h).0, "405 Method Not Allowed");
-        assert_eq!(route("GET", "/nope", &h).0, "404 Not Found");
+        assert_eq!(route("GET", "/readyz", &h, Instant::now()).0, OK);
+    }
+
+    #[test]
+    fn a_completed_pass_keeps_the_holder_live() {
+        let h = Health::new(Duration::from_secs(1));
+        h.set_phase(Phase::Ready);
+        h.record_pass(Duration::from_millis(3), BTreeMap::new());
+        assert!(h.liveness(Instant::now()).ok);
+        assert!(!h.liveness(Instant::now() + Duration::from_secs(2)).ok);
+        assert_eq!(
+            route("POST", "/healthz", &h, Instant::now()).0,
+            "405 Method Not Allowed"
+        );
+        assert_eq!(route("GET", "/nope", &h, Instant::now()).0, "404 Not Found");
+    }
+
+    /// The exec probe's client against the agent's unix socket server, per state.
+    #[tokio::test]
+    async fn the_probe_asks_the_agent_on_its_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("health.sock");
+        let h = Health::new(STALL);
+        let server = serve_unix(&socket, h.clone()).await.unwrap();
+        let ask = |kind| {
+            let socket = socket.clone();
+            tokio::task::spawn_blocking(move || probe(&socket, kind))
+        };
+        assert_eq!(ask(ProbeKind::Ready).await.unwrap().unwrap(), "standby");
+        h.set_phase(Phase::Starting);
+        let refused = ckpt_core::error_chain(&ask(ProbeKind::Ready).await.unwrap().unwrap_err());
+        assert!(
+            refused.contains("answered 503") && refused.contains("starting"),
+            "{refused}"
+        );
+        assert_eq!(ask(ProbeKind::Live).await.unwrap().unwrap(), "starting\n");
+        h.set_phase(Phase::Ready);
+        assert_eq!(ask(ProbeKind::Ready).await.unwrap().unwrap(), "ok\n");
+
+        // A second agent does not take over a live socket; a stale one is replaced.
+        let taken = serve_unix(&socket, Health::new(STALL)).await.unwrap_err();
+        assert_eq!(taken.kind(), std::io::ErrorKind::AddrInUse);
+        drop(server);
+        tokio::task::yield_now().await;
+        let other = Health::new(STALL);
+        let _server = serve_unix(&socket, other).await.unwrap();
+        assert_eq!(ask(ProbeKind::Ready).await.unwrap().unwrap(), "standby");
+
+        let gone = dir.path().join("missing.sock");
+        let error = ckpt_core::error_chain(&probe(&gone, ProbeKind::Live).unwrap_err());
+        assert!(error.contains("no agent answers"), "{error}");
     }
 
     #[test]
     fn metrics_are_prefixed_and_counted() {
-        let h = Health::new();
+        let h = Health::new(STALL);
         h.activation();
         h.removal("grace-period", "parent \"deleted\"");
         h.record_pass(Duration::from_millis(20), [("active", 2)].into());

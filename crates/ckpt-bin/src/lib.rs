@@ -1,8 +1,10 @@
 //! `ckpt-bin`: the `pod-checkpointer` node agent as a library, so the binary's `main` stays
 //! thin and tools (xtask's manifest renderer, tests) use the very same configuration parser.
 //!
-//! - [`run_cli`]: executes a parsed [`config::Cli`] (`run`, `inspect`, `drain`, `strategies`).
+//! - [`run_cli`]: executes a parsed [`config::Cli`] (`run`, `inspect`, `drain`,
+//!   `strategies`, `health`, `render`).
 //! - [`config::check_config_file`]: whether a YAML config file is accepted by `run`.
+//! - [`render`]: the install manifests (`pod-checkpointer render`, `cargo xtask deploy`).
 //! - [`Error`]: usage errors (exit code 2) and runtime failures (exit code 1).
 //!
 //! ```
@@ -21,6 +23,7 @@ mod events;
 mod executor;
 mod health;
 mod inspect;
+pub mod render;
 
 pub use error::{Error, Result};
 
@@ -65,6 +68,28 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             }
             print(&out);
             Ok(())
+        }
+        Command::Health(args) => {
+            let file = read_file_config(args.config.as_deref())?;
+            let socket = health::probe_socket(args.health_socket, file.health_socket())?;
+            let kind = if args.live {
+                health::ProbeKind::Live
+            } else {
+                health::ProbeKind::Ready
+            };
+            let body = health::probe(&socket, kind)?;
+            print(&format!("{}\n", body.trim_end()));
+            Ok(())
+        }
+        Command::Render(args) => {
+            let options = args.manifest.options(render::KubernetesVersion::NEWEST)?;
+            let yaml = render::to_yaml(&render::render(&options))?;
+            if args.output == "-" {
+                print(&yaml);
+                return Ok(());
+            }
+            std::fs::write(&args.output, yaml)
+                .map_err(|e| Error::usage(format!("--output: cannot write {}", args.output), e))
         }
         Command::Run(args) => {
             let settings = run_settings(*args)?;

@@ -754,7 +754,7 @@ async fn seed_scenarios(down: Reply) {
     world.run(AGENT);
     let daemonset = world.start_agent(AGENT, &gc);
     daemonset
-        .expect_ready("C: the DaemonSet copy on standby", 503, "standby")
+        .expect_ready("C: the DaemonSet copy on standby", 200, "standby")
         .await;
     assert_eq!(daemonset.metric("lock_held").await, 0.0);
     world.looked_twice("C: standby").await;
@@ -833,7 +833,7 @@ async fn rolling_update_of_the_agent(strategy: &str, rollout: Rollout) {
     world.run(AGENT_STATIC);
     let static_copy = world.start_agent(AGENT_STATIC, &gc);
     static_copy
-        .expect_ready("the static copy on standby", 503, "standby")
+        .expect_ready("the static copy on standby", 200, "standby")
         .await;
 
     // The old pod is deleted. The active copy keeps the old self checkpoint while no new
@@ -880,7 +880,7 @@ async fn rolling_update_of_the_agent(strategy: &str, rollout: Rollout) {
     // the new DaemonSet copy waits for the lock, then takes over and changes nothing.
     let new_daemonset = world.start_agent(NEW, &gc);
     new_daemonset
-        .expect_ready("the new DaemonSet copy on standby", 503, "standby")
+        .expect_ready("the new DaemonSet copy on standby", 200, "standby")
         .await;
     world.assert_files("standby changes nothing", &rolled);
     if let Some(old) = old_copy {

@@ -332,3 +332,95 @@ fn without_credentials_the_agent_runs_offline_and_activates() {
     let _ = child.wait();
     assert!(active.exists(), "the checkpoint was not activated");
 }
+
+/// `pod-checkpointer render` writes the checked-in install manifests (installing needs no
+/// Rust toolchain), to stdout or a file; an unknown strategy is a usage error naming the
+/// registered ones.
+#[test]
+fn render_writes_the_install_manifests() {
+    let checked_in = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/pod-checkpointer.yaml"),
+    )
+    .expect("deploy/pod-checkpointer.yaml");
+    let out = run(&["render"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout) == checked_in,
+        "deploy/pod-checkpointer.yaml is out of date: regenerate it with `pod-checkpointer render -o deploy/pod-checkpointer.yaml` (or `cargo xtask render -o deploy`)"
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("install.yaml");
+    let file_arg = file.display().to_string();
+    let out = run(&[
+        "render",
+        "--gc-strategy",
+        "owner-reference",
+        "--namespace",
+        "checkpointer",
+        "--image",
+        "registry.example/pc:dev",
+        "--runtime-endpoint",
+        "",
+        "--kubelet-ca",
+        "/etc/kubernetes/pki/ca.crt",
+        "--api-server",
+        "https://10.0.0.1:6443",
+        "-o",
+        &file_arg,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let yaml = std::fs::read_to_string(&file).expect("written");
+    for expected in [
+        "gc-strategy: owner-reference",
+        "namespace: checkpointer",
+        "image: registry.example/pc:dev",
+        "kubelet-ca: /etc/kubernetes/pki/ca.crt",
+        "server: https://10.0.0.1:6443",
+        "name: pod-checkpointer-kubelet",
+    ] {
+        assert!(yaml.contains(expected), "{expected}: {yaml}");
+    }
+
+    let out = run(&["render", "--gc-strategy", "sometimes"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("--gc-strategy: unknown strategy \"sometimes\""),
+        "{stderr}"
+    );
+    for name in ["grace-period", "immediate", "owner-reference"] {
+        assert!(stderr.contains(name), "{stderr}");
+    }
+    let out = run(&["render", "--runtime-endpoint", ""]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--kubelet-ca"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// `pod-checkpointer health` with no agent behind the socket fails (exit 1); without a
+/// socket it is a usage error (exit 2).
+#[test]
+fn health_fails_without_an_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("health.sock").display().to_string();
+    let out = run(&["health", "--ready", "--health-socket", &socket]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no agent answers"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["health", "--live"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--health-socket"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["health", "--health-socket", &socket]);
+    assert_eq!(out.status.code(), Some(2), "--ready or --live is required");
+}

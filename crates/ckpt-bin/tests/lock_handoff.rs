@@ -1,6 +1,8 @@
 //! Two real `pod-checkpointer run` processes on one lock file, as the DaemonSet copy and
-//! the static copy run on a node: one active, one on standby (`/readyz` 503 `standby`);
-//! SIGKILL the active one and the standby takes over; SIGTERM exits 0.
+//! the static copy run on a node: one active, one on standby (`/readyz` 200 `standby`:
+//! a waiting copy must not stall a rollout); each copy's own health socket answers for
+//! that copy alone (`pod-checkpointer health`, the pods' exec probes); SIGKILL the
+//! active one and the standby takes over; SIGTERM exits 0.
 //!
 //! No API server is needed: the kubeconfig points at a closed port, which the agent
 //! treats as "unreachable" and keeps running.
@@ -51,6 +53,7 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
 struct Agent {
     child: Child,
     port: u16,
+    socket: std::path::PathBuf,
 }
 
 impl Agent {
@@ -60,6 +63,7 @@ impl Agent {
 
     fn start_on(dir: &Path, pod_name: &str, port: u16) -> Agent {
         let log = std::fs::File::create(dir.join(format!("{pod_name}.log"))).expect("log file");
+        let socket = dir.join(format!("{pod_name}.sock"));
         let child = Command::new(env!("CARGO_BIN_EXE_pod-checkpointer"))
             .args([
                 "run",
@@ -80,16 +84,31 @@ impl Agent {
             .arg("--lock-file")
             .arg(dir.join("lock"))
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .arg("--health-socket")
+            .arg(&socket)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("starts");
-        Agent { child, port }
+        Agent { child, port, socket }
     }
 
     fn readyz(&self) -> Option<(u16, String)> {
         get(self.port, "/readyz")
+    }
+
+    /// `pod-checkpointer health --ready|--live` on this copy's socket: success and stdout.
+    fn probe(&self, flag: &str) -> (bool, String) {
+        let output = Command::new(env!("CARGO_BIN_EXE_pod-checkpointer"))
+            .args(["health", flag, "--health-socket"])
+            .arg(&self.socket)
+            .output()
+            .expect("runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
     }
 }
 
@@ -118,15 +137,20 @@ fn standby_copy_takes_over_when_the_active_one_is_killed() {
 
     let mut daemonset_copy = Agent::start(dir.path(), "pc-abc");
     wait_for("the first copy to be ready", timeout, || {
-        daemonset_copy.readyz().is_some_and(|(s, _)| s == 200)
+        daemonset_copy.readyz() == Some((200, "ok\n".to_owned()))
     });
 
     let mut static_copy = Agent::start(dir.path(), "pc-abc-node-1");
     wait_for("the second copy to answer", timeout, || {
         static_copy.readyz().is_some()
     });
-    assert_eq!(static_copy.readyz(), Some((503, "standby".to_owned())));
+    assert_eq!(static_copy.readyz(), Some((200, "standby".to_owned())));
     assert_eq!(get(static_copy.port, "/healthz").map(|(s, _)| s), Some(200));
+    // Each copy's probe reaches that copy alone.
+    assert_eq!(static_copy.probe("--ready"), (true, "standby\n".to_owned()));
+    assert_eq!(static_copy.probe("--live"), (true, "standby\n".to_owned()));
+    assert_eq!(daemonset_copy.probe("--ready"), (true, "ok\n".to_owned()));
+    assert_eq!(daemonset_copy.probe("--live"), (true, "ok\n".to_owned()));
     let metrics = get(static_copy.port, "/metrics").expect("metrics").1;
     assert!(
         metrics.lines().any(|l| l == "pod_checkpointer_lock_held 0"),
@@ -141,8 +165,14 @@ fn standby_copy_takes_over_when_the_active_one_is_killed() {
     daemonset_copy.child.kill().expect("kill");
     daemonset_copy.child.wait().expect("reaped");
     wait_for("the standby copy to take over", timeout, || {
-        static_copy.readyz().is_some_and(|(s, _)| s == 200)
+        static_copy.readyz() == Some((200, "ok\n".to_owned()))
     });
+    assert_eq!(static_copy.probe("--ready"), (true, "ok\n".to_owned()));
+    assert_eq!(
+        daemonset_copy.probe("--live"),
+        (false, String::new()),
+        "no process answers for the killed copy"
+    );
     let holder = ckpt_lock::read_holder(dir.path().join("lock"))
         .expect("readable")
         .expect("a holder");

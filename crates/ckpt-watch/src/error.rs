@@ -26,6 +26,15 @@ pub enum Error {
         #[source]
         source: Option<http::uri::InvalidUri>,
     },
+    /// An https kubelet URL with a token to send, and neither a CA to verify the kubelet's
+    /// certificate nor an explicit choice not to.
+    #[error(
+        "the kubelet at {url} would get the service-account token unverified: give its CA, or choose insecure explicitly"
+    )]
+    KubeletUnverified {
+        /// The URL as given.
+        url: String,
+    },
     /// Building the HTTP client for a kubelet URL failed (TLS setup, CA file).
     #[error("cannot build an HTTP client for the kubelet at {url}")]
     KubeletClient {

@@ -25,9 +25,12 @@ pub struct KubeletConfig {
     /// The service-account token sent as `Authorization: Bearer` to `url` (not to the
     /// read-only URL); re-read whenever the file changes (tokens are rotated).
     pub token_file: Option<PathBuf>,
-    /// The CA bundle that signed the kubelet's serving certificate. Without it, TLS
-    /// certificates are not verified (as the original did; one warning is logged).
+    /// The CA bundle that signed the kubelet's serving certificate.
     pub ca_file: Option<PathBuf>,
+    /// Without a CA, do not verify the kubelet's certificate (one warning is logged). When
+    /// false, an https URL without a CA is refused if a token would be sent to it: the
+    /// token never goes to an unverified server unless asked.
+    pub insecure_skip_tls_verify: bool,
     /// Bound on each request, connection included.
     pub timeout: Duration,
 }
@@ -244,6 +247,11 @@ fn target(url: &str, config: &KubeletConfig, send_token: bool) -> Result<Target>
     if https {
         match &config.ca_file {
             Some(ca) => kc.root_cert_file = Some(ca.clone()),
+            None if send_token && config.token_file.is_some() && !config.insecure_skip_tls_verify => {
+                return Err(Error::KubeletUnverified {
+                    url: trimmed.to_owned(),
+                });
+            }
             None => {
                 static WARNED: AtomicBool = AtomicBool::new(false);
                 if !WARNED.swap(true, Ordering::Relaxed) {
@@ -277,6 +285,7 @@ mod tests {
             readonly_url: None,
             token_file: None,
             ca_file: None,
+            insecure_skip_tls_verify: false,
             timeout: Duration::from_secs(2),
         }
     }
@@ -343,6 +352,22 @@ mod tests {
         assert_eq!(names(&verified.pods().await.unwrap()), ["secure"]);
         let unverified = KubeletClient::new(config(&fake.url)).unwrap();
         assert_eq!(names(&unverified.pods().await.unwrap()), ["secure"]);
+
+        // A token is never sent to an unverified kubelet unless that is asked for.
+        let token = dir.path().join("token");
+        std::fs::write(&token, "secret-token\n").unwrap();
+        let with_token = || KubeletConfig {
+            token_file: Some(token.clone()),
+            ..config(&fake.url)
+        };
+        let refused = KubeletClient::new(with_token()).unwrap_err();
+        assert!(matches!(refused, Error::KubeletUnverified { .. }), "{refused}");
+        let insecure = KubeletClient::new(KubeletConfig {
+            insecure_skip_tls_verify: true,
+            ..with_token()
+        })
+        .unwrap();
+        assert_eq!(names(&insecure.pods().await.unwrap()), ["secure"]);
 
         // Plain HTTP to a TLS port fails (and says where).
         let wrong = KubeletClient::new(config(&fake.url.replace("https://", "http://"))).unwrap();

@@ -213,6 +213,7 @@ mod tests {
             readonly_url: None,
             token_file: None,
             ca_file: None,
+            insecure_skip_tls_verify: false,
             timeout: T,
         })
         .unwrap();

@@ -194,13 +194,14 @@ impl Agent {
         http_get(&self.metrics_addr, path)
     }
 
-    /// Waits for `/readyz` to answer 200: it holds the lock and completed a pass.
+    /// Waits for `/readyz` to answer 200 `ok`: it holds the lock and completed a pass (a
+    /// copy waiting on the lock is Ready too, but says `standby`).
     pub fn wait_ready(&mut self) -> anyhow::Result<Duration> {
         let label = self.label.clone();
-        wait_for(&format!("agent {label} /readyz 200"), DEFAULT_TIMEOUT, || {
+        wait_for(&format!("agent {label} /readyz 200 ok"), DEFAULT_TIMEOUT, || {
             self.ensure_running()?;
             Ok(match self.http_get("/readyz") {
-                Ok((200, _)) => Probe::Ready(()),
+                Ok((200, body)) if body.trim() == "ok" => Probe::Ready(()),
                 Ok((code, body)) => Probe::Waiting(format!("{code} {}", body.trim())),
                 Err(e) => Probe::Waiting(format!("{e:#}")),
             })

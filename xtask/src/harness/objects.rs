@@ -212,13 +212,20 @@ impl PodBuilder {
 /// The deploy manifests (`deploy/pod-checkpointer.yaml`, rendered by `cargo xtask render`).
 pub const DEPLOY_MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/pod-checkpointer.yaml");
 
-/// The rules of the namespaced Role `pod-checkpointer` in the deploy manifests: what the
+/// The rules of the namespaced Roles `pod-checkpointer` and `pod-checkpointer-token` in the deploy manifests: what the
 /// agent is granted in production. The suite and the demo grant exactly these (bound to the
 /// agent's user instead of its ServiceAccount), so they prove the rules are enough.
 pub fn deployed_agent_rules() -> anyhow::Result<Vec<Value>> {
     let text = std::fs::read_to_string(DEPLOY_MANIFESTS)
         .with_context(|| format!("cannot read the deploy manifests {DEPLOY_MANIFESTS}"))?;
-    role_rules(&text, "pod-checkpointer").with_context(|| format!("in {DEPLOY_MANIFESTS}"))
+    let mut rules =
+        role_rules(&text, "pod-checkpointer").with_context(|| format!("in {DEPLOY_MANIFESTS}"))?;
+    // Minting tokens for the static copy's account: its own Role in the install namespace,
+    // which every scenario namespace stands for.
+    rules.extend(
+        role_rules(&text, "pod-checkpointer-token").with_context(|| format!("in {DEPLOY_MANIFESTS}"))?,
+    );
+    Ok(rules)
 }
 
 /// The rules of the ClusterRole `pod-checkpointer` in the deploy manifests (the kubelet

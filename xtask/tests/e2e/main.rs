@@ -18,6 +18,7 @@
 
 mod credentials;
 mod gc;
+mod install;
 mod outage;
 mod rbac;
 mod seed;
@@ -104,6 +105,11 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         "rbac_missing_permission_is_a_clear_error",
         "rbac",
         rbac::missing_permission,
+    ),
+    (
+        "install_render_applies_to_the_api_server",
+        "install",
+        install::render_applies_to_the_api_server,
     ),
 ];
 

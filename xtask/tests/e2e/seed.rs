@@ -193,13 +193,13 @@ pub(crate) fn c_self_gc(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
     ctx.expect_checkpoint(&dirs, &scheduler.name, "inactive")?;
     ctx.expect_checkpoint(&dirs, &me.name, "active")?;
 
-    ctx.step("C1 (the DaemonSet copy) waits on the lock: /readyz 503 \"standby\", /healthz 200");
+    ctx.step("C1 (the DaemonSet copy) waits on the lock: /readyz 200 \"standby\" (a waiting copy is Ready), /healthz 200");
     let c1_config = ctx.agent_config("c1", &me.name, &dirs);
     let mut c1 = ctx.start_agent(&c1_config)?;
-    wait_for("C1 /readyz 503 standby", DEFAULT_TIMEOUT, || {
+    wait_for("C1 /readyz 200 standby", DEFAULT_TIMEOUT, || {
         c1.ensure_running()?;
         Ok(match c1.http_get("/readyz") {
-            Ok((503, body)) if body.trim() == "standby" => Probe::Ready(()),
+            Ok((200, body)) if body.trim() == "standby" => Probe::Ready(()),
             Ok((code, body)) => Probe::Waiting(format!("{code} {}", body.trim())),
             Err(e) => Probe::Waiting(format!("{e:#}")),
         })

@@ -66,7 +66,7 @@ impl Connect {
             ApiSource::Client(client) => Some(Connect::Client(client)),
             ApiSource::Kubeconfig => match load_api_config(settings).await {
                 Ok((config, credentials)) => Some(Connect::Config(Box::new(config), credentials)),
-                Err(e) if !settings.kubeconfig.is_explicit() => {
+                Err(e) if !is_explicit(&settings.kubeconfig) => {
                     warn!(error = %error_chain(&e), "no API credentials: running offline, the API server counts as unreachable");
                     None
                 }
@@ -135,11 +135,18 @@ fn client_from(config: kube::Config) -> Result<kube::Client> {
 /// The API configuration to run with: the named or in-cluster one, and for a copy
 /// without either (the static copy) the kubeconfig the DaemonSet copy keeps for it.
 async fn load_api_config(settings: &RunSettings) -> Result<(kube::Config, Credentials)> {
-    let primary_error = match load_kube_config(&settings.kubeconfig).await {
+    let primary = if uses_absent_service_account(&settings.kubeconfig) {
+        Err(Error::usage_message(
+            "--kubeconfig: it uses the pod's service account, which this copy has not (a static pod)",
+        ))
+    } else {
+        load_kube_config(&settings.kubeconfig).await
+    };
+    let primary_error = match primary {
         Ok(config) => return Ok((config, Credentials::Own)),
         Err(e) => e,
     };
-    if settings.kubeconfig.is_explicit() {
+    if is_explicit(&settings.kubeconfig) {
         return Err(primary_error);
     }
     let kept = settings.disk.layout().credentials_path();
@@ -157,6 +164,27 @@ async fn load_api_config(settings: &RunSettings) -> Result<(kube::Config, Creden
         )),
     }
 }
+
+/// Whether a failure to load `source` is the operator's mistake (a usage error). The
+/// rendered kubeconfig names the pod's service-account token and CA; in the static copy
+/// (no service account: static pods get none) those files are absent, and that copy must
+/// run like one without a named kubeconfig: on the kept credentials, else offline.
+fn is_explicit(source: &KubeconfigSource) -> bool {
+    source.is_explicit() && !uses_absent_service_account(source)
+}
+
+fn uses_absent_service_account(source: &KubeconfigSource) -> bool {
+    let KubeconfigSource::File(path) = source else {
+        return false;
+    };
+    std::fs::read_to_string(path).is_ok_and(|text| {
+        text.contains(SERVICE_ACCOUNT_DIR)
+            && !std::path::Path::new(crate::config::SERVICE_ACCOUNT_TOKEN).exists()
+    })
+}
+
+/// Where the kubelet mounts a pod's service-account token and CA.
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount/";
 
 async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
     match source {
@@ -286,5 +314,36 @@ fn credentials_refresh(written: Result<Option<Duration>>, account: &ServiceAccou
             warn!(error = %error_chain(&e), retry_s = RETRY.as_secs(), "the static copy's API credentials are not refreshed");
             RETRY
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rendered kubeconfig in a copy without a service account (the static copy) is
+    /// not the operator's mistake: that copy falls back to the kept credentials.
+    #[test]
+    fn a_kubeconfig_of_the_absent_service_account_is_not_explicit() {
+        if std::path::Path::new(crate::config::SERVICE_ACCOUNT_TOKEN).exists() {
+            eprintln!("skipped: this process has a service-account token");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let check = |text: &str, explicit: bool| {
+            let path = dir.path().join("kubeconfig");
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(is_explicit(&KubeconfigSource::File(path)), explicit, "{text}");
+        };
+        check(
+            "users:\n- name: sa\n  user:\n    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
+            false,
+        );
+        check(
+            "users:\n- name: u\n  user:\n    tokenFile: /etc/kubernetes/token\n",
+            true,
+        );
+        assert!(is_explicit(&KubeconfigSource::File(dir.path().join("missing"))));
+        assert!(!is_explicit(&KubeconfigSource::InCluster));
     }
 }

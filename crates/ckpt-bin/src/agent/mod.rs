@@ -26,7 +26,7 @@ use report::Reporter;
 
 use ckpt_core::{LockIdentity, error_chain};
 
-use crate::config::RunSettings;
+use crate::config::{KubeletTrust, RunSettings};
 use crate::error::{Error, Result};
 use crate::executor::{Reporting, execute};
 use crate::health::{self, Health, Phase};
@@ -49,8 +49,9 @@ const RECONNECT: Duration = Duration::from_secs(10);
 /// After handing the lock over, a copy waits this long before it waits for the lock
 /// again, so the other copy (which polls every 250 ms) takes it first.
 const HANDOVER_PAUSE: Duration = Duration::from_secs(2);
-/// The service-account token the kubelet API is called with, when running in a pod.
-const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+/// The holder passes at least once per [`RESYNC`]; this many intervals without a
+/// completed pass and it is no longer live (its probes fail, the kubelet restarts it).
+const MISSED_PASSES: u32 = 3;
 
 /// `run` until `shutdown` resolves (the binary passes SIGTERM/SIGINT) or self-GC.
 pub(crate) async fn run(
@@ -58,14 +59,14 @@ pub(crate) async fn run(
     api: ApiSource,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let mut connect = Connect::prepare(api.clone(), &settings).await?;
-    let mut policy = ckpt_gc::build(
+    let connect = Connect::prepare(api.clone(), &settings).await?;
+    let policy = ckpt_gc::build(
         &settings.gc_strategy,
         &ckpt_gc::GcConfig::new(settings.grace_period).with_gc_section(settings.gc_section.clone()),
     )
     .map_err(|e| Error::usage("--gc-strategy", e))?;
 
-    let health = Health::new();
+    let health = Health::new(RESYNC * MISSED_PASSES);
     // Held until `run` returns: an in-process agent stops serving when it stops.
     let _server = match &settings.metrics_addr {
         Some(addr) => Some(
@@ -75,7 +76,28 @@ pub(crate) async fn run(
         ),
         None => None,
     };
+    let _socket_server =
+        match &settings.health_socket {
+            Some(path) => Some(health::serve_unix(path, health.clone()).await.map_err(|e| {
+                Error::usage(format!("--health-socket: cannot listen on {}", path.display()), e)
+            })?),
+            None => None,
+        };
+    let result = hold_and_run(settings, api, policy, connect, health.clone(), shutdown).await;
+    // Neither holding nor waiting any more, whatever the outcome.
+    health.set_phase(Phase::Stopping);
+    result
+}
 
+/// Waits for the lock, then runs the agent until a signal or self-GC.
+async fn hold_and_run(
+    settings: RunSettings,
+    api: ApiSource,
+    mut policy: Box<dyn GcPolicy>,
+    mut connect: Option<Connect>,
+    health: Health,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
     let identity = LockIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name);
     let lock = LockFile::new(&settings.disk.lock_file, identity.to_string());
     let mut shutdown = std::pin::pin!(shutdown);
@@ -201,19 +223,13 @@ impl Agent {
             ),
             None => None,
         };
-        let token = std::path::Path::new(SERVICE_ACCOUNT_TOKEN);
-        let kubelet = KubeletClient::new(KubeletConfig {
-            url: settings.kubelet_url.clone(),
-            readonly_url: settings.kubelet_readonly_url.clone(),
-            token_file: token.exists().then(|| token.to_path_buf()),
-            ca_file: None,
-            timeout: REQUEST_TIMEOUT,
-        })
-        .map_err(|e| Error::usage("--kubelet-url", e))?;
         // With the CRI on, the kubelet's `/pods` would only name parents the kubelet knows
-        // (informational: content always comes from the API), so it is not polled every
-        // second; with the CRI off it is the source of "running".
-        let kubelet = cri.is_none().then_some(kubelet);
+        // (informational: content always comes from the API), so it is not read at all;
+        // with the CRI off it is the source of "running".
+        let kubelet = match cri {
+            Some(_) => None,
+            None => Some(kubelet_client(&settings)?),
+        };
         let local = LocalObserver::new(cri, kubelet, allowed.clone());
         let state = match store.read_journal::<PersistentState>() {
             Ok(state) => state.unwrap_or_default(),
@@ -468,6 +484,29 @@ impl Agent {
         self.unauthorized_since
             .map(|since| since.saturating_add(self.settings.unauthorized_handover))
     }
+}
+
+/// The kubelet `/pods` client: the service-account token, sent only to a kubelet whose
+/// certificate `--kubelet-ca` verifies, or to any with `--kubelet-insecure` (the settings
+/// refuse https with a token and neither).
+fn kubelet_client(settings: &RunSettings) -> Result<KubeletClient> {
+    let token = std::path::Path::new(crate::config::SERVICE_ACCOUNT_TOKEN);
+    let (ca_file, insecure) = match &settings.kubelet_trust {
+        KubeletTrust::Ca(path) => (Some(path.clone()), false),
+        KubeletTrust::Unverified => (None, true),
+    };
+    KubeletClient::new(KubeletConfig {
+        url: settings.kubelet_url.clone(),
+        readonly_url: settings.kubelet_readonly_url.clone(),
+        token_file: token.exists().then(|| token.to_path_buf()),
+        ca_file,
+        insecure_skip_tls_verify: insecure,
+        timeout: REQUEST_TIMEOUT,
+    })
+    .map_err(|e| match &settings.kubelet_trust {
+        KubeletTrust::Ca(path) => Error::usage(format!("--kubelet-ca {}", path.display()), e),
+        KubeletTrust::Unverified => Error::usage("--kubelet-url", e),
+    })
 }
 
 enum PassResult {

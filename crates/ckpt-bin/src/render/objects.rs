@@ -1,0 +1,625 @@
+//! The objects themselves: identities, RBAC (each rule with its reason), the agent's
+//! config, the API kubeconfig, and the DaemonSet.
+
+use std::collections::BTreeMap;
+
+use ckpt_core::DataKind;
+use ckpt_store::Layout;
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, ExecAction, HostPathVolumeSource, Namespace, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
+    Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{
+    ApiEndpoint, DEFAULT_NAMESPACE, KubeletTrust, Manifest, ManifestOptions, NAME, NAME_LABEL, STATIC_NAME,
+    parent_dir,
+};
+
+/// Marks a pod for checkpointing; on the agent's own template it checkpoints itself.
+pub(super) const CHECKPOINT_ANNOTATION: &str = "checkpointer.alpha.coreos.com/checkpoint";
+/// A hash of the agent's config and kubeconfig on the pod template, so a change rolls the
+/// pods (the agent reads both only at start).
+pub(super) const CONFIG_HASH_ANNOTATION: &str = "checkpointer.alpha.coreos.com/config-hash";
+/// Where the config ConfigMap is mounted, and its key.
+pub(super) const CONFIG_DIR: &str = "/etc/pod-checkpointer";
+pub(super) const CONFIG_KEY: &str = "config.yaml";
+/// The kubeconfig ConfigMap (bootkube's `kubeconfig-in-cluster`), where it is mounted, and
+/// its key.
+pub(super) const KUBECONFIG_NAME: &str = "pod-checkpointer-kubeconfig";
+pub(super) const KUBECONFIG_DIR: &str = "/etc/pod-checkpointer-kubeconfig";
+pub(super) const KUBECONFIG_KEY: &str = "kubeconfig";
+/// The token Role and its binding: minting tokens for the static copy's account only.
+pub(super) const TOKEN_ROLE_NAME: &str = "pod-checkpointer-token";
+/// The kubelet API ClusterRole, only when the agent reads the kubelet.
+pub(super) const KUBELET_ROLE_NAME: &str = "pod-checkpointer-kubelet";
+/// What the kubelet mounts into every pod that runs as a service account.
+pub(super) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The pod's own emptyDir with the health socket: each pod (the DaemonSet pod and the
+/// static copy) gets its own directory from the kubelet, so the probe of one pod can only
+/// reach the agent of that pod, although both share the host network.
+pub(super) const HEALTH_DIR: &str = "/run/pod-checkpointer";
+const HEALTH_SOCKET_NAME: &str = "health.sock";
+/// Where the agent binary is in the image (the Containerfile's ENTRYPOINT).
+const AGENT_BINARY: &str = "/pod-checkpointer";
+
+pub(super) const CHECKPOINT_DIR: &str = Layout::DEFAULT_CHECKPOINT_DIR;
+/// The lock file the DaemonSet pod and the static copy share.
+pub(super) const LOCK_FILE: &str = crate::config::DEFAULT_LOCK_FILE;
+
+/// The directories under the checkpoint dir the agent writes, each mounted alone: the
+/// checkpoint dir itself (`/etc/kubernetes`) holds the cluster's credentials and `pki/`.
+// HOST DATA LAYOUT: the store's layout decides this list. The state journal and the kept
+// API credentials are files directly in the checkpoint dir today and cannot be written
+// through these mounts; they need a directory of their own here.
+const CHECKPOINT_SUBDIRS: [&str; 5] = [
+    Layout::INACTIVE_DIR_NAME,
+    DataKind::Secret.root_dir_name(),
+    DataKind::ConfigMap.root_dir_name(),
+    DataKind::Projected.root_dir_name(),
+    Layout::QUARANTINE_DIR_NAME,
+];
+
+/// The capabilities the agent keeps (all others are dropped): it runs as root and writes
+/// only root-owned host directories, but gives checkpointed data to the pods' users.
+/// `CHOWN`: data files and directories go to the pod's runAsUser/fsGroup.
+/// `FOWNER`: their modes are set after they changed owner (chmod of a file root no longer
+/// owns), and timestamps are kept on them.
+/// `DAC_OVERRIDE`: replacing and removing data inside a directory now owned by a pod's user
+/// (mode 0700) is refused to a root without it.
+pub(super) const CAPABILITIES: [&str; 3] = ["CHOWN", "DAC_OVERRIDE", "FOWNER"];
+
+pub(super) fn health_socket() -> String {
+    format!("{HEALTH_DIR}/{HEALTH_SOCKET_NAME}")
+}
+
+/// Every object of the install, in the order they must be applied (namespace and identity
+/// first, the DaemonSet whose pods use them last).
+pub fn render(options: &ManifestOptions) -> Vec<Manifest> {
+    let mut objects = Vec::new();
+    if options.namespace != DEFAULT_NAMESPACE {
+        objects.push(Manifest::Namespace(Namespace {
+            metadata: cluster_meta(&options.namespace),
+            ..Namespace::default()
+        }));
+    }
+    for account in [NAME, STATIC_NAME] {
+        objects.push(Manifest::ServiceAccount(ServiceAccount {
+            metadata: namespaced_meta(account, &options.namespace),
+            ..ServiceAccount::default()
+        }));
+    }
+    objects.push(Manifest::ConfigMap(ConfigMap {
+        metadata: namespaced_meta(NAME, &options.namespace),
+        data: Some(BTreeMap::from([(CONFIG_KEY.to_owned(), options.agent_config())])),
+        ..ConfigMap::default()
+    }));
+    if let Some(kubeconfig) = api_kubeconfig(&options.api) {
+        objects.push(Manifest::ConfigMap(ConfigMap {
+            metadata: namespaced_meta(KUBECONFIG_NAME, &options.namespace),
+            data: Some(BTreeMap::from([(KUBECONFIG_KEY.to_owned(), kubeconfig)])),
+            ..ConfigMap::default()
+        }));
+    }
+    // Read-only, both copies: the agent's account and the static copy's.
+    objects.push(Manifest::ClusterRole(ClusterRole {
+        metadata: cluster_meta(NAME),
+        rules: Some(vec![node_rule()]),
+        ..ClusterRole::default()
+    }));
+    objects.push(Manifest::ClusterRoleBinding(ClusterRoleBinding {
+        metadata: cluster_meta(NAME),
+        role_ref: role_ref("ClusterRole", NAME),
+        subjects: Some(subjects(options, true)),
+    }));
+    if options.kubelet != KubeletTrust::NotUsed {
+        objects.push(Manifest::ClusterRole(ClusterRole {
+            metadata: cluster_meta(KUBELET_ROLE_NAME),
+            rules: Some(vec![kubelet_api_rule(options)]),
+            ..ClusterRole::default()
+        }));
+        objects.push(Manifest::ClusterRoleBinding(ClusterRoleBinding {
+            metadata: cluster_meta(KUBELET_ROLE_NAME),
+            role_ref: role_ref("ClusterRole", KUBELET_ROLE_NAME),
+            subjects: Some(subjects(options, true)),
+        }));
+    }
+    for ns in &options.namespaces {
+        objects.push(Manifest::Role(Role {
+            metadata: namespaced_meta(NAME, ns),
+            rules: Some(namespace_rules()),
+        }));
+        objects.push(Manifest::RoleBinding(RoleBinding {
+            metadata: namespaced_meta(NAME, ns),
+            role_ref: role_ref("Role", NAME),
+            subjects: Some(subjects(options, true)),
+        }));
+    }
+    // Minting tokens: the agent's account only, and only for the static copy's account.
+    objects.push(Manifest::Role(Role {
+        metadata: namespaced_meta(TOKEN_ROLE_NAME, &options.namespace),
+        rules: Some(vec![token_rule()]),
+    }));
+    objects.push(Manifest::RoleBinding(RoleBinding {
+        metadata: namespaced_meta(TOKEN_ROLE_NAME, &options.namespace),
+        role_ref: role_ref("Role", TOKEN_ROLE_NAME),
+        subjects: Some(subjects(options, false)),
+    }));
+    objects.push(Manifest::DaemonSet(Box::new(daemonset(options))));
+    objects
+}
+
+/// The reason for a rule, written above it in the YAML; `None` for a rule nobody
+/// explained (rendering refuses it).
+pub(super) fn why(rule: &PolicyRule) -> Option<&'static str> {
+    let resources = rule.resources.as_deref().unwrap_or_default();
+    let first = resources.first().map(String::as_str)?;
+    Some(match first {
+        "nodes" => {
+            "its own node, read while its own pod is gone, tells a rollout (keep everything) from a descheduling (self-GC); a ClusterRole cannot name the node"
+        }
+        "nodes/pods" | "nodes/proxy" => {
+            "GET /pods on the kubelet (--runtime-endpoint \"\"): which pods run; the kubelet authorizes it as nodes/pods from 1.33 on, as nodes/proxy before"
+        }
+        "pods" => "a watch of the pods on its node (field selector spec.nodeName): the parents to checkpoint",
+        "secrets" => {
+            "the Secrets and ConfigMaps checkpointed pods mount, each watched by name, so a change is written at once"
+        }
+        "events" => {
+            "Events on the parent pods (activated, deactivated, removed, refused): created, then patched when repeated"
+        }
+        "daemonsets" => {
+            "a parent's controller owner (owner-reference strategy: deleted or moved?) and its own DaemonSet while its own pod is gone"
+        }
+        "jobs" => "a parent's controller owner when it is a Job (owner-reference strategy)",
+        "replicationcontrollers" => {
+            "a parent's controller owner when it is a ReplicationController (owner-reference strategy)"
+        }
+        "serviceaccounts/token" => {
+            "the static copy's API credentials: tokens of the static copy's account only, kept on disk for it"
+        }
+        _ => return None,
+    })
+}
+
+/// Comments on the DaemonSet's security choices, inserted above the lines they explain.
+pub(super) fn explain_daemonset(yaml: &str) -> String {
+    let lock_dir = format!("path: {}", parent_dir(LOCK_FILE).unwrap_or("/"));
+    let notes: [(&str, &str); 5] = [
+        (
+            "resources:",
+            "Requests only, no memory limit: an agent OOM-killed during an outage would take the \
+             recovery down with it, and the static copy would inherit the limit.",
+        ),
+        (
+            "capabilities:",
+            "Root, with every capability dropped but CHOWN and FOWNER (data goes to the pods' \
+             users, modes set after) and DAC_OVERRIDE (data dirs then owned by those users).",
+        ),
+        (
+            "tolerations:",
+            "Every taint: the node agent must keep running where the control plane runs.",
+        ),
+        (
+            "readinessProbe:",
+            "Probes ask the agent of this pod over the socket in this pod's emptyDir: the other \
+             copy shares the host network, never this directory.",
+        ),
+        (
+            &lock_dir,
+            "LOCK DIR: the directory of the lock file both copies share (--lock-file).",
+        ),
+    ];
+    let mut out = String::with_capacity(yaml.len() + 1024);
+    let mut done = [false; 5];
+    for line in yaml.lines() {
+        let trimmed = line.trim_start();
+        for (index, (key, note)) in notes.iter().enumerate() {
+            if !done[index] && trimmed == *key {
+                done[index] = true;
+                let indent = &line[..line.len() - trimmed.len()];
+                out.push_str(&format!("{indent}# {note}\n"));
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The kubeconfig the agent runs with when --api-server names a server: the pod's own
+/// service-account token and CA (files the kubelet keeps fresh), like bootkube's
+/// `kubeconfig-in-cluster`.
+fn api_kubeconfig(api: &ApiEndpoint) -> Option<String> {
+    let ApiEndpoint::Server { url, tls_server_name } = api else {
+        return None;
+    };
+    let server_name = tls_server_name
+        .as_deref()
+        .map(|name| format!("    tls-server-name: {name}\n"))
+        .unwrap_or_default();
+    Some(format!(
+        "# The agent's API server, chosen at render time (--api-server), with the pod's\n\
+         # service-account token and CA.\n\
+         apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: api\n  cluster:\n    server: {url}\n{server_name}    certificate-authority: {SERVICE_ACCOUNT_DIR}/ca.crt\n\
+         users:\n\
+         - name: service-account\n  user:\n    tokenFile: {SERVICE_ACCOUNT_DIR}/token\n\
+         contexts:\n\
+         - name: pod-checkpointer\n  context:\n    cluster: api\n    user: service-account\n\
+         current-context: pod-checkpointer\n"
+    ))
+}
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(NAME_LABEL.to_owned(), NAME.to_owned())])
+}
+
+fn cluster_meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: Some(labels()),
+        ..ObjectMeta::default()
+    }
+}
+
+fn namespaced_meta(name: &str, namespace: &str) -> ObjectMeta {
+    ObjectMeta {
+        namespace: Some(namespace.to_owned()),
+        ..cluster_meta(name)
+    }
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: name.into(),
+    }
+}
+
+/// The agent's account, the static copy's when `with_static`, and any extra user.
+fn subjects(options: &ManifestOptions, with_static: bool) -> Vec<Subject> {
+    let account = |name: &str| Subject {
+        kind: "ServiceAccount".into(),
+        name: name.into(),
+        namespace: Some(options.namespace.clone()),
+        ..Subject::default()
+    };
+    let mut subjects = vec![account(NAME)];
+    if with_static {
+        subjects.push(account(STATIC_NAME));
+    }
+    subjects.extend(options.bind_users.iter().map(|user| Subject {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: "User".into(),
+        name: user.clone(),
+        ..Subject::default()
+    }));
+    subjects
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |items: &[&str]| Some(items.iter().map(|s| (*s).to_owned()).collect());
+    PolicyRule {
+        api_groups: strings(groups),
+        resources: strings(resources),
+        verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
+        ..PolicyRule::default()
+    }
+}
+
+fn node_rule() -> PolicyRule {
+    rule(&[""], &["nodes"], &["get"])
+}
+
+/// `nodes/proxy` also allows exec into any pod on the node, so it is granted only where
+/// the kubelet knows nothing narrower.
+fn kubelet_api_rule(options: &ManifestOptions) -> PolicyRule {
+    let subresource = if options.kubernetes_version.kubelet_authorizes_nodes_pods() {
+        "nodes/pods"
+    } else {
+        "nodes/proxy"
+    };
+    rule(&[""], &[subresource], &["get"])
+}
+
+fn token_rule() -> PolicyRule {
+    PolicyRule {
+        resource_names: Some(vec![STATIC_NAME.to_owned()]),
+        ..rule(&[""], &["serviceaccounts/token"], &["create"])
+    }
+}
+
+/// What the agent does in each namespace it checkpoints. Only controllers that own pods
+/// directly: Deployments and CronJobs own ReplicaSets and Jobs, never pods.
+fn namespace_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(&[""], &["pods"], &["get", "list", "watch"]),
+        rule(&[""], &["secrets", "configmaps"], &["get", "list", "watch"]),
+        // kube's recorder writes events.k8s.io/v1 Events only.
+        rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+        rule(
+            &["apps"],
+            &["daemonsets", "replicasets", "statefulsets"],
+            &["get"],
+        ),
+        rule(&["batch"], &["jobs"], &["get"]),
+        rule(&[""], &["replicationcontrollers"], &["get"]),
+    ]
+}
+
+fn daemonset(options: &ManifestOptions) -> DaemonSet {
+    let update = if options.kubernetes_version.has_daemonset_max_surge() {
+        // The new pod starts (and checkpoints itself) before the old one stops, so no node
+        // is ever without a running agent. The new pod waits on the lock the old one (or
+        // the static copy) holds, and is Ready meanwhile ("standby"), so the rollout moves on.
+        RollingUpdateDaemonSet {
+            max_surge: Some(IntOrString::Int(1)),
+            max_unavailable: Some(IntOrString::Int(0)),
+        }
+    } else {
+        // Before 1.25 there is no (GA) maxSurge and maxUnavailable must be at least 1; the
+        // agent's static copy holds the node while its DaemonSet pod is replaced.
+        RollingUpdateDaemonSet {
+            max_surge: None,
+            max_unavailable: Some(IntOrString::Int(1)),
+        }
+    };
+    let mut hashed = options.agent_config();
+    hashed.push_str(&api_kubeconfig(&options.api).unwrap_or_default());
+    let template_annotations = BTreeMap::from([
+        // It checkpoints itself: the static copy that restarts it after a reboot.
+        (CHECKPOINT_ANNOTATION.to_owned(), "true".to_owned()),
+        (
+            CONFIG_HASH_ANNOTATION.to_owned(),
+            format!("{:016x}", fnv1a64(hashed.as_bytes())),
+        ),
+    ]);
+    DaemonSet {
+        metadata: namespaced_meta(NAME, &options.namespace),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels()),
+                ..LabelSelector::default()
+            },
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(update),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels()),
+                    annotations: Some(template_annotations),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(options)),
+            },
+            ..DaemonSetSpec::default()
+        }),
+        ..DaemonSet::default()
+    }
+}
+
+/// The volumes and where the container mounts them.
+fn volumes_and_mounts(options: &ManifestOptions) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut volumes = vec![config_map_volume("config", NAME)];
+    let mut mounts = vec![mount("config", CONFIG_DIR, true)];
+    if options.api != ApiEndpoint::InCluster {
+        volumes.push(config_map_volume("kubeconfig", KUBECONFIG_NAME));
+        mounts.push(mount("kubeconfig", KUBECONFIG_DIR, true));
+    }
+    volumes.push(Volume {
+        name: "health".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            size_limit: Some(Quantity("1Mi".into())),
+        }),
+        ..Volume::default()
+    });
+    mounts.push(mount("health", HEALTH_DIR, false));
+    // Same paths inside as on the host: the static manifests the agent writes refer to
+    // the checkpointed data by their host paths.
+    volumes.push(host_path_volume(
+        "manifests-dir",
+        &options.manifests_dir,
+        "DirectoryOrCreate",
+    ));
+    mounts.push(mount("manifests-dir", &options.manifests_dir, false));
+    for dir in CHECKPOINT_SUBDIRS {
+        let name = format!("data-{}", dir.trim_start_matches("checkpoint-"));
+        let path = format!("{CHECKPOINT_DIR}/{dir}");
+        volumes.push(host_path_volume(&name, &path, "DirectoryOrCreate"));
+        mounts.push(mount(&name, &path, false));
+    }
+    // LOCK DIR: the lock file's directory; its location is the lock's owner's to choose.
+    let lock_dir = parent_dir(LOCK_FILE).unwrap_or("/");
+    volumes.push(host_path_volume("lock-dir", lock_dir, "DirectoryOrCreate"));
+    mounts.push(mount("lock-dir", lock_dir, false));
+    if let Some(dir) = options
+        .runtime_endpoint
+        .strip_prefix("unix://")
+        .and_then(parent_dir)
+    {
+        // The socket's directory, not the socket: a runtime restart re-creates the socket,
+        // and a bind mount of the old one would stay dead. Read-only still allows connect.
+        // `Directory`: a wrong --runtime-endpoint is a pod that cannot start, not an agent
+        // that silently runs without the CRI.
+        volumes.push(host_path_volume("cri-socket-dir", dir, "Directory"));
+        mounts.push(mount("cri-socket-dir", dir, true));
+    }
+    if let KubeletTrust::Ca(path) = &options.kubelet {
+        // The one file, read-only: never the directory it is in (often pki/).
+        volumes.push(host_path_volume("kubelet-ca", path, "File"));
+        mounts.push(mount("kubelet-ca", path, true));
+    }
+    (volumes, mounts)
+}
+
+fn pod_spec(options: &ManifestOptions) -> PodSpec {
+    let (volumes, mounts) = volumes_and_mounts(options);
+    let probe = |flag: &str, period: i32| Probe {
+        exec: Some(ExecAction {
+            command: Some(
+                [AGENT_BINARY, "health", flag, "--health-socket", &health_socket()]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(3),
+        failure_threshold: Some(3),
+        ..Probe::default()
+    };
+    let mut args = ["run", "--config", &format!("{CONFIG_DIR}/{CONFIG_KEY}")]
+        .map(str::to_owned)
+        .to_vec();
+    if options.api != ApiEndpoint::InCluster {
+        args.extend([
+            "--kubeconfig".to_owned(),
+            format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}"),
+        ]);
+    }
+    PodSpec {
+        service_account_name: Some(NAME.into()),
+        // The static copy must come up before any network plugin after a reboot.
+        host_network: Some(true),
+        priority_class_name: Some("system-node-critical".into()),
+        // Control-plane nodes only, by either role label (node-role.kubernetes.io/master
+        // before 1.24 and on bootkube clusters): terms of a node affinity are ORed.
+        affinity: Some(Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: [
+                        "node-role.kubernetes.io/control-plane",
+                        "node-role.kubernetes.io/master",
+                    ]
+                    .into_iter()
+                    .map(|key| NodeSelectorTerm {
+                        match_expressions: Some(vec![NodeSelectorRequirement {
+                            key: key.into(),
+                            operator: "Exists".into(),
+                            values: None,
+                        }]),
+                        ..NodeSelectorTerm::default()
+                    })
+                    .collect(),
+                }),
+                ..NodeAffinity::default()
+            }),
+            ..Affinity::default()
+        }),
+        tolerations: Some(vec![Toleration {
+            operator: Some("Exists".into()),
+            ..Toleration::default()
+        }]),
+        security_context: Some(PodSecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![Container {
+            name: NAME.into(),
+            image: Some(options.image.clone()),
+            // Restarting offline must not depend on a registry.
+            image_pull_policy: Some("IfNotPresent".into()),
+            args: Some(args),
+            env: Some(vec![
+                field_env("NODE_NAME", "spec.nodeName"),
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+                // The kubelet API is https://$HOST_IP:10250.
+                field_env("HOST_IP", "status.hostIP"),
+            ]),
+            volume_mounts: Some(mounts),
+            liveness_probe: Some(probe("--live", 10)),
+            readiness_probe: Some(probe("--ready", 5)),
+            resources: Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([
+                    ("cpu".to_owned(), Quantity("10m".into())),
+                    ("memory".to_owned(), Quantity("32Mi".into())),
+                ])),
+                ..ResourceRequirements::default()
+            }),
+            security_context: Some(SecurityContext {
+                run_as_user: Some(0),
+                read_only_root_filesystem: Some(true),
+                allow_privilege_escalation: Some(false),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    add: Some(CAPABILITIES.map(str::to_owned).to_vec()),
+                }),
+                ..SecurityContext::default()
+            }),
+            ..Container::default()
+        }],
+        volumes: Some(volumes),
+        ..PodSpec::default()
+    }
+}
+
+fn field_env(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field_path.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn config_map_volume(name: &str, config_map: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map.into(),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+fn host_path_volume(name: &str, path: &str, type_: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.into(),
+            type_: Some(type_.into()),
+        }),
+        ..Volume::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// FNV-1a: a stable hash with no dependency (std's hasher may change between releases,
+/// which would churn the checked-in manifests).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}

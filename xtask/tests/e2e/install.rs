@@ -1,0 +1,119 @@
+//! Install: what `pod-checkpointer render` writes is accepted by the real 1.20 API server
+//! (server-side dry run into an empty namespace: the server validates and admits every
+//! object, and keeps none, so the suite's own RBAC stays as it is), in each variant an operator may choose; a render
+//! for a newer cluster is refused by this one, which is why `deploy` reads the version.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use crate::suite::Scenario;
+
+pub(crate) fn render_applies_to_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
+    // A namespace of its own: the scenario's namespace already binds the suite's role
+    // under the name the install uses (and a RoleBinding's roleRef cannot change).
+    let ns = format!("{}-target", ctx.ns);
+    ctx.step(&format!("create the empty namespace {ns} to install into"));
+    ctx.suite.kubectl.run(&["create", "namespace", &ns], None)?;
+    let variants: [(&str, &[&str]); 3] = [
+        ("the default (CRI, node-local API server)", &[]),
+        (
+            "the kubelet API with its CA, another API server",
+            &[
+                "--runtime-endpoint",
+                "",
+                "--kubelet-ca",
+                "/etc/kubernetes/pki/ca.crt",
+                "--api-server",
+                "https://10.0.0.1:6443",
+                "--gc-strategy",
+                "owner-reference",
+            ],
+        ),
+        (
+            "the kubelet API unverified, in-cluster API",
+            &[
+                "--runtime-endpoint",
+                "",
+                "--kubelet-insecure",
+                "--api-server",
+                "in-cluster",
+            ],
+        ),
+    ];
+    for (what, flags) in variants {
+        ctx.step(&format!(
+            "render for 1.20, {what}: the API server accepts every object"
+        ));
+        let yaml = render(ctx, &ns, &["--kubernetes-version", "1.20"], flags)?;
+        let out = dry_run(ctx, &yaml)?;
+        anyhow::ensure!(out.0, "the API server refused the render ({what}):\n{}", out.1);
+        let documents = yaml.matches("\n---\n").count() + 1;
+        let accepted = out.1.lines().filter(|l| l.contains("(server dry run)")).count();
+        anyhow::ensure!(
+            accepted == documents,
+            "{accepted} of {documents} objects accepted ({what}):\n{}",
+            out.1
+        );
+        for kind in [
+            "serviceaccount/pod-checkpointer-static",
+            "daemonset.apps/pod-checkpointer",
+            "role.rbac.authorization.k8s.io/pod-checkpointer-token",
+        ] {
+            anyhow::ensure!(out.1.contains(kind), "no {kind} in:\n{}", out.1);
+        }
+    }
+
+    ctx.step("a render for 1.33 (maxSurge) is refused by the 1.20 API server");
+    let yaml = render(ctx, &ns, &[], &[])?;
+    let (ok, out) = dry_run(ctx, &yaml)?;
+    anyhow::ensure!(
+        !ok && out.contains("maxSurge"),
+        "expected a refusal naming maxSurge:\n{out}"
+    );
+    Ok(())
+}
+
+/// `pod-checkpointer render --namespace NS …` from the agent binary under test.
+fn render(ctx: &Scenario<'_>, ns: &str, version: &[&str], flags: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(&ctx.suite.agent_bin)
+        .args(["render", "--namespace", ns])
+        .args(version)
+        .args(flags)
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "pod-checkpointer render failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// `kubectl apply --dry-run=server -f -` as admin: success and the combined output.
+fn dry_run(ctx: &Scenario<'_>, yaml: &str) -> anyhow::Result<(bool, String)> {
+    let kubeconfig = ctx.suite.kubectl.kubeconfig().display().to_string();
+    let mut child = Command::new("kubectl")
+        .args([
+            &format!("--kubeconfig={kubeconfig}"),
+            "--request-timeout=10s",
+            "apply",
+            "--dry-run=server",
+            "-f",
+            "-",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdin"))?
+        .write_all(yaml.as_bytes())?;
+    let output = child.wait_with_output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((output.status.success(), text))
+}
