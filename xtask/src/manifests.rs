@@ -28,6 +28,10 @@ use serde::Serialize;
 
 /// The name of every object (ServiceAccount, roles, bindings, ConfigMap, DaemonSet).
 pub(crate) const NAME: &str = "pod-checkpointer";
+/// The static copy's ServiceAccount (the agent's `--static-service-account` default).
+pub(crate) const STATIC_NAME: &str = "pod-checkpointer-static";
+/// The Role that lets the agent mint tokens for [`STATIC_NAME`] only.
+const TOKEN_ROLE_NAME: &str = "pod-checkpointer-token";
 /// The label that selects the DaemonSet's pods (and marks every object we install).
 const NAME_LABEL: &str = "app.kubernetes.io/name";
 /// Marks a pod for checkpointing; on the agent's own template it checkpoints itself.
@@ -327,6 +331,12 @@ pub(crate) fn render(options: &ManifestOptions) -> Vec<Manifest> {
         metadata: namespaced_meta(NAME, &options.namespace),
         ..ServiceAccount::default()
     }));
+    // The static copy's identity: the agent keeps tokens of this account for it; it reads
+    // what the agent reads, but may not mint tokens (ARCHITECTURE.md, Credentials).
+    objects.push(Manifest::ServiceAccount(ServiceAccount {
+        metadata: namespaced_meta(STATIC_NAME, &options.namespace),
+        ..ServiceAccount::default()
+    }));
     objects.push(Manifest::ConfigMap(ConfigMap {
         metadata: namespaced_meta(NAME, &options.namespace),
         data: Some(BTreeMap::from([(CONFIG_KEY.to_owned(), options.agent_config())])),
@@ -351,7 +361,7 @@ pub(crate) fn render(options: &ManifestOptions) -> Vec<Manifest> {
     for ns in &options.namespaces {
         objects.push(Manifest::Role(Role {
             metadata: namespaced_meta(NAME, ns),
-            rules: Some(namespace_rules(ns == &options.namespace)),
+            rules: Some(namespace_rules()),
         }));
         objects.push(Manifest::RoleBinding(RoleBinding {
             metadata: namespaced_meta(NAME, ns),
@@ -359,6 +369,24 @@ pub(crate) fn render(options: &ManifestOptions) -> Vec<Manifest> {
             subjects: Some(subjects(options)),
         }));
     }
+    // Tokens of the static copy's account only, for the kubeconfig the agent keeps for its
+    // static copy (which has no token of its own, and must still self-GC); bound to the
+    // agent's account alone, so the static copy cannot renew its own access.
+    objects.push(Manifest::Role(Role {
+        metadata: namespaced_meta(TOKEN_ROLE_NAME, &options.namespace),
+        rules: Some(vec![PolicyRule {
+            resource_names: Some(vec![STATIC_NAME.to_owned()]),
+            ..rule(&[""], &["serviceaccounts/token"], &["create"])
+        }]),
+    }));
+    objects.push(Manifest::RoleBinding(RoleBinding {
+        metadata: namespaced_meta(TOKEN_ROLE_NAME, &options.namespace),
+        role_ref: RoleRef {
+            name: TOKEN_ROLE_NAME.into(),
+            ..role_ref("Role")
+        },
+        subjects: Some(agent_subjects(options)),
+    }));
     objects.push(Manifest::DaemonSet(Box::new(daemonset(options))));
     objects
 }
@@ -441,7 +469,20 @@ fn role_ref(kind: &str) -> RoleRef {
     }
 }
 
+/// The agent's account and the bound users, then the static copy's account.
 fn subjects(options: &ManifestOptions) -> Vec<Subject> {
+    let mut subjects = agent_subjects(options);
+    subjects.push(Subject {
+        kind: "ServiceAccount".into(),
+        name: STATIC_NAME.into(),
+        namespace: Some(options.namespace.clone()),
+        ..Subject::default()
+    });
+    subjects
+}
+
+/// The agent's account and the bound users.
+fn agent_subjects(options: &ManifestOptions) -> Vec<Subject> {
     let service_account = Subject {
         kind: "ServiceAccount".into(),
         name: NAME.into(),
@@ -480,9 +521,9 @@ fn kubelet_api_rule(version: KubernetesVersion) -> PolicyRule {
     rule(&[""], &[subresource], &["get"])
 }
 
-/// What the agent does in each namespace it checkpoints (`own`: the namespace it runs in):
-fn namespace_rules(own: bool) -> Vec<PolicyRule> {
-    let mut rules = vec![
+/// What the agent (and its static copy) does in each namespace it checkpoints:
+fn namespace_rules() -> Vec<PolicyRule> {
+    vec![
         // A watch of the pods on its node (field selector spec.nodeName): the parents.
         rule(&[""], &["pods"], &["get", "list", "watch"]),
         // The Secrets and ConfigMaps checkpointed pods mount, each watched by name so a
@@ -502,16 +543,7 @@ fn namespace_rules(own: bool) -> Vec<PolicyRule> {
         ),
         rule(&["batch"], &["jobs"], &["get"]),
         rule(&[""], &["replicationcontrollers"], &["get"]),
-    ];
-    if own {
-        // Tokens of its own service account only, for the kubeconfig it keeps for its
-        // static copy (which has no token of its own, and must still self-GC).
-        rules.push(PolicyRule {
-            resource_names: Some(vec![NAME.to_owned()]),
-            ..rule(&[""], &["serviceaccounts/token"], &["create"])
-        });
-    }
-    rules
+    ]
 }
 
 fn daemonset(options: &ManifestOptions) -> DaemonSet {

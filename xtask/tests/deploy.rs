@@ -335,7 +335,7 @@ fn rendered_objects() -> Vec<serde_json::Value> {
     let output = xtask(&args);
     assert!(output.status.success(), "{}", text(&output.stderr));
     let objects: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text(&output.stdout)).unwrap();
-    assert_eq!(objects.len(), 7, "{objects:?}");
+    assert_eq!(objects.len(), 10, "{objects:?}");
     objects
 }
 

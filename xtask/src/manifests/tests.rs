@@ -247,11 +247,14 @@ fn objects_come_in_apply_order_with_a_role_per_checkpointed_namespace() {
         kinds_and_names(&in_kube_system),
         [
             "ServiceAccount kube-system/pod-checkpointer",
+            "ServiceAccount kube-system/pod-checkpointer-static",
             "ConfigMap kube-system/pod-checkpointer",
             "ClusterRole pod-checkpointer",
             "ClusterRoleBinding pod-checkpointer",
             "Role kube-system/pod-checkpointer",
             "RoleBinding kube-system/pod-checkpointer",
+            "Role kube-system/pod-checkpointer-token",
+            "RoleBinding kube-system/pod-checkpointer-token",
             "DaemonSet kube-system/pod-checkpointer",
         ]
     );
@@ -265,6 +268,7 @@ fn objects_come_in_apply_order_with_a_role_per_checkpointed_namespace() {
         [
             "Namespace checkpointer",
             "ServiceAccount checkpointer/pod-checkpointer",
+            "ServiceAccount checkpointer/pod-checkpointer-static",
             "ConfigMap checkpointer/pod-checkpointer",
             "ClusterRole pod-checkpointer",
             "ClusterRoleBinding pod-checkpointer",
@@ -272,6 +276,8 @@ fn objects_come_in_apply_order_with_a_role_per_checkpointed_namespace() {
             "RoleBinding checkpointer/pod-checkpointer",
             "Role kube-system/pod-checkpointer",
             "RoleBinding kube-system/pod-checkpointer",
+            "Role checkpointer/pod-checkpointer-token",
+            "RoleBinding checkpointer/pod-checkpointer-token",
             "DaemonSet checkpointer/pod-checkpointer",
         ],
         "the install namespace is always checkpointed: the agent checkpoints itself"
@@ -290,18 +296,21 @@ fn bindings_name_the_service_account_and_any_extra_user() {
             Manifest::RoleBinding(b) => (&b.role_ref, b.subjects.as_ref().unwrap()),
             _ => continue,
         };
-        assert_eq!(role_ref.name, NAME);
         let subjects: Vec<_> = subjects
             .iter()
             .map(|s| (s.kind.as_str(), s.name.as_str(), s.namespace.as_deref()))
             .collect();
-        assert_eq!(
-            subjects,
-            [
-                ("ServiceAccount", NAME, Some("kube-system")),
-                ("User", "pod-checkpointer", None)
-            ]
-        );
+        let mut expected = vec![
+            ("ServiceAccount", NAME, Some("kube-system")),
+            ("User", "pod-checkpointer", None),
+        ];
+        if role_ref.name == NAME {
+            // The static copy reads what the agent reads; only the agent mints tokens.
+            expected.push(("ServiceAccount", STATIC_NAME, Some("kube-system")));
+        } else {
+            assert_eq!(role_ref.name, "pod-checkpointer-token");
+        }
+        assert_eq!(subjects, expected);
     }
 }
 
@@ -326,19 +335,19 @@ fn rbac_is_least_privilege() {
                 .iter()
                 .filter(|v| !["get", "list", "watch"].contains(&v.as_str()))
                 .collect();
-            let own_token = resources == &["serviceaccounts/token"]
-                && rule.resource_names.as_deref() == Some(&[NAME.to_owned()][..])
+            let static_token = resources == &["serviceaccounts/token"]
+                && rule.resource_names.as_deref() == Some(&[STATIC_NAME.to_owned()][..])
                 && object.namespace() == Some("kube-system");
             assert!(
-                writes.is_empty() || resources == &["events"] || own_token,
-                "only Events are written, and tokens of its own service account minted: {rule:?}"
+                writes.is_empty() || resources == &["events"] || static_token,
+                "only Events are written, and tokens of the static copy's service account minted: {rule:?}"
             );
         }
     }
 }
 
 #[test]
-fn tokens_only_of_its_own_service_account_in_its_own_namespace() {
+fn tokens_only_of_the_static_account_in_its_own_namespace_minted_by_the_agent_alone() {
     let mut options = default_options();
     options.namespaces = vec!["kube-system".into(), "cni".into()];
     let objects = render(&options);
@@ -360,7 +369,25 @@ fn tokens_only_of_its_own_service_account_in_its_own_namespace() {
     let (ns, rule) = token_rules[0];
     assert_eq!(ns, Some("kube-system"));
     assert_eq!(rule.verbs, ["create"]);
-    assert_eq!(rule.resource_names.as_deref(), Some(&[NAME.to_owned()][..]));
+    assert_eq!(
+        rule.resource_names.as_deref(),
+        Some(&[STATIC_NAME.to_owned()][..])
+    );
+    // Its binding names the agent's account only: the static copy cannot renew itself,
+    // while every other binding names both accounts.
+    for object in &objects {
+        let Manifest::RoleBinding(binding) = object else {
+            continue;
+        };
+        let names: Vec<&str> = (binding.subjects.iter().flatten())
+            .map(|s| s.name.as_str())
+            .collect();
+        if binding.role_ref.name == "pod-checkpointer-token" {
+            assert_eq!(names, [NAME], "{binding:?}");
+        } else {
+            assert_eq!(names, [NAME, STATIC_NAME], "{binding:?}");
+        }
+    }
 }
 
 #[test]
