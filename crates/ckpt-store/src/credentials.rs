@@ -55,15 +55,15 @@ impl Store {
     /// a file that is unchanged is not rewritten. Returns whether anything was written.
     pub fn write_credentials(&self, kubeconfig: &[u8], token: &[u8]) -> Result<bool> {
         self.require_writable()?;
-        let checkpoint_dir = self.checkpoint_dir()?;
+        let agent_dir = self.agent_dir()?;
         // The token first: a kubeconfig is never on disk naming a token file that is not.
         let token_written =
-            checkpoint_dir.write_file(Layout::CREDENTIALS_TOKEN_FILE_NAME, token, CREDENTIALS_MODE, None)?;
+            agent_dir.write_file(Layout::CREDENTIALS_TOKEN_FILE_NAME, token, CREDENTIALS_MODE, None)?;
         let kubeconfig_written =
-            checkpoint_dir.write_file(Layout::CREDENTIALS_FILE_NAME, kubeconfig, CREDENTIALS_MODE, None)?;
+            agent_dir.write_file(Layout::CREDENTIALS_FILE_NAME, kubeconfig, CREDENTIALS_MODE, None)?;
         let written = token_written || kubeconfig_written;
         if written {
-            checkpoint_dir.sync()?;
+            agent_dir.sync()?;
         }
         Ok(written)
     }
@@ -71,10 +71,10 @@ impl Store {
     /// Removes the kept kubeconfig and its token (after self-GC, or on drain). Returns
     /// whether there was either.
     pub fn remove_credentials(&self) -> Result<bool> {
-        self.remove_checkpoint_dir_files(&[
-            Layout::CREDENTIALS_FILE_NAME,
-            Layout::CREDENTIALS_TOKEN_FILE_NAME,
-        ])
+        let legacy = self.remove_checkpoint_dir_files(&Layout::LEGACY_FILE_NAMES[1..])?;
+        Ok(self
+            .remove_agent_dir_files(&[Layout::CREDENTIALS_FILE_NAME, Layout::CREDENTIALS_TOKEN_FILE_NAME])?
+            | legacy)
     }
 }
 

@@ -48,7 +48,18 @@ impl Store {
         let Some(checkpoint_dir) = crate::fsops::Dir::open_trusted(self.layout().checkpoint_dir())? else {
             return Ok(None);
         };
-        let name = Layout::JOURNAL_FILE_NAME;
+        // Earlier versions kept it directly in the checkpoint dir: read from there until
+        // the first write moves it.
+        let (checkpoint_dir, name) = match self.existing_agent_dir()? {
+            Some(agent_dir)
+                if agent_dir
+                    .read_file(Layout::JOURNAL_FILE_NAME, 0)
+                    .is_ok_and(|r| !matches!(r, ReadOutcome::Missing)) =>
+            {
+                (agent_dir, Layout::JOURNAL_FILE_NAME)
+            }
+            _ => (checkpoint_dir, Layout::LEGACY_FILE_NAMES[0]),
+        };
         let unusable = |reason: String| {
             if self.is_writable() {
                 quarantine_file(&checkpoint_dir, &checkpoint_dir, name.as_ref(), &reason);
@@ -91,11 +102,13 @@ impl Store {
         };
         let mut bytes = serde_json::to_vec(&envelope).map_err(|source| Error::Serialize { path, source })?;
         bytes.push(b'\n');
-        let checkpoint_dir = self.checkpoint_dir()?;
-        let written = checkpoint_dir.write_file(Layout::JOURNAL_FILE_NAME, &bytes, JOURNAL_MODE, None)?;
+        let agent_dir = self.agent_dir()?;
+        let written = agent_dir.write_file(Layout::JOURNAL_FILE_NAME, &bytes, JOURNAL_MODE, None)?;
         if written {
-            checkpoint_dir.sync()?;
+            agent_dir.sync()?;
         }
+        // The copy an earlier version kept is superseded.
+        self.remove_checkpoint_dir_files(&[Layout::LEGACY_FILE_NAMES[0]])?;
         Ok(written)
     }
 }
@@ -104,7 +117,8 @@ impl Store {
     /// Removes the state journal (after self-GC and drain: nothing is left to time).
     /// Returns whether there was one.
     pub fn remove_journal(&self) -> Result<bool> {
-        self.remove_checkpoint_dir_files(&[Layout::JOURNAL_FILE_NAME])
+        let legacy = self.remove_checkpoint_dir_files(&[Layout::LEGACY_FILE_NAMES[0]])?;
+        Ok(self.remove_agent_dir_files(&[Layout::JOURNAL_FILE_NAME])? | legacy)
     }
 }
 

@@ -57,13 +57,23 @@ impl Layout {
     pub const DATA_LINK_NAME: &'static str = "..data";
     /// Unreadable files moved aside, under the checkpoint dir.
     pub const QUARANTINE_DIR_NAME: &'static str = "checkpoint-quarantine";
-    /// The state journal, in the checkpoint dir.
-    pub const JOURNAL_FILE_NAME: &'static str = "pod-checkpointer-state.json";
-
-    /// The kubeconfig the agent keeps for its own static copy, in the checkpoint dir.
-    pub const CREDENTIALS_FILE_NAME: &'static str = "pod-checkpointer-kubeconfig";
-    /// The bearer token that kubeconfig names as its `tokenFile`, in the checkpoint dir.
-    pub const CREDENTIALS_TOKEN_FILE_NAME: &'static str = "pod-checkpointer-token";
+    /// The agent's own files (the journal, the kept credentials), under the checkpoint dir:
+    /// a directory, so a pod can mount it without all of the checkpoint dir (root-only,
+    /// 0700).
+    pub const AGENT_DIR_NAME: &'static str = "pod-checkpointer";
+    /// The state journal, in the agent's dir.
+    pub const JOURNAL_FILE_NAME: &'static str = "state.json";
+    /// The kubeconfig the agent keeps for its own static copy, in the agent's dir.
+    pub const CREDENTIALS_FILE_NAME: &'static str = "kubeconfig";
+    /// The bearer token that kubeconfig names as its `tokenFile`, in the agent's dir.
+    pub const CREDENTIALS_TOKEN_FILE_NAME: &'static str = "token";
+    /// Where earlier versions kept the journal and the credentials: directly in the
+    /// checkpoint dir. Read (journal) and removed (all) on the way to the agent's dir.
+    pub(crate) const LEGACY_FILE_NAMES: [&'static str; 3] = [
+        "pod-checkpointer-state.json",
+        "pod-checkpointer-kubeconfig",
+        "pod-checkpointer-token",
+    ];
 
     /// A layout from the two configured directories.
     pub fn new(checkpoint_dir: impl Into<PathBuf>, manifests_dir: impl Into<PathBuf>) -> Self {
@@ -93,20 +103,25 @@ impl Layout {
         self.checkpoint_dir.join(Self::QUARANTINE_DIR_NAME)
     }
 
+    /// The agent's own dir (journal, kept credentials).
+    pub fn agent_dir(&self) -> PathBuf {
+        self.checkpoint_dir.join(Self::AGENT_DIR_NAME)
+    }
+
     /// The state journal.
     pub fn journal_path(&self) -> PathBuf {
-        self.checkpoint_dir.join(Self::JOURNAL_FILE_NAME)
+        self.agent_dir().join(Self::JOURNAL_FILE_NAME)
     }
 
     /// The kubeconfig kept for the agent's static copy (see [`crate::Store::write_credentials`]).
     pub fn credentials_path(&self) -> PathBuf {
-        self.checkpoint_dir.join(Self::CREDENTIALS_FILE_NAME)
+        self.agent_dir().join(Self::CREDENTIALS_FILE_NAME)
     }
 
     /// The token file the kept kubeconfig reads (kube clients re-read it every minute, so
     /// a running static copy picks up every refresh).
     pub fn credentials_token_path(&self) -> PathBuf {
-        self.checkpoint_dir.join(Self::CREDENTIALS_TOKEN_FILE_NAME)
+        self.agent_dir().join(Self::CREDENTIALS_TOKEN_FILE_NAME)
     }
 
     /// The root directory of one kind of materialized data.

@@ -22,6 +22,8 @@ const MAX_MANIFEST_BYTES: u64 = 16 << 20;
 /// Our own directories, the data roots and the namespace and pod directories below them:
 /// root-only. A data root is the ancestor that keeps host users away from the data.
 const DIR_MODE: u32 = 0o700;
+/// The agent's own dir: root only (the journal and a bearer token).
+const AGENT_DIR_MODE: u32 = 0o700;
 /// Volume directories, their versions and the subdirectories in those: enterable by every
 /// user of the pod (the kubelet mounts a volume directory itself, so the root-only
 /// ancestors do not stand in the pod's way), as the kubelet makes them.
@@ -273,6 +275,36 @@ impl Store {
         }
         if removed {
             checkpoint_dir.sync()?;
+        }
+        Ok(removed)
+    }
+
+    /// The agent's own dir (journal, kept credentials), created root-only if missing.
+    pub(crate) fn agent_dir(&self) -> Result<Dir> {
+        self.checkpoint_dir()?
+            .ensure_child(Layout::AGENT_DIR_NAME, AGENT_DIR_MODE, None, false)
+    }
+
+    /// The agent's own dir if it exists.
+    pub(crate) fn existing_agent_dir(&self) -> Result<Option<Dir>> {
+        match self.existing_checkpoint_dir()? {
+            Some(dir) => dir.open_child(Layout::AGENT_DIR_NAME),
+            None => Ok(None),
+        }
+    }
+
+    /// Removes these files from the agent's dir; returns whether any of them was there.
+    pub(crate) fn remove_agent_dir_files(&self, names: &[&str]) -> Result<bool> {
+        self.require_writable()?;
+        let Some(agent_dir) = self.existing_agent_dir()? else {
+            return Ok(false);
+        };
+        let mut removed = false;
+        for name in names {
+            removed |= agent_dir.remove_file(name)?;
+        }
+        if removed {
+            agent_dir.sync()?;
         }
         Ok(removed)
     }
