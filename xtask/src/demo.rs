@@ -121,7 +121,7 @@ impl Demo {
             "the checkpointer checkpointed itself too: its static copy is always active in {} and the kubelet runs it as {NAMESPACE}/{me_static}",
             testbed.static_pods.display()
         ));
-        let kept = dirs.checkpoint_dir.join("pod-checkpointer-kubeconfig");
+        let kept = dirs.checkpoint_dir.join("pod-checkpointer/kubeconfig");
         wait_for("the static copy's kubeconfig", DEFAULT_TIMEOUT, || {
             Ok(if kept.is_file() {
                 Probe::Ready(())

@@ -217,7 +217,7 @@ mod tests {
         }
     }
 
-    const TOKEN_FILE: &str = "/etc/kubernetes/pod-checkpointer-token";
+    const TOKEN_FILE: &str = "/etc/kubernetes/pod-checkpointer/token";
 
     /// The rendered kubeconfig, read back the way the static copy reads it.
     fn check(server: ServerAccess, expected: (&str, bool, Option<&str>, bool)) {

@@ -570,7 +570,7 @@ fn active(pod: &str) -> String {
 }
 
 const ETCD: &str = "manifests/etcd.yaml";
-const JOURNAL: &str = "ck/pod-checkpointer-state.json";
+const JOURNAL: &str = "ck/pod-checkpointer/state.json";
 
 fn apiserver_data() -> Vec<String> {
     vec![

@@ -216,8 +216,9 @@ fn inspect_reports_the_static_copys_credentials_and_their_expiry() {
     seed_checkpoint(dir.path(), "kube-apiserver-abc", true);
     // A kept kubeconfig whose token (a JWT; unsigned here) expired at 2001-09-09T01:46:40.000Z.
     let claims = "eyJleHAiOjEwMDAwMDAwMDB9"; // {"exp":1000000000}
-    let path = dir.path().join("ck/pod-checkpointer-kubeconfig");
-    let token = dir.path().join("ck/pod-checkpointer-token");
+    let path = dir.path().join("ck/pod-checkpointer/kubeconfig");
+    let token = dir.path().join("ck/pod-checkpointer/token");
+    std::fs::create_dir_all(dir.path().join("ck/pod-checkpointer")).expect("dir");
     let kept = format!(
         r#"{{"users":[{{"name":"u","user":{{"tokenFile":"{}"}}}}]}}"#,
         token.display()

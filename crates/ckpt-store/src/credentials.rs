@@ -128,6 +128,7 @@ mod tests {
         let (tmp, store) = store();
         let outside = tmp.path().join("outside");
         std::fs::write(&outside, "keep").unwrap();
+        std::fs::create_dir_all(store.layout().agent_dir()).unwrap();
         symlink(&outside, store.layout().credentials_path()).unwrap();
         symlink(&outside, store.layout().credentials_token_path()).unwrap();
         assert!(store.write_credentials(b"config", b"token").unwrap());

@@ -50,25 +50,29 @@ impl Store {
         };
         // Earlier versions kept it directly in the checkpoint dir: read from there until
         // the first write moves it.
-        let (checkpoint_dir, name) = match self.existing_agent_dir()? {
+        let (source_dir, name) = match self.existing_agent_dir()? {
             Some(agent_dir)
-                if agent_dir
-                    .read_file(Layout::JOURNAL_FILE_NAME, 0)
-                    .is_ok_and(|r| !matches!(r, ReadOutcome::Missing)) =>
+                if !matches!(
+                    agent_dir.read_file(Layout::JOURNAL_FILE_NAME, 0)?,
+                    ReadOutcome::Missing
+                ) =>
             {
                 (agent_dir, Layout::JOURNAL_FILE_NAME)
             }
-            _ => (checkpoint_dir, Layout::LEGACY_FILE_NAMES[0]),
+            _ => match crate::fsops::Dir::open_trusted(self.layout().checkpoint_dir())? {
+                Some(dir) => (dir, Layout::LEGACY_FILE_NAMES[0]),
+                None => return Ok(None),
+            },
         };
         let unusable = |reason: String| {
             if self.is_writable() {
-                quarantine_file(&checkpoint_dir, &checkpoint_dir, name.as_ref(), &reason);
+                quarantine_file(&checkpoint_dir, &source_dir, name.as_ref(), &reason);
             } else {
                 warn!(path = %self.layout().journal_path().display(), reason, "ignoring an unusable state journal");
             }
             Ok(None)
         };
-        let contents = match checkpoint_dir.read_file(name, MAX_JOURNAL_BYTES)? {
+        let contents = match source_dir.read_file(name, MAX_JOURNAL_BYTES)? {
             ReadOutcome::Missing => return Ok(None),
             ReadOutcome::NotRegular(kind) => return unusable(format!("a {kind}, not a regular file")),
             ReadOutcome::TooLarge(len) => return unusable(format!("{len} bytes, too large")),
@@ -167,6 +171,7 @@ mod tests {
     fn unusable_journals_are_quarantined_and_read_as_none() {
         let check = |content: &str| {
             let (_tmp, store) = store();
+            std::fs::create_dir_all(store.layout().agent_dir()).unwrap();
             std::fs::write(store.layout().journal_path(), content).unwrap();
             assert_eq!(store.read_journal::<State>().unwrap(), None, "{content}");
             assert!(!store.layout().journal_path().exists(), "{content}: moved away");
@@ -193,6 +198,7 @@ mod tests {
             let content = format!(
                 r#"{{"version":1,"state":{{"absent_since":[{{"namespace":"ns","name":"p","since":{since}}}]}}}}"#
             );
+            std::fs::create_dir_all(store.layout().agent_dir()).unwrap();
             std::fs::write(store.layout().journal_path(), &content).unwrap();
             let read = store.read_journal::<ckpt_core::PersistentState>().unwrap();
             assert_eq!(read.is_some(), usable, "{since}");
@@ -208,12 +214,35 @@ mod tests {
         check("1e300", false);
     }
 
+    /// Earlier versions kept the journal at the checkpoint dir's top: it is read from
+    /// there until the first write, which moves it into the agent's dir.
+    #[test]
+    fn a_journal_where_earlier_versions_kept_it_is_read_then_moved() {
+        let (_tmp, store) = store();
+        let legacy = store
+            .layout()
+            .checkpoint_dir()
+            .join("pod-checkpointer-state.json");
+        std::fs::write(&legacy, r#"{"version":1,"state":{"absent_since":{"x":1}}}"#).unwrap();
+        assert_eq!(store.read_journal::<State>().unwrap(), Some(state(&[("x", 1)])));
+        assert!(store.write_journal(&state(&[("x", 1), ("y", 2)])).unwrap());
+        assert!(
+            !legacy.exists(),
+            "the legacy copy is gone once the new one is written"
+        );
+        assert_eq!(
+            store.read_journal::<State>().unwrap(),
+            Some(state(&[("x", 1), ("y", 2)]))
+        );
+    }
+
     #[test]
     fn a_symlinked_journal_is_not_followed() {
         let (tmp, store) = store();
         let outside = tmp.path().join("outside.json");
         let original = r#"{"version":1,"state":{"absent_since":{"x":1}}}"#;
         std::fs::write(&outside, original).unwrap();
+        std::fs::create_dir_all(store.layout().agent_dir()).unwrap();
         symlink(&outside, store.layout().journal_path()).unwrap();
         assert_eq!(store.read_journal::<State>().unwrap(), None);
         assert!(store.write_journal(&state(&[("y", 2)])).unwrap());

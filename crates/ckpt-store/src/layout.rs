@@ -12,9 +12,9 @@ use ckpt_core::{DataDir, DataKind, PodId};
 /// <checkpoint-dir>/checkpoint-secrets/<ns>/<pod>/<secret>/<key>         data (see below)
 /// <checkpoint-dir>/checkpoint-configmaps/<ns>/<pod>/<configmap>/<key>
 /// <checkpoint-dir>/checkpoint-projected/<ns>/<pod>/<volume>/<path>
-/// <checkpoint-dir>/pod-checkpointer-state.json        the state journal
-/// <checkpoint-dir>/pod-checkpointer-kubeconfig        API credentials for the agent's static copy
-/// <checkpoint-dir>/pod-checkpointer-token             … and the token that kubeconfig reads
+/// <checkpoint-dir>/pod-checkpointer/state.json       the state journal (dir 0700)
+/// <checkpoint-dir>/pod-checkpointer/kubeconfig       API credentials for the agent's static copy
+/// <checkpoint-dir>/pod-checkpointer/token            … and the token that kubeconfig reads
 /// <checkpoint-dir>/checkpoint-quarantine/             files we could not read, kept for a human
 /// ```
 ///
@@ -178,7 +178,7 @@ mod tests {
             (layout.manifests_dir().to_path_buf(), "/etc/kubernetes/manifests"),
             (
                 layout.journal_path(),
-                "/etc/kubernetes/pod-checkpointer-state.json",
+                "/etc/kubernetes/pod-checkpointer/state.json",
             ),
             (layout.quarantine_dir(), "/etc/kubernetes/checkpoint-quarantine"),
             (

@@ -27,8 +27,8 @@ pub(crate) fn revoked(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
     c1.wait_ready()?;
     ctx.expect_checkpoint(&dirs, &parent.name, "inactive")?;
     ctx.expect_checkpoint(&dirs, &me.name, "active")?;
-    let kept = dirs.checkpoint_dir.join("pod-checkpointer-kubeconfig");
-    let token = dirs.checkpoint_dir.join("pod-checkpointer-token");
+    let kept = dirs.checkpoint_dir.join("pod-checkpointer/kubeconfig");
+    let token = dirs.checkpoint_dir.join("pod-checkpointer/token");
     wait_for("the kept credentials", DEFAULT_TIMEOUT, || {
         c1.ensure_running()?;
         Ok(if kept.exists() && token.exists() {

@@ -353,7 +353,7 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
     c1.wait_ready()?;
     ctx.expect_checkpoint(&dirs, &parent.name, "inactive")?;
     ctx.expect_checkpoint(&dirs, &me.name, "active")?;
-    let kept = dirs.checkpoint_dir.join("pod-checkpointer-kubeconfig");
+    let kept = dirs.checkpoint_dir.join("pod-checkpointer/kubeconfig");
     wait_for("the kept kubeconfig", DEFAULT_TIMEOUT, || {
         c1.ensure_running()?;
         Ok(if kept.exists() {
@@ -362,7 +362,7 @@ pub(crate) fn c_static_copy_uses_the_kept_credentials(ctx: &mut Scenario<'_>) ->
             Probe::Waiting(format!("no {}", kept.display()))
         })
     })?;
-    let token = dirs.checkpoint_dir.join("pod-checkpointer-token");
+    let token = dirs.checkpoint_dir.join("pod-checkpointer/token");
     for file in [&kept, &token] {
         let mode = fs::metadata(file)?.permissions().mode() & 0o777;
         anyhow::ensure!(

@@ -47,7 +47,7 @@ pub(super) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/ser
 /// The pod's own emptyDir with the health socket: each pod (the DaemonSet pod and the
 /// static copy) gets its own directory from the kubelet, so the probe of one pod can only
 /// reach the agent of that pod, although both share the host network.
-pub(super) const HEALTH_DIR: &str = "/run/pod-checkpointer";
+pub(super) const HEALTH_DIR: &str = "/run/pod-checkpointer-health";
 const HEALTH_SOCKET_NAME: &str = "health.sock";
 /// Where the agent binary is in the image (the Containerfile's ENTRYPOINT).
 const AGENT_BINARY: &str = "/pod-checkpointer";
@@ -58,15 +58,15 @@ pub(super) const LOCK_FILE: &str = crate::config::DEFAULT_LOCK_FILE;
 
 /// The directories under the checkpoint dir the agent writes, each mounted alone: the
 /// checkpoint dir itself (`/etc/kubernetes`) holds the cluster's credentials and `pki/`.
-// HOST DATA LAYOUT: the store's layout decides this list. The state journal and the kept
-// API credentials are files directly in the checkpoint dir today and cannot be written
-// through these mounts; they need a directory of their own here.
-const CHECKPOINT_SUBDIRS: [&str; 5] = [
+/// The store's layout decides this list: inactive checkpoints, the data roots, the
+/// quarantine, and the agent's own dir (the state journal and the kept credentials).
+const CHECKPOINT_SUBDIRS: [&str; 6] = [
     Layout::INACTIVE_DIR_NAME,
     DataKind::Secret.root_dir_name(),
     DataKind::ConfigMap.root_dir_name(),
     DataKind::Projected.root_dir_name(),
     Layout::QUARANTINE_DIR_NAME,
+    Layout::AGENT_DIR_NAME,
 ];
 
 /// The capabilities the agent keeps (all others are dropped): it runs as root and writes
@@ -438,7 +438,11 @@ fn volumes_and_mounts(options: &ManifestOptions) -> (Vec<Volume>, Vec<VolumeMoun
     ));
     mounts.push(mount("manifests-dir", &options.manifests_dir, false));
     for dir in CHECKPOINT_SUBDIRS {
-        let name = format!("data-{}", dir.trim_start_matches("checkpoint-"));
+        let name = if dir == Layout::AGENT_DIR_NAME {
+            "agent-state".to_owned()
+        } else {
+            format!("data-{}", dir.trim_start_matches("checkpoint-"))
+        };
         let path = format!("{CHECKPOINT_DIR}/{dir}");
         volumes.push(host_path_volume(&name, &path, "DirectoryOrCreate"));
         mounts.push(mount(&name, &path, false));

@@ -195,10 +195,10 @@ fn the_config_names_strategy_grace_period_namespaces_paths_and_metrics() {
             "namespaces": ["a", "b", "kube-system"],
             "checkpoint-dir": "/etc/kubernetes",
             "manifests-dir": "/etc/kubernetes/manifests",
-            "lock-file": "/var/run/lock/pod-checkpointer.lock",
+            "lock-file": "/run/pod-checkpointer/pod-checkpointer.lock",
             "runtime-endpoint": "unix:///var/run/crio/crio.sock",
             "metrics-addr": "127.0.0.1:9999",
-            "health-socket": "/run/pod-checkpointer/health.sock",
+            "health-socket": "/run/pod-checkpointer-health/health.sock",
         })
     );
 }
@@ -638,7 +638,7 @@ fn probes_ask_the_agent_in_the_same_pod() {
                 "health",
                 flag,
                 "--health-socket",
-                "/run/pod-checkpointer/health.sock"
+                "/run/pod-checkpointer-health/health.sock"
             ]
         );
         // The agent's own parser accepts the probe's command line.
@@ -646,7 +646,10 @@ fn probes_ask_the_agent_in_the_same_pod() {
         assert!(cli.is_ok(), "{command:?}");
     }
     let parsed: serde_json::Value = serde_saphyr::from_str(config_of(&objects)).unwrap();
-    assert_eq!(parsed["health-socket"], "/run/pod-checkpointer/health.sock");
+    assert_eq!(
+        parsed["health-socket"],
+        "/run/pod-checkpointer-health/health.sock"
+    );
     let spec = pod_spec_of(&objects);
     let health = spec
         .volumes
@@ -735,7 +738,8 @@ fn only_the_directories_the_agent_writes_are_mounted() {
             ("/etc/kubernetes/checkpoint-configmaps", false),
             ("/etc/kubernetes/checkpoint-projected", false),
             ("/etc/kubernetes/checkpoint-quarantine", false),
-            ("/var/run/lock", false),
+            ("/etc/kubernetes/pod-checkpointer", false),
+            ("/run/pod-checkpointer", false),
         ]
         .iter()
         .chain(extra)
