@@ -1164,7 +1164,7 @@ async fn a_holder_whose_credentials_are_rejected_hands_the_lock_over() {
         .expect("the lock is taken");
     assert_eq!(agent.metric("lock_handovers_total").await, 1.0);
     agent
-        .expect_ready("waits for the lock again", 503, "standby")
+        .expect_ready("waits for the lock again", 200, "standby")
         .await;
     assert!(agent.is_running(), "it waits for the lock, it does not exit");
     world.assert_files("nothing was removed or activated", &checkpointed(AGENT));
