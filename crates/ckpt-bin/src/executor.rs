@@ -102,6 +102,12 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
     let mut removes_ok = true;
     for removal in &plan.removes {
         let id = &removal.id;
+        if plan.self_gc && removal.is_self && !removes_ok {
+            // Self goes last, and only once everything else is gone: never remove the
+            // agent while something it should have cleaned up is still there. The
+            // next pass retries what failed.
+            continue;
+        }
         let (strategy, reason) = match &removal.reason {
             RemovalReason::Gc(reason) => (report.strategy.to_owned(), reason.clone()),
             RemovalReason::SupersededSelf(by) => ("self".to_owned(), format!("superseded by {by}")),
@@ -115,7 +121,12 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
             ),
             RemovalReason::Completed => ("completed".to_owned(), "the parent has completed".to_owned()),
         };
-        match store.remove(id) {
+        let removed = if removal.is_self {
+            store.remove_self(id)
+        } else {
+            store.remove(id)
+        };
+        match removed {
             Ok(summary) => {
                 info!(pod = %id, %strategy, %reason, data_dirs = summary.data_dirs_removed, "checkpoint removed");
                 report.health.removal(&strategy, &reason);
@@ -126,13 +137,10 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
                 );
             }
             Err(e) => {
+                // The other removals still run: one checkpoint that cannot be removed
+                // right now must not keep the rest of the node's from going.
                 fail("removing", id, &e);
                 removes_ok = false;
-                if plan.self_gc {
-                    // Self goes last: never remove the agent while something it should
-                    // have cleaned up is still there. The next pass retries.
-                    break;
-                }
             }
         }
         tokio::task::yield_now().await;

@@ -1259,3 +1259,104 @@ async fn cri_and_kubelet_down_with_the_cri_on() {
 async fn kubelet_down_with_the_cri_off() {
     local_view_unknown(Local::Kubelet).await;
 }
+
+/// `chattr +i` on a path while this lives: even root cannot remove what is inside, so a
+/// removal fails for real.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn set(path: PathBuf) -> Immutable {
+        chattr("+i", &path);
+        Immutable(path)
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        chattr("-i", &self.0);
+    }
+}
+
+fn chattr(flag: &str, path: &Path) {
+    let status = std::process::Command::new("chattr")
+        .arg(flag)
+        .arg(path)
+        .status()
+        .expect("chattr (e2fsprogs) runs");
+    assert!(status.success(), "chattr {flag} {}: {status}", path.display());
+}
+
+/// Self-GC with one checkpoint that cannot be removed: the others still go (one stuck
+/// checkpoint must not keep the rest of the node's), the agent's own stays, and the agent
+/// keeps running to retry; once the obstacle is gone, it finishes, removes itself last
+/// and exits 0.
+#[tokio::test]
+async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(
+        AGENT,
+        &["--gc-strategy", "grace-period", "--checkpoint-grace-period", "2s"],
+    );
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    // The apiserver's secrets (sorted first among the removals) cannot be removed.
+    let stuck =
+        Immutable::set(world.path(&format!("ck/checkpoint-secrets/{NS}/{APISERVER}/apiserver-certs")));
+    for pod in [APISERVER, NETWORK, AGENT] {
+        assert!(world.api.delete("pods", NS, pod), "{pod} was listed");
+        world.kill(pod);
+    }
+    eventually("the network checkpoint is removed", || async {
+        !world.path(&inactive(NETWORK)).exists()
+    })
+    .await;
+    world.looked_twice("after a failed self-GC").await;
+    assert!(agent.is_running(), "it retries, it does not exit");
+    for kept in [active(AGENT), inactive(AGENT)] {
+        assert!(world.path(&kept).exists(), "{kept}: self goes last");
+    }
+    assert!(agent.metric("write_errors_total").await >= 1.0);
+
+    drop(stuck);
+    agent.exited().await.expect("exit 0 after self-GC");
+    world
+        .expect_files("self-GC removed everything", &[ETCD.to_owned()])
+        .await;
+}
+
+/// The state journal cannot be saved (a full, read-only or failing disk): the GC timers
+/// still run in memory, so a deleted parent's checkpoint is removed after the grace
+/// period, and the journal catches up once it can be written.
+#[tokio::test]
+async fn gc_timers_advance_while_the_journal_cannot_be_saved() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(
+        AGENT,
+        &["--gc-strategy", "grace-period", "--checkpoint-grace-period", "2s"],
+    );
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    let state_dir = world.path("ck/pod-checkpointer");
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let unsaved = Immutable::set(state_dir);
+    assert!(world.api.delete("pods", NS, NETWORK), "listed");
+    world.kill(NETWORK);
+    eventually("the deleted parent's checkpoint is removed", || async {
+        !world.path(&inactive(NETWORK)).exists()
+    })
+    .await;
+    assert!(agent.metric("write_errors_total").await >= 1.0);
+    assert!(!world.path(JOURNAL).exists(), "the journal could not be written");
+
+    drop(unsaved);
+    // The next pass (any change will do) saves the state it kept in memory.
+    assert!(world.api.delete("pods", NS, APISERVER), "listed");
+    world.kill(APISERVER);
+    eventually("the journal is saved again", || async {
+        world.path(JOURNAL).exists()
+    })
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}

@@ -174,6 +174,9 @@ pub struct Removal {
     pub id: PodId,
     /// Why.
     pub reason: RemovalReason,
+    /// A checkpoint of the agent itself: in a self-GC plan these come last, and are only
+    /// removed once every other removal succeeded.
+    pub is_self: bool,
 }
 
 /// The state of a checkpoint after a pass (bootkube's states, for reporting).
@@ -445,6 +448,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
                 out.removes.push(Removal {
                     id: row.id.clone(),
                     reason: RemovalReason::SelfGc(why.clone()),
+                    is_self: row.is_self,
                 });
                 out.states.insert(row.id.clone(), CheckpointState::Removed);
             }
@@ -480,6 +484,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
                     self_removes.push(Removal {
                         id: id.clone(),
                         reason: RemovalReason::SupersededSelf(successor.id.clone()),
+                        is_self: true,
                     });
                     states.push((id.clone(), CheckpointState::Removed));
                     continue;
@@ -502,6 +507,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             out.removes.push(Removal {
                 id: id.clone(),
                 reason: RemovalReason::Completed,
+                is_self: false,
             });
             states.push((id.clone(), CheckpointState::Removed));
             continue;
@@ -515,6 +521,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
                 out.removes.push(Removal {
                     id: id.clone(),
                     reason: RemovalReason::NotAllowed,
+                    is_self: false,
                 });
                 states.push((id.clone(), CheckpointState::Removed));
                 continue;
@@ -541,6 +548,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             out.removes.push(Removal {
                 id: id.clone(),
                 reason: RemovalReason::Gc(reason),
+                is_self: false,
             });
             states.push((id.clone(), CheckpointState::Removed));
             continue;

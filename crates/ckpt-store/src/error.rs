@@ -107,15 +107,6 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// A directory tree we were removing nests deeper than we are willing to descend
-    /// (only an attacker builds such trees inside a data directory).
-    #[error("{} nests deeper than {limit} levels", path.display())]
-    TooDeep {
-        /// The directory.
-        path: PathBuf,
-        /// The depth limit.
-        limit: usize,
-    },
     /// The state journal could not be serialized.
     #[error("serializing the state journal {}", path.display())]
     Serialize {
@@ -208,10 +199,6 @@ mod tests {
                 what: "namespace",
                 value: "A".into(),
                 reason: "must be a DNS label",
-            },
-            Error::TooDeep {
-                path: "/d".into(),
-                limit: 3,
             },
         ];
         for e in errors {

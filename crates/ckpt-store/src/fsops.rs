@@ -34,10 +34,12 @@ use crate::error::{Error, Result};
 pub(crate) const TEMP_PREFIX: &str = ".pod-checkpointer-";
 /// … and ends with this.
 pub(crate) const TEMP_SUFFIX: &str = ".tmp";
-/// Deepest directory nesting we descend into when removing a tree. `items[].path`
-/// nests a few levels at most; only an attacker builds deeper trees, and each level
-/// holds one open file descriptor.
+/// Deepest directory nesting we descend into when removing a tree (each level holds one
+/// open file descriptor). `items[].path` nests a few levels at most; an attacker's deeper
+/// tree is still removed, by moving its deep parts up (see [`Dir::remove_tree`]).
 const MAX_TREE_DEPTH: usize = 64;
+/// How many names of one directory a removal reads at once.
+const REMOVAL_BATCH: usize = 1024;
 /// How often an operation is retried when an entry changes type under it (a racing
 /// process of the pod's uid swapping a directory for a symlink, say).
 const RACE_RETRIES: usize = 4;
@@ -521,36 +523,31 @@ impl Dir {
 
     /// Removes whatever `name` is, recursively, without following any symlink (a
     /// symlink is unlinked itself). Returns whether it existed.
+    ///
+    /// Removal always finishes, however deep the tree (an attacker's tree is as deep as
+    /// they like): at most [`MAX_TREE_DEPTH`] directories are open at once, and a
+    /// directory found below that depth is moved up to the top of the tree being removed
+    /// and emptied from there. Memory is bounded too: a directory is read
+    /// [`REMOVAL_BATCH`] names at a time.
     pub(crate) fn remove_tree(&self, name: impl AsRef<OsStr>) -> Result<bool> {
-        self.remove_tree_at(name.as_ref(), 0)
-    }
-
-    fn remove_tree_at(&self, name: &OsStr, depth: usize) -> Result<bool> {
+        let name = name.as_ref();
         let path = || self.child_path(name);
         for _ in 0..RACE_RETRIES {
             match rustix::fs::unlinkat(&self.file, name, AtFlags::empty()) {
                 Ok(()) => return Ok(true),
                 Err(Errno::NOENT) => return Ok(false),
-                // A directory (Linux says EISDIR, POSIX allows EPERM): descend below.
+                // A directory (Linux says EISDIR, POSIX allows EPERM): empty it below.
                 Err(Errno::ISDIR | Errno::PERM) => {}
                 Err(e) => return Err(Error::io("removing", &path(), e)),
             }
-            let child = match self.open_dir_at(name) {
-                Ok(child) => child,
+            let top = match self.open_dir_at(name) {
+                Ok(top) => top,
                 Err(Errno::NOENT) => return Ok(false),
                 // Swapped for a non-directory meanwhile: unlink again.
-                Err(Errno::LOOP | Errno::NOTDIR) => continue,
+                Err(Errno::LOOP | Errno::NOTDIR) if !self.unlink_refused(name) => continue,
                 Err(e) => return Err(Error::io("removing", &path(), e)),
             };
-            if depth >= MAX_TREE_DEPTH {
-                return Err(Error::TooDeep {
-                    path: path(),
-                    limit: MAX_TREE_DEPTH,
-                });
-            }
-            for entry in child.entries()? {
-                child.remove_tree_at(&entry.name, depth + 1)?;
-            }
+            top.empty_out(&top, 0)?;
             match rustix::fs::unlinkat(&self.file, name, AtFlags::REMOVEDIR) {
                 Ok(()) => {
                     debug!(path = %path().display(), "removed directory");
@@ -567,6 +564,97 @@ impl Dir {
             &path(),
             io::Error::other("the entry kept changing while being removed"),
         ))
+    }
+
+    /// Removes everything in this directory, which lies `depth` levels below `top`.
+    /// Subdirectories deeper than [`MAX_TREE_DEPTH`] are moved up into `top` (a rename
+    /// within the tree being removed, so nothing ever leaves it) and emptied later from
+    /// there: the recursion, and the descriptors held open, stay bounded.
+    fn empty_out(&self, top: &Dir, depth: usize) -> Result<()> {
+        let mut fruitless = 0;
+        loop {
+            let batch = self.some_names(REMOVAL_BATCH)?;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let mut progress = false;
+            for name in &batch {
+                progress |= self.remove_entry(name, top, depth)?;
+            }
+            // A racer refilling the directory as fast as we empty it: give up for now
+            // (the caller reports it; the next pass retries).
+            fruitless = if progress { 0 } else { fruitless + 1 };
+            if fruitless >= RACE_RETRIES {
+                return Err(Error::io(
+                    "removing",
+                    &self.path,
+                    io::Error::other("the directory kept changing while being emptied"),
+                ));
+            }
+        }
+    }
+
+    /// Removes (or, too deep, moves up into `top`) the entry `name` of this directory;
+    /// whether anything changed.
+    fn remove_entry(&self, name: &OsStr, top: &Dir, depth: usize) -> Result<bool> {
+        let path = || self.child_path(name);
+        match rustix::fs::unlinkat(&self.file, name, AtFlags::empty()) {
+            Ok(()) => return Ok(true),
+            Err(Errno::NOENT) => return Ok(true),
+            Err(Errno::ISDIR | Errno::PERM) => {}
+            Err(e) => return Err(Error::io("removing", &path(), e)),
+        }
+        if self.unlink_refused(name) {
+            return Err(Error::io("removing", &path(), Errno::PERM));
+        }
+        if depth + 1 >= MAX_TREE_DEPTH {
+            let hoisted = format!(".deep-{}", unique_suffix());
+            return match rustix::fs::renameat(&self.file, name, &top.file, hoisted.as_str()) {
+                Ok(()) => Ok(true),
+                Err(Errno::NOENT) => Ok(true),
+                Err(e) => Err(Error::io("moving up", &path(), e)),
+            };
+        }
+        let child = match self.open_dir_at(name) {
+            Ok(child) => child,
+            Err(Errno::NOENT) => return Ok(true),
+            // Swapped for a non-directory since: the next batch unlinks it.
+            Err(Errno::LOOP | Errno::NOTDIR) => return Ok(false),
+            Err(e) => return Err(Error::io("removing", &path(), e)),
+        };
+        child.empty_out(top, depth + 1)?;
+        match rustix::fs::unlinkat(&self.file, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(true),
+            // Refilled meanwhile: the next batch sees it again.
+            Err(Errno::NOTEMPTY | Errno::EXIST) => Ok(false),
+            Err(e) => Err(Error::io("removing", &path(), e)),
+        }
+    }
+
+    /// Whether `name` is a non-directory whose unlink failed with `EPERM` for a reason
+    /// other than being a directory (an immutable or append-only file or directory):
+    /// retrying cannot help.
+    fn unlink_refused(&self, name: &OsStr) -> bool {
+        !matches!(self.kind_of(name), Ok(Some(Kind::Dir) | None))
+            && rustix::fs::unlinkat(&self.file, name, AtFlags::empty()) == Err(Errno::PERM)
+    }
+
+    /// Up to `limit` names of this directory (without `.` and `..`), in directory order.
+    fn some_names(&self, limit: usize) -> Result<Vec<OsString>> {
+        let listing_error = |e: Errno| Error::io("listing", &self.path, e);
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&self.file).map_err(listing_error)? {
+            let entry = entry.map_err(listing_error)?;
+            let name = OsStr::from_bytes(entry.file_name().to_bytes());
+            if name == "." || name == ".." {
+                continue;
+            }
+            names.push(name.to_os_string());
+            if names.len() == limit {
+                break;
+            }
+        }
+        Ok(names)
     }
 
     /// Renames `name` to `to_name` in `to` (moving the entry itself, never a target).
@@ -823,11 +911,26 @@ mod tests {
     }
 
     #[test]
-    fn remove_tree_limits_depth() {
+    fn remove_tree_removes_trees_deeper_than_its_bound() {
         let (_tmp, dir) = tempdir();
-        let deep: PathBuf = std::iter::repeat_n("d", MAX_TREE_DEPTH + 2).collect();
-        std::fs::create_dir_all(dir.path().join("top").join(&deep)).unwrap();
-        assert!(matches!(dir.remove_tree("top"), Err(Error::TooDeep { .. })));
+        // Deeper than the bound several times over, with files and wide levels on the way.
+        let mut path = dir.path().join("top");
+        for level in 0..(MAX_TREE_DEPTH * 5 + 3) {
+            path.push(format!("d{level}"));
+            std::fs::create_dir_all(&path).unwrap();
+            std::fs::write(path.join("f"), b"x").unwrap();
+            if level % 50 == 0 {
+                for i in 0..(REMOVAL_BATCH + 5) {
+                    std::fs::write(path.join(format!("w{i}")), b"").unwrap();
+                }
+            }
+        }
+        assert!(dir.remove_tree("top").unwrap());
+        assert!(!dir.path().join("top").exists());
+        assert!(
+            dir.entries().unwrap().is_empty(),
+            "nothing was moved outside the tree"
+        );
     }
 
     #[test]

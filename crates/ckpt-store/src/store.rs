@@ -762,37 +762,61 @@ impl Store {
         Ok(removed)
     }
 
-    /// Removes a checkpoint completely, in this order: secrets, configmaps, projected
-    /// data, the inactive manifest, and the active manifest last, so the static pod is
-    /// stopped only once nothing else is left. The first failure stops the sequence
-    /// (the active manifest stays; a retry continues where it stopped). Idempotent.
+    /// Removes a checkpoint completely: the active manifest first, so the kubelet stops
+    /// the static pod before its data goes from under it, then secrets, configmaps,
+    /// projected data and the inactive manifest. The first failure stops the sequence; a
+    /// retry continues where it stopped (a checkpoint left inactive is never started
+    /// again by a removal). Idempotent.
     pub fn remove(&self, id: &PodId) -> Result<RemoveSummary> {
         self.require_writable()?;
         check_pod_id(id)?;
-        let mut summary = RemoveSummary::default();
-        if let Some(checkpoint_dir) = self.existing_checkpoint_dir()? {
-            for kind in DataKind::ALL {
-                summary.data_dirs_removed +=
-                    self.remove_pod_data(&checkpoint_dir, kind, id, &BTreeSet::new())?;
-            }
-            if let Some(inactive_dir) = checkpoint_dir.open_child(Layout::INACTIVE_DIR_NAME)? {
-                // Our name is ours alone, whatever it holds; the legacy name only if it
-                // holds this pod (`a-b/c` and `a/b-c` share it).
-                summary.inactive_removed |= inactive_dir.remove_tree(id.manifest_file_name())?;
-                let legacy = id.legacy_manifest_file_name();
-                if let Slot::Ours(_) = slot(&inactive_dir, &legacy, id)? {
-                    summary.inactive_removed |= inactive_dir.remove_file(&legacy)?;
-                }
-                if summary.inactive_removed {
-                    inactive_dir.sync()?;
-                }
-            }
-        }
-        summary.active_removed = self.deactivate(id)?;
+        let mut summary = RemoveSummary {
+            active_removed: self.deactivate(id)?,
+            ..RemoveSummary::default()
+        };
+        self.remove_data_and_inactive(id, &mut summary)?;
         if summary.removed_anything() {
             info!(pod = %id, ?summary, "removed checkpoint");
         }
         Ok(summary)
+    }
+
+    /// Removes the agent's own checkpoint: its data and inactive manifest, then the
+    /// active manifest last. The process doing this may be that very static pod: once its
+    /// manifest goes the kubelet stops it, so nothing may be left to do by then. The first
+    /// failure stops the sequence, and the static pod keeps running for a retry.
+    pub fn remove_self(&self, id: &PodId) -> Result<RemoveSummary> {
+        self.require_writable()?;
+        check_pod_id(id)?;
+        let mut summary = RemoveSummary::default();
+        self.remove_data_and_inactive(id, &mut summary)?;
+        summary.active_removed = self.deactivate(id)?;
+        if summary.removed_anything() {
+            info!(pod = %id, ?summary, "removed the agent's own checkpoint");
+        }
+        Ok(summary)
+    }
+
+    fn remove_data_and_inactive(&self, id: &PodId, summary: &mut RemoveSummary) -> Result<()> {
+        let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
+            return Ok(());
+        };
+        for kind in DataKind::ALL {
+            summary.data_dirs_removed += self.remove_pod_data(&checkpoint_dir, kind, id, &BTreeSet::new())?;
+        }
+        if let Some(inactive_dir) = checkpoint_dir.open_child(Layout::INACTIVE_DIR_NAME)? {
+            // Our name is ours alone, whatever it holds; the legacy name only if it
+            // holds this pod (`a-b/c` and `a/b-c` share it).
+            summary.inactive_removed |= inactive_dir.remove_tree(id.manifest_file_name())?;
+            let legacy = id.legacy_manifest_file_name();
+            if let Slot::Ours(_) = slot(&inactive_dir, &legacy, id)? {
+                summary.inactive_removed |= inactive_dir.remove_file(&legacy)?;
+            }
+            if summary.inactive_removed {
+                inactive_dir.sync()?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1265,7 +1289,7 @@ mod tests {
     use ckpt_core::manifest_bytes;
 
     use super::*;
-    use crate::testutil::{checkpoint, manifest, store};
+    use crate::testutil::{Immutable, checkpoint, manifest, store};
 
     fn id(ns: &str, name: &str) -> PodId {
         PodId::new(ns, name)
@@ -1975,21 +1999,28 @@ mod tests {
             BTreeSet::from([neighbour.clone(), pod.clone()])
         );
 
-        // A tree too deep to remove makes the first step fail: nothing after it happens,
-        // in particular the static pod keeps running.
-        let deep: PathBuf = std::iter::repeat_n("d", 70).collect();
-        let stuck = layout.pod_data_dir(Secret, &pod).join("s").join(deep);
-        fs::create_dir_all(&stuck).unwrap();
-        assert!(matches!(store.remove(&pod), Err(Error::TooDeep { .. })));
+        // A tree far deeper than any bound (an attacker's) is removed all the same.
+        let deep: PathBuf = std::iter::repeat_n("d", 300).collect();
+        fs::create_dir_all(layout.pod_data_dir(Secret, &pod).join("s").join(deep)).unwrap();
+        // A step that fails: the static pod is stopped first all the same (its data must
+        // not vanish from under it), the inactive checkpoint stays for a retry.
+        let stuck = layout.pod_data_dir(ConfigMap, &pod).join("c");
+        let _immutable = Immutable::set(&stuck);
+        let err = store
+            .remove(&pod)
+            .expect_err("an immutable directory cannot be removed");
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+        assert!(!layout.active_manifest_path(&pod).exists(), "stopped first");
         assert!(layout.inactive_manifest_path(&pod).exists());
-        assert!(layout.active_manifest_path(&pod).exists());
-        fs::remove_dir_all(layout.pod_data_dir(Secret, &pod).join("s")).unwrap();
+        drop(_immutable);
+        store.activate(&pod).unwrap();
 
         let summary = store.remove(&pod).unwrap();
         assert_eq!(
             summary,
             RemoveSummary {
-                data_dirs_removed: 3,
+                // The secrets went in the failed attempt.
+                data_dirs_removed: 2,
                 inactive_removed: true,
                 active_removed: true
             }

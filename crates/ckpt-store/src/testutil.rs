@@ -82,3 +82,30 @@ pub(crate) fn checkpoint(layout: &Layout, id: &PodId, version: &str, dirs: &[Dir
         spec_hash: format!("hash-{version}"),
     }
 }
+
+/// The immutable attribute (`chattr +i`) on a path while this lives: even root can then
+/// neither remove the entry nor change what is in it, which is how tests make a removal
+/// fail for real.
+pub(crate) struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    pub(crate) fn set(path: &std::path::Path) -> Immutable {
+        chattr("+i", path);
+        Immutable(path.to_owned())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        chattr("-i", &self.0);
+    }
+}
+
+fn chattr(flag: &str, path: &std::path::Path) {
+    let status = std::process::Command::new("chattr")
+        .arg(flag)
+        .arg(path)
+        .status()
+        .expect("chattr (e2fsprogs) runs");
+    assert!(status.success(), "chattr {flag} {}: {status}", path.display());
+}

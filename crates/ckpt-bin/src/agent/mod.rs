@@ -196,7 +196,12 @@ struct Agent {
     /// Never bumped: what the loop waits on while offline.
     offline_changes: tokio::sync::watch::Sender<u64>,
     local: LocalObserver,
+    /// The GC timers. They advance in memory whether or not the journal could be saved
+    /// (a full or read-only disk must not restart every timer, nor stop the GC that
+    /// would free space).
     state: PersistentState,
+    /// The journal on disk is behind `state`: the last save failed.
+    journal_behind: bool,
     last_local: Option<LocalView>,
     reporter: Reporter,
     next_deadline: Option<Timestamp>,
@@ -254,6 +259,7 @@ impl Agent {
             offline_changes: tokio::sync::watch::channel(0).0,
             local,
             state,
+            journal_behind: false,
             last_local: None,
             reporter: Reporter::default(),
             next_deadline: None,
@@ -407,11 +413,21 @@ impl Agent {
             };
             execute(&self.store, &decision, &reporting).await
         };
-        if decision.state != self.state {
-            match self.store.write_journal(&decision.state) {
-                Ok(_) => self.state = decision.state.clone(),
+        if decision.state != self.state || self.journal_behind {
+            self.state = decision.state.clone();
+            match self.store.write_journal(&self.state) {
+                Ok(_) => {
+                    if self.journal_behind {
+                        info!("the state journal is saved again");
+                    }
+                    self.journal_behind = false;
+                }
                 Err(e) => {
-                    warn!(error = %error_chain(&e), "cannot save the state journal");
+                    // Once per failure streak: the GC timers run on in memory meanwhile.
+                    if !self.journal_behind {
+                        warn!(error = %error_chain(&e), "cannot save the state journal; GC timers go on in memory");
+                    }
+                    self.journal_behind = true;
                     self.health.write_error();
                 }
             }
