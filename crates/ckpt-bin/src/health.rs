@@ -84,6 +84,7 @@ struct Counters {
     pass_sum: f64,
     api_state: &'static str,
     local_view_available: bool,
+    cri_answers_too_large: u64,
     last_sync: Option<Timestamp>,
 }
 
@@ -206,6 +207,11 @@ impl Health {
             c.local_view_available = local_available;
             c.last_sync = last_sync.or(c.last_sync);
         });
+    }
+
+    /// The runtime answers refused for their size so far (see `ckpt_cri::MAX_ANSWER_BYTES`).
+    pub(crate) fn record_cri_answers_too_large(&self, total: u64) {
+        self.with(|c| c.cri_answers_too_large = total);
     }
 
     /// The API state last recorded (`unreachable` before the first pass).
@@ -334,6 +340,12 @@ impl Health {
                 "gauge",
                 "Whether the container runtime (or kubelet) answered on the last pass.",
                 vec![(String::new(), u8::from(c.local_view_available).to_string())],
+            );
+            metric(
+                "cri_answers_too_large_total",
+                "counter",
+                "Container runtime answers refused for being over 16 MiB (the local view is unknown then).",
+                vec![(String::new(), c.cri_answers_too_large.to_string())],
             );
             metric(
                 "last_api_sync_age_seconds",

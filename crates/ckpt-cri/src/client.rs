@@ -17,6 +17,11 @@ use crate::service::{ApiVersion, Method};
 /// The version string sent in `VersionRequest` (what the kubelet sends).
 const KUBELET_CRI_VERSION: &str = "0.1.0";
 
+/// The largest answer read, as the kubelet allows its runtime (`maxMsgSize`, 16 MiB);
+/// tonic's default of 4 MiB is too small for `ListPodSandbox` on a busy node, since every
+/// sandbox carries its pod's labels and annotations.
+pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
 /// A CRI `RuntimeService` client over a unix socket.
 ///
 /// The API version is negotiated on first use (`runtime.v1` `Version`; on
@@ -262,7 +267,7 @@ impl RuntimeClient {
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
         let path = method.path(api);
-        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        let mut grpc = tonic::client::Grpc::new(channel.clone()).max_decoding_message_size(MAX_ANSWER_BYTES);
         let attempt = async {
             grpc.ready()
                 .await
@@ -277,6 +282,16 @@ impl RuntimeClient {
         };
         let (error, broken) = match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(response)) => return Ok(response.into_inner()),
+            Ok(Err(status))
+                if status.code() == tonic::Code::OutOfRange && status.message().contains("too large") =>
+            {
+                let error = Error::AnswerTooLarge {
+                    socket: self.socket.clone(),
+                    method: path,
+                    limit: MAX_ANSWER_BYTES,
+                };
+                (error, false)
+            }
             Ok(Err(status)) => {
                 let broken = matches!(
                     status.code(),

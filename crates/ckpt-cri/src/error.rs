@@ -34,6 +34,17 @@ pub enum Error {
         /// The timeout.
         timeout: Duration,
     },
+    /// An answer larger than [`crate::MAX_ANSWER_BYTES`] (a node with very many pods, or
+    /// a runtime gone wrong): refused, not read.
+    #[error("CRI call {method} on {} answered more than {limit} bytes", socket.display())]
+    AnswerTooLarge {
+        /// The socket path.
+        socket: PathBuf,
+        /// The gRPC path.
+        method: &'static str,
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// The runtime answered `Unimplemented` to both `runtime.v1` and `runtime.v1alpha2`.
     #[error("CRI runtime on {} serves neither runtime.v1 nor runtime.v1alpha2", socket.display())]
     Unsupported {

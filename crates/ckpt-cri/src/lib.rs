@@ -43,7 +43,7 @@ pub mod proto;
 mod service;
 
 #[doc(inline)]
-pub use client::{RuntimeClient, Stopped};
+pub use client::{MAX_ANSWER_BYTES, RuntimeClient, Stopped};
 #[doc(inline)]
 pub use error::{Error, Result};
 #[doc(inline)]

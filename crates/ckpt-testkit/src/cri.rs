@@ -129,6 +129,11 @@ impl FakeCri {
                 attempt: 0,
             }),
             state: sandbox_state,
+            labels: [
+                (proto::LABEL_POD_NAMESPACE.to_owned(), ns.to_owned()),
+                (proto::LABEL_POD_NAME.to_owned(), name.to_owned()),
+            ]
+            .into(),
             ..Default::default()
         });
         for (i, s) in container_states.iter().enumerate() {
@@ -158,6 +163,14 @@ impl Drop for FakeCri {
             conn.abort();
         }
     }
+}
+
+/// A CRI label selector: every pair must be among the labels (as containerd matches).
+fn selects(
+    selector: &std::collections::BTreeMap<String, String>,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 fn grpc_unary<Req, Resp>(
@@ -217,12 +230,14 @@ async fn cri_handle(
         }
         Method::ListPodSandbox => {
             grpc_unary(req, move |r: proto::ListPodSandboxRequest| {
-                let want = r.filter.and_then(|f| f.state).map(|s| s.state);
+                let filter = r.filter.unwrap_or_default();
+                let want = filter.state.map(|s| s.state);
                 proto::ListPodSandboxResponse {
                     items: lock(&st)
                         .sandboxes
                         .iter()
                         .filter(|s| want.is_none_or(|w| w == s.state))
+                        .filter(|s| selects(&filter.label_selector, &s.labels))
                         .cloned()
                         .collect(),
                 }
@@ -231,12 +246,14 @@ async fn cri_handle(
         }
         Method::ListContainers => {
             grpc_unary(req, move |r: proto::ListContainersRequest| {
-                let want = r.filter.and_then(|f| f.state).map(|s| s.state);
+                let filter = r.filter.unwrap_or_default();
+                let want = filter.state.map(|s| s.state);
                 proto::ListContainersResponse {
                     containers: lock(&st)
                         .containers
                         .iter()
                         .filter(|c| want.is_none_or(|w| w == c.state))
+                        .filter(|c| selects(&filter.label_selector, &c.labels))
                         .cloned()
                         .collect(),
                 }

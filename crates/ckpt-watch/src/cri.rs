@@ -52,41 +52,57 @@ impl CriClient {
         Ok(self.runtime.api().await?)
     }
 
-    /// The pods that run: those with a `SANDBOX_READY` sandbox (keyed by the sandbox's
-    /// metadata namespace/name) or a `CONTAINER_RUNNING` container (keyed by the labels
-    /// `io.kubernetes.pod.namespace`/`io.kubernetes.pod.name`). Every namespace.
-    pub async fn running_pods(&self) -> Result<BTreeSet<PodId>> {
-        let sandboxes = self
-            .runtime
-            .list_pod_sandbox(Some(proto::PodSandboxFilter {
-                state: Some(proto::PodSandboxStateValue {
-                    state: proto::SANDBOX_READY,
-                }),
-                ..Default::default()
-            }))
-            .await?;
-        let containers = self
-            .runtime
-            .list_containers(Some(proto::ContainerFilter {
-                state: Some(proto::ContainerStateValue {
-                    state: proto::CONTAINER_RUNNING,
-                }),
-                ..Default::default()
-            }))
-            .await?;
-        // The runtime filters; filter again in case it ignores the filter.
-        let from_sandboxes = sandboxes
-            .iter()
-            .filter(|s| s.state == proto::SANDBOX_READY)
-            .filter_map(|s| s.pod());
-        let from_containers = containers
-            .iter()
-            .filter(|c| c.state == proto::CONTAINER_RUNNING)
-            .filter_map(|c| c.pod());
-        Ok(from_sandboxes
-            .chain(from_containers)
-            .map(|(namespace, name)| PodId::new(namespace, name))
-            .collect())
+    /// The pods of these namespaces that run: those with a `SANDBOX_READY` sandbox (keyed
+    /// by the sandbox's metadata namespace/name) or a `CONTAINER_RUNNING` container (keyed
+    /// by the labels `io.kubernetes.pod.namespace`/`io.kubernetes.pod.name`).
+    ///
+    /// The runtime is asked only for what is needed: running objects, one namespace at a
+    /// time (the kubelet labels every sandbox and container with its pod's namespace), so
+    /// the answers stay small on a busy node whose other pods carry large annotations.
+    pub async fn running_pods<'a>(
+        &self,
+        namespaces: impl IntoIterator<Item = &'a str>,
+    ) -> Result<BTreeSet<PodId>> {
+        let mut running = BTreeSet::new();
+        for namespace in namespaces {
+            let selector = || [(LABEL_POD_NAMESPACE.to_owned(), namespace.to_owned())].into();
+            let sandboxes = self
+                .runtime
+                .list_pod_sandbox(Some(proto::PodSandboxFilter {
+                    state: Some(proto::PodSandboxStateValue {
+                        state: proto::SANDBOX_READY,
+                    }),
+                    label_selector: selector(),
+                    ..Default::default()
+                }))
+                .await?;
+            let containers = self
+                .runtime
+                .list_containers(Some(proto::ContainerFilter {
+                    state: Some(proto::ContainerStateValue {
+                        state: proto::CONTAINER_RUNNING,
+                    }),
+                    label_selector: selector(),
+                    ..Default::default()
+                }))
+                .await?;
+            // The runtime filters; filter again in case it ignores a filter.
+            let from_sandboxes = sandboxes
+                .iter()
+                .filter(|s| s.state == proto::SANDBOX_READY)
+                .filter_map(|s| s.pod());
+            let from_containers = containers
+                .iter()
+                .filter(|c| c.state == proto::CONTAINER_RUNNING)
+                .filter_map(|c| c.pod());
+            running.extend(
+                from_sandboxes
+                    .chain(from_containers)
+                    .filter(|(ns, _)| *ns == namespace)
+                    .map(|(ns, name)| PodId::new(ns, name)),
+            );
+        }
+        Ok(running)
     }
 
     /// Stops a pod like a crash would (see [`ckpt_cri::RuntimeClient::stop_pod`]); for
@@ -129,7 +145,7 @@ mod tests {
             &[proto::CONTAINER_CREATED],
         );
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
-        let running = cri.running_pods().await.unwrap();
+        let running = cri.running_pods(["ns"]).await.unwrap();
         let names: Vec<&str> = running.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(
             names,
@@ -148,7 +164,7 @@ mod tests {
         );
         assert_eq!(cri.api().await.unwrap(), CriApi::V1alpha2);
         cri.stop_pod(&PodId::new("ns", "victim")).await.unwrap();
-        assert!(cri.running_pods().await.unwrap().is_empty());
+        assert!(cri.running_pods(["ns"]).await.unwrap().is_empty());
         let err = cri.stop_pod(&PodId::new("ns", "victim")).await.unwrap_err();
         assert!(
             matches!(err, Error::Cri(ckpt_cri::Error::PodNotRunning { .. })),
@@ -157,6 +173,65 @@ mod tests {
         let err = CriClient::new("relative.sock", TIMEOUT).unwrap_err();
         assert!(
             matches!(err, Error::Cri(ckpt_cri::Error::Endpoint { .. })),
+            "{err}"
+        );
+    }
+
+    /// Pads every sandbox and container of `ns` with an annotation of `bytes` bytes, as
+    /// a busy node's pods carry (last-applied configurations, say).
+    fn annotate(fake: &FakeCri, ns: &str, bytes: usize) {
+        let mut st = fake.state.lock().unwrap();
+        let pad = || [("pad".to_owned(), "x".repeat(bytes))].into();
+        for s in st
+            .sandboxes
+            .iter_mut()
+            .filter(|s| s.pod().is_some_and(|(n, _)| n == ns))
+        {
+            s.annotations = pad();
+        }
+        for c in st
+            .containers
+            .iter_mut()
+            .filter(|c| c.pod().is_some_and(|(n, _)| n == ns))
+        {
+            c.annotations = pad();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_busy_node_is_still_seen() {
+        let fake = FakeCri::start(true, false);
+        fake.add_pod(
+            "kube-system",
+            "apiserver",
+            proto::SANDBOX_READY,
+            &[proto::CONTAINER_RUNNING],
+        );
+        // 10 MiB of other namespaces' pods: over tonic's default 4 MiB limit.
+        for i in 0..40 {
+            fake.add_pod(
+                "busy",
+                &format!("p{i}"),
+                proto::SANDBOX_READY,
+                &[proto::CONTAINER_RUNNING],
+            );
+        }
+        annotate(&fake, "busy", 256 * 1024);
+        let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
+        let running = cri.running_pods(["kube-system"]).await.unwrap();
+        assert_eq!(running, BTreeSet::from([PodId::new("kube-system", "apiserver")]));
+        // Asked for, they are still read (up to the kubelet's 16 MiB).
+        assert_eq!(cri.running_pods(["busy"]).await.unwrap().len(), 40);
+
+        // Past 16 MiB in the namespace asked for: a clear error, not a wrong answer.
+        annotate(&fake, "kube-system", ckpt_cri::MAX_ANSWER_BYTES);
+        let err = cri.running_pods(["kube-system"]).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Cri(ckpt_cri::Error::AnswerTooLarge { .. })),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("answered more than 16777216 bytes"),
             "{err}"
         );
     }

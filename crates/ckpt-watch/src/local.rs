@@ -1,7 +1,7 @@
 //! What runs on this node: the CRI runtime and the kubelet, reduced to a [`LocalView`].
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ckpt_core::{LocalView, NamespaceAllowList, PodId, is_parent};
 use k8s_openapi::api::core::v1::Pod;
@@ -54,6 +54,7 @@ pub struct LocalObserver {
     namespaces: NamespaceAllowList,
     cri_health: SourceHealth,
     kubelet_health: SourceHealth,
+    cri_answers_too_large: AtomicU64,
 }
 
 impl LocalObserver {
@@ -69,6 +70,7 @@ impl LocalObserver {
             namespaces,
             cri_health: SourceHealth::default(),
             kubelet_health: SourceHealth::default(),
+            cri_answers_too_large: Default::default(),
         }
     }
 
@@ -82,11 +84,17 @@ impl LocalObserver {
         self.kubelet.as_ref()
     }
 
+    /// How many runtime answers were refused for their size (each leaves the local view
+    /// unknown for that pass).
+    pub fn cri_answers_too_large(&self) -> u64 {
+        self.cri_answers_too_large.load(Ordering::Relaxed)
+    }
+
     /// Asks the sources (concurrently; each call is bounded by its client's timeout).
     pub async fn observe(&self) -> LocalView {
         let cri = async {
             match &self.cri {
-                Some(cri) => Some(cri.running_pods().await),
+                Some(cri) => Some(cri.running_pods(self.namespaces.namespaces()).await),
                 None => None,
             }
         };
@@ -126,6 +134,9 @@ impl LocalObserver {
                 }
             }
             Some(Err(e)) => {
+                if matches!(e, Error::Cri(ckpt_cri::Error::AnswerTooLarge { .. })) {
+                    self.cri_answers_too_large.fetch_add(1, Ordering::Relaxed);
+                }
                 self.cri_health.failed("CRI", &e);
                 LocalView::Unknown
             }

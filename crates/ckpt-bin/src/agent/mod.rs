@@ -444,6 +444,8 @@ impl Agent {
             .min();
         self.reporter
             .metrics(&self.health, report, now, started.elapsed());
+        self.health
+            .record_cri_answers_too_large(self.local.cri_answers_too_large());
         if self.health.phase() == Phase::Starting {
             self.health.set_phase(Phase::Ready);
             info!(checkpoints = report.on_disk, "first pass complete: ready");
