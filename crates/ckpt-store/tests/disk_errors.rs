@@ -81,6 +81,18 @@ fn fill(dir: &Path) -> PathBuf {
     filler
 }
 
+/// Frees the space the filler took. Truncated first: a child process another test is
+/// forking at that moment holds a copy of every descriptor until its exec closes it, and
+/// an unlinked file's blocks stay in use while any descriptor is open (a flake under load).
+fn free(filler: &Path) {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(filler)
+        .and_then(|f| f.set_len(0))
+        .expect("truncate the filler");
+    fs::remove_file(filler).expect("free space");
+}
+
 fn no_temp_files(root: &Path) -> bool {
     common::snapshot(root).keys().all(|p| {
         !p.file_name()
@@ -111,7 +123,7 @@ fn full_disk_is_a_typed_error_and_keeps_the_previous_checkpoint() {
             .starts_with("no space left on device while writing"),
         "{error}"
     );
-    fs::remove_file(&filler).expect("free space");
+    free(&filler);
     assert_eq!(
         common::snapshot(&tmpfs.mountpoint),
         before,
@@ -132,7 +144,7 @@ fn full_disk_is_a_typed_error_and_keeps_the_previous_checkpoint() {
     let filler = fill(&tmpfs.mountpoint);
     let error = store.write_inactive(&v3).expect_err("disk full");
     assert!(matches!(error, Error::NoSpace { .. }), "{error:?}");
-    fs::remove_file(&filler).expect("free space");
+    free(&filler);
     assert_eq!(common::snapshot(&tmpfs.mountpoint), before);
     assert!(no_temp_files(&tmpfs.mountpoint));
 
@@ -223,7 +235,7 @@ fn a_volume_update_that_does_not_fit_leaves_the_whole_previous_version() {
     assert!(matches!(error, Error::NoSpace { .. }), "{error:?}");
     assert_eq!(fs::read(dir.join("a.crt")).expect("cert"), b"cert 1");
     assert_eq!(fs::read(dir.join("b.key")).expect("key"), vec![b'1'; 10]);
-    fs::remove_file(&filler).expect("free space");
+    free(&filler);
     assert!(no_temp_files(&tmpfs.mountpoint));
     let leftovers: Vec<_> = fs::read_dir(&dir)
         .expect("volume")
