@@ -424,12 +424,7 @@ pub(crate) async fn serve(addr: &str, health: Health) -> std::io::Result<Server>
                 }
             },
         };
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            spawn_response(stream, health.clone(), true);
-        }
+        accept_loop(&listener, health, true).await;
     });
     Ok(Server(task))
 }
@@ -451,27 +446,76 @@ pub(crate) async fn serve_unix(path: &Path, health: Health) -> std::io::Result<S
     }
     let listener = UnixListener::bind(path)?;
     let task = tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            spawn_response(stream, health.clone(), false);
-        }
+        accept_loop(&listener, health, false).await;
     });
     Ok(Server(task))
 }
 
-fn spawn_response<S>(stream: S, health: Health, with_metrics: bool)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    tokio::spawn(async move {
-        if let Err(e) =
-            tokio::time::timeout(Duration::from_secs(5), respond(stream, &health, with_metrics)).await
-        {
-            debug!(error = %e, "health request timed out");
+/// At most this many requests are served at once; more wait to be accepted. Each holds a
+/// descriptor for up to [`REQUEST_TIMEOUT`]: without a cap, a local process opening
+/// connections could exhaust the agent's descriptors (and with them its checkpoint writes).
+const MAX_CONNECTIONS: usize = 32;
+/// How long one request may take, reading included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pause after a failed accept (`EMFILE`, say), which would otherwise fail again at
+/// once and spin a core.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A listener the health server accepts connections from.
+trait Accept {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn accept_stream(&self) -> impl std::future::Future<Output = std::io::Result<Self::Stream>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn accept_stream(&self) -> std::io::Result<Self::Stream> {
+        Ok(self.accept().await?.0)
+    }
+}
+
+impl Accept for UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn accept_stream(&self) -> std::io::Result<Self::Stream> {
+        Ok(self.accept().await?.0)
+    }
+}
+
+/// Accepts and answers connections, at most [`MAX_CONNECTIONS`] at once, backing off
+/// after a failed accept; runs until its task is aborted.
+async fn accept_loop<L: Accept>(listener: &L, health: Health, with_metrics: bool) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut failing = false;
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        match listener.accept_stream().await {
+            Ok(stream) => {
+                if failing {
+                    info!("health connections are accepted again");
+                    failing = false;
+                }
+                let health = health.clone();
+                tokio::spawn(async move {
+                    let answered =
+                        tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &health, with_metrics));
+                    if let Err(e) = answered.await {
+                        debug!(error = %e, "health request timed out");
+                    }
+                    drop(slot);
+                });
+            }
+            Err(e) => {
+                if !failing {
+                    warn!(error = %e, "cannot accept health connections; retrying");
+                    failing = true;
+                }
+                drop(slot);
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
         }
-    });
+    }
 }
 
 async fn respond<S>(mut stream: S, health: &Health, with_metrics: bool)
@@ -717,6 +761,61 @@ mod tests {
         let gone = dir.path().join("missing.sock");
         let error = ckpt_core::error_chain(&probe(&gone, ProbeKind::Live).unwrap_err());
         assert!(error.contains("no agent answers"), "{error}");
+    }
+
+    /// An acceptor that always fails, as `accept` does once descriptors run out.
+    struct Exhausted(std::sync::atomic::AtomicUsize);
+
+    impl Accept for Exhausted {
+        type Stream = tokio::net::TcpStream;
+        async fn accept_stream(&self) -> std::io::Result<Self::Stream> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(std::io::Error::from_raw_os_error(24)) // EMFILE
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_accept_backs_off_instead_of_spinning() {
+        let exhausted = Exhausted(Default::default());
+        let _ = tokio::time::timeout(
+            Duration::from_millis(550),
+            accept_loop(&exhausted, Health::new(STALL), true),
+        )
+        .await;
+        let calls = exhausted.0.load(std::sync::atomic::Ordering::Relaxed);
+        assert!((1..=7).contains(&calls), "{calls} accepts in 550 ms");
+    }
+
+    #[tokio::test]
+    async fn connections_are_capped_and_the_rest_wait() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let h = Health::new(STALL);
+        let _server = Server(tokio::spawn(async move {
+            accept_loop(&listener, h, true).await;
+        }));
+        // Connections that never send a request hold every slot...
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let ask = || async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").await.unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.unwrap();
+            answer
+        };
+        let waiting = tokio::spawn(ask());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "a request past the cap is not served yet");
+        // ...until one goes: the waiting request is served then.
+        drop(idle.pop());
+        let answer = tokio::time::timeout(Duration::from_secs(3), waiting)
+            .await
+            .expect("served once a slot is free")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     }
 
     #[test]
