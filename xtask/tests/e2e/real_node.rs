@@ -14,6 +14,7 @@ use xtask::e2e_env::real_node::BUSYBOX_IMAGE;
 use xtask::e2e_env::{
     BinDir, ControlPlane, NODE_NAME, NodeFootprint, RealNode, RealNodeOptions, StartOptions, human_duration,
 };
+use xtask::harness::interrupt;
 use xtask::harness::kubectl::{Kubectl, pod_running};
 use xtask::harness::wait::{Probe, wait_for, waiting_on_error};
 use xtask::progress::Progress;
@@ -62,6 +63,21 @@ pub(crate) fn lifecycle() -> anyhow::Result<()> {
             return Err(e);
         }
     };
+    // The same check while the node runs sees all of it: it can fail.
+    let running = footprint.survivors();
+    for kind in [
+        "processes",
+        "mount",
+        "network namespace",
+        "link",
+        "route",
+        "cgroup",
+    ] {
+        anyhow::ensure!(
+            running.iter().any(|s| s.starts_with(kind)),
+            "the running node's footprint shows no {kind}: {running:?}"
+        );
+    }
     progress.say(&format!(
         "stopping the node ({} processes) and the plane",
         footprint.process_count()
@@ -243,11 +259,12 @@ fn static_pod() -> Value {
 }
 
 /// A DaemonSet whose pod reads itself through the API with its projected token (the default
-/// ServiceAccount, allowed to get pods), plus that Role and binding.
+/// ServiceAccount, allowed to get pods), plus that Role and binding. Not wget's own
+/// User-Agent: the API server pretty-prints JSON for it.
 fn api_pod_objects(api_url: &str) -> Vec<Value> {
     let script = r#"while true; do
   token=$(cat /var/run/secrets/kubernetes.io/serviceaccount/token)
-  if wget -q -O /tmp/self --no-check-certificate --header "Authorization: Bearer $token" "$API_URL/api/v1/namespaces/$NAMESPACE/pods/$(hostname)"; then
+  if wget -q -O /tmp/self -U pod-checkpointer-e2e --no-check-certificate --header "Authorization: Bearer $token" "$API_URL/api/v1/namespaces/$NAMESPACE/pods/$(hostname)"; then
     echo "self via API: $(grep -o '"podIP":"[^"]*"' /tmp/self | head -n 1)"
   else
     echo "the API call failed"
@@ -368,8 +385,12 @@ fn existing(paths: &[&str]) -> Vec<PathBuf> {
     paths.iter().map(PathBuf::from).filter(|p| p.exists()).collect()
 }
 
-/// The tails of the node's and the plane's logs.
+/// The tails of the node's and the plane's logs (long lines cut), unless interrupted.
 fn report_failure(plane: &ControlPlane, node: &RealNode) {
+    const MAX_LINE: usize = 300;
+    if interrupt::requested() {
+        return;
+    }
     let logs = [
         node.kubelet_log(),
         node.containerd_log(),
@@ -379,6 +400,10 @@ fn report_failure(plane: &ControlPlane, node: &RealNode) {
     ];
     for log in logs {
         let name = log.file_name().unwrap_or_default().to_string_lossy();
-        eprintln!("--- last lines of {name} ---\n{}", log_tail(&log, 30));
+        let tail: Vec<String> = log_tail(&log, 30)
+            .lines()
+            .map(|line| line.chars().take(MAX_LINE).collect())
+            .collect();
+        eprintln!("--- last lines of {name} ---\n{}", tail.join("\n"));
     }
 }
