@@ -226,8 +226,10 @@ fn node(action: &NodeAction) -> anyhow::Result<()> {
     let workdir = match action {
         NodeAction::Reboot { workdir } | NodeAction::Exec { workdir, .. } => workdir,
     };
-    let mut node =
-        RealNode::attach(workdir)?.with_context(|| format!("no real node runs in {}", workdir.display()))?;
+    // The plane's own spelling of its work dir marks the node's processes as ours.
+    let plane = ControlPlane::attach(workdir)?;
+    let mut node = RealNode::attach(plane.workdir())?
+        .with_context(|| format!("no real node runs in {}", workdir.display()))?;
     match action {
         NodeAction::Reboot { .. } => node.reboot().map(drop),
         NodeAction::Exec { command, .. } => {

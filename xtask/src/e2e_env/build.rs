@@ -168,7 +168,7 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
     }
 
     PROGRESS.say(&format!(
-        "building Kubernetes v{KUBERNETES_VERSION} ({}) from Debian's source package; ~6 min cold on 2 cores; log: {}",
+        "building Kubernetes v{KUBERNETES_VERSION} ({}) from Debian's source package; ~15 min cold on 2 cores (more under load), ~2 min after a recipe bump; log: {}",
         BUILD_TARGETS.join(" "),
         log.display()
     ));

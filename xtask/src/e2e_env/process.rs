@@ -225,6 +225,16 @@ pub fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     Some(rest.split_whitespace().collect())
 }
 
+/// The live processes whose environment marks them as started for `owner` (see
+/// [`OWNER_ENV`]), children that inherited it included.
+pub fn owned_processes(owner: &Path) -> Vec<u32> {
+    let owner = owner.to_string_lossy();
+    all_pids()
+        .into_iter()
+        .filter(|pid| environ_has(*pid, OWNER_ENV, &owner) && is_alive(*pid))
+        .collect()
+}
+
 /// Whether `/proc/PID/environ` holds `KEY=VALUE`.
 fn environ_has(pid: u32, key: &str, value: &str) -> bool {
     let Ok(environ) = fs::read(format!("/proc/{pid}/environ")) else {

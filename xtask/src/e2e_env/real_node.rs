@@ -346,7 +346,6 @@ impl RealNode {
         let cgroups = container_cgroups(&pids);
         NodeFootprint {
             pids,
-            namespaces: self.namespaces,
             node_dir: self.layout.dir().to_owned(),
             network: self.network.clone(),
             host_sysctls: self.host_sysctls.clone(),
@@ -651,7 +650,6 @@ pub(crate) fn stop_in(plane_workdir: &Path) -> anyhow::Result<()> {
 #[derive(Clone, Debug)]
 pub struct NodeFootprint {
     pids: BTreeSet<u32>,
-    namespaces: NodeNamespaces,
     node_dir: PathBuf,
     network: NodeNetwork,
     host_sysctls: Vec<(String, String)>,
@@ -664,7 +662,7 @@ impl NodeFootprint {
         self.pids.len()
     }
 
-    /// What of it is still there: processes (recorded, or in its namespaces), mounts under
+    /// What of it is still there: processes (recorded, or started for it), mounts under
     /// its dir or of its network namespace, the namespace, the veth, the host route, the
     /// containers' cgroups, shim sockets in the machine's `/run/containerd`, and changed
     /// machine sysctls. Empty once the node and its plane are stopped.
@@ -679,9 +677,10 @@ impl NodeFootprint {
         if !alive.is_empty() {
             left.push(format!("processes {alive:?}"));
         }
-        let in_namespaces = node_processes(self.namespaces, &[]);
-        if !in_namespaces.is_empty() {
-            left.push(format!("processes in the node's namespaces {in_namespaces:?}"));
+        // Not by namespace: a freed namespace's inode number is soon another one's.
+        let owned = super::process::owned_processes(&self.node_dir);
+        if !owned.is_empty() {
+            left.push(format!("processes started for the node {owned:?}"));
         }
         let node_dir = path_str(&self.node_dir);
         let netns = path_str(&self.network.netns_path());
