@@ -168,7 +168,6 @@ impl RealNode {
             serde_json::from_str(get("NODE_NETWORK")?).context("bad NODE_NETWORK in the node's state")?;
         let kubelet_args: Vec<String> =
             serde_json::from_str(get("KUBELET_ARGS")?).context("bad KUBELET_ARGS in the node's state")?;
-        let inode = |key: &str| state.get(key).and_then(|v| v.parse().ok());
         let owner = layout.dir().to_owned();
         let attach = |name: &'static str| {
             let pid = fs::read_to_string(layout.pid_file(name))
@@ -179,6 +178,12 @@ impl RealNode {
             Some(Managed::attach(name, pid, &layout.log(name), &owner))
         };
         let host_sysctls = serde_json::from_str(get("HOST_SYSCTLS")?).unwrap_or_default();
+        // From the pins only: a recorded inode of a namespace that is gone may be another
+        // namespace's by now.
+        let namespaces = NodeNamespaces {
+            mnt: pinned_inode(&layout.mnt_ns_pin()),
+            net: pinned_inode(&network.netns_path()),
+        };
         Ok(Some(RealNode {
             containerd: attach("containerd"),
             kubelet: attach("kubelet"),
@@ -186,10 +191,7 @@ impl RealNode {
             network,
             kubelet_bin: PathBuf::from(get("KUBELET_BIN")?),
             kubelet_args,
-            namespaces: NodeNamespaces {
-                mnt: inode("MNT_NS_INODE"),
-                net: inode("NET_NS_INODE"),
-            },
+            namespaces,
             host_sysctls,
             stop_on_drop: false,
             stopped: false,
@@ -612,14 +614,11 @@ impl RealNode {
     }
 
     fn write_state(&self) -> anyhow::Result<()> {
-        let inode = |i: Option<u64>| i.map(|i| i.to_string()).unwrap_or_default();
         let lines = [
             ("NODE_DIR", path_str(self.layout.dir())),
             ("NODE_NETWORK", serde_json::to_string(&self.network)?),
             ("KUBELET_BIN", path_str(&self.kubelet_bin)),
             ("KUBELET_ARGS", serde_json::to_string(&self.kubelet_args)?),
-            ("MNT_NS_INODE", inode(self.namespaces.mnt)),
-            ("NET_NS_INODE", inode(self.namespaces.net)),
             ("HOST_SYSCTLS", serde_json::to_string(&self.host_sysctls)?),
         ];
         let text: String = lines.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
