@@ -27,9 +27,23 @@ const DAEMON_SET: &str = "e2e-api";
 /// Pods are created, scheduled and started by real components here: generous bounds.
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-/// The machine's own directories at the node's default paths: the node must never create
-/// (or write) them. Their existence is compared before, during and after the run.
-const MACHINE_PATHS: [&str; 12] = [
+/// Paths only a node would create on the machine (no other tool here makes them, unlike
+/// `/etc/cni/net.d` or `/var/lib/cni`): their existence is compared before, during and after
+/// the run. That the node's writes land in its own dirs is checked inside the node.
+const MACHINE_PATHS: [&str; 9] = [
+    "/etc/kubernetes",
+    "/var/lib/kubelet",
+    "/var/lib/containerd",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/run/containerd",
+    "/run/pod-checkpointer",
+    "/opt/containerd",
+    "/usr/libexec/kubernetes",
+];
+
+/// The node paths that must be mounts of the node's own dirs (the rest of its `/run` too).
+const NODE_MOUNTS: [&str; 8] = [
     "/etc/kubernetes",
     "/etc/cni/net.d",
     "/var/lib/kubelet",
@@ -37,11 +51,7 @@ const MACHINE_PATHS: [&str; 12] = [
     "/var/lib/cni",
     "/var/log/pods",
     "/var/log/containers",
-    "/run/containerd",
-    "/run/pod-checkpointer",
-    "/run/pod-checkpointer-health",
-    "/opt/containerd",
-    "/usr/libexec/kubernetes",
+    "/run",
 ];
 
 pub(crate) fn lifecycle() -> anyhow::Result<()> {
@@ -126,6 +136,27 @@ fn exercise(progress: &Progress, plane: &ControlPlane, node: &mut RealNode) -> a
         inside.lines().any(|l| l == "manifests"),
         "the node's /etc/kubernetes holds {inside:?}"
     );
+    for path in NODE_MOUNTS {
+        let own = node.host_path(path).context("not a path of the node's own")?;
+        let own = own.strip_prefix(node.dir().parent().unwrap_or(node.dir()))?;
+        // `findmnt` names a bind mount's source as DEVICE[/path/on/that/device].
+        let sources = node.exec(&[
+            "findmnt",
+            "--noheadings",
+            "--output",
+            "SOURCE",
+            "--mountpoint",
+            path,
+        ])?;
+        anyhow::ensure!(
+            !sources.trim().is_empty()
+                && sources
+                    .lines()
+                    .all(|source| source.trim_end().ends_with(&format!("{}]", own.display()))),
+            "{path} inside the node is not {}: {sources:?}",
+            own.display()
+        );
+    }
     anyhow::ensure!(
         existing(&MACHINE_PATHS) == machine_paths,
         "starting the node changed the machine's directories"
