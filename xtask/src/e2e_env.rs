@@ -1,24 +1,34 @@
-//! `cargo xtask e2e-env build|start|stop|apiserver`: the real control plane the end-to-end
+//! `cargo xtask e2e-env build|start|stop|apiserver|node`: the real control plane the end-to-end
 //! tests run against (kube-apiserver v1.20.2 + etcd + kubemark's hollow kubelet; see
-//! ARCHITECTURE.md, Testing).
+//! ARCHITECTURE.md, Testing), and the real node (kubelet + containerd + runc in namespaces of
+//! its own, with kube-controller-manager and kube-scheduler; see [`real_node`]).
 //!
 //! The Rust API is meant for other xtask tasks and the e2e harness as well:
 //! [`ensure_built`] returns the cached [`BinDir`], [`ControlPlane::start`] starts a plane that
 //! stops itself when dropped, and the plane can kill, pause, resume and restart its API server.
-//! The CLI prints progress on stderr and, for `start`, `KEY=VALUE` lines on stdout.
+//! [`RealNode::start`] joins a plane started with [`StartOptions::real_node`]; the node can
+//! reboot, run commands inside itself and stop. The CLI prints progress on stderr and, for
+//! `start`, `KEY=VALUE` lines on stdout.
 
 mod build;
 mod control_plane;
+pub mod node_network;
 pub mod process;
+pub mod real_node;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+
 use crate::harness::cri::CriClient;
+use crate::harness::interrupt;
 use crate::progress::Progress;
 
 pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
 pub use control_plane::{AGENT_USER, CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions};
+pub use node_network::NodeNetwork;
+pub use real_node::{NodeFootprint, RealNode, RealNodeOptions};
 
 /// The control plane's progress lines, from the CLI and the library alike.
 const PROGRESS: Progress = Progress::new("e2e-env");
@@ -32,16 +42,24 @@ pub struct E2eEnv {
 
 #[derive(clap::Subcommand)]
 enum E2eEnvCommand {
-    /// Install the Debian packages and build kube-apiserver + kubemark v1.20.2 into the cache
-    /// ($E2E_CACHE_DIR, default /var/cache/pod-checkpointer-e2e); ~6 min cold, ~1 s cached.
+    /// Install the Debian packages (etcd, containerd, runc, CNI plugins, busybox) and build
+    /// Kubernetes v1.20.2 (kube-apiserver, kubemark, kubelet, kube-controller-manager,
+    /// kube-scheduler) and the pause binary into the cache ($E2E_CACHE_DIR, default
+    /// /var/cache/pod-checkpointer-e2e); ~15 min cold on 2 cores, ~1 s cached.
     Build,
-    /// Start etcd + kube-apiserver (+ hollow node) on loopback in a fresh work dir; prints
-    /// WORKDIR=, KUBECONFIG=, STATIC_POD_DIR=, … lines on stdout.
+    /// Start etcd + kube-apiserver (+ hollow node, or + a real node) in a fresh work dir;
+    /// prints WORKDIR=, KUBECONFIG=, STATIC_POD_DIR=, REAL_NODE_… lines on stdout.
     Start(StartArgs),
-    /// Stop the processes a `start` left running in a work dir and remove the dir.
+    /// Stop the processes a `start` left running in a work dir (the real node with its mounts
+    /// and namespaces too) and remove the dir.
     Stop {
         #[arg(long)]
         workdir: PathBuf,
+    },
+    /// The real node of a running `start --real-node`: reboot it, or run a command inside it.
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
     },
     /// Kill, pause (SIGSTOP), resume (SIGCONT) or restart the API server of a running plane.
     Apiserver {
@@ -67,24 +85,50 @@ enum CriAction {
     },
 }
 
+#[derive(clap::Subcommand)]
+enum NodeAction {
+    /// Power cut and restart: kill the kubelet, containerd, shims and containers, drop the
+    /// node's runtime state (not its disk), start containerd and the kubelet again.
+    Reboot {
+        #[arg(long)]
+        workdir: PathBuf,
+    },
+    /// Run a command inside the node (its network and mount namespaces), e.g.
+    /// `-- ctr -n k8s.io containers ls` or `-- ip route`.
+    Exec {
+        #[arg(long)]
+        workdir: PathBuf,
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+}
+
 #[derive(clap::Args)]
 struct StartArgs {
     /// Also run kubemark's hollow kubelet as node-1 (needs the kubelet ports and the fixed
     /// CRI socket /tmp/kubelet_remote.sock).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "real_node")]
     hollow_node: bool,
+    /// Also run a real node-1: kubelet, containerd and runc in the network namespace
+    /// pod-checkpointer-node (10.213.0.2, the API server on 10.213.0.1) and a private mount
+    /// namespace, with kube-controller-manager and kube-scheduler. Needs root.
+    #[arg(long)]
+    real_node: bool,
     /// Work dir to create (must be missing or empty); default $TMPDIR/ckpt-e2e.XXXXXX.
     #[arg(long)]
     workdir: Option<PathBuf>,
-    /// etcd client port; the peer port is the next one.
-    #[arg(long, env = "ETCD_PORT", default_value_t = 2379)]
-    etcd_port: u16,
-    #[arg(long, env = "APISERVER_PORT", default_value_t = 6443)]
-    apiserver_port: u16,
-    #[arg(long, env = "KUBELET_PORT", default_value_t = 10250)]
-    kubelet_port: u16,
-    #[arg(long, env = "KUBELET_RO_PORT", default_value_t = 10255)]
-    kubelet_read_only_port: u16,
+    /// etcd client port; the peer port is the next one [default: 2379, real node 12379].
+    #[arg(long, env = "ETCD_PORT")]
+    etcd_port: Option<u16>,
+    /// [default: 6443, real node 17443]
+    #[arg(long, env = "APISERVER_PORT")]
+    apiserver_port: Option<u16>,
+    /// The hollow kubelet's port [default: 10250].
+    #[arg(long, env = "KUBELET_PORT")]
+    kubelet_port: Option<u16>,
+    /// The hollow kubelet's read-only port [default: 10255].
+    #[arg(long, env = "KUBELET_RO_PORT")]
+    kubelet_read_only_port: Option<u16>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy)]
@@ -103,7 +147,10 @@ impl E2eEnv {
     pub fn run(&self) -> anyhow::Result<()> {
         match &self.command {
             E2eEnvCommand::Build => ensure_built().map(drop),
-            E2eEnvCommand::Start(args) => start(args),
+            E2eEnvCommand::Start(args) => {
+                // Ctrl-C while starting stops what was started (the plane's and node's Drop).
+                interrupt::run(PROGRESS, "everything started so far is stopped", || start(args))
+            }
             E2eEnvCommand::Stop { workdir } => {
                 let started = Instant::now();
                 ControlPlane::attach(workdir)?.stop()?;
@@ -124,30 +171,78 @@ impl E2eEnv {
                 }
             }
             E2eEnvCommand::Cri { action } => cri(action),
+            E2eEnvCommand::Node { action } => node(action),
         }
     }
 }
 
 fn start(args: &StartArgs) -> anyhow::Result<()> {
+    let bins = BinDir::cached()?;
+    let defaults = if args.real_node {
+        StartOptions::real_node(bins.clone())
+    } else {
+        StartOptions::new(bins.clone())
+    };
     let options = StartOptions {
         workdir: args.workdir.clone(),
-        etcd_port: args.etcd_port,
-        apiserver_port: args.apiserver_port,
+        etcd_port: args.etcd_port.unwrap_or(defaults.etcd_port),
+        apiserver_port: args.apiserver_port.unwrap_or(defaults.apiserver_port),
         hollow_node: args.hollow_node,
-        kubelet_port: args.kubelet_port,
-        kubelet_read_only_port: args.kubelet_read_only_port,
-        ..StartOptions::new(BinDir::cached()?)
+        kubelet_port: args.kubelet_port.unwrap_or(defaults.kubelet_port),
+        kubelet_read_only_port: args
+            .kubelet_read_only_port
+            .unwrap_or(defaults.kubelet_read_only_port),
+        ..defaults
     };
     let plane = ControlPlane::start(&options)?;
+    let node = if args.real_node {
+        Some(RealNode::start(&plane, &RealNodeOptions::new(bins))?)
+    } else {
+        None
+    };
     for (key, value) in plane.env_vars() {
+        println!("{key}={value}");
+    }
+    for (key, value) in node.iter().flat_map(RealNode::env_vars) {
         println!("{key}={value}");
     }
     PROGRESS.say(&format!(
         "stop with: cargo xtask e2e-env stop --workdir {}",
         plane.workdir().display()
     ));
+    if let Some(node) = node {
+        PROGRESS.say(&format!(
+            "inside the node: cargo xtask e2e-env node exec --workdir {} -- <command>, or `ip netns exec {} <command>` for its network only",
+            plane.workdir().display(),
+            node.network().netns
+        ));
+        node.detach();
+    }
     plane.detach();
     Ok(())
+}
+
+fn node(action: &NodeAction) -> anyhow::Result<()> {
+    let workdir = match action {
+        NodeAction::Reboot { workdir } | NodeAction::Exec { workdir, .. } => workdir,
+    };
+    // The plane's own spelling of its work dir marks the node's processes as ours.
+    let plane = ControlPlane::attach(workdir)?;
+    let mut node = RealNode::attach(plane.workdir())?
+        .with_context(|| format!("no real node runs in {}", workdir.display()))?;
+    match action {
+        NodeAction::Reboot { .. } => node.reboot().map(drop),
+        NodeAction::Exec { command, .. } => {
+            let (program, rest) = command.split_first().context("no command")?;
+            let status = node
+                .command(program)
+                .args(rest)
+                .status()
+                .with_context(|| format!("cannot run {program} in the node"))?;
+            anyhow::ensure!(status.success(), "{program} exited with {status}");
+            Ok(())
+        }
+    }
 }
 
 fn cri(action: &CriAction) -> anyhow::Result<()> {

@@ -1,7 +1,7 @@
 //! `cargo xtask test`: the README's test command and what `.ci/run` runs: formatting, lints,
 //! each crate checked and packaged alone, every unit and integration test of the workspace,
 //! then the end-to-end suite against a real control plane (built into the cache on first
-//! use, ~6 minutes).
+//! use, ~15 minutes on 2 cores).
 
 use std::time::Instant;
 
@@ -14,7 +14,7 @@ pub(crate) struct Test {
     /// alone (for a quick local loop).
     #[arg(long)]
     no_lint: bool,
-    /// Do not build the end-to-end control plane when it is not cached yet (~6 min): the
+    /// Do not build the end-to-end control plane when it is not cached yet (~15 min): the
     /// end-to-end tests are then skipped, loudly. Refused when CI=true.
     #[arg(long)]
     no_e2e_build: bool,

@@ -1,11 +1,15 @@
-//! Building and caching kube-apiserver and kubemark v1.20.2 from Debian bookworm's
-//! `kubernetes` source package (ARCHITECTURE.md, Testing): deb-src entries,
-//! Build-Depends from apt, `apt-get source`, the reflect2 1.0.2 swap (the vendored 1.0.1
-//! segfaults with Go ≥ 1.18), and Debian's own GOPATH-mode `make WHAT=…`.
+//! Building and caching Kubernetes v1.20.2 from Debian bookworm's `kubernetes` source package
+//! (ARCHITECTURE.md, Testing): kube-apiserver and kubemark for the hollow node, kubelet,
+//! kube-controller-manager and kube-scheduler for the real node, and the pause binary of the
+//! sandbox image. The recipe: deb-src entries, Build-Depends from apt, `apt-get source`, the
+//! reflect2 1.0.2 swap (the vendored 1.0.1 segfaults with Go ≥ 1.18), and Debian's own
+//! GOPATH-mode `make WHAT=…`, all targets in one run.
 //!
 //! The binaries are cached outside the clone (`$E2E_CACHE_DIR`, by default
 //! `/var/cache/pod-checkpointer-e2e`) and a complete cache is recognised by its stamp file, so
-//! a second run only checks that the runtime packages are installed.
+//! a second run only checks that the runtime packages are installed. The source tree stays
+//! in the cache (`build/`, with Go's build cache in `_output/local/go/cache`), so a recipe
+//! bump rebuilds incrementally; deleting it costs the next bump a cold build.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -18,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use super::human_duration;
-use super::process::{in_path, last_log_line, log_tail_section};
+use super::process::{last_log_line, log_tail_section};
 use crate::progress::Progress;
 
 const PROGRESS: Progress = Progress::new("e2e-env build");
@@ -27,25 +31,47 @@ const PROGRESS: Progress = Progress::new("e2e-env build");
 pub const KUBERNETES_VERSION: &str = "1.20.2";
 
 /// Bump when the recipe changes, so cached binaries built the old way are rebuilt.
-const RECIPE_REVISION: u32 = 1;
+const RECIPE_REVISION: u32 = 2;
 
 /// What `make WHAT=…` builds; the binaries are named after the last path element.
-const BUILD_TARGETS: [&str; 2] = ["cmd/kube-apiserver", "cmd/kubemark"];
+const BUILD_TARGETS: [&str; 5] = [
+    "cmd/kube-apiserver",
+    "cmd/kubemark",
+    "cmd/kubelet",
+    "cmd/kube-controller-manager",
+    "cmd/kube-scheduler",
+];
 
-/// Commands a running environment needs, with the Debian package providing each.
-const RUNTIME_COMMANDS: [(&str, &str); 3] =
-    [("etcd", "etcd-server"), ("openssl", "openssl"), ("curl", "curl")];
+/// The sandbox ("pause") binary, compiled from the source's `build/pause/linux/pause.c`.
+const PAUSE_BINARY: &str = "pause";
+const PAUSE_SOURCE: &str = "build/pause/linux/pause.c";
+/// The version the pause binary prints (`pause -v`): the source's, marked as built here.
+const PAUSE_VERSION: &str = "v3.4.1-local";
 
-/// `Build-Depends` of src:kubernetes, `apt-get source` itself, the fixed reflect2 and the runtime.
+/// Debian packages a running environment needs: the control plane's etcd and the clients
+/// (openssl, curl), and the real node's runtime (containerd with `ctr`, runc, the CNI
+/// plugins in /usr/lib/cni, and the static busybox of the test image).
+const RUNTIME_PACKAGES: [&str; 7] = [
+    "etcd-server",
+    "openssl",
+    "curl",
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "busybox-static",
+];
+
+/// `Build-Depends` of src:kubernetes, `apt-get source` itself, the fixed reflect2 and a C
+/// compiler for the pause binary (static, so libc6-dev's libc.a).
 const BUILD_PACKAGES: [&str; 8] = [
     "dpkg-dev",
     "golang-go",
     "rsync",
     "jq",
     "golang-github-modern-go-reflect2-dev",
-    "etcd-server",
-    "openssl",
-    "curl",
+    "gcc",
+    "libc6-dev",
+    "binutils",
 ];
 
 /// Debian's reflect2 1.0.2, compatible with Go ≥ 1.18's map iterator.
@@ -66,7 +92,7 @@ pub fn cache_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/pod-checkpointer-e2e"))
 }
 
-/// A directory holding a complete build of `kube-apiserver` and `kubemark`.
+/// A directory holding a complete build: the Kubernetes binaries and `pause`.
 #[derive(Clone, Debug)]
 pub struct BinDir {
     dir: PathBuf,
@@ -96,6 +122,23 @@ impl BinDir {
     pub fn kubemark(&self) -> PathBuf {
         self.dir.join("kubemark")
     }
+
+    pub fn kubelet(&self) -> PathBuf {
+        self.dir.join("kubelet")
+    }
+
+    pub fn kube_controller_manager(&self) -> PathBuf {
+        self.dir.join("kube-controller-manager")
+    }
+
+    pub fn kube_scheduler(&self) -> PathBuf {
+        self.dir.join("kube-scheduler")
+    }
+
+    /// The statically linked pause binary, the one file of the sandbox image.
+    pub fn pause(&self) -> PathBuf {
+        self.dir.join(PAUSE_BINARY)
+    }
 }
 
 /// Installs the runtime packages if needed and builds the binaries unless they are cached.
@@ -111,25 +154,21 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
 
     if let Ok(bins) = BinDir::cached() {
         // The runtime packages are needed even when the binaries are cached.
-        let missing: Vec<&str> = RUNTIME_COMMANDS
-            .iter()
-            .filter(|(cmd, _)| !in_path(cmd))
-            .map(|(_, pkg)| *pkg)
-            .collect();
-        if !missing.is_empty() {
+        if !missing_packages(&RUNTIME_PACKAGES)?.is_empty() {
             append_log_header(&log)?;
-            apt.install(&missing)?;
+            apt.install(&RUNTIME_PACKAGES)?;
         }
         PROGRESS.say(&format!(
-            "cached: {} (Kubernetes v{KUBERNETES_VERSION}, kube-apiserver + kubemark), checked in {}",
+            "cached: {} (Kubernetes v{KUBERNETES_VERSION}: {}, pause), checked in {}",
             bins.dir().display(),
+            binary_names().collect::<Vec<_>>().join(", "),
             human_duration(started.elapsed())
         ));
         return Ok(bins);
     }
 
     PROGRESS.say(&format!(
-        "building Kubernetes v{KUBERNETES_VERSION} ({}) from Debian's source package; ~6 min cold on 2 cores; log: {}",
+        "building Kubernetes v{KUBERNETES_VERSION} ({}) from Debian's source package; ~15 min cold on 2 cores (more under load), ~2 min after a recipe bump; log: {}",
         BUILD_TARGETS.join(" "),
         log.display()
     ));
@@ -139,7 +178,9 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
     if added_sources || !has_source_index() {
         apt.update()?;
     }
-    apt.install(&BUILD_PACKAGES)?;
+    let mut packages = BUILD_PACKAGES.to_vec();
+    packages.extend(RUNTIME_PACKAGES);
+    apt.install(&packages)?;
 
     let build_dir = root.join("build");
     let source_dir = phase("kubernetes source + reflect2 fix", || {
@@ -148,15 +189,15 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
     phase(&format!("make WHAT=\"{}\"", BUILD_TARGETS.join(" ")), || {
         make(&source_dir, &log)
     })?;
+    phase("pause binary (gcc -static)", || compile_pause(&source_dir, &log))?;
     let bin_dir = root.join(format!("k8s-{KUBERNETES_VERSION}"));
     let version = phase("install into the cache", || install(&source_dir, &bin_dir))?;
-    phase("remove the build dir", || {
-        fs::remove_dir_all(&build_dir).with_context(|| format!("cannot remove {}", build_dir.display()))
-    })?;
     PROGRESS.say(&format!(
-        "built {version} in {}: {}",
+        "built {version} in {}: {}; source and Go build cache kept in {} ({}) for incremental rebuilds",
         human_duration(started.elapsed()),
-        bin_dir.display()
+        bin_dir.display(),
+        build_dir.display(),
+        disk_usage(&build_dir)
     ));
     BinDir::cached()
 }
@@ -173,7 +214,10 @@ fn stamp_header() -> String {
 fn is_complete(dir: &Path) -> bool {
     let stamp_ok = fs::read_to_string(dir.join(STAMP_FILE))
         .is_ok_and(|stamp| stamp.lines().next() == Some(stamp_header().as_str()));
-    stamp_ok && binary_names().all(|bin| dir.join(bin).is_file())
+    stamp_ok
+        && binary_names()
+            .chain([PAUSE_BINARY])
+            .all(|bin| dir.join(bin).is_file())
 }
 
 /// Runs one build phase, printing its name and then its duration.
@@ -413,32 +457,72 @@ fn make(source_dir: &Path, log: &Path) -> anyhow::Result<()> {
     run_logged("make", &mut command, log)
 }
 
-/// Copies the binaries into `bin_dir` (atomically, one rename each), checks the version and
+/// `gcc -Os -Wall -Werror -static` of the source's pause.c into `_output/bin/pause`, stripped
+/// (the flags of the source's own build/pause/Makefile, without its container).
+fn compile_pause(source_dir: &Path, log: &Path) -> anyhow::Result<()> {
+    let output = source_dir.join("_output/bin").join(PAUSE_BINARY);
+    let mut gcc = Command::new("gcc");
+    gcc.current_dir(source_dir)
+        .args(["-Os", "-Wall", "-Werror", "-static"])
+        .arg(format!("-DVERSION={PAUSE_VERSION}"))
+        .arg("-o")
+        .arg(&output)
+        .arg(PAUSE_SOURCE);
+    run_logged("gcc pause.c", &mut gcc, log)?;
+    run_logged("strip pause", Command::new("strip").arg(&output), log)
+}
+
+/// `2.4G`, from `du -sh`; `?` when du fails.
+fn disk_usage(path: &Path) -> String {
+    Command::new("du")
+        .arg("-sh")
+        .arg(path)
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .next()
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// Copies the binaries into `bin_dir` (atomically, one rename each), checks the versions and
 /// writes the stamp that marks the cache complete; returns the version line.
 fn install(source_dir: &Path, bin_dir: &Path) -> anyhow::Result<String> {
     fs::create_dir_all(bin_dir).with_context(|| format!("cannot create {}", bin_dir.display()))?;
     let _ = fs::remove_file(bin_dir.join(STAMP_FILE));
-    for bin in binary_names() {
+    for bin in binary_names().chain([PAUSE_BINARY]) {
         let built = source_dir.join("_output/bin").join(bin);
         let partial = bin_dir.join(format!(".{bin}.partial"));
         fs::copy(&built, &partial).with_context(|| format!("cannot copy {}", built.display()))?;
         fs::set_permissions(&partial, fs::Permissions::from_mode(0o755))?;
         fs::rename(&partial, bin_dir.join(bin))?;
     }
-    let output = Command::new(bin_dir.join("kube-apiserver"))
-        .arg("--version")
-        .output()?;
-    let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let mut version = String::new();
+    for bin in binary_names().filter(|bin| *bin != "kubemark") {
+        let output = Command::new(bin_dir.join(bin)).arg("--version").output()?;
+        let reported = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        anyhow::ensure!(
+            reported.contains(&format!("v{KUBERNETES_VERSION}")),
+            "built {bin} reports {reported:?}, expected v{KUBERNETES_VERSION}"
+        );
+        version = reported;
+    }
+    let output = Command::new(bin_dir.join(PAUSE_BINARY)).arg("-v").output()?;
+    let pause_version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     anyhow::ensure!(
-        version.contains(&format!("v{KUBERNETES_VERSION}")),
-        "built kube-apiserver reports {version:?}, expected v{KUBERNETES_VERSION}"
+        pause_version.contains(PAUSE_VERSION),
+        "built pause reports {pause_version:?}, expected {PAUSE_VERSION}"
     );
     let source = source_dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let stamp = format!(
-        "{}\nsource: {source}\nreflect2: Debian golang-github-modern-go-reflect2-dev\ntargets: {}\n{version}\n",
+        "{}\nsource: {source}\nreflect2: Debian golang-github-modern-go-reflect2-dev\ntargets: {} {PAUSE_SOURCE}\n{version}\n{pause_version}\n",
         stamp_header(),
         BUILD_TARGETS.join(" ")
     );
@@ -548,6 +632,15 @@ mod tests {
 
     #[test]
     fn binaries_are_named_after_their_targets() {
-        assert_eq!(binary_names().collect::<Vec<_>>(), ["kube-apiserver", "kubemark"]);
+        assert_eq!(
+            binary_names().collect::<Vec<_>>(),
+            [
+                "kube-apiserver",
+                "kubemark",
+                "kubelet",
+                "kube-controller-manager",
+                "kube-scheduler"
+            ]
+        );
     }
 }

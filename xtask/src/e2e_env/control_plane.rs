@@ -1,6 +1,11 @@
 //! A local control plane for the end-to-end tests: etcd and kube-apiserver on loopback, and
 //! optionally kubemark's hollow kubelet registered as `node-1`, all in a fresh work dir.
 //!
+//! For the real node ([`StartOptions::real_node`]) the same plane binds the API server to the
+//! host end of the node's veth pair (the plane creates the [`NodeNetwork`] and removes it
+//! when it stops) and runs kube-controller-manager and kube-scheduler as processes, with
+//! ServiceAccount admission and bound (projected) service-account tokens.
+//!
 //! The API server authenticates three static tokens (admin in `system:masters`,
 //! `system:node:node-1` in `system:nodes`, `pod-checkpointer` with no rights) and authorizes
 //! with `Node,RBAC`, so tests exercise the agent's real ClusterRole and the node's view. The
@@ -10,12 +15,13 @@
 //! ours), `*.pid`, `*.log`, `etcd/`, `certs/` (the API server's self-signed serving cert, also
 //! the CA for clients), `sa.key`, `tokens.csv`, `kubeconfig`, `kubeconfig-node-1`,
 //! `kubeconfig-agent`, `audit-policy.yaml` and `audit.log` (the agent user's requests, see
-//! [`ControlPlane::audit_log`]), and with a hollow node `static-pods`, a link to the kubelet's
-//! static pod dir.
+//! [`ControlPlane::audit_log`]), with a hollow node `static-pods`, a link to the kubelet's
+//! static pod dir, with the controllers `controller-manager.log`, `scheduler.log` and
+//! `kcm-flex-volumes/`, and with a real node `node/` (see [`RealNode`](super::RealNode)).
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 
 use super::build::BinDir;
+use super::node_network::NodeNetwork;
 use super::process::{Managed, in_path, log_tail_section, proc_state, random_hex};
 use super::{PROGRESS, human_duration};
 use crate::harness::wait::{Probe, TimedOut, wait_for};
@@ -41,6 +48,10 @@ const STATE_FILE: &str = "e2e-env.state";
 const ETCD_PID_FILE: &str = "etcd.pid";
 const APISERVER_PID_FILE: &str = "apiserver.pid";
 const HOLLOW_PID_FILE: &str = "hollow-node.pid";
+const CONTROLLER_MANAGER_PID_FILE: &str = "controller-manager.pid";
+const SCHEDULER_PID_FILE: &str = "scheduler.pid";
+const CONTROLLER_MANAGER_LOG: &str = "controller-manager.log";
+const SCHEDULER_LOG: &str = "scheduler.log";
 const AUDIT_POLICY_FILE: &str = "audit-policy.yaml";
 const AUDIT_LOG_FILE: &str = "audit.log";
 
@@ -62,6 +73,7 @@ fn audit_policy(user: &str) -> String {
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(20);
 const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(90);
+const CONTROLLERS_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long etcd and the hollow node get to exit on SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(10);
 
@@ -79,6 +91,15 @@ pub struct StartOptions {
     /// The hollow kubelet's API (plain HTTP in kubemark 1.20) on 0.0.0.0.
     pub kubelet_port: u16,
     pub kubelet_read_only_port: u16,
+    /// Create this network and bind the API server to its host end instead of loopback, so
+    /// the real node reaches it from its namespace (host clients use that address too).
+    pub node_network: Option<NodeNetwork>,
+    /// Also run kube-controller-manager and kube-scheduler (host network, admin identity),
+    /// with ServiceAccount admission and bound service-account tokens on the API server.
+    pub controllers: bool,
+    /// kube-controller-manager's and kube-scheduler's HTTPS ports (health only) on 127.0.0.1.
+    pub controller_manager_port: u16,
+    pub scheduler_port: u16,
 }
 
 impl StartOptions {
@@ -92,7 +113,31 @@ impl StartOptions {
             hollow_node: false,
             kubelet_port: 10250,
             kubelet_read_only_port: 10255,
+            node_network: None,
+            controllers: false,
+            controller_manager_port: 20257,
+            scheduler_port: 20259,
         }
+    }
+
+    /// The plane a [`RealNode`](super::RealNode) joins: the project's node network, the
+    /// controllers, and ports of its own (etcd 12379/12380, kube-apiserver 17443 on the veth,
+    /// controller-manager 20257, scheduler 20259), so it runs beside a hollow-node plane.
+    pub fn real_node(bins: BinDir) -> StartOptions {
+        StartOptions {
+            etcd_port: 12379,
+            apiserver_port: 17443,
+            node_network: Some(NodeNetwork::project()),
+            controllers: true,
+            ..StartOptions::new(bins)
+        }
+    }
+
+    /// Where the API server listens: the host end of the node network, or loopback.
+    fn bind_ip(&self) -> Ipv4Addr {
+        self.node_network
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, |network| network.host_ip)
     }
 }
 
@@ -104,11 +149,24 @@ pub struct ControlPlane {
     apiserver_bin: PathBuf,
     etcd_port: u16,
     apiserver_port: u16,
+    /// 127.0.0.1, or the host end of the node network.
+    bind_ip: Ipv4Addr,
+    /// Whether the API server admits service accounts (the controllers run).
+    service_accounts: bool,
     etcd: Option<Managed>,
     apiserver: Option<Managed>,
     hollow: Option<HollowNode>,
+    controller_manager: Option<Managed>,
+    scheduler: Option<Managed>,
+    network: Option<CreatedNetwork>,
     stop_on_drop: bool,
     stopped: bool,
+}
+
+/// The node network this plane created, and whether creating it created `/run/netns` too.
+struct CreatedNetwork {
+    network: NodeNetwork,
+    created_run_dir: bool,
 }
 
 struct HollowNode {
@@ -134,13 +192,35 @@ impl ControlPlane {
             apiserver_bin: options.bins.kube_apiserver(),
             etcd_port: options.etcd_port,
             apiserver_port: options.apiserver_port,
+            bind_ip: options.bind_ip(),
+            service_accounts: options.controllers,
             etcd: None,
             apiserver: None,
             hollow: None,
+            controller_manager: None,
+            scheduler: None,
+            network: None,
             stop_on_drop: true,
             stopped: false,
         };
         plane.write_state()?;
+        if let Some(network) = &options.node_network {
+            let created_run_dir = network.create()?;
+            plane.network = Some(CreatedNetwork {
+                network: network.clone(),
+                created_run_dir,
+            });
+            plane.write_state()?;
+            PROGRESS.say(&format!(
+                "node network {}: {} {} <-> {} {} (no default route), pods {} via the veth",
+                network.netns,
+                network.host_link,
+                network.host_ip,
+                network.node_link,
+                network.node_ip,
+                network.pod_cidr_text()
+            ));
+        }
         plane.start_etcd()?;
         plane.write_credentials()?;
         plane.spawn_apiserver()?;
@@ -151,6 +231,9 @@ impl ControlPlane {
             human_duration(ready_after),
             human_duration(started.elapsed())
         ));
+        if options.controllers {
+            plane.start_controllers(options)?;
+        }
         if options.hollow_node {
             plane.start_hollow_node(options)?;
         }
@@ -208,14 +291,24 @@ impl ControlPlane {
                 .filter(|d| !d.is_empty())
                 .map(PathBuf::from),
         });
+        let network = parse_network(&state);
+        let bind_ip = network
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, |created| created.network.host_ip);
         Ok(ControlPlane {
             workdir: workdir.to_owned(),
             apiserver_bin: PathBuf::from(get("KUBE_APISERVER_BIN")?),
             etcd_port: port("ETCD_PORT")?,
             apiserver_port: port("APISERVER_PORT")?,
+            bind_ip,
+            service_accounts: state.get("SERVICE_ACCOUNTS").is_some_and(|v| v == "true"),
             etcd: read_pid(ETCD_PID_FILE).map(|pid| attach("etcd", pid, "etcd.log")),
             apiserver: read_pid(APISERVER_PID_FILE).map(|pid| attach("kube-apiserver", pid, "apiserver.log")),
             hollow,
+            controller_manager: read_pid(CONTROLLER_MANAGER_PID_FILE)
+                .map(|pid| attach("kube-controller-manager", pid, CONTROLLER_MANAGER_LOG)),
+            scheduler: read_pid(SCHEDULER_PID_FILE).map(|pid| attach("kube-scheduler", pid, SCHEDULER_LOG)),
+            network,
             stop_on_drop: false,
             stopped: false,
         })
@@ -262,9 +355,15 @@ impl ControlPlane {
         self.workdir.join("certs/apiserver.crt")
     }
 
-    /// `https://127.0.0.1:PORT` (the serving cert has no `localhost` SAN).
+    /// `https://127.0.0.1:PORT`, or with a node network `https://<host end of the veth>:PORT`
+    /// (the self-signed serving cert names the bind address, not `localhost`).
     pub fn apiserver_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.apiserver_port)
+        format!("https://{}:{}", self.bind_ip, self.apiserver_port)
+    }
+
+    /// The node network the plane created, if it was started with one.
+    pub fn node_network(&self) -> Option<&NodeNetwork> {
+        self.network.as_ref().map(|created| &created.network)
     }
 
     pub fn apiserver_port(&self) -> u16 {
@@ -285,6 +384,19 @@ impl ControlPlane {
 
     pub fn hollow_node_pid(&self) -> Option<u32> {
         self.hollow.as_ref().map(|h| h.process.pid())
+    }
+
+    pub fn controller_manager_pid(&self) -> Option<u32> {
+        self.controller_manager.as_ref().map(Managed::pid)
+    }
+
+    pub fn scheduler_pid(&self) -> Option<u32> {
+        self.scheduler.as_ref().map(Managed::pid)
+    }
+
+    /// The service-account signing key (also what verifies the tokens).
+    pub fn service_account_key(&self) -> PathBuf {
+        self.workdir.join("sa.key")
     }
 
     /// The hollow kubelet's static pod dir as a stable path in the work dir (a link to the
@@ -386,6 +498,23 @@ impl ControlPlane {
         let pid = |pid: Option<u32>| pid.map(|p| p.to_string()).unwrap_or_default();
         vars.push(("ETCD_PID", pid(self.etcd_pid())));
         vars.push(("APISERVER_PID", pid(self.apiserver_pid())));
+        vars.push(("SERVICE_ACCOUNTS", self.service_accounts.to_string()));
+        if self.service_accounts {
+            vars.push(("CONTROLLER_MANAGER_PID", pid(self.controller_manager_pid())));
+            vars.push(("SCHEDULER_PID", pid(self.scheduler_pid())));
+        }
+        if let Some(CreatedNetwork {
+            network,
+            created_run_dir,
+        }) = &self.network
+        {
+            vars.push(("NODE_NETNS", network.netns.clone()));
+            vars.push(("NODE_HOST_LINK", network.host_link.clone()));
+            vars.push(("NODE_HOST_IP", network.host_ip.to_string()));
+            vars.push(("NODE_IP", network.node_ip.to_string()));
+            vars.push(("POD_CIDR", network.pod_cidr_text()));
+            vars.push(("NODE_NETNS_CREATED_RUN_DIR", created_run_dir.to_string()));
+        }
         if let Some(hollow) = &self.hollow {
             vars.push(("NODE_NAME", NODE_NAME.to_owned()));
             vars.push((
@@ -534,7 +663,13 @@ impl ControlPlane {
 
     fn spawn_apiserver(&mut self) -> anyhow::Result<()> {
         let mut command = Command::new(&self.apiserver_bin);
-        command.args(apiserver_args(&self.workdir, self.etcd_port, self.apiserver_port));
+        command.args(apiserver_args(&ApiserverFlags {
+            workdir: &self.workdir,
+            etcd_port: self.etcd_port,
+            apiserver_port: self.apiserver_port,
+            bind_ip: self.bind_ip,
+            service_accounts: self.service_accounts,
+        }));
         let apiserver = Managed::spawn(
             "kube-apiserver",
             &mut command,
@@ -560,6 +695,86 @@ impl ControlPlane {
             },
         )?;
         Ok(took)
+    }
+
+    /// kube-controller-manager and kube-scheduler with the admin kubeconfig; waits for their
+    /// health and for what pods need before they are admitted: the `default` ServiceAccount
+    /// (serviceaccount controller) and `kube-root-ca.crt` (root-ca-cert-publisher).
+    fn start_controllers(&mut self, options: &StartOptions) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let kubeconfig = self.kubeconfig();
+        let mut kcm = Command::new(options.bins.kube_controller_manager());
+        kcm.args(controller_manager_args(
+            &self.workdir,
+            &kubeconfig,
+            &self.ca_cert(),
+            options.controller_manager_port,
+        ));
+        let kcm = Managed::spawn(
+            "kube-controller-manager",
+            &mut kcm,
+            &self.workdir.join(CONTROLLER_MANAGER_LOG),
+            &self.workdir,
+        )?;
+        self.write_pid(CONTROLLER_MANAGER_PID_FILE, kcm.pid())?;
+        self.controller_manager = Some(kcm);
+        let mut scheduler = Command::new(options.bins.kube_scheduler());
+        scheduler.args(scheduler_args(&kubeconfig, options.scheduler_port));
+        let scheduler = Managed::spawn(
+            "kube-scheduler",
+            &mut scheduler,
+            &self.workdir.join(SCHEDULER_LOG),
+            &self.workdir,
+        )?;
+        self.write_pid(SCHEDULER_PID_FILE, scheduler.pid())?;
+        self.scheduler = Some(scheduler);
+        self.write_state()?;
+
+        let api = self.api();
+        for (process, port) in [
+            (&mut self.controller_manager, options.controller_manager_port),
+            (&mut self.scheduler, options.scheduler_port),
+        ] {
+            let process = process.as_mut().context("a controller vanished")?;
+            let name = process.name();
+            let log = process.log().to_owned();
+            let healthz = format!("https://127.0.0.1:{port}/healthz");
+            wait_ready(
+                &format!("{name} /healthz 200"),
+                CONTROLLERS_READY_TIMEOUT,
+                &log,
+                || {
+                    process.ensure_running(&format!("{name} did not become healthy"))?;
+                    // Its serving cert is self-signed in memory: nothing to verify it with.
+                    Ok(http_probe(http_status(&healthz, &["--insecure"])))
+                },
+            )?;
+        }
+        let kcm = self
+            .controller_manager
+            .as_mut()
+            .context("kube-controller-manager vanished")?;
+        let log = kcm.log().to_owned();
+        for (what, path) in [
+            (
+                "ServiceAccount default/default",
+                "/api/v1/namespaces/default/serviceaccounts/default",
+            ),
+            (
+                "ConfigMap default/kube-root-ca.crt",
+                "/api/v1/namespaces/default/configmaps/kube-root-ca.crt",
+            ),
+        ] {
+            wait_ready(what, CONTROLLERS_READY_TIMEOUT, &log, || {
+                kcm.ensure_running("kube-controller-manager stopped")?;
+                Ok(http_probe(api.get(path)?.0))
+            })?;
+        }
+        PROGRESS.say(&format!(
+            "kube-controller-manager and kube-scheduler healthy, default ServiceAccount and kube-root-ca.crt published after {}",
+            human_duration(started.elapsed())
+        ));
+        Ok(())
     }
 
     fn start_hollow_node(&mut self, options: &StartOptions) -> anyhow::Result<()> {
@@ -648,6 +863,19 @@ impl ControlPlane {
     fn shutdown(&mut self) -> anyhow::Result<()> {
         self.stopped = true;
         let mut errors = Vec::new();
+        // A real node in the work dir goes first: its kubelet talks to the API server, and its
+        // mount namespace pins files in the work dir.
+        if let Err(e) = super::real_node::stop_in(&self.workdir) {
+            errors.push(e);
+        }
+        for process in [&mut self.scheduler, &mut self.controller_manager]
+            .into_iter()
+            .flatten()
+        {
+            if let Err(e) = process.terminate("TERM", TERM_GRACE) {
+                errors.push(e);
+            }
+        }
         if let Some(hollow) = &mut self.hollow {
             match hollow.process.terminate("TERM", TERM_GRACE) {
                 Ok(()) => {
@@ -673,6 +901,11 @@ impl ControlPlane {
         }
         if let Some(etcd) = &mut self.etcd
             && let Err(e) = etcd.terminate("TERM", TERM_GRACE)
+        {
+            errors.push(e);
+        }
+        if let Some(created) = &self.network
+            && let Err(e) = created.network.remove(created.created_run_dir)
         {
             errors.push(e);
         }
@@ -705,6 +938,34 @@ fn hollow_log_name() -> String {
     format!("hollow-{NODE_NAME}.log")
 }
 
+/// The node network a state file records, if any.
+fn parse_network(state: &BTreeMap<String, String>) -> Option<CreatedNetwork> {
+    let netns = state.get("NODE_NETNS").filter(|n| !n.is_empty())?;
+    let mut network = NodeNetwork::project();
+    netns.clone_into(&mut network.netns);
+    if let Some(link) = state.get("NODE_HOST_LINK") {
+        link.clone_into(&mut network.host_link);
+    }
+    if let Some(ip) = state.get("NODE_HOST_IP").and_then(|ip| ip.parse().ok()) {
+        network.host_ip = ip;
+    }
+    if let Some(ip) = state.get("NODE_IP").and_then(|ip| ip.parse().ok()) {
+        network.node_ip = ip;
+    }
+    if let Some((ip, len)) = state.get("POD_CIDR").and_then(|cidr| cidr.split_once('/'))
+        && let (Ok(ip), Ok(len)) = (ip.parse(), len.parse())
+    {
+        network.pod_cidr = ip;
+        network.pod_prefix_len = len;
+    }
+    Some(CreatedNetwork {
+        network,
+        created_run_dir: state
+            .get("NODE_NETNS_CREATED_RUN_DIR")
+            .is_some_and(|v| v == "true"),
+    })
+}
+
 /// Fails early, before anything is started: missing commands, busy ports, a running hollow node.
 fn preflight(options: &StartOptions) -> anyhow::Result<()> {
     for command in ["etcd", "openssl", "curl"] {
@@ -725,13 +986,40 @@ fn preflight(options: &StartOptions) -> anyhow::Result<()> {
     let mut ports = vec![
         ("127.0.0.1", options.etcd_port, "etcd client", "ETCD_PORT"),
         ("127.0.0.1", peer_port, "etcd peer (ETCD_PORT + 1)", "ETCD_PORT"),
-        (
+    ];
+    // With a node network the API server's address only exists once the plane created it.
+    if options.node_network.is_none() {
+        ports.push((
             "127.0.0.1",
             options.apiserver_port,
             "kube-apiserver",
             "APISERVER_PORT",
-        ),
-    ];
+        ));
+    }
+    if options.controllers {
+        for (bin, what) in [
+            (options.bins.kube_controller_manager(), "kube-controller-manager"),
+            (options.bins.kube_scheduler(), "kube-scheduler"),
+        ] {
+            anyhow::ensure!(
+                bin.is_file(),
+                "{} ({what}) is missing: run `cargo xtask e2e-env build`",
+                bin.display()
+            );
+        }
+        ports.push((
+            "127.0.0.1",
+            options.controller_manager_port,
+            "kube-controller-manager",
+            "(StartOptions::controller_manager_port)",
+        ));
+        ports.push((
+            "127.0.0.1",
+            options.scheduler_port,
+            "kube-scheduler",
+            "(StartOptions::scheduler_port)",
+        ));
+    }
     if options.hollow_node {
         ports.push(("0.0.0.0", options.kubelet_port, "hollow kubelet", "KUBELET_PORT"));
         ports.push((
@@ -785,7 +1073,7 @@ fn create_workdir(wanted: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// [`wait_for`] a process to become ready; giving up adds the tail of its `log`.
-fn wait_ready<T>(
+pub(crate) fn wait_ready<T>(
     what: &str,
     timeout: Duration,
     log: &Path,
@@ -798,7 +1086,7 @@ fn wait_ready<T>(
 }
 
 /// Ready on HTTP 200; otherwise what was answered (0: nothing within 5 s).
-fn http_probe(status: u16) -> Probe<()> {
+pub(crate) fn http_probe(status: u16) -> Probe<()> {
     match status {
         200 => Probe::Ready(()),
         status => Probe::Waiting(format!("HTTP {status}")),
@@ -831,7 +1119,7 @@ impl ApiEndpoint {
 }
 
 /// The HTTP status of `GET url` (0 when it cannot connect or times out).
-fn http_status(url: &str, args: &[&str]) -> u16 {
+pub(crate) fn http_status(url: &str, args: &[&str]) -> u16 {
     curl(url, args).map(|out| split_status(&out).0).unwrap_or(0)
 }
 
@@ -855,20 +1143,42 @@ fn split_status(output: &str) -> (u16, String) {
     }
 }
 
-/// kube-apiserver's flags: the recipe's, which stand in for a missing controller-manager.
-fn apiserver_args(workdir: &Path, etcd_port: u16, apiserver_port: u16) -> Vec<String> {
-    let w = workdir.display();
-    vec![
-        format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-        "--bind-address=127.0.0.1".into(),
-        "--advertise-address=127.0.0.1".into(),
-        format!("--secure-port={apiserver_port}"),
+/// What kube-apiserver's flags depend on.
+struct ApiserverFlags<'a> {
+    workdir: &'a Path,
+    etcd_port: u16,
+    apiserver_port: u16,
+    bind_ip: Ipv4Addr,
+    service_accounts: bool,
+}
+
+/// kube-apiserver's flags: the recipe's, which stand in for a missing controller-manager, or
+/// with the controllers ServiceAccount admission and bound tokens.
+fn apiserver_args(flags: &ApiserverFlags<'_>) -> Vec<String> {
+    let w = flags.workdir.display();
+    let mut args = vec![
+        format!("--etcd-servers=http://127.0.0.1:{}", flags.etcd_port),
+        // The self-signed serving cert names this address (and `kubernetes`, not `localhost`).
+        format!("--bind-address={}", flags.bind_ip),
+        format!("--advertise-address={}", flags.bind_ip),
+        format!("--secure-port={}", flags.apiserver_port),
         format!("--cert-dir={w}/certs"),
         format!("--token-auth-file={w}/tokens.csv"),
         "--authorization-mode=Node,RBAC".into(),
         "--enable-admission-plugins=NodeRestriction".into(),
+    ];
+    if flags.service_accounts {
+        // Pods get projected tokens the kubelet requests (TokenRequest) and refreshes, and
+        // kube-root-ca.crt for the CA, as from 1.21 on; 1.20 has this behind an alpha gate.
+        args.push("--feature-gates=BoundServiceAccountTokenVolume=true".into());
+        // A real kubelet reports its InternalIP (the node end of the veth) and a hostname
+        // that does not resolve: logs and exec must use the former (wall 3).
+        args.push("--kubelet-preferred-address-types=InternalIP,Hostname".into());
+    } else {
         // No controller-manager creates ServiceAccounts, so Pod admission would fail.
-        "--disable-admission-plugins=ServiceAccount".into(),
+        args.push("--disable-admission-plugins=ServiceAccount".into());
+    }
+    args.extend([
         format!("--service-account-key-file={w}/sa.key"),
         format!("--service-account-signing-key-file={w}/sa.key"),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
@@ -878,6 +1188,36 @@ fn apiserver_args(workdir: &Path, etcd_port: u16, apiserver_port: u16) -> Vec<St
         "--allow-privileged=true".into(),
         format!("--audit-policy-file={w}/{AUDIT_POLICY_FILE}"),
         format!("--audit-log-path={w}/{AUDIT_LOG_FILE}"),
+    ]);
+    args
+}
+
+/// kube-controller-manager's flags: every default controller but the legacy token Secrets
+/// (pods get bound tokens), acting as admin; nothing written outside the work dir.
+fn controller_manager_args(workdir: &Path, kubeconfig: &Path, ca: &Path, port: u16) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        "--port=0".into(),
+        "--leader-elect=false".into(),
+        "--use-service-account-credentials=false".into(),
+        "--controllers=*,-serviceaccount-token".into(),
+        // Published in every namespace as kube-root-ca.crt, the CA of the projected volumes.
+        format!("--root-ca-file={}", ca.display()),
+        "--feature-gates=BoundServiceAccountTokenVolume=true".into(),
+        // Its default is under /usr/libexec, which it would create.
+        format!("--flex-volume-plugin-dir={}/kcm-flex-volumes", workdir.display()),
+    ]
+}
+
+fn scheduler_args(kubeconfig: &Path, port: u16) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        "--port=0".into(),
+        "--leader-elect=false".into(),
     ]
 }
 
@@ -939,7 +1279,7 @@ fn yaml_string(value: &str) -> String {
 }
 
 /// `KEY=VALUE` lines into a map; other lines are ignored.
-fn parse_state(text: &str) -> BTreeMap<String, String> {
+pub(crate) fn parse_state(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter_map(|line| line.split_once('='))
         .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
@@ -957,7 +1297,7 @@ fn parse_hollow_root(log: &str) -> Option<PathBuf> {
 
 /// Whether a Node's JSON has the condition `Ready` = `True` (the API server writes struct
 /// fields in order, `type` then `status`; whitespace is ignored for pretty output).
-fn node_is_ready(node_json: &str) -> bool {
+pub(crate) fn node_is_ready(node_json: &str) -> bool {
     let compact: String = node_json.chars().filter(|c| !c.is_whitespace()).collect();
     compact.contains(r#"{"type":"Ready","status":"True""#)
 }
@@ -1016,8 +1356,17 @@ mod tests {
 
     #[test]
     fn apiserver_args_point_into_the_workdir() {
-        let args = apiserver_args(Path::new("/w"), 22379, 16443);
+        let flags = ApiserverFlags {
+            workdir: Path::new("/w"),
+            etcd_port: 22379,
+            apiserver_port: 16443,
+            bind_ip: Ipv4Addr::LOCALHOST,
+            service_accounts: false,
+        };
+        let args = apiserver_args(&flags);
         assert!(args.contains(&"--etcd-servers=http://127.0.0.1:22379".to_owned()));
+        assert!(args.contains(&"--bind-address=127.0.0.1".to_owned()));
+        assert!(args.contains(&"--disable-admission-plugins=ServiceAccount".to_owned()));
         assert!(args.contains(&"--secure-port=16443".to_owned()));
         assert!(args.contains(&"--cert-dir=/w/certs".to_owned()));
         assert!(args.contains(&"--token-auth-file=/w/tokens.csv".to_owned()));
@@ -1027,6 +1376,54 @@ mod tests {
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
              - level: Metadata\n  users: [\"pod-checkpointer\"]\n- level: None\n"
         );
+    }
+
+    #[test]
+    fn with_the_controllers_pods_get_service_accounts_and_bound_tokens() {
+        let flags = ApiserverFlags {
+            workdir: Path::new("/w"),
+            etcd_port: 12379,
+            apiserver_port: 17443,
+            bind_ip: Ipv4Addr::new(10, 213, 0, 1),
+            service_accounts: true,
+        };
+        let args = apiserver_args(&flags);
+        assert!(args.contains(&"--bind-address=10.213.0.1".to_owned()));
+        assert!(args.contains(&"--advertise-address=10.213.0.1".to_owned()));
+        assert!(args.contains(&"--feature-gates=BoundServiceAccountTokenVolume=true".to_owned()));
+        assert!(!args.iter().any(|a| a.starts_with("--disable-admission-plugins")));
+        let kcm = controller_manager_args(
+            Path::new("/w"),
+            Path::new("/w/kubeconfig"),
+            Path::new("/w/certs/apiserver.crt"),
+            20257,
+        );
+        assert!(kcm.contains(&"--root-ca-file=/w/certs/apiserver.crt".to_owned()));
+        assert!(kcm.contains(&"--controllers=*,-serviceaccount-token".to_owned()));
+        assert!(kcm.contains(&"--flex-volume-plugin-dir=/w/kcm-flex-volumes".to_owned()));
+        assert_eq!(
+            scheduler_args(Path::new("/w/kubeconfig"), 20259),
+            [
+                "--kubeconfig=/w/kubeconfig",
+                "--bind-address=127.0.0.1",
+                "--secure-port=20259",
+                "--port=0",
+                "--leader-elect=false"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_recorded_node_network_is_read_back() {
+        let network = NodeNetwork::project();
+        let state = parse_state(
+            "NODE_NETNS=pod-checkpointer-node\nNODE_HOST_LINK=pckpt-host\nNODE_HOST_IP=10.213.0.1\n\
+             NODE_IP=10.213.0.2\nPOD_CIDR=10.213.1.0/24\nNODE_NETNS_CREATED_RUN_DIR=true\n",
+        );
+        let created = parse_network(&state).unwrap();
+        assert_eq!(created.network, network);
+        assert!(created.created_run_dir);
+        assert!(parse_network(&parse_state("WORKDIR=/w\n")).is_none());
     }
 
     #[test]

@@ -76,6 +76,16 @@ impl Managed {
         self.pid
     }
 
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The pid while the process may still run; `None` once it is known to have exited (its
+    /// pid may then be another process's).
+    pub fn live_pid(&self) -> Option<u32> {
+        (!self.exited && is_alive(self.pid)).then_some(self.pid)
+    }
+
     pub fn log(&self) -> &Path {
         &self.log
     }
@@ -164,6 +174,21 @@ pub fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `kill -s SIGNAL PID…` once for many pids. Its exit status is ignored: it fails as a
+/// whole when one pid has exited meanwhile, and still signals the others.
+pub fn send_signals(pids: &[u32], signal: &str) -> anyhow::Result<()> {
+    if pids.is_empty() {
+        return Ok(());
+    }
+    Command::new("kill")
+        .args(["-s", signal])
+        .args(pids.iter().map(u32::to_string))
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run kill")?;
+    Ok(())
+}
+
 /// Whether `pid` exists and is not a zombie (nor dead). The leader of a multi-threaded
 /// process (Go's) turns zombie while its other threads are still exiting and holding its
 /// sockets, so a zombie with threads left still counts as alive.
@@ -198,6 +223,16 @@ pub fn parse_stat_state(stat: &str) -> Option<char> {
 pub fn stat_fields(stat: &str) -> Option<Vec<&str>> {
     let (_, rest) = stat.rsplit_once(')')?;
     Some(rest.split_whitespace().collect())
+}
+
+/// The live processes whose environment marks them as started for `owner` (see
+/// [`OWNER_ENV`]), children that inherited it included.
+pub fn owned_processes(owner: &Path) -> Vec<u32> {
+    let owner = owner.to_string_lossy();
+    all_pids()
+        .into_iter()
+        .filter(|pid| environ_has(*pid, OWNER_ENV, &owner) && is_alive(*pid))
+        .collect()
 }
 
 /// Whether `/proc/PID/environ` holds `KEY=VALUE`.
@@ -251,6 +286,64 @@ pub fn last_log_line(path: &Path) -> String {
     }
 }
 
+/// Runs `command` to completion with stdin closed; returns its stdout, or fails with the
+/// command line and its stderr.
+pub fn run_command(command: &mut Command) -> anyhow::Result<String> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {:?}", command.get_program()))?;
+    if !output.status.success() {
+        bail!(
+            "{} failed ({}): {}",
+            command_line(command),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// `program arg…` of a command, for messages.
+pub fn command_line(command: &Command) -> String {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The resident set size of `pid` in KiB (`VmRSS` in `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| {
+        line.strip_prefix("VmRSS:")?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The parent pid of `pid` (field 4 of `/proc/PID/stat`).
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_fields(&stat)?.get(1)?.parse().ok()
+}
+
+/// Every pid in `/proc`.
+pub fn all_pids() -> Vec<u32> {
+    fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Whether `program` is an executable file in one of the `PATH` directories.
 pub fn in_path(program: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
@@ -288,6 +381,25 @@ mod tests {
         assert!(is_alive(std::process::id()));
         assert_eq!(proc_state(u32::MAX), None);
         assert!(!is_alive(u32::MAX));
+    }
+
+    #[test]
+    fn own_process_has_a_parent_and_a_resident_size() {
+        let me = std::process::id();
+        assert_eq!(parent_pid(me), Some(std::os::unix::process::parent_id()));
+        assert!(rss_kib(me).is_some_and(|kib| kib > 0));
+        assert!(all_pids().contains(&me));
+        assert_eq!(rss_kib(u32::MAX), None);
+    }
+
+    #[test]
+    fn a_failed_command_reports_its_line_and_stderr() {
+        let error = run_command(Command::new("sh").args(["-c", "echo oops >&2; exit 3"]))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("sh -c echo oops >&2; exit 3 failed"), "{error}");
+        assert!(error.contains("oops"), "{error}");
+        assert_eq!(run_command(Command::new("echo").arg("hi")).unwrap(), "hi\n");
     }
 
     #[test]

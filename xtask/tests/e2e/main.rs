@@ -10,6 +10,9 @@
 //! whole logs are copied to `target/tmp/e2e-logs/`; `E2E_KEEP_LOGS=1` keeps them for passing
 //! scenarios too).
 //!
+//! The real-node scenarios (`real_node`) run last, each on a plane and real node of its own
+//! (kubelet, containerd and runc in namespaces the suite creates; needs root).
+//!
 //! Run it with `cargo xtask e2e [FILTER…]`, which builds the control plane's binaries and the
 //! agent first. Directly: `cargo test -p xtask --test e2e -- [--list] [FILTER…]` once
 //! `cargo xtask e2e-env build` and `cargo build -p ckpt-bin` have run. A filter selects the
@@ -21,6 +24,7 @@ mod gc;
 mod install;
 mod outage;
 mod rbac;
+mod real_node;
 mod seed;
 mod self_gc;
 mod suite;
@@ -113,10 +117,24 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
     ),
 ];
 
+/// A scenario that brings its own environment.
+type StandaloneFn = fn() -> anyhow::Result<()>;
+
+/// Scenarios that bring their own environment (a plane with a real node), run after the
+/// hollow-node ones, once the hollow plane is stopped.
+const REAL_NODE_SCENARIOS: &[(&str, StandaloneFn)] = &[(
+    "real_node_runs_pods_reboots_and_leaves_nothing",
+    real_node::lifecycle,
+)];
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--list") {
-        for (name, _, _) in SCENARIOS {
+        let names = SCENARIOS
+            .iter()
+            .map(|(name, _, _)| name)
+            .chain(REAL_NODE_SCENARIOS.iter().map(|(name, _)| name));
+        for name in names {
             println!("{name}: test");
         }
         return ExitCode::SUCCESS;
@@ -124,11 +142,13 @@ fn main() -> ExitCode {
     // libtest's flags (--nocapture, --test-threads …) mean nothing here: output is never
     // captured and scenarios always run one at a time.
     let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    let selected: Vec<_> = SCENARIOS
+    let wanted = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+    let selected: Vec<_> = SCENARIOS.iter().filter(|(name, _, _)| wanted(name)).collect();
+    let selected_real: Vec<_> = REAL_NODE_SCENARIOS
         .iter()
-        .filter(|(name, _, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .filter(|(name, _)| wanted(name))
         .collect();
-    if selected.is_empty() {
+    if selected.is_empty() && selected_real.is_empty() {
         eprintln!("e2e: no scenario matches {filters:?}; `--list` shows them");
         return ExitCode::FAILURE;
     }
@@ -137,13 +157,62 @@ fn main() -> ExitCode {
     }
 
     let started = Instant::now();
-    eprintln!("e2e: {} scenario(s); starting the control plane", selected.len());
+    let mut failed = if selected.is_empty() {
+        Vec::new()
+    } else {
+        run_hollow_node_scenarios(&selected)
+    };
+    for (index, (name, scenario)) in selected_real.iter().enumerate() {
+        if interrupt::requested() {
+            failed.extend(selected_real[index..].iter().map(|(n, _)| *n));
+            break;
+        }
+        eprintln!("\n=== scenario {name} (its own control plane and real node)");
+        let scenario_started = Instant::now();
+        let outcome =
+            panic::catch_unwind(scenario).unwrap_or_else(|_| Err(anyhow::anyhow!("the scenario panicked")));
+        match outcome {
+            Ok(()) => eprintln!("--- {name}: ok ({})", human_duration(scenario_started.elapsed())),
+            Err(e) => {
+                eprintln!(
+                    "--- {name}: FAILED after {}: {e:#}",
+                    human_duration(scenario_started.elapsed())
+                );
+                failed.push(*name);
+            }
+        }
+    }
+
+    let total = selected.len() + selected_real.len();
+    let passed = total - failed.len();
+    eprintln!(
+        "\ne2e: finished in {}{}",
+        human_duration(started.elapsed()),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!("; failed: {}", failed.join(", "))
+        }
+    );
+    println!("e2e: {passed} passed, {} failed", failed.len());
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The hollow-node scenarios on one shared plane; returns the names of those that failed.
+fn run_hollow_node_scenarios(selected: &[&(&'static str, &'static str, ScenarioFn)]) -> Vec<&'static str> {
+    eprintln!(
+        "e2e: {} scenario(s) on a hollow node; starting the control plane",
+        selected.len()
+    );
     let mut suite = match suite::start() {
         Ok(suite) => suite,
         Err(e) => {
             eprintln!("e2e: cannot set up the end-to-end environment: {e:#}");
-            println!("e2e: 0 passed, {} failed", selected.len());
-            return ExitCode::FAILURE;
+            return selected.iter().map(|(name, _, _)| *name).collect();
         }
     };
 
@@ -194,21 +263,5 @@ fn main() -> ExitCode {
         }
     }
     drop(suite);
-
-    let passed = selected.len() - failed.len();
-    eprintln!(
-        "\ne2e: finished in {}{}",
-        human_duration(started.elapsed()),
-        if failed.is_empty() {
-            String::new()
-        } else {
-            format!("; failed: {}", failed.join(", "))
-        }
-    );
-    println!("e2e: {passed} passed, {} failed", failed.len());
-    if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    failed
 }

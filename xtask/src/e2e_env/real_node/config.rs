@@ -1,0 +1,176 @@
+//! The node's containerd configuration, CNI network and kubelet flags. Paths are the node's
+//! own (see [`layout`](super::layout)): containerd and the kubelet run with their defaults.
+
+use std::path::Path;
+
+use super::images::PAUSE_IMAGE;
+use super::layout::{CNI_BIN_DIR, CNI_CONF_DIR, CONTAINERD_SOCKET, MANIFESTS_DIR};
+use crate::e2e_env::NODE_NAME;
+use crate::e2e_env::node_network::NodeNetwork;
+
+/// The kubelet's API ports on the node's address (their defaults).
+pub const KUBELET_PORT: u16 = 10250;
+pub const KUBELET_READ_ONLY_PORT: u16 = 10255;
+
+/// The CNI conflist's file name in the node's `/etc/cni/net.d`.
+pub(super) const CNI_CONFLIST: &str = "10-pod-checkpointer-node.conflist";
+
+/// containerd 1.6's configuration (version 2). Everything it keeps lives under the node's
+/// `/var/lib/containerd` (disk) and `/run/containerd` (lost on reboot).
+pub(super) fn containerd_toml() -> String {
+    format!(
+        r#"# The real node's containerd (cargo xtask e2e-env start --real-node).
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+# Keep containerd's own score: a negative one needs CAP_SYS_RESOURCE.
+oom_score = 0
+
+[grpc]
+  address = "{CONTAINERD_SOCKET}"
+
+[ttrpc]
+  address = "{CONTAINERD_SOCKET}.ttrpc"
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins]
+  # Its default, /opt/containerd, is the machine's.
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "/var/lib/containerd/opt"
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "{PAUSE_IMAGE}"
+    # In the node's network namespace; the kubelet proxies exec and attach to it.
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    # Wall 1: without CAP_SYS_RESOURCE runc cannot set the kubelet's negative scores
+    # (-998 for sandboxes); clamp them to containerd's own.
+    restrict_oom_score_adj = true
+    disable_apparmor = true
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "{CNI_BIN_DIR}"
+      conf_dir = "{CNI_CONF_DIR}"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+"#
+    )
+}
+
+/// A bridge with host-local addresses from the pod CIDR; the bridge is the pods' gateway. No
+/// masquerading (there are no iptables): the host routes the pod CIDR to the node instead.
+pub(super) fn cni_conflist(network: &NodeNetwork) -> String {
+    let conflist = serde_json::json!({
+        "cniVersion": "0.4.0",
+        "name": "pod-checkpointer-node",
+        "plugins": [{
+            "type": "bridge",
+            "bridge": network.bridge,
+            "isGateway": true,
+            "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{ "subnet": network.pod_cidr_text() }]],
+                "routes": [{ "dst": "0.0.0.0/0" }]
+            }
+        }]
+    });
+    format!("{conflist:#}\n")
+}
+
+/// kubelet v1.20's flags: the node's identity and address, containerd's CRI, the defaults
+/// the rendered manifests assume (static pods in /etc/kubernetes/manifests, root dir
+/// /var/lib/kubelet), and what this machine needs (see reference/real-node, walls 1-5).
+pub(super) fn kubelet_args(network: &NodeNetwork, kubeconfig: &Path) -> Vec<String> {
+    let node_ip = network.node_ip;
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--hostname-override={NODE_NAME}"),
+        // Wall 3: a loopback node IP is refused; the apiserver reaches the kubelet here.
+        format!("--node-ip={node_ip}"),
+        format!("--address={node_ip}"),
+        format!("--port={KUBELET_PORT}"),
+        format!("--read-only-port={KUBELET_READ_ONLY_PORT}"),
+        format!("--pod-manifest-path={MANIFESTS_DIR}"),
+        // Inotify sees new manifests at once; the relist only bounds a missed event.
+        "--file-check-frequency=2s".into(),
+        // Secret and ConfigMap volumes follow their objects within ~10 s instead of ~1 min.
+        "--sync-frequency=10s".into(),
+        "--container-runtime=remote".into(),
+        format!("--container-runtime-endpoint=unix://{CONTAINERD_SOCKET}"),
+        "--runtime-request-timeout=2m".into(),
+        "--cgroup-driver=cgroupfs".into(),
+        // No QoS hierarchy and no allocatable enforcement: containers get /k8s.io/<id>.
+        "--cgroups-per-qos=false".into(),
+        "--enforce-node-allocatable=".into(),
+        "--fail-swap-on=false".into(),
+        // A negative score (its default, -999) needs CAP_SYS_RESOURCE.
+        "--oom-score-adj=0".into(),
+        // Wall 5: there is no iptables binary.
+        "--make-iptables-util-chains=false".into(),
+        // Its default is under /usr/libexec, which it would create.
+        "--volume-plugin-dir=/var/lib/kubelet/volume-plugins".into(),
+        format!("--pod-infra-container-image={PAUSE_IMAGE}"),
+        // Nothing can be pulled back: never collect images.
+        "--image-gc-high-threshold=100".into(),
+        "--image-gc-low-threshold=99".into(),
+        "--v=2".into(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containerd_clamps_oom_scores_and_uses_the_node_paths() {
+        let toml = containerd_toml();
+        assert!(toml.contains("restrict_oom_score_adj = true"));
+        assert!(toml.contains(r#"address = "/run/containerd/containerd.sock""#));
+        assert!(toml.contains(r#"root = "/var/lib/containerd""#));
+        assert!(toml.contains(r#"bin_dir = "/usr/lib/cni""#));
+        assert!(toml.contains(&format!(r#"sandbox_image = "{PAUSE_IMAGE}""#)));
+        assert!(toml.contains(r#"path = "/var/lib/containerd/opt""#));
+    }
+
+    #[test]
+    fn the_cni_bridge_serves_the_pod_cidr() {
+        let conflist: serde_json::Value =
+            serde_json::from_str(&cni_conflist(&NodeNetwork::project())).unwrap();
+        let bridge = &conflist["plugins"][0];
+        assert_eq!(bridge["bridge"], "pckpt-br0");
+        assert_eq!(bridge["ipMasq"], false);
+        assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], "10.213.1.0/24");
+    }
+
+    #[test]
+    fn the_kubelet_registers_node_1_on_the_node_address() {
+        let args = kubelet_args(&NodeNetwork::project(), Path::new("/w/kubeconfig-node-1"));
+        for expected in [
+            "--kubeconfig=/w/kubeconfig-node-1",
+            "--hostname-override=node-1",
+            "--node-ip=10.213.0.2",
+            "--address=10.213.0.2",
+            "--pod-manifest-path=/etc/kubernetes/manifests",
+            "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+            "--oom-score-adj=0",
+        ] {
+            assert!(args.contains(&expected.to_owned()), "missing {expected}");
+        }
+        assert!(
+            !args.iter().any(|a| a.starts_with("--root-dir")),
+            "the default root dir"
+        );
+    }
+}

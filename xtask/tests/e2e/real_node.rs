@@ -1,0 +1,440 @@
+//! The real node on its own (issue 16, "The node"): a plane with the controllers and the node
+//! network, kubelet + containerd + runc running real containers, a power-cut reboot, and a
+//! stop that leaves nothing behind. It measures the node's start, its reboot and the
+//! daemons' resident memory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{Value, json};
+use xtask::e2e_env::process::{log_tail, rss_kib};
+use xtask::e2e_env::real_node::BUSYBOX_IMAGE;
+use xtask::e2e_env::{
+    BinDir, ControlPlane, NODE_NAME, NodeFootprint, RealNode, RealNodeOptions, StartOptions, human_duration,
+};
+use xtask::harness::interrupt;
+use xtask::harness::kubectl::{Kubectl, pod_running};
+use xtask::harness::wait::{Probe, wait_for, waiting_on_error};
+use xtask::progress::Progress;
+
+const NAMESPACE: &str = "real-node";
+/// The static pod's hostPath, on the node's disk (`/etc/kubernetes` is the node's own).
+const STATIC_POD_DIR: &str = "/etc/kubernetes/e2e-real-node";
+const STATIC_POD: &str = "e2e-static";
+const DAEMON_SET: &str = "e2e-api";
+/// Pods are created, scheduled and started by real components here: generous bounds.
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Paths only a node would create on the machine (no other tool here makes them, unlike
+/// `/etc/cni/net.d` or `/var/lib/cni`): their existence is compared before, during and after
+/// the run. That the node's writes land in its own dirs is checked inside the node.
+const MACHINE_PATHS: [&str; 9] = [
+    "/etc/kubernetes",
+    "/var/lib/kubelet",
+    "/var/lib/containerd",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/run/containerd",
+    "/run/pod-checkpointer",
+    "/opt/containerd",
+    "/usr/libexec/kubernetes",
+];
+
+/// The node paths that must be mounts of the node's own dirs (the rest of its `/run` too).
+const NODE_MOUNTS: [&str; 8] = [
+    "/etc/kubernetes",
+    "/etc/cni/net.d",
+    "/var/lib/kubelet",
+    "/var/lib/containerd",
+    "/var/lib/cni",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/run",
+];
+
+pub(crate) fn lifecycle() -> anyhow::Result<()> {
+    let progress = Progress::timed("e2e");
+    let machine_before = existing(&MACHINE_PATHS);
+    let bins = BinDir::cached()?;
+    progress.say("starting a control plane with the controllers on the node network");
+    let plane = ControlPlane::start(&StartOptions::real_node(bins.clone()))?;
+    let workdir = plane.workdir().to_owned();
+    progress.say("starting the real node");
+    let started = Instant::now();
+    let mut node = RealNode::start(&plane, &RealNodeOptions::new(bins))?;
+    let start_time = started.elapsed();
+
+    let footprint = match exercise(&progress, &plane, &mut node) {
+        Ok(footprint) => footprint,
+        Err(e) => {
+            report_failure(&plane, &node);
+            return Err(e);
+        }
+    };
+    // The same check while the node runs sees all of it: it can fail.
+    let running = footprint.survivors();
+    for kind in [
+        "processes",
+        "mount",
+        "network namespace",
+        "link",
+        "route",
+        "cgroup",
+    ] {
+        anyhow::ensure!(
+            running.iter().any(|s| s.starts_with(kind)),
+            "the running node's footprint shows no {kind}: {running:?}"
+        );
+    }
+    progress.say(&format!(
+        "stopping the node ({} processes) and the plane",
+        footprint.process_count()
+    ));
+    node.stop()?;
+    plane.stop()?;
+    let survivors = footprint.survivors();
+    anyhow::ensure!(
+        survivors.is_empty(),
+        "the node left behind: {}",
+        survivors.join("; ")
+    );
+    anyhow::ensure!(!workdir.exists(), "{} survives the stop", workdir.display());
+    anyhow::ensure!(
+        existing(&MACHINE_PATHS) == machine_before,
+        "the machine's directories changed: before {machine_before:?}, after {:?}",
+        existing(&MACHINE_PATHS)
+    );
+    progress.say(&format!(
+        "nothing survives the stop; node start (Node Ready) took {}",
+        human_duration(start_time)
+    ));
+    Ok(())
+}
+
+/// Everything but the stop; returns what the node made on the machine, taken after the reboot.
+fn exercise(progress: &Progress, plane: &ControlPlane, node: &mut RealNode) -> anyhow::Result<NodeFootprint> {
+    let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
+    let machine_paths = existing(&MACHINE_PATHS);
+
+    progress.say("the node: Ready, its address, no default route, private directories");
+    let node_object = get(&kubectl, "node", "", NODE_NAME)?.context("no Node node-1")?;
+    let addresses = node_object["status"]["addresses"].to_string();
+    let node_ip = node.network().node_ip.to_string();
+    anyhow::ensure!(
+        addresses.contains(&node_ip),
+        "node addresses {addresses} lack {node_ip}"
+    );
+    let default_routes = node.exec(&["ip", "-4", "route", "show", "default"])?;
+    anyhow::ensure!(
+        default_routes.trim().is_empty(),
+        "the node has a default route: {default_routes}"
+    );
+    let inside = node.exec(&["ls", "/etc/kubernetes"])?;
+    anyhow::ensure!(
+        inside.lines().any(|l| l == "manifests"),
+        "the node's /etc/kubernetes holds {inside:?}"
+    );
+    for path in NODE_MOUNTS {
+        let own = node.host_path(path).context("not a path of the node's own")?;
+        let own = own.strip_prefix(node.dir().parent().unwrap_or(node.dir()))?;
+        // `findmnt` names a bind mount's source as DEVICE[/path/on/that/device].
+        let sources = node.exec(&[
+            "findmnt",
+            "--noheadings",
+            "--output",
+            "SOURCE",
+            "--mountpoint",
+            path,
+        ])?;
+        anyhow::ensure!(
+            !sources.trim().is_empty()
+                && sources
+                    .lines()
+                    .all(|source| source.trim_end().ends_with(&format!("{}]", own.display()))),
+            "{path} inside the node is not {}: {sources:?}",
+            own.display()
+        );
+    }
+    anyhow::ensure!(
+        existing(&MACHINE_PATHS) == machine_paths,
+        "starting the node changed the machine's directories"
+    );
+
+    kubectl.run(&["create", "namespace", NAMESPACE], None)?;
+
+    progress.say("a static pod: busybox from the manifests dir, on the node's disk");
+    let started_log = node
+        .host_path(format!("{STATIC_POD_DIR}/started.log"))
+        .context("the static pod's dir is not on the node's disk")?;
+    write_manifest(&node.manifests_dir(), STATIC_POD, &static_pod())?;
+    let mirror = format!("{STATIC_POD}-{NODE_NAME}");
+    let ((), took) = wait_for("the static pod's first start", TIMEOUT, || {
+        Ok(match line_count(&started_log) {
+            0 => Probe::Waiting("started.log is empty".into()),
+            _ => Probe::Ready(()),
+        })
+    })?;
+    progress.say(&format!("static pod running after {}", human_duration(took)));
+    wait_pod(&kubectl, &mirror, "its mirror pod Running", pod_running)?;
+
+    progress.say("an API pod: a DaemonSet scheduled onto the node, calling the API with its bound token");
+    kubectl.apply(&api_pod_objects(&plane.apiserver_url()))?;
+    let pod = wait_api_pod(&kubectl, "the DaemonSet's pod Running", pod_running)?;
+    let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let pod_ip = pod["status"]["podIP"].as_str().unwrap_or_default().to_owned();
+    let pod_cidr_prefix = node.network().pod_cidr_text();
+    let pod_cidr_prefix = pod_cidr_prefix.rsplit_once('.').map_or("", |(net, _)| net);
+    anyhow::ensure!(
+        pod_ip.starts_with(pod_cidr_prefix),
+        "the pod's IP {pod_ip} is not in the node's pod CIDR"
+    );
+    let projected = pod["spec"]["volumes"].as_array().is_some_and(|volumes| {
+        volumes.iter().any(|v| {
+            v["projected"]["sources"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s["serviceAccountToken"].is_object()))
+        })
+    });
+    anyhow::ensure!(
+        projected,
+        "the pod has no projected service-account token: {}",
+        pod["spec"]["volumes"]
+    );
+    let expected = format!("self via API: \"podIP\":\"{pod_ip}\"");
+    wait_for(
+        "the pod to read itself through the API (its logs via the kubelet)",
+        TIMEOUT,
+        || {
+            waiting_on_error((|| {
+                let logs = kubectl.run(&["logs", "-n", NAMESPACE, &pod_name], None)?;
+                Ok(if logs.contains(&expected) {
+                    Probe::Ready(())
+                } else {
+                    Probe::Waiting(format!("logs: {:?}", logs.lines().last().unwrap_or("")))
+                })
+            })())
+        },
+    )?;
+
+    let rss = |pid: Option<u32>| {
+        pid.and_then(rss_kib)
+            .map_or("?".to_owned(), |kib| format!("{:.1} MiB", kib as f64 / 1024.0))
+    };
+    progress.say(&format!(
+        "resident: kubelet {}, containerd {}; {} node processes",
+        rss(node.kubelet_pid()),
+        rss(node.containerd_pid()),
+        node.processes().len()
+    ));
+
+    progress.say("reboot: power cut, runtime state dropped, containerd and the kubelet again");
+    let starts_before = line_count(&started_log);
+    let api_restarts = restart_count(&wait_api_pod(&kubectl, "the API pod", |_| true)?);
+    let cut = Instant::now();
+    node.reboot()?;
+    let ((), _) = wait_for("the static pod to run again", TIMEOUT, || {
+        let starts = line_count(&started_log);
+        Ok(if starts > starts_before {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(format!("{starts} start(s) in started.log"))
+        })
+    })?;
+    let static_back = cut.elapsed();
+    wait_api_pod(&kubectl, "the API pod running again in a new sandbox", |pod| {
+        pod_running(pod) && restart_count(pod) > api_restarts
+    })?;
+    let api_back = cut.elapsed();
+    wait_pod(&kubectl, &mirror, "the mirror pod Running again", pod_running)?;
+    progress.say(&format!(
+        "after the power cut: static pod running in {}, API pod in {}",
+        human_duration(static_back),
+        human_duration(api_back)
+    ));
+    progress.say(&format!(
+        "resident after the reboot: kubelet {}, containerd {}",
+        rss(node.kubelet_pid()),
+        rss(node.containerd_pid())
+    ));
+    anyhow::ensure!(
+        existing(&MACHINE_PATHS) == machine_paths,
+        "the reboot changed the machine's directories"
+    );
+    Ok(node.footprint())
+}
+
+/// A hostNetwork busybox that appends a line to its hostPath file at each start.
+fn static_pod() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": STATIC_POD, "namespace": NAMESPACE },
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "writer",
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "echo started $(date +%s) >> /data/started.log; exec sleep 100000"],
+                "volumeMounts": [{ "name": "data", "mountPath": "/data" }]
+            }],
+            "volumes": [{
+                "name": "data",
+                "hostPath": { "path": STATIC_POD_DIR, "type": "DirectoryOrCreate" }
+            }]
+        }
+    })
+}
+
+/// A DaemonSet whose pod reads itself through the API with its projected token (the default
+/// ServiceAccount, allowed to get pods), plus that Role and binding. Not wget's own
+/// User-Agent: the API server pretty-prints JSON for it.
+fn api_pod_objects(api_url: &str) -> Vec<Value> {
+    let script = r#"while true; do
+  token=$(cat /var/run/secrets/kubernetes.io/serviceaccount/token)
+  if wget -q -O /tmp/self -U pod-checkpointer-e2e --no-check-certificate --header "Authorization: Bearer $token" "$API_URL/api/v1/namespaces/$NAMESPACE/pods/$(hostname)"; then
+    echo "self via API: $(grep -o '"podIP":"[^"]*"' /tmp/self | head -n 1)"
+  else
+    echo "the API call failed"
+  fi
+  sleep 3
+done"#;
+    vec![
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": { "name": "pod-reader", "namespace": NAMESPACE },
+            "rules": [{ "apiGroups": [""], "resources": ["pods"], "verbs": ["get"] }]
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": { "name": "pod-reader", "namespace": NAMESPACE },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader" },
+            "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": NAMESPACE }]
+        }),
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": { "name": DAEMON_SET, "namespace": NAMESPACE },
+            "spec": {
+                "selector": { "matchLabels": { "app": DAEMON_SET } },
+                "template": {
+                    "metadata": { "labels": { "app": DAEMON_SET } },
+                    "spec": {
+                        "terminationGracePeriodSeconds": 2,
+                        "containers": [{
+                            "name": "api",
+                            "image": BUSYBOX_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "env": [
+                                { "name": "API_URL", "value": api_url },
+                                { "name": "NAMESPACE", "value": NAMESPACE }
+                            ],
+                            "command": ["/bin/sh", "-c", script]
+                        }]
+                    }
+                }
+            }
+        }),
+    ]
+}
+
+/// Writes a manifest under a dot-name and renames it in (the kubelet skips dot files).
+fn write_manifest(dir: &Path, name: &str, pod: &Value) -> anyhow::Result<()> {
+    let hidden = dir.join(format!(".{name}.json"));
+    fs::write(&hidden, format!("{pod:#}\n")).with_context(|| format!("cannot write {}", hidden.display()))?;
+    fs::rename(&hidden, dir.join(format!("{name}.json")))?;
+    Ok(())
+}
+
+fn get(kubectl: &Kubectl, resource: &str, namespace: &str, name: &str) -> anyhow::Result<Option<Value>> {
+    if namespace.is_empty() {
+        let out = kubectl.run(&["get", resource, name, "--ignore-not-found", "-o", "json"], None)?;
+        return Ok(if out.trim().is_empty() {
+            None
+        } else {
+            Some(serde_json::from_str(&out)?)
+        });
+    }
+    kubectl.get(resource, namespace, name)
+}
+
+fn wait_pod(
+    kubectl: &Kubectl,
+    name: &str,
+    expected: &str,
+    check: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let (pod, _) = wait_for(expected, TIMEOUT, || {
+        waiting_on_error((|| {
+            Ok(match kubectl.get("pod", NAMESPACE, name)? {
+                Some(pod) if check(&pod) => Probe::Ready(pod),
+                Some(pod) => Probe::Waiting(format!("status {}", pod["status"])),
+                None => Probe::Waiting("no such pod".into()),
+            })
+        })())
+    })?;
+    Ok(pod)
+}
+
+/// The DaemonSet's one pod, once `check` holds for it.
+fn wait_api_pod(kubectl: &Kubectl, expected: &str, check: impl Fn(&Value) -> bool) -> anyhow::Result<Value> {
+    let (pod, _) = wait_for(expected, TIMEOUT, || {
+        waiting_on_error((|| {
+            let selector = format!("app={DAEMON_SET}");
+            let out = kubectl.run(
+                &["get", "pods", "-n", NAMESPACE, "-l", &selector, "-o", "json"],
+                None,
+            )?;
+            let list: Value = serde_json::from_str(&out)?;
+            let pods = list["items"].as_array().cloned().unwrap_or_default();
+            Ok(match pods.as_slice() {
+                [pod] if check(pod) => Probe::Ready(pod.clone()),
+                [pod] => Probe::Waiting(format!("status {}", pod["status"])),
+                pods => Probe::Waiting(format!("{} pods", pods.len())),
+            })
+        })())
+    })?;
+    Ok(pod)
+}
+
+fn restart_count(pod: &Value) -> u64 {
+    pod["status"]["containerStatuses"][0]["restartCount"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+fn line_count(path: &Path) -> usize {
+    fs::read_to_string(path).map_or(0, |text| text.lines().count())
+}
+
+fn existing(paths: &[&str]) -> Vec<PathBuf> {
+    paths.iter().map(PathBuf::from).filter(|p| p.exists()).collect()
+}
+
+/// The tails of the node's and the plane's logs (long lines cut), unless interrupted.
+fn report_failure(plane: &ControlPlane, node: &RealNode) {
+    const MAX_LINE: usize = 300;
+    if interrupt::requested() {
+        return;
+    }
+    let logs = [
+        node.kubelet_log(),
+        node.containerd_log(),
+        plane.workdir().join("apiserver.log"),
+        plane.workdir().join("controller-manager.log"),
+        plane.workdir().join("scheduler.log"),
+    ];
+    for log in logs {
+        let name = log.file_name().unwrap_or_default().to_string_lossy();
+        let tail: Vec<String> = log_tail(&log, 30)
+            .lines()
+            .map(|line| line.chars().take(MAX_LINE).collect())
+            .collect();
+        eprintln!("--- last lines of {name} ---\n{}", tail.join("\n"));
+    }
+}
