@@ -82,12 +82,11 @@ impl Image {
             .unwrap_or_else(|| target_dir().join("image").join(archive_name(&reference)));
         let binary = build_static_agent()?;
         let image = agent_image(&binary, &reference, &output)?;
-        let size = std::fs::metadata(&output)?.len();
         PROGRESS.say(&format!(
-            "{reference}: {} ({}, layer {} gzipped) in {}",
+            "{reference}: {} ({}; the binary {}) in {}",
             output.display(),
-            human_size(size),
-            human_size(image.layer.data.len() as u64),
+            human_size(std::fs::metadata(&output)?.len()),
+            human_size(std::fs::metadata(&binary)?.len()),
             human_duration(started.elapsed())
         ));
         println!("{}", output.display());

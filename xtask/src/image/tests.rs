@@ -224,3 +224,40 @@ fn names_tags_and_archive_names() {
     );
     assert!(ckpt_bin::render::DEFAULT_IMAGE.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))));
 }
+
+/// The Containerfile builds the same binary the same way into the same files; what both
+/// spell out must not drift apart.
+#[test]
+fn the_containerfile_lays_out_the_same_image() {
+    let containerfile = std::fs::read_to_string(workspace_root().join("Containerfile")).unwrap();
+    let printf = |text: &str| text.replace('\n', "\\n").replace('\t', "\\t");
+    for (content, path) in [
+        (PASSWD, "/etc/passwd"),
+        (GROUP, "/etc/group"),
+        (HOSTS, "/etc/hosts"),
+    ] {
+        let line = format!("printf '{}' > /rootfs{path}", printf(content));
+        assert!(containerfile.contains(&line), "the Containerfile lacks {line}");
+    }
+    for line in [
+        &format!("--target {STATIC_TARGET}"),
+        "CC_x86_64_unknown_linux_musl=musl-gcc",
+        "CARGO_PROFILE_RELEASE_STRIP=symbols",
+        "cargo build --release --locked -p ckpt-bin --bin pod-checkpointer",
+        &format!(
+            "cp /etc/ssl/certs/ca-certificates.crt /rootfs{}",
+            CA_BUNDLE.trim_end_matches("ca-certificates.crt")
+        ),
+        "chmod 1777 /rootfs/tmp",
+        "FROM scratch",
+        "ENV PATH=/\n",
+        "ENTRYPOINT [\"/pod-checkpointer\"]",
+        "CMD [\"run\", \"--config\", \"/etc/pod-checkpointer/config.yaml\"]",
+        &format!(
+            "org.opencontainers.image.version=\"{}\"",
+            env!("CARGO_PKG_VERSION")
+        ),
+    ] {
+        assert!(containerfile.contains(line), "the Containerfile lacks {line}");
+    }
+}
