@@ -3,9 +3,9 @@
 //!
 //! The agent is a static, stripped release binary for the musl target (rustls + ring: no
 //! libc at run time, no NSS), alone at `/pod-checkpointer` with `/etc/passwd`, `/etc/group`,
-//! `/etc/hosts`, Debian's CA bundle and `/tmp`. The archive ([`oci`]) is deterministic: the same binary gives
-//! the same image digest. It loads with `ctr images import`, `podman load` and
-//! `skopeo copy oci-archive:…`.
+//! `/etc/hosts`, Debian's CA bundle and `/tmp`. The archive ([`oci`]) is deterministic: the
+//! same binary gives the same image digest. It loads with `ctr images import`, `podman load`
+//! and `skopeo copy oci-archive:…`.
 
 pub mod oci;
 mod static_binary;
