@@ -3,7 +3,8 @@
 //! Developer and operator tasks for pod-checkpointer, run as `cargo xtask <task>`:
 //! `test` runs everything CI runs; `e2e` runs the end-to-end suite against a real control
 //! plane; `bench` measures the release agent against one; `demo` narrates the agent at work
-//! on one; `e2e-env` builds, starts and stops that control plane by hand. One module per subcommand; each is a struct with a `run` method.
+//! on one; `e2e-env` builds, starts and stops that control plane by hand; `image` builds the
+//! agent's OCI image archive. One module per subcommand; each is a struct with a `run` method.
 //! What they share with the end-to-end suite lives in the `xtask` library.
 
 mod bench;
@@ -17,7 +18,7 @@ mod test;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use xtask::e2e_env;
+use xtask::{e2e_env, image};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "pod-checkpointer developer and operator tasks")]
@@ -46,6 +47,9 @@ enum Task {
     /// Install or update pod-checkpointer in a cluster (server-side apply) and wait for
     /// the rollout.
     Deploy(deploy::Deploy),
+    /// Build the agent's OCI image archive (static binary, minimal image) without a
+    /// container engine; prints its path and digest.
+    Image(image::Image),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -58,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(cmd) => cmd.run(),
         Task::Render(cmd) => cmd.run(),
         Task::Deploy(cmd) => cmd.run(),
+        Task::Image(cmd) => cmd.run(),
     }
 }
 

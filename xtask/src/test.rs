@@ -1,7 +1,8 @@
 //! `cargo xtask test`: the README's test command and what `.ci/run` runs: formatting, lints,
 //! each crate checked and packaged alone, every unit and integration test of the workspace,
-//! then the end-to-end suite against a real control plane (built into the cache on first
-//! use, ~15 minutes on 2 cores).
+//! the agent's image (built, run, imported into containerd), then the end-to-end suite
+//! against a real control plane and a real node (built into the cache on first use, ~15
+//! minutes on 2 cores).
 
 use std::time::Instant;
 
@@ -42,11 +43,12 @@ impl Test {
                     "warnings",
                 ],
             )?;
-            // `--all-targets` leaves out the e2e target (`test = false`).
+            // `--all-targets` leaves out the `test = false` targets.
             crate::run(
                 "cargo",
                 &[
-                    "clippy", "-p", "xtask", "--test", "e2e", "--locked", "--", "-D", "warnings",
+                    "clippy", "-p", "xtask", "--test", "e2e", "--test", "image", "--locked", "--", "-D",
+                    "warnings",
                 ],
             )?;
             let alone = crate::standalone::run(&crate::project_root())?;
@@ -56,6 +58,20 @@ impl Test {
             );
         }
         crate::run("cargo", &["test", "--workspace", "--locked"])?;
+        // The image: the static release build, its root filesystem, a private containerd.
+        crate::run(
+            "cargo",
+            &[
+                "test",
+                "-p",
+                "xtask",
+                "--test",
+                "image",
+                "--locked",
+                "--",
+                "--nocapture",
+            ],
+        )?;
 
         if self.no_e2e_build
             && let Err(missing) = BinDir::cached()

@@ -23,6 +23,7 @@ use anyhow::{Context, bail};
 
 use super::human_duration;
 use super::process::{last_log_line, log_tail_section};
+use crate::apt::{Apt, missing_packages};
 use crate::progress::Progress;
 
 const PROGRESS: Progress = Progress::new("e2e-env build");
@@ -147,10 +148,7 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
     let root = cache_root();
     fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
     let log = root.join(format!("build-k8s-{KUBERNETES_VERSION}.log"));
-    let mut apt = Apt {
-        log: log.clone(),
-        updated: false,
-    };
+    let mut apt = Apt::new(log.clone(), PROGRESS);
 
     if let Ok(bins) = BinDir::cached() {
         // The runtime packages are needed even when the binaries are cached.
@@ -240,69 +238,6 @@ fn append_log_header(log: &Path) -> anyhow::Result<()> {
         now.as_secs()
     )?;
     Ok(())
-}
-
-/// apt-get, updating the package lists at most once per build.
-struct Apt {
-    log: PathBuf,
-    updated: bool,
-}
-
-impl Apt {
-    fn command(args: &[&str]) -> Command {
-        let mut command = Command::new("apt-get");
-        command
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            // Wait for another apt instead of failing at once.
-            .args(["-o", "DPkg::Lock::Timeout=300"])
-            .args(args);
-        command
-    }
-
-    fn update(&mut self) -> anyhow::Result<()> {
-        if !self.updated {
-            phase("apt-get update", || {
-                run_logged("apt-get update", &mut Apt::command(&["update"]), &self.log)
-            })?;
-            self.updated = true;
-        }
-        Ok(())
-    }
-
-    /// Installs those of `packages` that are not installed yet.
-    fn install(&mut self, packages: &[&str]) -> anyhow::Result<()> {
-        let missing = missing_packages(packages)?;
-        if missing.is_empty() {
-            return Ok(());
-        }
-        self.update()?;
-        let label = format!("apt-get install {}", missing.join(" "));
-        let mut args = vec!["install", "-y", "--no-install-recommends"];
-        args.extend(missing.iter().map(String::as_str));
-        phase(&label, || run_logged(&label, &mut Apt::command(&args), &self.log))
-    }
-}
-
-/// The packages among `packages` that dpkg does not list as installed.
-fn missing_packages(packages: &[&str]) -> anyhow::Result<Vec<String>> {
-    // Exits non-zero when a package is unknown; stdout still lists the known ones.
-    let output = Command::new("dpkg-query")
-        .args(["-W", "-f=${Package} ${db:Status-Abbrev}\n"])
-        .args(packages)
-        .stderr(Stdio::null())
-        .output()
-        .context("cannot run dpkg-query")?;
-    let listed = String::from_utf8_lossy(&output.stdout);
-    Ok(packages
-        .iter()
-        .filter(|pkg| {
-            !listed.lines().any(|line| {
-                let mut fields = line.split_whitespace();
-                fields.next() == Some(**pkg) && fields.next() == Some("ii")
-            })
-        })
-        .map(|pkg| (*pkg).to_owned())
-        .collect())
 }
 
 /// Adds a `deb-src` twin of each `deb` source (deb822 `.sources` files and the one-line

@@ -1,0 +1,257 @@
+//! `cargo xtask image`: the agent's OCI image archive, built without a container engine, and
+//! the two other images a real node needs (the pause image and a busybox for test pods).
+//!
+//! The agent is a static, stripped release binary for the musl target (rustls + ring: no
+//! libc at run time, no NSS), alone at `/pod-checkpointer` with `/etc/passwd`, `/etc/group`,
+//! `/etc/hosts`, Debian's CA bundle and `/tmp`. The archive ([`oci`]) is deterministic: the
+//! same binary gives the same image digest. It loads with `ctr images import`, `podman load`
+//! and `skopeo copy oci-archive:…`.
+
+pub mod oci;
+mod static_binary;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::apt::Apt;
+use crate::e2e_env::human_duration;
+use crate::progress::Progress;
+
+pub use static_binary::{STATIC_TARGET, build_static_agent, is_static_elf};
+
+/// The kubelet's default sandbox image (`--pod-infra-container-image`), which a node without
+/// a registry must have imported.
+pub const PAUSE_IMAGE: &str = "k8s.gcr.io/pause:3.2";
+/// The test pods' image: Debian's busybox-static (1.35 in bookworm). `localhost/` says it
+/// is built here and never pulled.
+pub const BUSYBOX_IMAGE: &str = "localhost/busybox:1.35-static";
+/// Debian's statically linked busybox (package busybox-static).
+const BUSYBOX_BINARY: &str = "/bin/busybox";
+/// The busybox applets the test image links in `/bin`: a shell and what test pods use.
+pub const BUSYBOX_APPLETS: &[&str] = &[
+    "[", "cat", "chmod", "cp", "date", "echo", "env", "false", "grep", "head", "hostname", "id", "kill",
+    "ln", "ls", "mkdir", "mv", "nc", "printf", "ps", "rm", "sed", "sh", "sleep", "stat", "su", "tail",
+    "test", "touch", "true", "wc", "wget", "whoami",
+];
+
+/// root and nobody, for images whose programs look users up (`id`, a pod's `runAsUser`).
+const PASSWD: &str =
+    "root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nnobody:x:65534:\n";
+/// musl resolves names from /etc/hosts, then DNS; without this file `localhost` would need a
+/// name server. In a pod the kubelet mounts its own /etc/hosts over it.
+const HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+
+/// The CA bundle, where rustls-platform-verifier looks for it. kube's client needs one
+/// whenever a kubeconfig names no CA, even with `insecure-skip-tls-verify` (and so does the
+/// kubelet client with `--kubelet-insecure`): without one the agent cannot build its client.
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+const PROGRESS: Progress = Progress::new("image");
+
+/// Build the agent's OCI image archive (a static binary in a minimal image), without a
+/// container engine; prints the archive's path and the image's digest.
+#[derive(clap::Args)]
+pub struct Image {
+    /// The image's full name [default: the rendered manifests' image,
+    /// ghcr.io/pod-checkpointer/pod-checkpointer:<version>]
+    #[arg(long, value_name = "NAME", conflicts_with = "tag")]
+    image: Option<String>,
+    /// Only the tag of the default name
+    #[arg(long, value_name = "TAG")]
+    tag: Option<String>,
+    /// Where to write the archive [default: <target dir>/image/<name>-<tag>.oci.tar]
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+impl Image {
+    pub fn run(&self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let reference = match (&self.image, &self.tag) {
+            (Some(image), _) => image.clone(),
+            (None, Some(tag)) => with_tag(ckpt_bin::render::DEFAULT_IMAGE, tag),
+            (None, None) => ckpt_bin::render::DEFAULT_IMAGE.to_owned(),
+        };
+        let output = self
+            .output
+            .clone()
+            .unwrap_or_else(|| target_dir().join("image").join(archive_name(&reference)));
+        let binary = build_static_agent()?;
+        let image = agent_image(&binary, &reference, &output)?;
+        PROGRESS.say(&format!(
+            "{reference}: {} ({}; the binary {}) in {}",
+            output.display(),
+            human_size(std::fs::metadata(&output)?.len()),
+            human_size(std::fs::metadata(&binary)?.len()),
+            human_duration(started.elapsed())
+        ));
+        println!("{}", output.display());
+        println!("{}", image.digest());
+        Ok(())
+    }
+}
+
+/// `reference` with its tag replaced (or added).
+fn with_tag(reference: &str, tag: &str) -> String {
+    let (repository, name) = reference.rsplit_once('/').unwrap_or(("", reference));
+    let name = name.split_once(':').map_or(name, |(name, _)| name);
+    if repository.is_empty() {
+        format!("{name}:{tag}")
+    } else {
+        format!("{repository}/{name}:{tag}")
+    }
+}
+
+/// `ghcr.io/x/pod-checkpointer:0.1.0` → `pod-checkpointer-0.1.0.oci.tar`.
+fn archive_name(reference: &str) -> String {
+    let name = reference.rsplit('/').next().unwrap_or(reference);
+    format!("{}.oci.tar", name.replace(':', "-"))
+}
+
+/// `$CARGO_TARGET_DIR`, or the workspace's `target/`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
+}
+
+/// The workspace root, where cargo builds the agent.
+fn workspace_root() -> PathBuf {
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_path_buf()
+}
+
+fn human_size(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The agent's image: `binary` (a static build, see [`build_static_agent`]) at
+/// `/pod-checkpointer`, its entry point, with Debian's CA bundle; named `reference`, written
+/// to `out`.
+pub fn agent_image(binary: &Path, reference: &str, out: &Path) -> anyhow::Result<oci::Image> {
+    let data = std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+    let (config, layer) = agent(data, ca_bundle()?, reference)?;
+    write(&config, &layer, out)
+}
+
+/// The agent's image around the binary's and the CA bundle's bytes.
+fn agent(
+    binary: Vec<u8>,
+    ca_bundle: Vec<u8>,
+    reference: &str,
+) -> anyhow::Result<(oci::ImageConfig, oci::Layer)> {
+    anyhow::ensure!(
+        is_static_elf(&binary)?,
+        "the agent binary is dynamically linked: the image has no libc"
+    );
+    let mut layer = base_layer()?;
+    layer.file("/pod-checkpointer", 0o755, binary)?;
+    layer.file(CA_BUNDLE, 0o644, ca_bundle)?;
+    let mut config = oci::ImageConfig::new(reference, &["/pod-checkpointer"]);
+    // The one program is at the root.
+    config.env = vec!["PATH=/".to_owned()];
+    // What the Containerfile's image runs without arguments; the DaemonSet passes its own.
+    config.cmd = ["run", "--config", "/etc/pod-checkpointer/config.yaml"]
+        .map(str::to_owned)
+        .to_vec();
+    config.labels = labels(&[
+        ("title", "pod-checkpointer"),
+        (
+            "description",
+            "Keeps a self-hosted Kubernetes control plane bootable",
+        ),
+        ("source", "https://github.com/pod-checkpointer/pod-checkpointer"),
+        ("licenses", "Apache-2.0"),
+        ("version", env!("CARGO_PKG_VERSION")),
+    ]);
+    Ok((config, layer))
+}
+
+/// Debian's CA bundle (package ca-certificates, installed if missing).
+fn ca_bundle() -> anyhow::Result<Vec<u8>> {
+    if !Path::new(CA_BUNDLE).is_file() {
+        Apt::new(apt_log(), PROGRESS).install(&["ca-certificates"])?;
+    }
+    std::fs::read(CA_BUNDLE).with_context(|| format!("cannot read {CA_BUNDLE}"))
+}
+
+fn apt_log() -> PathBuf {
+    target_dir().join("image").join("apt.log")
+}
+
+/// The pause image the kubelet runs as every pod's sandbox ([`PAUSE_IMAGE`]): `binary` (a
+/// static build of Kubernetes' `build/pause/linux/pause.c`) at `/pause`, its entry point.
+pub fn pause_image(binary: &Path, out: &Path) -> anyhow::Result<oci::Image> {
+    let data = std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+    anyhow::ensure!(
+        is_static_elf(&data)?,
+        "{} is dynamically linked: the pause image has no libc",
+        binary.display()
+    );
+    let mut layer = oci::Layer::new();
+    layer.file("/pause", 0o755, data)?;
+    write(&oci::ImageConfig::new(PAUSE_IMAGE, &["/pause"]), &layer, out)
+}
+
+/// The test pods' image ([`BUSYBOX_IMAGE`]): Debian's static busybox (installed if missing)
+/// at `/bin/busybox`, [`BUSYBOX_APPLETS`] linked to it, users root and nobody, `sh` as the
+/// command.
+pub fn busybox_image(out: &Path) -> anyhow::Result<oci::Image> {
+    Apt::new(apt_log(), PROGRESS).install(&["busybox-static"])?;
+    let data = std::fs::read(BUSYBOX_BINARY).with_context(|| format!("cannot read {BUSYBOX_BINARY}"))?;
+    let (config, layer) = busybox(data)?;
+    write(&config, &layer, out)
+}
+
+/// The busybox image around `binary`'s bytes.
+fn busybox(binary: Vec<u8>) -> anyhow::Result<(oci::ImageConfig, oci::Layer)> {
+    anyhow::ensure!(
+        is_static_elf(&binary)?,
+        "{BUSYBOX_BINARY} is dynamically linked: is it busybox-static's?"
+    );
+    let mut layer = base_layer()?;
+    layer.file("/bin/busybox", 0o755, binary)?;
+    for applet in BUSYBOX_APPLETS {
+        layer.symlink(&format!("/bin/{applet}"), "busybox")?;
+    }
+    let mut config = oci::ImageConfig::new(BUSYBOX_IMAGE, &[]);
+    config.cmd = vec!["sh".to_owned()];
+    Ok((config, layer))
+}
+
+/// What every image with programs that look up users or names carries.
+fn base_layer() -> anyhow::Result<oci::Layer> {
+    let mut layer = oci::Layer::new();
+    layer
+        .file("/etc/passwd", 0o644, PASSWD.into())?
+        .file("/etc/group", 0o644, GROUP.into())?
+        .file("/etc/hosts", 0o644, HOSTS.into())?
+        .dir("/tmp", 0o1777)?;
+    Ok(layer)
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(key, value)| (format!("org.opencontainers.image.{key}"), (*value).to_owned()))
+        .collect()
+}
+
+fn write(config: &oci::ImageConfig, layer: &oci::Layer, out: &Path) -> anyhow::Result<oci::Image> {
+    let image = oci::Image::build(config, layer)?;
+    image.write(out)?;
+    PROGRESS.say(&format!(
+        "{}: {} ({})",
+        config.reference,
+        out.display(),
+        image.digest()
+    ));
+    Ok(image)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,223 @@
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::*;
+
+/// The archive's files by path (directories as empty entries with a trailing `/`).
+fn files(archive: &[u8]) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut reader = tar::Archive::new(archive);
+    for entry in reader.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).unwrap();
+        assert!(out.insert(path.clone(), data).is_none(), "{path} twice");
+    }
+    out
+}
+
+/// `sha256:…` of `data`, computed here rather than by the code under test.
+fn digest_of(data: &[u8]) -> String {
+    let hex: String = Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+fn json(data: &[u8]) -> Value {
+    serde_json::from_slice(data).unwrap()
+}
+
+/// The blob a descriptor points to, checked against the descriptor's digest and size.
+fn blob<'a>(files: &'a BTreeMap<String, Vec<u8>>, descriptor: &Value) -> &'a [u8] {
+    let digest = descriptor["digest"].as_str().unwrap();
+    let hex = digest.strip_prefix("sha256:").unwrap();
+    let data = files
+        .get(&format!("blobs/sha256/{hex}"))
+        .unwrap_or_else(|| panic!("no blob {digest}"));
+    assert_eq!(digest_of(data), digest, "blob content matches its name");
+    assert_eq!(
+        descriptor["size"].as_u64(),
+        Some(data.len() as u64),
+        "size of {digest}"
+    );
+    data
+}
+
+fn gunzip(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(data).read_to_end(&mut out).unwrap();
+    out
+}
+
+fn sample() -> (ImageConfig, Layer) {
+    let mut config = ImageConfig::new("example.test/team/app:1.2.3", &["/app"]);
+    config.cmd = vec!["serve".to_owned()];
+    config
+        .labels
+        .insert("org.opencontainers.image.title".to_owned(), "app".to_owned());
+    let mut layer = Layer::new();
+    layer.file("/app", 0o755, b"#!binary".to_vec()).unwrap();
+    layer
+        .file("/etc/passwd", 0o644, b"root:x:0:0:root:/:/bin/sh\n".to_vec())
+        .unwrap();
+    layer.dir("/tmp", 0o1777).unwrap();
+    layer.symlink("/bin/sh", "busybox").unwrap();
+    (config, layer)
+}
+
+#[test]
+fn index_manifest_and_config_point_at_the_blobs_with_their_digests_and_sizes() {
+    let (config, layer) = sample();
+    let image = Image::build(&config, &layer).unwrap();
+    let files = files(&image.archive().unwrap());
+
+    assert_eq!(
+        json(&files["oci-layout"]),
+        serde_json::json!({"imageLayoutVersion": "1.0.0"})
+    );
+    let index = json(&files["index.json"]);
+    assert_eq!(index["schemaVersion"], 2);
+    assert_eq!(index["mediaType"], MEDIA_TYPE_INDEX);
+    let manifests = index["manifests"].as_array().unwrap();
+    assert_eq!(manifests.len(), 1);
+    let descriptor = &manifests[0];
+    assert_eq!(descriptor["mediaType"], MEDIA_TYPE_MANIFEST);
+    assert_eq!(descriptor["platform"]["architecture"], "amd64");
+    assert_eq!(descriptor["platform"]["os"], "linux");
+    assert_eq!(
+        descriptor["annotations"][ANNOTATION_CONTAINERD_NAME],
+        "example.test/team/app:1.2.3"
+    );
+    assert_eq!(descriptor["annotations"][ANNOTATION_REF_NAME], "1.2.3");
+    let manifest_bytes = blob(&files, descriptor);
+    assert_eq!(digest_of(manifest_bytes), image.digest());
+
+    let manifest = json(manifest_bytes);
+    assert_eq!(manifest["schemaVersion"], 2);
+    assert_eq!(manifest["mediaType"], MEDIA_TYPE_MANIFEST);
+    assert_eq!(manifest["config"]["mediaType"], MEDIA_TYPE_CONFIG);
+    let config_json = json(blob(&files, &manifest["config"]));
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1);
+    assert_eq!(layers[0]["mediaType"], MEDIA_TYPE_LAYER_GZIP);
+    let layer_tar = gunzip(blob(&files, &layers[0]));
+
+    assert_eq!(config_json["architecture"], "amd64");
+    assert_eq!(config_json["os"], "linux");
+    assert_eq!(config_json["rootfs"]["type"], "layers");
+    assert_eq!(
+        config_json["rootfs"]["diff_ids"],
+        serde_json::json!([digest_of(&layer_tar)]),
+        "diff_ids hash the uncompressed layer"
+    );
+    assert_eq!(image.diff_id, digest_of(&layer_tar));
+    assert_eq!(config_json["config"]["Entrypoint"], serde_json::json!(["/app"]));
+    assert_eq!(config_json["config"]["Cmd"], serde_json::json!(["serve"]));
+    assert_eq!(config_json["config"]["Env"], serde_json::json!(["PATH=/bin"]));
+    assert_eq!(
+        config_json["config"]["Labels"]["org.opencontainers.image.title"],
+        "app"
+    );
+    // Nothing else: three blobs, two directories, the index and the layout file.
+    assert_eq!(files.len(), 7, "{:?}", files.keys().collect::<Vec<_>>());
+}
+
+#[test]
+fn layer_entries_are_sorted_owned_by_root_undated_and_keep_modes_and_links() {
+    let (_, layer) = sample();
+    let tar = layer.tar().unwrap();
+    let mut reader = tar::Archive::new(tar.as_slice());
+    let mut seen = Vec::new();
+    for entry in reader.entries().unwrap() {
+        let entry = entry.unwrap();
+        let header = entry.header();
+        assert_eq!(header.uid().unwrap(), 0);
+        assert_eq!(header.gid().unwrap(), 0);
+        assert_eq!(header.mtime().unwrap(), MTIME);
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        let link = entry
+            .link_name()
+            .unwrap()
+            .map(|l| l.to_string_lossy().into_owned());
+        seen.push((path, header.entry_type(), header.mode().unwrap(), link));
+    }
+    let dir = tar::EntryType::Directory;
+    let file = tar::EntryType::Regular;
+    let expected = vec![
+        ("app".to_owned(), file, 0o755, None),
+        ("bin/".to_owned(), dir, 0o755, None),
+        (
+            "bin/sh".to_owned(),
+            tar::EntryType::Symlink,
+            0o777,
+            Some("busybox".to_owned()),
+        ),
+        ("etc/".to_owned(), dir, 0o755, None),
+        ("etc/passwd".to_owned(), file, 0o644, None),
+        ("tmp/".to_owned(), dir, 0o1777, None),
+    ];
+    assert_eq!(seen, expected);
+}
+
+#[test]
+fn the_same_inputs_give_a_byte_identical_archive_and_other_inputs_another_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let (config, layer) = sample();
+    let first = dir.join("first.tar");
+    let second = dir.join("second.tar");
+    Image::build(&config, &layer).unwrap().write(&first).unwrap();
+    // Built again from fresh values, in a different insertion order.
+    let mut again = Layer::new();
+    again.symlink("bin/sh", "busybox").unwrap();
+    again.dir("tmp", 0o1777).unwrap();
+    again
+        .file("etc/passwd", 0o644, b"root:x:0:0:root:/:/bin/sh\n".to_vec())
+        .unwrap();
+    again.file("app", 0o755, b"#!binary".to_vec()).unwrap();
+    Image::build(&config, &again).unwrap().write(&second).unwrap();
+    let first = fs::read(first).unwrap();
+    assert!(first == fs::read(second).unwrap(), "two builds differ");
+
+    let gz = Image::build(&config, &layer).unwrap().layer.data;
+    assert_eq!(&gz[..2], &[0x1f, 0x8b], "gzip");
+    assert_eq!(&gz[4..8], &[0, 0, 0, 0], "no timestamp in the gzip header");
+    assert_eq!(gz[3] & 0x08, 0, "no file name in the gzip header");
+
+    let mut changed = layer.clone();
+    changed.file("app", 0o755, b"#!binary 2".to_vec()).unwrap();
+    let other = Image::build(&config, &changed).unwrap();
+    assert_ne!(other.digest(), Image::build(&config, &layer).unwrap().digest());
+    let mut renamed = config.clone();
+    renamed.reference = "example.test/team/app:1.2.4".to_owned();
+    let retagged = Image::build(&renamed, &layer).unwrap();
+    assert_eq!(
+        retagged.digest(),
+        Image::build(&config, &layer).unwrap().digest(),
+        "the name is not in the manifest"
+    );
+    assert!(retagged.archive().unwrap() != first, "but it is in the index");
+}
+
+#[test]
+fn paths_are_relative_and_parents_are_added() {
+    let mut layer = Layer::new();
+    layer.file("/usr/local/bin/tool", 0o755, Vec::new()).unwrap();
+    let paths: Vec<&str> = layer.entries().map(|(path, _)| path).collect();
+    assert_eq!(paths, ["usr", "usr/local", "usr/local/bin", "usr/local/bin/tool"]);
+    for bad in ["", "/", "a/../b", "a//b", "./a"] {
+        assert!(layer.file(bad, 0o644, Vec::new()).is_err(), "{bad:?} accepted");
+    }
+}
+
+#[test]
+fn the_tag_is_what_follows_the_last_colon_of_the_last_path_part() {
+    let tag = |reference: &str| ImageConfig::new(reference, &[]).tag().to_owned();
+    assert_eq!(tag("k8s.gcr.io/pause:3.2"), "3.2");
+    assert_eq!(tag("localhost:5000/app"), "latest");
+    assert_eq!(tag("localhost:5000/app:v1"), "v1");
+    assert_eq!(tag("busybox"), "latest");
+}

@@ -1,0 +1,163 @@
+//! The agent as a static binary: the musl target (its libc is linked in, and it resolves
+//! names without NSS modules), release profile, stripped, built in a cargo target dir of its
+//! own so its profile settings never invalidate the everyday builds.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail, ensure};
+
+use super::{PROGRESS, target_dir, workspace_root};
+use crate::apt::Apt;
+use crate::e2e_env::human_duration;
+
+pub const STATIC_TARGET: &str = "x86_64-unknown-linux-musl";
+
+/// ring (rustls' crypto) compiles C: with musl's headers and start files, from Debian's
+/// musl-tools. cc-rs looks for a cross compiler named after the target otherwise.
+const MUSL_CC: &str = "musl-gcc";
+
+/// The variables cargo sets for the crate it runs (besides `CARGO_PKG_*` and
+/// `CARGO_BIN_EXE_*`), which a nested build must not inherit.
+const CARGO_SET_FOR_CRATES: &[&str] = &[
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_MANIFEST_LINKS",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+];
+
+/// Builds `pod-checkpointer` for [`STATIC_TARGET`] (installing the Rust target and musl-gcc
+/// when missing), checks that it is static and runs, and returns its path.
+pub fn build_static_agent() -> anyhow::Result<PathBuf> {
+    let started = Instant::now();
+    ensure_rust_target()?;
+    Apt::new(super::apt_log(), PROGRESS).install(&["musl-tools"])?;
+
+    let cargo_target = target_dir().join("static");
+    PROGRESS.say(&format!(
+        "building pod-checkpointer for {STATIC_TARGET} (release, stripped) in {}; ~12 min cold on 2 cores",
+        cargo_target.display()
+    ));
+    let args = [
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "ckpt-bin",
+        "--bin",
+        "pod-checkpointer",
+        "--target",
+        STATIC_TARGET,
+    ];
+    eprintln!("$ cargo {}", args.join(" "));
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    // What `cargo run` and `cargo test` set for xtask itself. ring's build script watches
+    // CARGO_MANIFEST_DIR: with it inherited, a build from xtask and one from a shell (or
+    // from the test) would each make the other rebuild ring and everything above it.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if CARGO_SET_FOR_CRATES.contains(&name.as_ref())
+            || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+        {
+            cargo.env_remove(name.as_ref());
+        }
+    }
+    let status = cargo
+        .args(args)
+        .current_dir(workspace_root())
+        .env("CARGO_TARGET_DIR", &cargo_target)
+        .env(format!("CC_{}", STATIC_TARGET.replace('-', "_")), MUSL_CC)
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .status()
+        .context("cannot run cargo")?;
+    ensure!(status.success(), "building the static agent failed: {status}");
+
+    let binary = cargo_target.join(STATIC_TARGET).join("release/pod-checkpointer");
+    let data = std::fs::read(&binary).with_context(|| format!("cannot read {}", binary.display()))?;
+    ensure!(
+        is_static_elf(&data)?,
+        "{} has a program interpreter: not static",
+        binary.display()
+    );
+    let version = Command::new(&binary)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
+    let expected = format!("pod-checkpointer {}", env!("CARGO_PKG_VERSION"));
+    ensure!(
+        version == expected,
+        "{} --version says {version:?}, not {expected:?}",
+        binary.display()
+    );
+    PROGRESS.say(&format!(
+        "static agent: {} ({:.1} MiB, {version}) in {}",
+        binary.display(),
+        data.len() as f64 / (1024.0 * 1024.0),
+        human_duration(started.elapsed())
+    ));
+    Ok(binary)
+}
+
+/// `rustup target add` when the toolchain lacks the musl standard library.
+fn ensure_rust_target() -> anyhow::Result<()> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .current_dir(workspace_root())
+        .output()
+        .context("cannot run rustup: the static build needs the musl target's standard library")?;
+    if String::from_utf8_lossy(&installed.stdout)
+        .lines()
+        .any(|line| line.trim() == STATIC_TARGET)
+    {
+        return Ok(());
+    }
+    PROGRESS.say(&format!("rustup target add {STATIC_TARGET}"));
+    let status = Command::new("rustup")
+        .args(["target", "add", STATIC_TARGET])
+        .current_dir(workspace_root())
+        .status()
+        .context("cannot run rustup")?;
+    ensure!(
+        status.success(),
+        "rustup target add {STATIC_TARGET} failed: {status}"
+    );
+    Ok(())
+}
+
+const PT_INTERP: u32 = 3;
+
+/// Whether `elf` is a 64-bit little-endian ELF without a program interpreter (`PT_INTERP`):
+/// the kernel runs it without a dynamic loader, so it needs no library from the image.
+pub fn is_static_elf(elf: &[u8]) -> anyhow::Result<bool> {
+    ensure!(elf.starts_with(b"\x7fELF"), "not an ELF file");
+    ensure!(
+        elf.get(4) == Some(&2) && elf.get(5) == Some(&1),
+        "not a 64-bit little-endian ELF file"
+    );
+    let u16_at = |at: usize| elf.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u64_at = |at: usize| {
+        elf.get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+    };
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
+        bail!("truncated ELF header");
+    };
+    for index in 0..usize::from(phnum) {
+        let at = usize::try_from(phoff)? + index * usize::from(phentsize);
+        let Some(kind) = elf.get(at..at + 4) else {
+            bail!("truncated ELF program header {index}");
+        };
+        if u32::from_le_bytes([kind[0], kind[1], kind[2], kind[3]]) == PT_INTERP {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
