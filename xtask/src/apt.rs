@@ -1,20 +1,15 @@
 //! Debian packages the tasks need (the control plane's build, the images, the runtime that
 //! imports them), installed with apt-get when dpkg does not list them.
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 use crate::e2e_env::human_duration;
-use crate::e2e_env::process::{last_log_line, log_tail_section};
+use crate::e2e_env::process::run_logged;
 use crate::progress::Progress;
-
-/// How often a long apt-get reports that it is still running.
-const HEARTBEAT: Duration = Duration::from_secs(15);
 
 /// apt-get, updating the package lists at most once; its output goes to a log file.
 pub struct Apt {
@@ -68,7 +63,13 @@ impl Apt {
     fn run(&self, label: &str, args: &[&str]) -> anyhow::Result<()> {
         self.progress.say(&format!("{label} …"));
         let started = Instant::now();
-        run_logged(label, &mut Apt::command(args), &self.log, self.progress)?;
+        run_logged(
+            label,
+            &mut Apt::command(args),
+            &self.log,
+            self.progress,
+            &String::new,
+        )?;
         self.progress
             .say(&format!("{label}: done in {}", human_duration(started.elapsed())));
         Ok(())
@@ -95,47 +96,4 @@ pub fn missing_packages(packages: &[&str]) -> anyhow::Result<Vec<String>> {
         })
         .map(|pkg| (*pkg).to_owned())
         .collect())
-}
-
-/// Runs `command` with its output appended to `log`; on failure the error carries the log's tail.
-fn run_logged(label: &str, command: &mut Command, log: &Path, progress: Progress) -> anyhow::Result<()> {
-    if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("cannot open {}", log.display()))?;
-    writeln!(file, "\n$ {command:?}")?;
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .with_context(|| format!("cannot start {label}"))?;
-    let started = Instant::now();
-    let mut next_heartbeat = HEARTBEAT;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if started.elapsed() >= next_heartbeat {
-            next_heartbeat += HEARTBEAT;
-            progress.say(&format!(
-                "  {label}: {} elapsed — {}",
-                human_duration(started.elapsed()),
-                last_log_line(log)
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    if !status.success() {
-        bail!(
-            "{label} failed ({status}); full log: {}\n{}",
-            log.display(),
-            log_tail_section(log, 40)
-        );
-    }
-    Ok(())
 }

@@ -16,13 +16,12 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 
 use super::human_duration;
-use super::process::{last_log_line, log_tail_section};
+use super::process;
 use crate::apt::{Apt, missing_packages};
 use crate::progress::Progress;
 
@@ -78,9 +77,6 @@ const BUILD_PACKAGES: [&str; 8] = [
 /// Debian's reflect2 1.0.2, compatible with Go ≥ 1.18's map iterator.
 const REFLECT2_DEBIAN: &str = "/usr/share/gocode/src/github.com/modern-go/reflect2";
 const REFLECT2_VENDORED: &str = "vendor/github.com/modern-go/reflect2";
-
-/// How often a long step reports that it is still running.
-const HEARTBEAT: Duration = Duration::from_secs(15);
 
 const STAMP_FILE: &str = "build-info.txt";
 const SOURCE_READY_FILE: &str = ".source-ready";
@@ -465,51 +461,20 @@ fn install(source_dir: &Path, bin_dir: &Path) -> anyhow::Result<String> {
     Ok(version)
 }
 
-/// Runs `command` with its output appended to `log`; every [`HEARTBEAT`] prints the elapsed
-/// time, the log's last line and the Go package being compiled. On failure the error holds
-/// the log's path and tail.
+/// Runs `command` with its output appended to `log`; its heartbeat also names the Go
+/// package being compiled.
 fn run_logged(label: &str, command: &mut Command, log: &Path) -> anyhow::Result<()> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("cannot open {}", log.display()))?;
-    writeln!(file, "\n$ {command:?}")?;
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .with_context(|| format!("cannot start {label}"))?;
-    let started = Instant::now();
-    let mut next_heartbeat = HEARTBEAT;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            if status.success() {
-                return Ok(());
-            }
-            bail!(
-                "{label} failed ({status}); full log: {}\n{}",
-                log.display(),
-                log_tail_section(log, 40)
-            );
-        }
-        if started.elapsed() >= next_heartbeat {
-            next_heartbeat += HEARTBEAT;
-            let compiling = go_packages_compiling();
-            let compiling = match compiling.as_slice() {
-                [] => String::new(),
-                [one] => format!(" [compiling {one}]"),
-                [first, rest @ ..] => format!(" [compiling {first} +{}]", rest.len()),
-            };
-            PROGRESS.say(&format!(
-                "  {label}: {} elapsed — {}{compiling}",
-                human_duration(started.elapsed()),
-                last_log_line(log)
-            ));
-        }
-        sleep(Duration::from_millis(200));
-    }
+    process::run_logged(
+        label,
+        command,
+        log,
+        PROGRESS,
+        &|| match go_packages_compiling().as_slice() {
+            [] => String::new(),
+            [one] => format!(" [compiling {one}]"),
+            [first, rest @ ..] => format!(" [compiling {first} +{}]", rest.len()),
+        },
+    )
 }
 
 /// Import paths of the Go packages being compiled right now (the `-p` argument of running

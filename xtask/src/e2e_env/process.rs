@@ -8,7 +8,7 @@
 //! exited.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
@@ -361,6 +361,61 @@ pub fn random_hex(bytes: usize) -> anyhow::Result<String> {
         .and_then(|mut f| f.read_exact(&mut buf))
         .context("cannot read /dev/urandom")?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// How often [`run_logged`] reports that a long command is still running.
+const LOGGED_HEARTBEAT: Duration = Duration::from_secs(15);
+
+/// Runs `command` with its output appended to `log`. Every 15 s it prints, through
+/// `progress`, the elapsed time, the log's last line and `note()` (e.g. what is being
+/// compiled). On failure the error holds the log's path and tail.
+pub fn run_logged(
+    label: &str,
+    command: &mut Command,
+    log: &Path,
+    progress: crate::progress::Progress,
+    note: &dyn Fn() -> String,
+) -> anyhow::Result<()> {
+    if let Some(dir) = log.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    writeln!(file, "\n$ {command:?}")?;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .with_context(|| format!("cannot start {label}"))?;
+    let started = Instant::now();
+    let mut next_heartbeat = LOGGED_HEARTBEAT;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() >= next_heartbeat {
+            next_heartbeat += LOGGED_HEARTBEAT;
+            progress.say(&format!(
+                "  {label}: {} elapsed — {}{}",
+                super::human_duration(started.elapsed()),
+                last_log_line(log),
+                note()
+            ));
+        }
+        sleep(Duration::from_millis(200));
+    };
+    if !status.success() {
+        bail!(
+            "{label} failed ({status}); full log: {}\n{}",
+            log.display(),
+            log_tail_section(log, 40)
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
