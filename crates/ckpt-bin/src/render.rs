@@ -464,22 +464,14 @@ pub fn to_yaml(objects: &[Manifest]) -> Result<String> {
                     rules: None,
                     ..role.clone()
                 };
-                out.push_str(&yaml(&bare, &object.describe())?);
-                out.push_str(&commented_rules(
-                    role.rules.as_deref().unwrap_or_default(),
-                    &object.describe(),
-                )?);
+                out.push_str(&role_yaml(&bare, role.rules.as_deref(), &object.describe())?);
             }
             Manifest::Role(role) => {
                 let bare = Role {
                     rules: None,
                     ..role.clone()
                 };
-                out.push_str(&yaml(&bare, &object.describe())?);
-                out.push_str(&commented_rules(
-                    role.rules.as_deref().unwrap_or_default(),
-                    &object.describe(),
-                )?);
+                out.push_str(&role_yaml(&bare, role.rules.as_deref(), &object.describe())?);
             }
             Manifest::DaemonSet(daemonset) => {
                 let text = yaml(daemonset.as_ref(), &object.describe())?;
@@ -493,6 +485,11 @@ pub fn to_yaml(objects: &[Manifest]) -> Result<String> {
 
 /// `rules:` with each rule's reason as a comment above it. k8s-openapi writes `rules`
 /// last, so appending it to the object without rules keeps the field order.
+/// A (Cluster)Role: the object without its rules, then the rules, each with why it is needed.
+fn role_yaml<T: Serialize>(bare: &T, rules: Option<&[PolicyRule]>, what: &str) -> Result<String> {
+    Ok(yaml(bare, what)? + &commented_rules(rules.unwrap_or_default(), what)?)
+}
+
 fn commented_rules(rules: &[PolicyRule], what: &str) -> Result<String> {
     let mut out = String::from("rules:\n");
     for rule in rules {
