@@ -1286,12 +1286,9 @@ fn chattr(flag: &str, path: &Path) {
     assert!(status.success(), "chattr {flag} {}: {status}", path.display());
 }
 
-/// Self-GC with one checkpoint that cannot be removed: the others still go (one stuck
-/// checkpoint must not keep the rest of the node's), the agent's own stays, and the agent
-/// keeps running to retry; once the obstacle is gone, it finishes, removes itself last
-/// and exits 0.
-#[tokio::test]
-async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
+/// The apiserver, network and agent pods, checkpointed by the DaemonSet copy on a 2 s
+/// grace period, with a synced API view.
+async fn checkpointed_on_a_short_grace_period() -> (World, Agent) {
     let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
     let agent = world.start_agent(
         AGENT,
@@ -1299,6 +1296,16 @@ async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
     );
     world.expect_files("checkpointed", &checkpointed(AGENT)).await;
     agent.expect_api("synced").await;
+    (world, agent)
+}
+
+/// Self-GC with one checkpoint that cannot be removed: the others still go (one stuck
+/// checkpoint must not keep the rest of the node's), the agent's own stays, and the agent
+/// keeps running to retry; once the obstacle is gone, it finishes, removes itself last
+/// and exits 0.
+#[tokio::test]
+async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
+    let (world, agent) = checkpointed_on_a_short_grace_period().await;
 
     // The apiserver's secrets (sorted first among the removals) cannot be removed.
     let stuck =
@@ -1330,13 +1337,7 @@ async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
 /// period, and the journal catches up once it can be written.
 #[tokio::test]
 async fn gc_timers_advance_while_the_journal_cannot_be_saved() {
-    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
-    let agent = world.start_agent(
-        AGENT,
-        &["--gc-strategy", "grace-period", "--checkpoint-grace-period", "2s"],
-    );
-    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
-    agent.expect_api("synced").await;
+    let (world, agent) = checkpointed_on_a_short_grace_period().await;
 
     let state_dir = world.path("ck/pod-checkpointer");
     std::fs::create_dir_all(&state_dir).unwrap();
