@@ -533,7 +533,8 @@ impl Dir {
         let name = name.as_ref();
         let path = || self.child_path(name);
         for _ in 0..RACE_RETRIES {
-            match rustix::fs::unlinkat(&self.file, name, AtFlags::empty()) {
+            let unlinked = rustix::fs::unlinkat(&self.file, name, AtFlags::empty());
+            match unlinked {
                 Ok(()) => return Ok(true),
                 Err(Errno::NOENT) => return Ok(false),
                 // A directory (Linux says EISDIR, POSIX allows EPERM): empty it below.
@@ -543,8 +544,12 @@ impl Dir {
             let top = match self.open_dir_at(name) {
                 Ok(top) => top,
                 Err(Errno::NOENT) => return Ok(false),
+                // EPERM on a non-directory: immutable or append-only, retrying cannot help.
+                Err(Errno::LOOP | Errno::NOTDIR) if unlinked == Err(Errno::PERM) => {
+                    return Err(Error::io("removing", &path(), Errno::PERM));
+                }
                 // Swapped for a non-directory meanwhile: unlink again.
-                Err(Errno::LOOP | Errno::NOTDIR) if !self.unlink_refused(name) => continue,
+                Err(Errno::LOOP | Errno::NOTDIR) => continue,
                 Err(e) => return Err(Error::io("removing", &path(), e)),
             };
             top.empty_out(&top, 0)?;
@@ -598,14 +603,12 @@ impl Dir {
     /// whether anything changed.
     fn remove_entry(&self, name: &OsStr, top: &Dir, depth: usize) -> Result<bool> {
         let path = || self.child_path(name);
-        match rustix::fs::unlinkat(&self.file, name, AtFlags::empty()) {
+        let unlinked = rustix::fs::unlinkat(&self.file, name, AtFlags::empty());
+        match unlinked {
             Ok(()) => return Ok(true),
             Err(Errno::NOENT) => return Ok(true),
             Err(Errno::ISDIR | Errno::PERM) => {}
             Err(e) => return Err(Error::io("removing", &path(), e)),
-        }
-        if self.unlink_refused(name) {
-            return Err(Error::io("removing", &path(), Errno::PERM));
         }
         if depth + 1 >= MAX_TREE_DEPTH {
             let hoisted = format!(".deep-{}", unique_suffix());
@@ -618,6 +621,10 @@ impl Dir {
         let child = match self.open_dir_at(name) {
             Ok(child) => child,
             Err(Errno::NOENT) => return Ok(true),
+            // EPERM on a non-directory: immutable or append-only, retrying cannot help.
+            Err(Errno::LOOP | Errno::NOTDIR) if unlinked == Err(Errno::PERM) => {
+                return Err(Error::io("removing", &path(), Errno::PERM));
+            }
             // Swapped for a non-directory since: the next batch unlinks it.
             Err(Errno::LOOP | Errno::NOTDIR) => return Ok(false),
             Err(e) => return Err(Error::io("removing", &path(), e)),
@@ -629,14 +636,6 @@ impl Dir {
             Err(Errno::NOTEMPTY | Errno::EXIST) => Ok(false),
             Err(e) => Err(Error::io("removing", &path(), e)),
         }
-    }
-
-    /// Whether `name` is a non-directory whose unlink failed with `EPERM` for a reason
-    /// other than being a directory (an immutable or append-only file or directory):
-    /// retrying cannot help.
-    fn unlink_refused(&self, name: &OsStr) -> bool {
-        !matches!(self.kind_of(name), Ok(Some(Kind::Dir) | None))
-            && rustix::fs::unlinkat(&self.file, name, AtFlags::empty()) == Err(Errno::PERM)
     }
 
     /// Up to `limit` names of this directory (without `.` and `..`), in directory order.
