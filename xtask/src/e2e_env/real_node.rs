@@ -776,11 +776,6 @@ fn preflight(options: &RealNodeOptions) -> anyhow::Result<()> {
             path.display()
         );
     }
-    anyhow::ensure!(
-        Path::new(images::BUSYBOX_BINARY).is_file(),
-        "{} is missing: install busybox-static (`cargo xtask e2e-env build`)",
-        images::BUSYBOX_BINARY
-    );
     for bin in [options.bins.kubelet(), options.bins.pause()] {
         anyhow::ensure!(
             bin.is_file(),
