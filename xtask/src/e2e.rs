@@ -20,26 +20,29 @@ pub(crate) struct E2e {
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
+    /// The longer mode: also the scenarios kept out of CI for time (see `--list`)
+    #[arg(long)]
+    long: bool,
 }
 
 impl E2e {
     pub(crate) fn run(&self) -> anyhow::Result<()> {
         if self.list {
             let suite = build_suite(false)?;
-            return run_binary(&suite, &["--list".to_owned()]);
+            return run_binary(&suite, &["--list".to_owned()], self.long);
         }
-        run_suite(&self.filters, false)
+        run_suite(&self.filters, false, self.long)
     }
 }
 
 /// Builds the environment, the agent and the suite, then runs the suite (also used by
-/// `cargo xtask test`, with `locked`).
-pub(crate) fn run_suite(filters: &[String], locked: bool) -> anyhow::Result<()> {
+/// `cargo xtask test`, with `locked`); `long` for the longer mode.
+pub(crate) fn run_suite(filters: &[String], locked: bool, long: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     interrupt::install()?;
     e2e_env::ensure_built()?;
     let suite = build_suite(locked)?;
-    run_binary(&suite, filters)?;
+    run_binary(&suite, filters, long)?;
     Progress::new("e2e").say(&format!(
         "end-to-end suite passed ({} in all)",
         human_duration(started.elapsed())
@@ -88,12 +91,16 @@ fn suite_executable(messages: &str) -> Option<PathBuf> {
         .find_map(|m| m["executable"].as_str().map(PathBuf::from))
 }
 
-fn run_binary(suite: &PathBuf, args: &[String]) -> anyhow::Result<()> {
+/// The suite's switch for the longer mode.
+const LONG_ENV: &str = "E2E_LONG";
+
+fn run_binary(suite: &PathBuf, args: &[String], long: bool) -> anyhow::Result<()> {
     let agent = agent_binary()?;
     eprintln!("$ {} {}", suite.display(), args.join(" "));
     let status = Command::new(suite)
         .args(args)
         .env("POD_CHECKPOINTER_BIN", &agent)
+        .env(LONG_ENV, if long { "1" } else { "0" })
         .current_dir(crate::project_root())
         .status()
         .with_context(|| format!("cannot run {}", suite.display()))?;

@@ -19,6 +19,19 @@ pub(crate) struct Test {
     /// end-to-end tests are then skipped, loudly. Refused when CI=true.
     #[arg(long)]
     no_e2e_build: bool,
+    /// The longer mode: also the end-to-end scenarios kept out of CI for time (the agent's
+    /// upgrade on the real node under every GC strategy, not only grace-period).
+    #[arg(long)]
+    long: bool,
+}
+
+/// Runs one phase and prints how long it took.
+fn phase(name: &str, run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let started = Instant::now();
+    eprintln!("xtask test: phase {name}");
+    run()?;
+    eprintln!("xtask test: phase {name} passed in {}", human_duration(started.elapsed()));
+    Ok(())
 }
 
 impl Test {
@@ -30,48 +43,52 @@ impl Test {
             "--no-e2e-build is refused when CI=true: CI runs the end-to-end tests, never skips them"
         );
         if !self.no_lint {
-            crate::run("cargo", &["fmt", "--all", "--check"])?;
+            phase("fmt", || crate::run("cargo", &["fmt", "--all", "--check"]))?;
+            phase("clippy", || {
+                crate::run(
+                    "cargo",
+                    &[
+                        "clippy",
+                        "--workspace",
+                        "--all-targets",
+                        "--locked",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ],
+                )?;
+                // `--all-targets` leaves out the `test = false` targets.
+                crate::run(
+                    "cargo",
+                    &[
+                        "clippy", "-p", "xtask", "--test", "e2e", "--test", "image", "--locked", "--", "-D",
+                        "warnings",
+                    ],
+                )
+            })?;
+            phase("each crate alone", || {
+                crate::standalone::run(&crate::project_root()).map(drop)
+            })?;
+        }
+        phase("unit and integration tests", || {
+            crate::run("cargo", &["test", "--workspace", "--locked"])
+        })?;
+        // The image: the static release build, its root filesystem, a private containerd.
+        phase("image", || {
             crate::run(
                 "cargo",
                 &[
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
+                    "test",
+                    "-p",
+                    "xtask",
+                    "--test",
+                    "image",
                     "--locked",
                     "--",
-                    "-D",
-                    "warnings",
+                    "--nocapture",
                 ],
-            )?;
-            // `--all-targets` leaves out the `test = false` targets.
-            crate::run(
-                "cargo",
-                &[
-                    "clippy", "-p", "xtask", "--test", "e2e", "--test", "image", "--locked", "--", "-D",
-                    "warnings",
-                ],
-            )?;
-            let alone = crate::standalone::run(&crate::project_root())?;
-            eprintln!(
-                "xtask test: each crate checked and packaged alone in {}",
-                human_duration(alone)
-            );
-        }
-        crate::run("cargo", &["test", "--workspace", "--locked"])?;
-        // The image: the static release build, its root filesystem, a private containerd.
-        crate::run(
-            "cargo",
-            &[
-                "test",
-                "-p",
-                "xtask",
-                "--test",
-                "image",
-                "--locked",
-                "--",
-                "--nocapture",
-            ],
-        )?;
+            )
+        })?;
 
         if self.no_e2e_build
             && let Err(missing) = BinDir::cached()
@@ -88,7 +105,7 @@ impl Test {
             );
             return Ok(());
         }
-        crate::e2e::run_suite(&[], true)?;
+        phase("end-to-end", || crate::e2e::run_suite(&[], true, self.long))?;
         eprintln!("xtask test: all green in {}", human_duration(started.elapsed()));
         Ok(())
     }

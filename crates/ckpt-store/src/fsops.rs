@@ -507,16 +507,23 @@ impl Dir {
                 Ok(true)
             }
             Err(Errno::NOENT) => Ok(false),
+            // A read-only file system refuses an unlink before it looks the name up: a
+            // name that is not there is removed all the same (the pod's read-only root
+            // around its mounts, where earlier versions' files may have been).
+            Err(Errno::ROFS) if self.kind_of(name)?.is_none() => Ok(false),
             Err(e) => Err(Error::io("removing", &self.child_path(name), e)),
         }
     }
 
-    /// Removes the directory `name` if it is empty; `false` if it is missing or not empty.
+    /// Removes the directory `name` if it is empty; `false` if it is missing, not empty, or
+    /// in use as a mount point (in a pod, each of the store's dirs is a mount of its own).
     pub(crate) fn remove_empty_dir(&self, name: impl AsRef<OsStr>) -> Result<bool> {
         let name = name.as_ref();
         match rustix::fs::unlinkat(&self.file, name, AtFlags::REMOVEDIR) {
             Ok(()) => Ok(true),
-            Err(Errno::NOENT | Errno::NOTEMPTY | Errno::EXIST) => Ok(false),
+            Err(Errno::NOENT | Errno::NOTEMPTY | Errno::EXIST | Errno::BUSY) => Ok(false),
+            // As for a file: the read-only root around a pod's mounts refuses first.
+            Err(Errno::ROFS) if self.kind_of(name)?.is_none_or(|kind| kind == Kind::Dir) => Ok(false),
             Err(e) => Err(Error::io("removing", &self.child_path(name), e)),
         }
     }

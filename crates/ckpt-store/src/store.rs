@@ -293,6 +293,33 @@ impl Store {
         }
     }
 
+    /// After self-GC, once the journal and the kept credentials are gone: removes the
+    /// store's directories that are now empty (the agent's own, the inactive checkpoints',
+    /// the data roots, the quarantine), so an uninstalled node keeps no trace of the agent.
+    /// A directory with anything left in it (a quarantined file) is kept. Returns the
+    /// names removed.
+    pub fn remove_empty_dirs(&self) -> Result<Vec<String>> {
+        self.require_writable()?;
+        let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        let owned = self.layout.owned_dirs();
+        let names = owned
+            .iter()
+            .filter_map(|dir| dir.file_name())
+            .chain([OsStr::new(Layout::AGENT_DIR_NAME)]);
+        for name in names {
+            if checkpoint_dir.remove_empty_dir(name)? {
+                removed.push(name.to_string_lossy().into_owned());
+            }
+        }
+        if !removed.is_empty() {
+            checkpoint_dir.sync()?;
+        }
+        Ok(removed)
+    }
+
     /// Removes these files from the agent's dir; returns whether any of them was there.
     pub(crate) fn remove_agent_dir_files(&self, names: &[&str]) -> Result<bool> {
         self.require_writable()?;
@@ -2036,6 +2063,45 @@ mod tests {
         store.remove(&neighbour).unwrap();
         assert!(store.data_pods().unwrap().is_empty());
         assert!(!layout.data_root(Secret).join("ns").exists());
+    }
+
+    #[test]
+    fn an_uninstalled_node_keeps_no_empty_dir_of_ours() {
+        let (tmp, store) = store();
+        let layout = store.layout().clone();
+        let pod = id("ns", "p");
+        let dirs: &[crate::testutil::DirSpec<'_>] = &[(Secret, "s", &[("k", "v", 0o600)])];
+        store
+            .write_inactive(&checkpoint(&layout, &pod, "1", dirs))
+            .unwrap();
+        store.write_credentials(b"kubeconfig", b"token").unwrap();
+        store.write_journal(&BTreeMap::from([("k", 1)])).unwrap();
+        // Not ours, beside ours: kept.
+        fs::write(layout.checkpoint_dir().join("admin.conf"), "x").unwrap();
+        // A quarantined file is kept, and so is its directory.
+        fs::create_dir_all(layout.quarantine_dir()).unwrap();
+        fs::write(layout.quarantine_dir().join("bad.json"), "{").unwrap();
+
+        // While anything is in them, they stay.
+        assert!(store.remove_empty_dirs().unwrap().is_empty());
+        assert!(layout.inactive_dir().exists() && layout.agent_dir().exists());
+
+        store.remove(&pod).unwrap();
+        store.remove_credentials().unwrap();
+        store.remove_journal().unwrap();
+        let mut removed = store.remove_empty_dirs().unwrap();
+        removed.sort();
+        assert_eq!(
+            removed,
+            ["checkpoint-secrets", "inactive-manifests", "pod-checkpointer"]
+        );
+        let mut left: Vec<String> = fs::read_dir(tmp.path().join("k8s"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["admin.conf", "checkpoint-quarantine", "manifests"]);
+        assert!(store.remove_empty_dirs().unwrap().is_empty(), "idempotent");
     }
 
     #[test]

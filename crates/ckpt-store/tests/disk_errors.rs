@@ -262,3 +262,82 @@ fn free_bytes(path: &Path) -> usize {
         .and_then(|l| l.trim().parse().ok())
         .expect("df output")
 }
+
+/// The checkpoint dir as a pod sees it: the container's read-only root, with each of the
+/// store's dirs a writable mount of its own (the rendered DaemonSet's hostPath volumes).
+struct PodView {
+    root: Tmpfs,
+    mounts: Vec<PathBuf>,
+}
+
+impl PodView {
+    const MOUNTED: [&str; 7] = [
+        "manifests",
+        "inactive-manifests",
+        "checkpoint-secrets",
+        "checkpoint-configmaps",
+        "checkpoint-projected",
+        "checkpoint-quarantine",
+        "pod-checkpointer",
+    ];
+
+    fn mount() -> Option<(Self, Layout)> {
+        let root = Tmpfs::mount("4m")?;
+        let layout = common::layout(&root.mountpoint);
+        let mut mounts = Vec::new();
+        for name in Self::MOUNTED {
+            let dir = layout.checkpoint_dir().join(name);
+            fs::create_dir_all(&dir).expect("mountpoint");
+            let ok = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"])
+                .arg(&dir)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "mount {}", dir.display());
+            mounts.push(dir);
+        }
+        root.remount("ro");
+        Some((Self { root, mounts }, layout))
+    }
+}
+
+impl Drop for PodView {
+    fn drop(&mut self) {
+        for dir in self.mounts.iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(dir).status();
+        }
+        let _ = &self.root;
+    }
+}
+
+/// Self-GC in a pod: the kept credentials and the journal go (the read-only root refuses
+/// even to unlink the earlier versions' names that are not there), and the store's dirs,
+/// mount points the pod cannot remove, are left empty without an error.
+#[test]
+fn an_uninstall_from_a_pod_removes_the_agents_files_around_its_mounts() {
+    let Some((_view, layout)) = PodView::mount() else {
+        return;
+    };
+    let store = Store::open(layout.clone()).expect("open");
+    store
+        .write_credentials(b"kubeconfig", b"token")
+        .expect("credentials");
+    store.write_journal(&1).expect("journal");
+    let id = PodId::new("kube-system", "api");
+    store
+        .write_inactive(&checkpoint(&layout, &id, "v1", 10))
+        .expect("write");
+
+    store.remove(&id).expect("remove");
+    assert!(store.remove_credentials().expect("credentials removed"));
+    assert!(store.remove_journal().expect("journal removed"));
+    assert_eq!(
+        store.remove_empty_dirs().expect("mount points are kept"),
+        Vec::<String>::new()
+    );
+    for name in PodView::MOUNTED {
+        let dir = layout.checkpoint_dir().join(name);
+        let left: Vec<_> = fs::read_dir(&dir).expect("still there").collect();
+        assert!(left.is_empty(), "{} holds {left:?}", dir.display());
+    }
+}

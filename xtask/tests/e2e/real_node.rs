@@ -4,6 +4,7 @@
 //! daemons' resident memory.
 
 use std::fs;
+use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use serde_json::{Value, json};
 use xtask::e2e_env::process::{log_tail, rss_kib};
 use xtask::e2e_env::real_node::BUSYBOX_IMAGE;
 use xtask::e2e_env::{
-    BinDir, ControlPlane, NODE_NAME, NodeFootprint, RealNode, RealNodeOptions, StartOptions, human_duration,
+    BinDir, ControlPlane, NODE_NAME, RealNode, RealNodeOptions, StartOptions, human_duration,
 };
 use xtask::harness::interrupt;
 use xtask::harness::kubectl::{Kubectl, pod_running};
@@ -54,26 +55,103 @@ const NODE_MOUNTS: [&str; 8] = [
     "/run",
 ];
 
-pub(crate) fn lifecycle() -> anyhow::Result<()> {
+/// The plane and real node every real-node scenario of a run shares, with what they need.
+pub(crate) struct NodeRun {
+    pub(crate) plane: ControlPlane,
+    pub(crate) node: RealNode,
+    pub(crate) kubectl: Kubectl,
+    pub(crate) progress: Progress,
+}
+
+pub(crate) type NodeScenarioFn = fn(&mut NodeRun) -> anyhow::Result<()>;
+
+/// The name under which a node that leaves something behind fails the run.
+pub(crate) const STOP_CHECK: &str = "real_node_stop_leaves_nothing";
+
+/// Starts a plane with the controllers and a real node, runs `selected` on it one after the
+/// other (each leaves the node as it found it), then stops it all and checks that nothing
+/// survives; returns the names of what failed.
+pub(crate) fn run(selected: &[&(&'static str, NodeScenarioFn)]) -> Vec<&'static str> {
+    let all = || selected.iter().map(|(name, _)| *name).collect::<Vec<_>>();
     let progress = Progress::timed("e2e");
     let machine_before = existing(&MACHINE_PATHS);
-    let bins = BinDir::cached()?;
-    progress.say("starting a control plane with the controllers on the node network");
-    let plane = ControlPlane::start(&StartOptions::real_node(bins.clone()))?;
-    let workdir = plane.workdir().to_owned();
-    progress.say("starting the real node");
+    eprintln!(
+        "\ne2e: {} scenario(s) on a real node; starting a control plane with the controllers",
+        selected.len()
+    );
     let started = Instant::now();
-    let mut node = RealNode::start(&plane, &RealNodeOptions::new(bins))?;
-    let start_time = started.elapsed();
-
-    let footprint = match exercise(&progress, &plane, &mut node) {
-        Ok(footprint) => footprint,
+    let mut run = match start(progress) {
+        Ok(run) => run,
         Err(e) => {
-            report_failure(&plane, &node);
-            return Err(e);
+            eprintln!("e2e: cannot start the real node: {e:#}");
+            return all();
         }
     };
-    // The same check while the node runs sees all of it: it can fail.
+    progress.say(&format!(
+        "real node Ready {} after the start",
+        human_duration(started.elapsed())
+    ));
+    let mut failed = Vec::new();
+    for (index, (name, scenario)) in selected.iter().enumerate() {
+        if interrupt::requested() {
+            failed.extend(selected[index..].iter().map(|(n, _)| *n));
+            break;
+        }
+        eprintln!("\n=== scenario {name} (on the real node)");
+        let scenario_started = Instant::now();
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| scenario(&mut run)))
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the scenario panicked")));
+        match outcome {
+            Ok(()) => eprintln!("--- {name}: ok ({})", human_duration(scenario_started.elapsed())),
+            Err(e) => {
+                report_failure(&run.plane, &run.node);
+                eprintln!(
+                    "--- {name}: FAILED after {}: {e:#}",
+                    human_duration(scenario_started.elapsed())
+                );
+                failed.push(*name);
+            }
+        }
+    }
+    if let Err(e) = stop(run, &machine_before) {
+        eprintln!("--- {STOP_CHECK}: FAILED: {e:#}");
+        failed.push(STOP_CHECK);
+    }
+    failed
+}
+
+fn start(progress: Progress) -> anyhow::Result<NodeRun> {
+    let bins = BinDir::cached()?;
+    let plane = ControlPlane::start(&StartOptions::real_node(bins.clone()))?;
+    progress.say("the agent's images (the static release build), then the real node");
+    let images = crate::real_node_seed::agent_images(&plane.workdir().join("images"))?;
+    let node = RealNode::start(
+        &plane,
+        &RealNodeOptions {
+            images,
+            ..RealNodeOptions::new(bins)
+        },
+    )?;
+    let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
+    Ok(NodeRun {
+        plane,
+        node,
+        kubectl,
+        progress,
+    })
+}
+
+/// Stops the node and the plane; what the running node made on the machine (taken before
+/// the stop, so the same check could fail) must all be gone afterwards.
+fn stop(run: NodeRun, machine_before: &[PathBuf]) -> anyhow::Result<()> {
+    let NodeRun {
+        plane,
+        node,
+        progress,
+        ..
+    } = run;
+    let workdir = plane.workdir().to_owned();
+    let footprint = node.footprint();
     let running = footprint.survivors();
     for kind in [
         "processes",
@@ -106,20 +184,32 @@ pub(crate) fn lifecycle() -> anyhow::Result<()> {
         "the machine's directories changed: before {machine_before:?}, after {:?}",
         existing(&MACHINE_PATHS)
     );
-    progress.say(&format!(
-        "nothing survives the stop; node start (Node Ready) took {}",
-        human_duration(start_time)
-    ));
+    progress.say("nothing of the node survives the stop");
     Ok(())
 }
 
-/// Everything but the stop; returns what the node made on the machine, taken after the reboot.
-fn exercise(progress: &Progress, plane: &ControlPlane, node: &mut RealNode) -> anyhow::Result<NodeFootprint> {
-    let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
+/// The node itself: its namespaces and directories, a static pod, a DaemonSet's pod that
+/// calls the API with its bound token, and both back after a power cut. Leaves nothing.
+pub(crate) fn runs_pods_and_reboots(run: &mut NodeRun) -> anyhow::Result<()> {
+    exercise(&run.progress, &run.plane, &mut run.node, &run.kubectl)?;
+    run.progress
+        .say("clean-up: the static pod's manifest and the namespace");
+    fs::remove_file(run.node.manifests_dir().join(format!("{STATIC_POD}.json")))?;
+    run.kubectl
+        .run(&["delete", "namespace", NAMESPACE, "--wait=true"], None)?;
+    Ok(())
+}
+
+fn exercise(
+    progress: &Progress,
+    plane: &ControlPlane,
+    node: &mut RealNode,
+    kubectl: &Kubectl,
+) -> anyhow::Result<()> {
     let machine_paths = existing(&MACHINE_PATHS);
 
     progress.say("the node: Ready, its address, no default route, private directories");
-    let node_object = get(&kubectl, "node", "", NODE_NAME)?.context("no Node node-1")?;
+    let node_object = get(kubectl, "node", "", NODE_NAME)?.context("no Node node-1")?;
     let addresses = node_object["status"]["addresses"].to_string();
     let node_ip = node.network().node_ip.to_string();
     anyhow::ensure!(
@@ -177,11 +267,11 @@ fn exercise(progress: &Progress, plane: &ControlPlane, node: &mut RealNode) -> a
         })
     })?;
     progress.say(&format!("static pod running after {}", human_duration(took)));
-    wait_pod(&kubectl, &mirror, "its mirror pod Running", pod_running)?;
+    wait_pod(kubectl, &mirror, "its mirror pod Running", pod_running)?;
 
     progress.say("an API pod: a DaemonSet scheduled onto the node, calling the API with its bound token");
     kubectl.apply(&api_pod_objects(&plane.apiserver_url()))?;
-    let pod = wait_api_pod(&kubectl, "the DaemonSet's pod Running", pod_running)?;
+    let pod = wait_api_pod(kubectl, "the DaemonSet's pod Running", pod_running)?;
     let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
     let pod_ip = pod["status"]["podIP"].as_str().unwrap_or_default().to_owned();
     let pod_cidr_prefix = node.network().pod_cidr_text();
@@ -231,7 +321,7 @@ fn exercise(progress: &Progress, plane: &ControlPlane, node: &mut RealNode) -> a
 
     progress.say("reboot: power cut, runtime state dropped, containerd and the kubelet again");
     let starts_before = line_count(&started_log);
-    let api_restarts = restart_count(&wait_api_pod(&kubectl, "the API pod", |_| true)?);
+    let api_restarts = restart_count(&wait_api_pod(kubectl, "the API pod", |_| true)?);
     let cut = Instant::now();
     node.reboot()?;
     let ((), _) = wait_for("the static pod to run again", TIMEOUT, || {
@@ -243,11 +333,11 @@ fn exercise(progress: &Progress, plane: &ControlPlane, node: &mut RealNode) -> a
         })
     })?;
     let static_back = cut.elapsed();
-    wait_api_pod(&kubectl, "the API pod running again in a new sandbox", |pod| {
+    wait_api_pod(kubectl, "the API pod running again in a new sandbox", |pod| {
         pod_running(pod) && restart_count(pod) > api_restarts
     })?;
     let api_back = cut.elapsed();
-    wait_pod(&kubectl, &mirror, "the mirror pod Running again", pod_running)?;
+    wait_pod(kubectl, &mirror, "the mirror pod Running again", pod_running)?;
     progress.say(&format!(
         "after the power cut: static pod running in {}, API pod in {}",
         human_duration(static_back),
@@ -262,7 +352,7 @@ fn exercise(progress: &Progress, plane: &ControlPlane, node: &mut RealNode) -> a
         existing(&MACHINE_PATHS) == machine_paths,
         "the reboot changed the machine's directories"
     );
-    Ok(node.footprint())
+    Ok(())
 }
 
 /// A hostNetwork busybox that appends a line to its hostPath file at each start.

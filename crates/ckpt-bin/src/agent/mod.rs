@@ -305,6 +305,9 @@ impl Agent {
                     if let Err(e) = self.store.remove_journal() {
                         warn!(error = %error_chain(&e), "cannot remove the state journal");
                     }
+                    if let Err(e) = self.store.remove_empty_dirs() {
+                        warn!(error = %error_chain(&e), "cannot remove the checkpoint dir's empty directories");
+                    }
                     info!("self-GC complete: every checkpoint removed, this one last; exiting");
                     return Ok(Exit::Done);
                 }

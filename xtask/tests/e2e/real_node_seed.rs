@@ -1,0 +1,911 @@
+//! The seed scenarios on the real node (issue 16): the agent installed from its image by
+//! `cargo xtask deploy` exactly as an operator of this node would (the render options are the
+//! node's API endpoint and a short grace period, nothing edited by hand), the static copy
+//! started by the kubelet from the agent's own checkpoint, a power cut with the API server
+//! down, the way back, the agent's own upgrade, and self-GC once the DaemonSet no longer
+//! targets the node.
+//!
+//! Everything here is observed as an operator would: the API, the node's files (its
+//! manifests and checkpoint dirs, its container logs under `/var/log/pods`), and
+//! `pod-checkpointer inspect` and `health` pointed at them.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ckpt_bin::render::DEFAULT_IMAGE;
+use serde_json::{Value, json};
+use xtask::e2e_env::{NODE_NAME, human_duration};
+use xtask::harness::agent::{AgentDirs, Inspect, inspect};
+use xtask::harness::agent_binary;
+use xtask::harness::kubectl::pod_running;
+use xtask::harness::wait::{Probe, holds_for, wait_for, waiting_on_error};
+use xtask::image::{BUSYBOX_IMAGE, agent_image, build_static_agent};
+
+use crate::real_node::NodeRun;
+
+/// Where `deploy` installs the agent by default, and where the workload lives (the agent's
+/// default `--namespaces` is its own).
+const NS: &str = "kube-system";
+const AGENT: &str = "pod-checkpointer";
+const AGENT_SELECTOR: &str = "app.kubernetes.io/name=pod-checkpointer";
+const WORKLOAD: &str = "e2e-workload";
+/// The image an upgrade moves to: the same binary under a new tag.
+const UPGRADE_TAG_SUFFIX: &str = "-e2e-upgrade";
+/// Short enough to watch, long enough to tell apart from an immediate removal.
+const GRACE_PERIOD: Duration = Duration::from_secs(20);
+/// The label `deploy`'s DaemonSet selects control-plane nodes by (kubeadm sets it).
+const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// A nodeSelector no node matches: the DaemonSet no longer targets node-1.
+const DESELECTING_PATCH: &str =
+    r#"{"spec":{"template":{"spec":{"nodeSelector":{"pod-checkpointer.e2e/target":"nowhere"}}}}}"#;
+/// What the workload's containers print each 2 s once they read their files.
+const SECRET_VALUE: &str = "hunter2";
+const CONFIG_VALUE: &str = "hello";
+/// Pods are started by real components, some after a power cut: generous bounds.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The agent's image archives for the node: the rendered manifests' image, and the same
+/// binary under the upgrade's tag. The static release build is cached in the target dir.
+pub(crate) fn agent_images(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let binary = build_static_agent()?;
+    fs::create_dir_all(dir)?;
+    let mut archives = Vec::new();
+    for (file, reference) in [
+        ("agent.oci.tar", DEFAULT_IMAGE.to_owned()),
+        ("agent-upgrade.oci.tar", upgrade_image()),
+    ] {
+        let archive = dir.join(file);
+        agent_image(&binary, &reference, &archive)?;
+        archives.push(archive);
+    }
+    Ok(archives)
+}
+
+fn upgrade_image() -> String {
+    format!("{DEFAULT_IMAGE}{UPGRADE_TAG_SUFFIX}")
+}
+
+/// Seeds A, B and C on the real node, and the settings from the deployed ConfigMap.
+pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
+    let progress = run.progress;
+    reset(run)?;
+    progress
+        .say("seed A: the workload (a Secret, a ConfigMap, root and uid 65534), then `cargo xtask deploy`");
+    label_control_plane(run)?;
+    run.kubectl.apply(&workload_objects())?;
+    let workload = wait_workload(run, "the workload's pod Running", |_| true)?;
+    deploy(run, "grace-period", &[])?;
+    let (c1, c2) = wait_agent_pair(run, "C1 and the static copy C2 running")?;
+    progress.say(&format!(
+        "C1 {c1} and its static copy C2 {c2} run; C1 holds the lock"
+    ));
+    wait_health(run, &c1, "ok")?;
+    wait_health(run, &c2, "standby")?;
+    let checkpoints = wait_inspect(run, "the workload's and the agent's checkpoints", |i| {
+        state_of(i, &workload) == Some("inactive")
+            && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
+    })?;
+    progress.say(&format!("checkpoints: {}", checkpoints.summary()));
+    check_config_from_configmap(run, "grace-period")?;
+
+    progress.say("seed B: power cut with the API server down; only static pods start");
+    run.plane.kill_apiserver()?;
+    let cut = Instant::now();
+    run.node.reboot()?;
+    let c2_mirror = format!("{c1}-{NODE_NAME}");
+    wait_for("C2 to take the lock after the power cut", TIMEOUT, || {
+        let taken = count_in_logs(run, &c2_mirror, "lock taken: this copy is active");
+        Ok(if taken >= 1 {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(format!("C2's logs: {}", last_log_line(run, &c2_mirror)))
+        })
+    })?;
+    progress.say(&format!(
+        "C2 holds the lock {} after the cut",
+        human_duration(cut.elapsed())
+    ));
+    let workload_static = format!("{workload}-{NODE_NAME}");
+    wait_for(
+        "the workload's checkpoint to run and read its files, as root and as 65534",
+        TIMEOUT,
+        || {
+            let read = ["0", "65534"].map(|uid| count_in_logs(run, &workload_static, &reads_files(uid)));
+            Ok(if read.iter().all(|n| *n >= 1) {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(format!(
+                    "lines read by uid 0 and 65534: {read:?}; last: {}",
+                    last_log_line(run, &workload_static)
+                ))
+            })
+        },
+    )?;
+    anyhow::ensure!(
+        state_of(&inspect_node(run)?, &workload) == Some("active"),
+        "the workload's checkpoint runs but is not active"
+    );
+    progress.say(&format!(
+        "the workload's checkpoint runs and reads its Secret and ConfigMap {} after the cut",
+        human_duration(cut.elapsed())
+    ));
+
+    progress.say("seed C: the API server is back; the parents run again, C1 waits on the lock");
+    run.plane.restart_apiserver()?;
+    let api_back = Instant::now();
+    wait_workload(run, "the workload's parent running again", |pod| {
+        pod_running(pod) && restart_count(pod) >= 1
+    })?;
+    wait_for("the workload's checkpoint to be retired", TIMEOUT, || {
+        waiting_on_error((|| {
+            let report = inspect_node(run)?;
+            Ok(match state_of(&report, &workload) {
+                Some("inactive") => Probe::Ready(()),
+                state => Probe::Waiting(format!("its state: {state:?}")),
+            })
+        })())
+    })?;
+    progress.say(&format!(
+        "parent running and checkpoint retired {} after the API server was back",
+        human_duration(api_back.elapsed())
+    ));
+    wait_agent_pair(run, "C1 running again beside C2")?;
+    wait_health(run, &c1, "standby")?;
+    wait_health(run, &c2, "ok")?;
+    anyhow::ensure!(
+        count_in_logs(run, &c1, "waiting for the lock") >= 2,
+        "C1 did not wait on the lock after the power cut"
+    );
+
+    progress
+        .say("seed C: the DaemonSet no longer targets the node; C2 removes every checkpoint, then itself");
+    self_gc_and_clean_up(run, &[&workload, &c1])
+}
+
+/// The agent's upgrade to a new image tag under `strategy`, then the strategy at work.
+fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
+    let progress = run.progress;
+    reset(run)?;
+    progress.say(&format!(
+        "the workload and the agent, deployed with --gc-strategy {strategy}"
+    ));
+    label_control_plane(run)?;
+    run.kubectl.apply(&workload_objects())?;
+    let workload = wait_workload(run, "the workload's pod Running", |_| true)?;
+    deploy(run, strategy, &[])?;
+    let (c1, _) = wait_agent_pair(run, "C1 and C2 running")?;
+    wait_inspect(run, "the workload's checkpoint", |i| {
+        state_of(i, &workload) == Some("inactive")
+    })?;
+    check_config_from_configmap(run, strategy)?;
+
+    progress.say(&format!(
+        "`cargo xtask deploy --image {}`: the rollout completes, no checkpoint is ever missing",
+        upgrade_image()
+    ));
+    let watch = CheckpointWatch::start(run, &workload)?;
+    deploy(run, strategy, &["--image", &upgrade_image()])?;
+    let (new_c1, new_c2) = wait_for("the static copy on the new image", TIMEOUT, || {
+        waiting_on_error((|| {
+            let (c1, c2) = agent_pods(run)?;
+            Ok(match (c1, c2) {
+                (Some(c1), Some(c2))
+                    if image_of(&c1) == upgrade_image() && image_of(&c2) == upgrade_image() =>
+                {
+                    if pod_running(&c2) && running_image(&c2) == Some(upgrade_image()) {
+                        Probe::Ready((name_of(&c1), name_of(&c2)))
+                    } else {
+                        Probe::Waiting(format!("C2 {}: status {}", name_of(&c2), c2["status"]))
+                    }
+                }
+                (c1, c2) => Probe::Waiting(format!(
+                    "images: C1 {:?}, C2 {:?}",
+                    c1.as_ref().map(image_of),
+                    c2.as_ref().map(image_of)
+                )),
+            })
+        })())
+    })?
+    .0;
+    anyhow::ensure!(new_c1 != c1, "the DaemonSet kept its old pod {c1}");
+    let self_manifests = self_manifests(run)?;
+    anyhow::ensure!(
+        self_manifests.len() == 1,
+        "the static copy should follow the new pod alone, found {self_manifests:?}"
+    );
+    let watched = watch.stop()?;
+    progress.say(&format!(
+        "C2 {new_c2} runs {}; checkpoints present at all {watched} looks",
+        upgrade_image()
+    ));
+    check_config_from_configmap(run, strategy)?;
+
+    progress.say(&format!(
+        "{strategy} removes the workload's checkpoint once its parent is gone"
+    ));
+    run.kubectl
+        .run(&["delete", "daemonset", WORKLOAD, "-n", NS, "--wait=true"], None)?;
+    wait_for("the workload's pod gone", TIMEOUT, || {
+        waiting_on_error((|| {
+            Ok(match workload_pods(run)?.len() {
+                0 => Probe::Ready(()),
+                n => Probe::Waiting(format!("{n} pod(s)")),
+            })
+        })())
+    })?;
+    let gone = Instant::now();
+    if strategy == "grace-period" {
+        holds_for(
+            "the checkpoint kept during the grace period",
+            GRACE_PERIOD / 2,
+            || {
+                Ok(match state_of(&inspect_node(run)?, &workload) {
+                    Some(_) => Probe::Ready(()),
+                    None => Probe::Waiting("removed".into()),
+                })
+            },
+        )?;
+    }
+    let ((), _) = wait_for("the workload's checkpoint to be removed", TIMEOUT, || {
+        Ok(match state_of(&inspect_node(run)?, &workload) {
+            None => Probe::Ready(()),
+            Some(state) => Probe::Waiting(format!("still {state}")),
+        })
+    })?;
+    let removed = agent_log_lines(run)
+        .into_iter()
+        .find(|l| l.contains("checkpoint removed") && l.contains(&format!("pod={NS}/{workload} ")))
+        .context("no agent logged the workload's removal")?;
+    anyhow::ensure!(
+        removed.contains(&format!("strategy={strategy}")),
+        "the removal was not by {strategy}: {removed}"
+    );
+    progress.say(&format!(
+        "removed by {strategy} {} after its parent was gone",
+        human_duration(gone.elapsed())
+    ));
+    self_gc_and_clean_up(run, &[&new_c1])
+}
+
+pub(crate) fn upgrade_under_grace_period(run: &mut NodeRun) -> anyhow::Result<()> {
+    upgrade(run, "grace-period")
+}
+
+pub(crate) fn upgrade_under_immediate(run: &mut NodeRun) -> anyhow::Result<()> {
+    upgrade(run, "immediate")
+}
+
+pub(crate) fn upgrade_under_owner_reference(run: &mut NodeRun) -> anyhow::Result<()> {
+    upgrade(run, "owner-reference")
+}
+
+/// Deselects the node, waits for the static copy to remove every checkpoint (`self_last`,
+/// the agent's own pod, last), checks that nothing of the agent is left on the node, then
+/// deletes what the scenario and `deploy` created.
+fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow::Result<()> {
+    run.kubectl.run(
+        &[
+            "patch",
+            "daemonset",
+            AGENT,
+            "-n",
+            NS,
+            "--type",
+            "merge",
+            "-p",
+            DESELECTING_PATCH,
+        ],
+        None,
+    )?;
+    let deselected = Instant::now();
+    wait_for("every agent pod to be gone", TIMEOUT, || {
+        waiting_on_error((|| {
+            let pods = pods(run, AGENT_SELECTOR)?;
+            Ok(if pods.is_empty() {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(format!("pods {:?}", pods.iter().map(name_of).collect::<Vec<_>>()))
+            })
+        })())
+    })?;
+    let ((), _) = wait_for("no checkpoint on the node", TIMEOUT, || {
+        let report = inspect_node(run)?;
+        Ok(if report.checkpoints.is_empty() {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(report.summary())
+        })
+    })?;
+    let lines = agent_log_lines(run);
+    let removed_at = |pod: &str| {
+        let needle = format!("pod={NS}/{pod} ");
+        lines
+            .iter()
+            .rposition(|l| l.contains("checkpoint removed") && l.contains(&needle))
+    };
+    let order: Vec<(&str, Option<usize>)> = expected_removed.iter().map(|p| (*p, removed_at(p))).collect();
+    let positions: Vec<usize> = order.iter().filter_map(|(_, at)| *at).collect();
+    anyhow::ensure!(
+        positions.len() == order.len() && positions.windows(2).all(|w| w[0] < w[1]),
+        "expected \"checkpoint removed\" for {expected_removed:?} in that order (self last): {order:?}"
+    );
+    wait_for("nothing of the agent's left on the node", TIMEOUT, || {
+        let left = ours_on_node(run)?;
+        Ok(if left.is_empty() {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(format!("left: {left:?}"))
+        })
+    })?;
+    run.progress.say(&format!(
+        "self-GC done {} after the DaemonSet stopped targeting the node; nothing of ours is left",
+        human_duration(deselected.elapsed())
+    ));
+
+    delete_objects(run)
+}
+
+/// The files on the node's `/etc/kubernetes` (the node has none of its own there): all
+/// would be the agent's. Its empty dirs may stay: in the pod each is a mount point the
+/// agent cannot remove (the README's uninstall section says so).
+fn ours_on_node(run: &NodeRun) -> anyhow::Result<Vec<String>> {
+    Ok(files_under(&host(run, "/etc/kubernetes")?))
+}
+
+/// Puts the node back as a scenario expects it, after one that failed half-way: no agent
+/// or workload objects, pods, checkpoints or static pods.
+fn reset(run: &NodeRun) -> anyhow::Result<()> {
+    let leftovers = ours_on_node(run)?;
+    let objects = run.kubectl.run(
+        &[
+            "get",
+            "daemonset",
+            "-n",
+            NS,
+            "-o",
+            "name",
+            "-l",
+            "pod-checkpointer.e2e/owned=true",
+        ],
+        None,
+    )? + &run.kubectl.run(
+        &[
+            "get",
+            "daemonset",
+            "-n",
+            NS,
+            "-o",
+            "name",
+            "--ignore-not-found",
+            AGENT,
+        ],
+        None,
+    )?;
+    if leftovers.is_empty() && objects.trim().is_empty() {
+        return Ok(());
+    }
+    run.progress.say(&format!(
+        "reset after a failed scenario: {} file(s), objects {:?}",
+        leftovers.len(),
+        objects.split_whitespace().collect::<Vec<_>>()
+    ));
+    delete_objects(run)?;
+    for entry in fs::read_dir(host(run, "/etc/kubernetes")?)? {
+        let path = entry?.path();
+        if path.file_name().is_some_and(|n| n == "manifests") {
+            for manifest in fs::read_dir(&path)? {
+                fs::remove_file(manifest?.path())?;
+            }
+        } else if path.is_dir() {
+            fs::remove_dir_all(&path)?;
+        } else {
+            fs::remove_file(&path)?;
+        }
+    }
+    wait_for("no agent pod left", TIMEOUT, || {
+        waiting_on_error((|| {
+            Ok(match pods(run, AGENT_SELECTOR)?.len() {
+                0 => Probe::Ready(()),
+                n => Probe::Waiting(format!("{n} pod(s)")),
+            })
+        })())
+    })?;
+    Ok(())
+}
+
+/// Deletes the workload's objects and the agent's DaemonSet (`deploy` re-applies the rest),
+/// then waits for the workload's pods to go.
+fn delete_objects(run: &NodeRun) -> anyhow::Result<()> {
+    run.kubectl.run(
+        &[
+            "delete",
+            "daemonset,secret,configmap",
+            "-n",
+            NS,
+            "-l",
+            "pod-checkpointer.e2e/owned=true",
+            "--wait=true",
+        ],
+        None,
+    )?;
+    run.kubectl.run(
+        &[
+            "delete",
+            "daemonset",
+            AGENT,
+            "-n",
+            NS,
+            "--ignore-not-found",
+            "--wait=true",
+        ],
+        None,
+    )?;
+    wait_for("the workload's pods gone", TIMEOUT, || {
+        waiting_on_error((|| {
+            Ok(match workload_pods(run)?.len() {
+                0 => Probe::Ready(()),
+                n => Probe::Waiting(format!("{n} pod(s)")),
+            })
+        })())
+    })?;
+    Ok(())
+}
+
+/// Runs `cargo xtask deploy` (the built xtask binary) with what an operator of this node
+/// would choose: its kubeconfig, the node-local API endpoint, the strategy, a short grace
+/// period; `extra` after those.
+fn deploy(run: &NodeRun, strategy: &str, extra: &[&str]) -> anyhow::Result<()> {
+    let grace = format!("{}s", GRACE_PERIOD.as_secs());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_xtask"));
+    command
+        .arg("deploy")
+        .arg("--kubeconfig")
+        .arg(run.plane.kubeconfig())
+        .args(["--api-server", &run.plane.apiserver_url()])
+        .args(["--gc-strategy", strategy, "--grace-period", &grace])
+        .args(["--timeout", "3m"])
+        .args(extra);
+    eprintln!(
+        "$ cargo xtask deploy … --gc-strategy {strategy} {}",
+        extra.join(" ")
+    );
+    let started = Instant::now();
+    let status = command.status().context("cannot run xtask deploy")?;
+    anyhow::ensure!(status.success(), "cargo xtask deploy failed: {status}");
+    run.progress.say(&format!(
+        "deploy returned (rollout complete) in {}",
+        human_duration(started.elapsed())
+    ));
+    Ok(())
+}
+
+/// Checks that the agent runs with the settings of its rendered ConfigMap: the DaemonSet
+/// passes only `--config` and `--kubeconfig`, the ConfigMap names `strategy`.
+fn check_config_from_configmap(run: &NodeRun, strategy: &str) -> anyhow::Result<()> {
+    let daemonset = run
+        .kubectl
+        .get("daemonset", NS, AGENT)?
+        .context("no agent DaemonSet")?;
+    let args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    let args: Vec<String> = serde_json::from_value(args).context("the DaemonSet's args")?;
+    anyhow::ensure!(
+        args.iter()
+            .filter(|a| a.starts_with("--"))
+            .all(|a| a == "--config" || a == "--kubeconfig"),
+        "the DaemonSet passes settings outside its ConfigMap: {args:?}"
+    );
+    let configmap = run
+        .kubectl
+        .get("configmap", NS, AGENT)?
+        .context("no agent ConfigMap")?;
+    let config = configmap["data"]["config.yaml"].as_str().unwrap_or_default();
+    anyhow::ensure!(
+        config.contains(&format!("gc-strategy: {strategy}\n")),
+        "the ConfigMap does not name {strategy}: {config}"
+    );
+    Ok(())
+}
+
+/// The label `deploy`'s DaemonSet needs, as the cluster's installer would set it.
+fn label_control_plane(run: &NodeRun) -> anyhow::Result<()> {
+    run.kubectl.run(
+        &[
+            "label",
+            "node",
+            NODE_NAME,
+            &format!("{CONTROL_PLANE_LABEL}="),
+            "--overwrite",
+        ],
+        None,
+    )?;
+    Ok(())
+}
+
+/// The line each workload container prints once it has read its files as `uid`.
+fn reads_files(uid: &str) -> String {
+    format!("uid={uid} secret={SECRET_VALUE} config={CONFIG_VALUE}")
+}
+
+/// A Secret, a ConfigMap and an annotated DaemonSet (hostNetwork, like a control-plane
+/// pod) whose two containers, one root and one uid 65534 (fsGroup 65534), print what they
+/// read from both.
+fn workload_objects() -> Vec<Value> {
+    let labels = json!({ "pod-checkpointer.e2e/owned": "true" });
+    let script = r#"while true; do echo "uid=$(id -u) secret=$(cat /secret/password) config=$(cat /config/greeting)"; sleep 2; done"#;
+    let container = |name: &str, user: u32| {
+        json!({
+            "name": name,
+            "image": BUSYBOX_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", script],
+            "securityContext": { "runAsUser": user },
+            "volumeMounts": [
+                { "name": "secret", "mountPath": "/secret", "readOnly": true },
+                { "name": "config", "mountPath": "/config", "readOnly": true }
+            ]
+        })
+    };
+    vec![
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": { "name": WORKLOAD, "namespace": NS, "labels": labels },
+            "stringData": { "password": SECRET_VALUE }
+        }),
+        json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": WORKLOAD, "namespace": NS, "labels": labels },
+            "data": { "greeting": CONFIG_VALUE }
+        }),
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": { "name": WORKLOAD, "namespace": NS, "labels": labels },
+            "spec": {
+                "selector": { "matchLabels": { "app": WORKLOAD } },
+                "template": {
+                    "metadata": {
+                        "labels": { "app": WORKLOAD },
+                        "annotations": { "checkpointer.alpha.coreos.com/checkpoint": "true" }
+                    },
+                    "spec": {
+                        "hostNetwork": true,
+                        "terminationGracePeriodSeconds": 2,
+                        "securityContext": { "fsGroup": 65534 },
+                        "tolerations": [{ "operator": "Exists" }],
+                        "containers": [container("root", 0), container("nobody", 65534)],
+                        "volumes": [
+                            { "name": "secret", "secret": { "secretName": WORKLOAD } },
+                            { "name": "config", "configMap": { "name": WORKLOAD } }
+                        ]
+                    }
+                }
+            }
+        }),
+    ]
+}
+
+fn pods(run: &NodeRun, selector: &str) -> anyhow::Result<Vec<Value>> {
+    let out = run
+        .kubectl
+        .run(&["get", "pods", "-n", NS, "-l", selector, "-o", "json"], None)?;
+    let list: Value = serde_json::from_str(&out)?;
+    Ok(list["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn workload_pods(run: &NodeRun) -> anyhow::Result<Vec<Value>> {
+    pods(run, &format!("app={WORKLOAD}"))
+}
+
+/// The workload DaemonSet's one pod (not a mirror pod), once `check` holds for it; its name.
+fn wait_workload(run: &NodeRun, expected: &str, check: impl Fn(&Value) -> bool) -> anyhow::Result<String> {
+    let (name, _) = wait_for(expected, TIMEOUT, || {
+        waiting_on_error((|| {
+            let pods: Vec<Value> = workload_pods(run)?
+                .into_iter()
+                .filter(|p| !is_mirror(p))
+                .collect();
+            Ok(match pods.as_slice() {
+                [pod] if pod_running(pod) && check(pod) => Probe::Ready(name_of(pod)),
+                [pod] => Probe::Waiting(format!("status {}", pod["status"])),
+                pods => Probe::Waiting(format!("{} pods", pods.len())),
+            })
+        })())
+    })?;
+    Ok(name)
+}
+
+/// The agent's DaemonSet pod (C1) and the mirror pod of its static copy (C2), if any.
+fn agent_pods(run: &NodeRun) -> anyhow::Result<(Option<Value>, Option<Value>)> {
+    let pods = pods(run, AGENT_SELECTOR)?;
+    let c1 = pods
+        .iter()
+        .find(|p| !is_mirror(p) && p["metadata"]["deletionTimestamp"].is_null());
+    let c2 = pods.iter().find(|p| is_mirror(p));
+    Ok((c1.cloned(), c2.cloned()))
+}
+
+/// C1 and C2 both running, C2 the static copy of C1; their names.
+fn wait_agent_pair(run: &NodeRun, expected: &str) -> anyhow::Result<(String, String)> {
+    let (pair, _) = wait_for(expected, TIMEOUT, || {
+        waiting_on_error((|| {
+            Ok(match agent_pods(run)? {
+                (Some(c1), Some(c2))
+                    if pod_running(&c1)
+                        && pod_running(&c2)
+                        && name_of(&c2) == format!("{}-{NODE_NAME}", name_of(&c1)) =>
+                {
+                    Probe::Ready((name_of(&c1), name_of(&c2)))
+                }
+                (c1, c2) => Probe::Waiting(format!(
+                    "C1 {:?}, C2 {:?}",
+                    c1.map(|p| (name_of(&p), p["status"]["phase"].clone())),
+                    c2.map(|p| (name_of(&p), p["status"]["phase"].clone()))
+                )),
+            })
+        })())
+    })?;
+    Ok(pair)
+}
+
+/// Waits until `pod`'s readiness probe command (`pod-checkpointer health --ready`, run in
+/// its container through the API) answers `expected` (`ok` for the holder, `standby`).
+fn wait_health(run: &NodeRun, pod: &str, expected: &str) -> anyhow::Result<()> {
+    let (_, _) = wait_for(
+        &format!("{pod}'s readiness to answer {expected}"),
+        TIMEOUT,
+        || {
+            waiting_on_error((|| {
+                let answer = run.kubectl.run(
+                    &[
+                        "exec",
+                        "-n",
+                        NS,
+                        pod,
+                        "--",
+                        "/pod-checkpointer",
+                        "health",
+                        "--ready",
+                        "--config",
+                        "/etc/pod-checkpointer/config.yaml",
+                    ],
+                    None,
+                )?;
+                Ok(if answer.trim() == expected {
+                    Probe::Ready(())
+                } else {
+                    Probe::Waiting(format!("it answers {:?}", answer.trim()))
+                })
+            })())
+        },
+    )?;
+    Ok(())
+}
+
+fn is_mirror(pod: &Value) -> bool {
+    pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
+}
+
+fn name_of(object: &Value) -> String {
+    object["metadata"]["name"].as_str().unwrap_or_default().to_owned()
+}
+
+fn image_of(pod: &Value) -> String {
+    pod["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The image the pod's running container was started from, as the kubelet reports it.
+fn running_image(pod: &Value) -> Option<String> {
+    let status = &pod["status"]["containerStatuses"][0];
+    status["state"]["running"]
+        .is_object()
+        .then(|| status["image"].as_str().unwrap_or_default().to_owned())
+}
+
+fn restart_count(pod: &Value) -> u64 {
+    pod["status"]["containerStatuses"].as_array().map_or(0, |s| {
+        s.iter()
+            .filter_map(|c| c["restartCount"].as_u64())
+            .max()
+            .unwrap_or(0)
+    })
+}
+
+/// A node path on the host.
+fn host(run: &NodeRun, node_path: &str) -> anyhow::Result<PathBuf> {
+    run.node
+        .host_path(node_path)
+        .with_context(|| format!("{node_path} is not one of the node's own dirs"))
+}
+
+/// `pod-checkpointer inspect` on the node's dirs (the agent's defaults, seen from the host).
+fn inspect_node(run: &NodeRun) -> anyhow::Result<Inspect> {
+    let dirs = AgentDirs {
+        checkpoint_dir: host(run, "/etc/kubernetes")?,
+        manifests_dir: host(run, "/etc/kubernetes/manifests")?,
+        lock_file: host(run, "/run/pod-checkpointer/pod-checkpointer.lock")?,
+    };
+    inspect(&agent_binary()?, &dirs)
+}
+
+fn wait_inspect(run: &NodeRun, expected: &str, check: impl Fn(&Inspect) -> bool) -> anyhow::Result<Inspect> {
+    let (report, _) = wait_for(expected, TIMEOUT, || {
+        let report = inspect_node(run)?;
+        Ok(if check(&report) {
+            Probe::Ready(report)
+        } else {
+            Probe::Waiting(report.summary())
+        })
+    })?;
+    Ok(report)
+}
+
+/// The state of `pod`'s checkpoint (in the agent's namespace), if it has one.
+fn state_of<'i>(report: &'i Inspect, pod: &str) -> Option<&'i str> {
+    let id = format!("{NS}/{pod}");
+    report
+        .checkpoints
+        .iter()
+        .find(|c| c.pod == id)
+        .map(|c| c.state.as_str())
+}
+
+/// The self-checkpoints among the active manifests (the agent's own pod, by its name).
+fn self_manifests(run: &NodeRun) -> anyhow::Result<Vec<String>> {
+    let prefix = format!("{NS}_{AGENT}-");
+    let mut names = Vec::new();
+    for entry in fs::read_dir(host(run, "/etc/kubernetes/manifests")?)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with(".json") {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// The messages of every container log the kubelet wrote for pods named `pod` (any UID,
+/// any restart), oldest file first within each container.
+fn log_lines(run: &NodeRun, pod: &str) -> Vec<String> {
+    let Ok(root) = host(run, "/var/log/pods") else {
+        return Vec::new();
+    };
+    let prefix = format!("{NS}_{pod}_");
+    let mut files: Vec<PathBuf> = fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .flat_map(|e| files_under(&e.path()).into_iter().map(PathBuf::from))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|f| fs::read_to_string(f).ok())
+        .flat_map(|text| text.lines().map(cri_log_message).collect::<Vec<_>>())
+        .collect()
+}
+
+/// `2026-…Z stderr F message` → `message`.
+fn cri_log_message(line: &str) -> String {
+    line.splitn(4, ' ').nth(3).unwrap_or(line).to_owned()
+}
+
+fn count_in_logs(run: &NodeRun, pod: &str, needle: &str) -> usize {
+    log_lines(run, pod).iter().filter(|l| l.contains(needle)).count()
+}
+
+fn last_log_line(run: &NodeRun, pod: &str) -> String {
+    log_lines(run, pod).pop().unwrap_or_else(|| "(no log yet)".into())
+}
+
+/// Every agent copy's log lines (DaemonSet pods and static copies), by file.
+fn agent_log_lines(run: &NodeRun) -> Vec<String> {
+    log_lines(run, &format!("{AGENT}-"))
+        .into_iter()
+        .chain(
+            pods_named_like(run, AGENT)
+                .iter()
+                .flat_map(|pod| log_lines(run, pod)),
+        )
+        .collect()
+}
+
+/// The pod names under `/var/log/pods` in the agent's namespace that start with `prefix-`.
+fn pods_named_like(run: &NodeRun, prefix: &str) -> BTreeSet<String> {
+    let Ok(root) = host(run, "/var/log/pods") else {
+        return BTreeSet::new();
+    };
+    let start = format!("{NS}_{prefix}-");
+    fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix(&format!("{NS}_"))?;
+            name.starts_with(&start)
+                .then(|| rest.rsplit_once('_').map(|(pod, _uid)| pod.to_owned()))
+                .flatten()
+        })
+        .collect()
+}
+
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => pending.push(path),
+                _ => files.push(path.display().to_string()),
+            }
+        }
+    }
+    files
+}
+
+/// Looks every 100 ms, from a thread, that the agent's self-checkpoint is in the manifests
+/// dir and the workload's inactive checkpoint is in place; remembers the first miss.
+struct CheckpointWatch {
+    stop: Arc<AtomicBool>,
+    handle: thread::JoinHandle<Result<usize, String>>,
+}
+
+impl CheckpointWatch {
+    fn start(run: &NodeRun, workload: &str) -> anyhow::Result<CheckpointWatch> {
+        let manifests = host(run, "/etc/kubernetes/manifests")?;
+        let inactive = host(run, "/etc/kubernetes/inactive-manifests")?.join(format!("{NS}_{workload}.json"));
+        let self_prefix = format!("{NS}_{AGENT}-");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let handle = thread::spawn(move || {
+            let started = Instant::now();
+            let mut looks = 0;
+            while !stopping.load(Ordering::SeqCst) {
+                let has_self = fs::read_dir(&manifests).into_iter().flatten().flatten().any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with(&self_prefix) && name.ends_with(".json")
+                });
+                if !has_self {
+                    return Err(format!(
+                        "no self-checkpoint in the manifests dir {} into the upgrade",
+                        human_duration(started.elapsed())
+                    ));
+                }
+                if !inactive.is_file() {
+                    return Err(format!(
+                        "the workload's checkpoint {} missing {} into the upgrade",
+                        inactive.display(),
+                        human_duration(started.elapsed())
+                    ));
+                }
+                looks += 1;
+                thread::sleep(Duration::from_millis(100));
+            }
+            Ok(looks)
+        });
+        Ok(CheckpointWatch { stop, handle })
+    }
+
+    /// How many looks found everything in place, or the first miss.
+    fn stop(self) -> anyhow::Result<usize> {
+        self.stop.store(true, Ordering::SeqCst);
+        match self.handle.join() {
+            Ok(Ok(looks)) => Ok(looks),
+            Ok(Err(miss)) => anyhow::bail!("{miss}"),
+            Err(_) => anyhow::bail!("the checkpoint watch panicked"),
+        }
+    }
+}
