@@ -106,6 +106,13 @@ fn with_tag(reference: &str, tag: &str) -> String {
     }
 }
 
+/// The tag of `reference` (`…/pod-checkpointer:0.1.0` → `0.1.0`), else the crate's version.
+fn version_of(reference: &str) -> &str {
+    let name = reference.rsplit('/').next().unwrap_or(reference);
+    name.split_once(':')
+        .map_or(env!("CARGO_PKG_VERSION"), |(_, tag)| tag)
+}
+
 /// `ghcr.io/x/pod-checkpointer:0.1.0` → `pod-checkpointer-0.1.0.oci.tar`.
 fn archive_name(reference: &str) -> String {
     let name = reference.rsplit('/').next().unwrap_or(reference);
@@ -166,7 +173,9 @@ fn agent(
         ),
         ("source", "https://github.com/pod-checkpointer/pod-checkpointer"),
         ("licenses", "Apache-2.0"),
-        ("version", env!("CARGO_PKG_VERSION")),
+        // The tag: two tags of one binary are two images (a runtime names a container's
+        // image by its ID, so an upgrade to a new tag shows as one).
+        ("version", version_of(reference)),
     ]);
     Ok((config, layer))
 }

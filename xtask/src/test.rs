@@ -30,7 +30,10 @@ fn phase(name: &str, run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result
     let started = Instant::now();
     eprintln!("xtask test: phase {name}");
     run()?;
-    eprintln!("xtask test: phase {name} passed in {}", human_duration(started.elapsed()));
+    eprintln!(
+        "xtask test: phase {name} passed in {}",
+        human_duration(started.elapsed())
+    );
     Ok(())
 }
 

@@ -130,9 +130,14 @@ fn the_agent_image_runs_the_binary_at_the_root_among_users_hosts_cas_and_tmp() {
         config["Cmd"],
         serde_json::json!(["run", "--config", "/etc/pod-checkpointer/config.yaml"])
     );
-    assert_eq!(
-        config["Labels"]["org.opencontainers.image.version"],
-        env!("CARGO_PKG_VERSION")
+    assert_eq!(config["Labels"]["org.opencontainers.image.version"], "v9");
+    // Two tags of one binary are two images: a runtime tells them apart by ID.
+    let (other_tag, _) = agent(elf.clone(), bundle.clone(), "registry.test/agent:v10").unwrap();
+    assert_ne!(
+        oci::Image::build(&other_tag, &layer).unwrap().digest(),
+        oci::Image::build(&config_of(&elf, &bundle, "registry.test/agent:v9"), &layer)
+            .unwrap()
+            .digest()
     );
 
     // A dynamically linked binary would not start in an image without a libc.
@@ -210,8 +215,18 @@ fn the_busybox_image_links_its_applets_to_busybox() {
     );
 }
 
+fn config_of(elf: &[u8], bundle: &[u8], reference: &str) -> oci::ImageConfig {
+    agent(elf.to_vec(), bundle.to_vec(), reference).unwrap().0
+}
+
 #[test]
 fn names_tags_and_archive_names() {
+    assert_eq!(
+        version_of("ghcr.io/pod-checkpointer/pod-checkpointer:0.1.0"),
+        "0.1.0"
+    );
+    assert_eq!(version_of("localhost:5000/agent"), env!("CARGO_PKG_VERSION"));
+    assert_eq!(version_of("agent:v1-rc"), "v1-rc");
     assert_eq!(
         with_tag("ghcr.io/pod-checkpointer/pod-checkpointer:0.1.0", "dev"),
         "ghcr.io/pod-checkpointer/pod-checkpointer:dev"

@@ -151,21 +151,29 @@ fn stop(run: NodeRun, machine_before: &[PathBuf]) -> anyhow::Result<()> {
         ..
     } = run;
     let workdir = plane.workdir().to_owned();
-    let footprint = node.footprint();
-    let running = footprint.survivors();
-    for kind in [
+    // A container running at the stop, so its cgroups and shim are in the footprint too.
+    write_manifest(&node.manifests_dir(), FOOTPRINT_POD, &footprint_pod())?;
+    let kinds = [
         "processes",
         "mount",
         "network namespace",
         "link",
         "route",
         "cgroup",
-    ] {
-        anyhow::ensure!(
-            running.iter().any(|s| s.starts_with(kind)),
-            "the running node's footprint shows no {kind}: {running:?}"
-        );
-    }
+    ];
+    let (footprint, _) = wait_for("a container in the node's footprint", TIMEOUT, || {
+        let footprint = node.footprint();
+        let running = footprint.survivors();
+        Ok(
+            match kinds
+                .iter()
+                .find(|kind| !running.iter().any(|s| s.starts_with(*kind)))
+            {
+                None => Probe::Ready(footprint),
+                Some(kind) => Probe::Waiting(format!("no {kind} in {running:?}")),
+            },
+        )
+    })?;
     progress.say(&format!(
         "stopping the node ({} processes) and the plane",
         footprint.process_count()
@@ -353,6 +361,26 @@ fn exercise(
         "the reboot changed the machine's directories"
     );
     Ok(())
+}
+
+/// A static pod that only sleeps, running while the node is stopped.
+const FOOTPRINT_POD: &str = "e2e-footprint";
+
+fn footprint_pod() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": FOOTPRINT_POD, "namespace": "default" },
+        "spec": {
+            "hostNetwork": true,
+            "containers": [{
+                "name": "sleep",
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "100000"]
+            }]
+        }
+    })
 }
 
 /// A hostNetwork busybox that appends a line to its hostPath file at each start.

@@ -9,7 +9,7 @@
 //! manifests and checkpoint dirs, its container logs under `/var/log/pods`), and
 //! `pod-checkpointer inspect` and `health` pointed at them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -259,9 +259,10 @@ fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
             Some(state) => Probe::Waiting(format!("still {state}")),
         })
     })?;
-    let removed = agent_log_lines(run)
-        .into_iter()
-        .find(|l| l.contains("checkpoint removed") && l.contains(&format!("pod={NS}/{workload} ")))
+    let mut logs = AgentLogs::default();
+    logs.collect(run);
+    let removed = logs
+        .removal_of(&workload)
         .context("no agent logged the workload's removal")?;
     anyhow::ensure!(
         removed.contains(&format!("strategy={strategy}")),
@@ -305,7 +306,9 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
         None,
     )?;
     let deselected = Instant::now();
+    let mut logs = AgentLogs::default();
     wait_for("every agent pod to be gone", TIMEOUT, || {
+        logs.collect(run);
         waiting_on_error((|| {
             let pods = pods(run, AGENT_SELECTOR)?;
             Ok(if pods.is_empty() {
@@ -315,7 +318,8 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
             })
         })())
     })?;
-    let ((), _) = wait_for("no checkpoint on the node", TIMEOUT, || {
+    wait_for("no checkpoint on the node", TIMEOUT, || {
+        logs.collect(run);
         let report = inspect_node(run)?;
         Ok(if report.checkpoints.is_empty() {
             Probe::Ready(())
@@ -323,18 +327,17 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
             Probe::Waiting(report.summary())
         })
     })?;
-    let lines = agent_log_lines(run);
-    let removed_at = |pod: &str| {
-        let needle = format!("pod={NS}/{pod} ");
-        lines
-            .iter()
-            .rposition(|l| l.contains("checkpoint removed") && l.contains(&needle))
-    };
-    let order: Vec<(&str, Option<usize>)> = expected_removed.iter().map(|p| (*p, removed_at(p))).collect();
-    let positions: Vec<usize> = order.iter().filter_map(|(_, at)| *at).collect();
+    let removals: Vec<(&str, Option<String>)> = expected_removed
+        .iter()
+        .map(|pod| (*pod, logs.removal_of(pod)))
+        .collect();
+    let times: Vec<&str> = removals
+        .iter()
+        .filter_map(|(_, line)| line.as_deref()?.split_whitespace().next())
+        .collect();
     anyhow::ensure!(
-        positions.len() == order.len() && positions.windows(2).all(|w| w[0] < w[1]),
-        "expected \"checkpoint removed\" for {expected_removed:?} in that order (self last): {order:?}"
+        times.len() == removals.len() && times.windows(2).all(|w| w[0] <= w[1]),
+        "expected \"checkpoint removed\" for {expected_removed:?} in that order (self last): {removals:?}"
     );
     wait_for("nothing of the agent's left on the node", TIMEOUT, || {
         let left = ours_on_node(run)?;
@@ -774,9 +777,9 @@ fn self_manifests(run: &NodeRun) -> anyhow::Result<Vec<String>> {
     Ok(names)
 }
 
-/// The messages of every container log the kubelet wrote for pods named `pod` (any UID,
-/// any restart), oldest file first within each container.
-fn log_lines(run: &NodeRun, pod: &str) -> Vec<String> {
+/// Every container log file the kubelet wrote for pods named `pod` (any UID, any
+/// restart), in order.
+fn log_files(run: &NodeRun, pod: &str) -> Vec<PathBuf> {
     let Ok(root) = host(run, "/var/log/pods") else {
         return Vec::new();
     };
@@ -790,6 +793,11 @@ fn log_lines(run: &NodeRun, pod: &str) -> Vec<String> {
         .collect();
     files.sort();
     files
+}
+
+/// The messages of [`log_files`], oldest file first within each container.
+fn log_lines(run: &NodeRun, pod: &str) -> Vec<String> {
+    log_files(run, pod)
         .iter()
         .filter_map(|f| fs::read_to_string(f).ok())
         .flat_map(|text| text.lines().map(cri_log_message).collect::<Vec<_>>())
@@ -809,16 +817,37 @@ fn last_log_line(run: &NodeRun, pod: &str) -> String {
     log_lines(run, pod).pop().unwrap_or_else(|| "(no log yet)".into())
 }
 
-/// Every agent copy's log lines (DaemonSet pods and static copies), by file.
-fn agent_log_lines(run: &NodeRun) -> Vec<String> {
-    log_lines(run, &format!("{AGENT}-"))
-        .into_iter()
-        .chain(
-            pods_named_like(run, AGENT)
-                .iter()
-                .flat_map(|pod| log_lines(run, pod)),
-        )
-        .collect()
+/// The agent copies' logs (DaemonSet pods and static copies), kept as they are seen: the
+/// kubelet deletes a static pod's logs soon after the pod goes, and self-GC makes the
+/// copy that does it go.
+#[derive(Default)]
+struct AgentLogs(BTreeMap<PathBuf, String>);
+
+impl AgentLogs {
+    fn collect(&mut self, run: &NodeRun) {
+        for pod in pods_named_like(run, AGENT) {
+            for file in log_files(run, &pod) {
+                if let Ok(text) = fs::read_to_string(&file) {
+                    let kept = self.0.entry(file).or_default();
+                    if text.len() > kept.len() {
+                        *kept = text;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The last "checkpoint removed" line for `pod`, with the agent's own timestamp first
+    /// (RFC 3339 in UTC, so later lines sort later).
+    fn removal_of(&self, pod: &str) -> Option<String> {
+        let needle = format!("pod={NS}/{pod} ");
+        self.0
+            .values()
+            .flat_map(|text| text.lines())
+            .map(cri_log_message)
+            .filter(|line| line.contains("checkpoint removed") && line.contains(&needle))
+            .max()
+    }
 }
 
 /// The pod names under `/var/log/pods` in the agent's namespace that start with `prefix-`.
