@@ -175,4 +175,20 @@ mod tests {
         assert!(crates_of(&json!({"packages": []})).is_err());
         assert!(crates_of(&json!({"workspace_root": "/ws"})).is_err());
     }
+
+    /// The license every crate declares (`[workspace.package]`) is the one in LICENSE.
+    #[test]
+    fn the_license_file_is_the_declared_license() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the workspace");
+        let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+        assert!(
+            manifest.contains("\nlicense = \"Apache-2.0\"\n"),
+            "the workspace's license changed"
+        );
+        let license = std::fs::read_to_string(root.join("LICENSE")).expect("LICENSE");
+        let words: Vec<&str> = license.split_whitespace().take(5).collect();
+        assert_eq!(words, ["Apache", "License", "Version", "2.0,", "January"]);
+    }
 }

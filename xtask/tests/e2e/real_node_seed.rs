@@ -287,9 +287,9 @@ pub(crate) fn upgrade_under_owner_reference(run: &mut NodeRun) -> anyhow::Result
     upgrade(run, "owner-reference")
 }
 
-/// Deselects the node, waits for the static copy to remove every checkpoint (`self_last`,
-/// the agent's own pod, last), checks that nothing of the agent is left on the node, then
-/// deletes what the scenario and `deploy` created.
+/// Deselects the node, waits for the static copy to remove every checkpoint (the pods of
+/// `expected_removed` in that order, the agent's own last), checks that no file of the
+/// agent's is left on the node, then deletes what the scenario and `deploy` created.
 fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow::Result<()> {
     run.kubectl.run(
         &[
