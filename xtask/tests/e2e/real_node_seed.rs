@@ -232,14 +232,7 @@ fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
     ));
     run.kubectl
         .run(&["delete", "daemonset", WORKLOAD, "-n", NS, "--wait=true"], None)?;
-    wait_for("the workload's pod gone", TIMEOUT, || {
-        waiting_on_error((|| {
-            Ok(match workload_pods(run)?.len() {
-                0 => Probe::Ready(()),
-                n => Probe::Waiting(format!("{n} pod(s)")),
-            })
-        })())
-    })?;
+    wait_no_pods(run, &workload_selector(), "the workload's pod gone")?;
     let gone = Instant::now();
     if strategy == "grace-period" {
         holds_for(
@@ -412,15 +405,7 @@ fn reset(run: &NodeRun) -> anyhow::Result<()> {
             fs::remove_file(&path)?;
         }
     }
-    wait_for("no agent pod left", TIMEOUT, || {
-        waiting_on_error((|| {
-            Ok(match pods(run, AGENT_SELECTOR)?.len() {
-                0 => Probe::Ready(()),
-                n => Probe::Waiting(format!("{n} pod(s)")),
-            })
-        })())
-    })?;
-    Ok(())
+    wait_no_pods(run, AGENT_SELECTOR, "no agent pod left")
 }
 
 /// Deletes the workload's objects and the agent's DaemonSet (`deploy` re-applies the rest),
@@ -450,15 +435,7 @@ fn delete_objects(run: &NodeRun) -> anyhow::Result<()> {
         ],
         None,
     )?;
-    wait_for("the workload's pods gone", TIMEOUT, || {
-        waiting_on_error((|| {
-            Ok(match workload_pods(run)?.len() {
-                0 => Probe::Ready(()),
-                n => Probe::Waiting(format!("{n} pod(s)")),
-            })
-        })())
-    })?;
-    Ok(())
+    wait_no_pods(run, &workload_selector(), "the workload's pods gone")
 }
 
 /// Runs `cargo xtask deploy` (the built xtask binary) with what an operator of this node
@@ -604,8 +581,25 @@ fn pods(run: &NodeRun, selector: &str) -> anyhow::Result<Vec<Value>> {
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
 
+fn workload_selector() -> String {
+    format!("app={WORKLOAD}")
+}
+
 fn workload_pods(run: &NodeRun) -> anyhow::Result<Vec<Value>> {
-    pods(run, &format!("app={WORKLOAD}"))
+    pods(run, &workload_selector())
+}
+
+/// Waits until no pod in the agent's namespace matches `selector`.
+fn wait_no_pods(run: &NodeRun, selector: &str, expected: &str) -> anyhow::Result<()> {
+    wait_for(expected, TIMEOUT, || {
+        waiting_on_error((|| {
+            Ok(match pods(run, selector)?.len() {
+                0 => Probe::Ready(()),
+                n => Probe::Waiting(format!("{n} pod(s)")),
+            })
+        })())
+    })?;
+    Ok(())
 }
 
 /// The workload DaemonSet's one pod (not a mirror pod), once `check` holds for it; its name.
