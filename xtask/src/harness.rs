@@ -7,6 +7,8 @@
 //! - [`agent`]: `pod-checkpointer run` as a real process with a debug log in the work dir,
 //!   its health endpoints, `inspect -o json` and `drain`;
 //! - [`kubectl`]: the API server through kubectl (JSON in and out);
+//! - [`lock`]: who holds the agent's lock on a node, watched from the host without taking
+//!   part;
 //! - [`objects`]: the pods, Secrets, ConfigMaps, DaemonSets and RBAC objects the scenarios
 //!   create, as JSON;
 //! - [`cri`]: the hollow kubelet's fake runtime: what runs, and stopping a pod like a crash;
@@ -19,6 +21,7 @@ pub mod cri;
 pub mod expect;
 pub mod interrupt;
 pub mod kubectl;
+pub mod lock;
 pub mod objects;
 pub mod testbed;
 pub mod wait;

@@ -502,11 +502,13 @@ impl<'a> Sanitizer<'a> {
             self.options.checkpoint_dir.trim_end_matches('/'),
             dir.relative_path().display()
         );
-        // No `type: Directory` yet, though it would fail a pod whose data directory is
-        // missing instead of letting the runtime create an empty one: the end-to-end
-        // tests' hollow kubelet checks hostPath types with a fake that calls every path
-        // "not a directory", so it could not be tested. It comes with the real node.
-        volume.host_path = Some(HostPathVolumeSource { path, type_: None });
+        // `type: Directory`: a checkpoint whose data directory is missing must fail to
+        // start (the kubelet reports it) instead of running with an empty directory the
+        // runtime created, which would look like a pod without its certificates.
+        volume.host_path = Some(HostPathVolumeSource {
+            path,
+            type_: Some("Directory".into()),
+        });
         self.materialized_volumes.push(volume.name.clone());
         Ok(())
     }
@@ -1081,10 +1083,10 @@ mod tests {
                 "automountServiceAccountToken": false,
                 "containers": [container(read_only_mount)],
                 "volumes": [
-                    {"name": "tls", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls"}},
-                    {"name": "cfg", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/config"}},
-                    {"name": "some", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls.some"}},
-                    {"name": "gone", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/missing"}},
+                    {"name": "tls", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls", "type": "Directory"}},
+                    {"name": "cfg", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/config", "type": "Directory"}},
+                    {"name": "some", "hostPath": {"path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-abc/tls.some", "type": "Directory"}},
+                    {"name": "gone", "hostPath": {"path": "/etc/kubernetes/checkpoint-configmaps/kube-system/kube-apiserver-abc/missing", "type": "Directory"}},
                     {"name": "scratch", "emptyDir": {}}
                 ]
             }),
@@ -1139,7 +1141,7 @@ mod tests {
                 "automountServiceAccountToken": false,
                 "containers": [container(read_only_mounts)],
                 "volumes": [
-                    {"name": "kube-api-access-x", "hostPath": {"path": "/etc/kubernetes/checkpoint-projected/kube-system/kube-apiserver-abc/kube-api-access-x"}},
+                    {"name": "kube-api-access-x", "hostPath": {"path": "/etc/kubernetes/checkpoint-projected/kube-system/kube-apiserver-abc/kube-api-access-x", "type": "Directory"}},
                     // Downward-API-only projections need no API object: the kubelet fills them in.
                     {"name": "podinfo", "projected": {"sources": [
                         {"downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}}

@@ -2,8 +2,9 @@
 //! (ARCHITECTURE.md, Testing): kube-apiserver and kubemark for the hollow node, kubelet,
 //! kube-controller-manager and kube-scheduler for the real node, and the pause binary of the
 //! sandbox image. The recipe: deb-src entries, Build-Depends from apt, `apt-get source`, the
-//! reflect2 1.0.2 swap (the vendored 1.0.1 segfaults with Go ≥ 1.18), and Debian's own
-//! GOPATH-mode `make WHAT=…`, all targets in one run.
+//! reflect2 1.0.2 swap (the vendored 1.0.1 segfaults with Go ≥ 1.18), the hollow kubelet
+//! given real host utilities (it checks hostPath types), and Debian's own GOPATH-mode
+//! `make WHAT=…`, all targets in one run.
 //!
 //! The binaries are cached outside the clone (`$E2E_CACHE_DIR`, by default
 //! `/var/cache/pod-checkpointer-e2e`) and a complete cache is recognised by its stamp file, so
@@ -31,7 +32,7 @@ const PROGRESS: Progress = Progress::new("e2e-env build");
 pub const KUBERNETES_VERSION: &str = "1.20.2";
 
 /// Bump when the recipe changes, so cached binaries built the old way are rebuilt.
-const RECIPE_REVISION: u32 = 2;
+const RECIPE_REVISION: u32 = 3;
 
 /// What `make WHAT=…` builds; the binaries are named after the last path element.
 const BUILD_TARGETS: [&str; 5] = [
@@ -178,7 +179,9 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
 
     let build_dir = root.join("build");
     let source_dir = phase("kubernetes source + reflect2 fix", || {
-        prepare_source(&build_dir, &log)
+        let source_dir = prepare_source(&build_dir, &log)?;
+        patch_hollow_host_util(&source_dir)?;
+        Ok(source_dir)
     })?;
     phase(&format!("make WHAT=\"{}\"", BUILD_TARGETS.join(" ")), || {
         make(&source_dir, &log)
@@ -303,6 +306,30 @@ fn has_source_index() -> bool {
             .flatten()
             .any(|e| e.file_name().to_string_lossy().contains("_source_Sources"))
     })
+}
+
+/// The hollow kubelet's file-type checks, in `pkg/kubemark/hollow_kubelet.go`.
+const HOLLOW_KUBELET_GO: &str = "pkg/kubemark/hollow_kubelet.go";
+const FAKE_HOST_UTIL: &str = "HostUtil:             hostutil.NewFakeHostUtil(nil),";
+const REAL_HOST_UTIL: &str = "HostUtil:             hostutil.NewHostUtil(),";
+
+/// Gives kubemark's hollow kubelet the real host utilities instead of a fake that calls
+/// every path missing: the checkpoints' hostPath volumes are `type: Directory`, and the
+/// hollow kubelet (root, on this host, where the checkpoint dirs are real) must check
+/// them as a kubelet does. Idempotent, for a source tree reused from an earlier run.
+fn patch_hollow_host_util(source_dir: &Path) -> anyhow::Result<()> {
+    let path = source_dir.join(HOLLOW_KUBELET_GO);
+    let text = fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    if text.contains(REAL_HOST_UTIL) {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        text.matches(FAKE_HOST_UTIL).count() == 1,
+        "{} does not set `{FAKE_HOST_UTIL}` once: the hollow kubelet's recipe needs a look",
+        path.display()
+    );
+    fs::write(&path, text.replace(FAKE_HOST_UTIL, REAL_HOST_UTIL))
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Downloads and unpacks the source package, swaps in reflect2 1.0.2 and lays out the GOPATH;

@@ -25,6 +25,7 @@ use xtask::e2e_env::{NODE_NAME, human_duration};
 use xtask::harness::agent::{AgentDirs, Inspect, inspect};
 use xtask::harness::agent_binary;
 use xtask::harness::kubectl::pod_running;
+use xtask::harness::lock::{Holding, LockTimeline, LockWatch, lock_holder};
 use xtask::harness::wait::{Probe, holds_for, wait_for, waiting_on_error};
 use xtask::image::{BUSYBOX_IMAGE, agent_image, build_static_agent};
 
@@ -83,6 +84,7 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
     let workload = wait_workload(run, "the workload's pod Running", |_| true)?;
     deploy(run, "grace-period", &[])?;
     let (c1, c2) = wait_agent_pair(run, "C1 and the static copy C2 running")?;
+    wait_lock_holder(run, &c1)?;
     progress.say(&format!(
         "C1 {c1} and its static copy C2 {c2} run; C1 holds the lock"
     ));
@@ -180,7 +182,8 @@ fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
     run.kubectl.apply(&workload_objects())?;
     let workload = wait_workload(run, "the workload's pod Running", |_| true)?;
     deploy(run, strategy, &[])?;
-    let (c1, _) = wait_agent_pair(run, "C1 and C2 running")?;
+    let (c1, c2) = wait_agent_pair(run, "C1 and C2 running")?;
+    wait_lock_holder(run, &c1)?;
     wait_inspect(run, "the workload's checkpoint", |i| {
         state_of(i, &workload) == Some("inactive")
     })?;
@@ -191,6 +194,7 @@ fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
         upgrade_image()
     ));
     let watch = CheckpointWatch::start(run, &workload)?;
+    let lock_watch = LockWatch::start(lock_file(run)?);
     deploy(run, strategy, &["--image", &upgrade_image()])?;
     let (new_c1, new_c2) = wait_for("the static copy on the new image", TIMEOUT, || {
         waiting_on_error((|| {
@@ -221,9 +225,16 @@ fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
         "the static copy should follow the new pod alone, found {self_manifests:?}"
     );
     let watched = watch.stop()?;
+    let timeline = lock_watch.stop()?;
+    check_lock_handovers(&timeline, [&c1, &c2], [&new_c1, &new_c2])?;
     progress.say(&format!(
         "C2 {new_c2} runs {}; checkpoints present at all {watched} looks",
         upgrade_image()
+    ));
+    progress.say(&format!(
+        "the lock went {}; the node was without a holder for at most {}",
+        timeline.holders().join(" → "),
+        human_duration(timeline.longest_gap())
     ));
     check_config_from_configmap(run, strategy)?;
 
@@ -510,15 +521,16 @@ fn label_control_plane(run: &NodeRun) -> anyhow::Result<()> {
 
 /// The line each workload container prints once it has read its files as `uid`.
 fn reads_files(uid: &str) -> String {
-    format!("uid={uid} secret={SECRET_VALUE} config={CONFIG_VALUE}")
+    format!("uid={uid} secret={SECRET_VALUE} config={CONFIG_VALUE} absent-optional=0")
 }
 
 /// A Secret, a ConfigMap and an annotated DaemonSet (hostNetwork, like a control-plane
 /// pod) whose two containers, one root and one uid 65534 (fsGroup 65534), print what they
-/// read from both.
+/// read from both, and how many files an optional ConfigMap that does not exist gives them
+/// (none: its checkpointed directory exists, empty, as the `type: Directory` mount needs).
 fn workload_objects() -> Vec<Value> {
     let labels = json!({ "pod-checkpointer.e2e/owned": "true" });
-    let script = r#"while true; do echo "uid=$(id -u) secret=$(cat /secret/password) config=$(cat /config/greeting)"; sleep 2; done"#;
+    let script = r#"while true; do echo "uid=$(id -u) secret=$(cat /secret/password) config=$(cat /config/greeting) absent-optional=$(ls /absent | wc -l)"; sleep 2; done"#;
     let container = |name: &str, user: u32| {
         json!({
             "name": name,
@@ -528,7 +540,8 @@ fn workload_objects() -> Vec<Value> {
             "securityContext": { "runAsUser": user },
             "volumeMounts": [
                 { "name": "secret", "mountPath": "/secret", "readOnly": true },
-                { "name": "config", "mountPath": "/config", "readOnly": true }
+                { "name": "config", "mountPath": "/config", "readOnly": true },
+                { "name": "absent", "mountPath": "/absent", "readOnly": true }
             ]
         })
     };
@@ -564,7 +577,11 @@ fn workload_objects() -> Vec<Value> {
                         "containers": [container("root", 0), container("nobody", 65534)],
                         "volumes": [
                             { "name": "secret", "secret": { "secretName": WORKLOAD } },
-                            { "name": "config", "configMap": { "name": WORKLOAD } }
+                            { "name": "config", "configMap": { "name": WORKLOAD } },
+                            {
+                                "name": "absent",
+                                "configMap": { "name": "e2e-never-created", "optional": true }
+                            }
                         ]
                     }
                 }
@@ -726,12 +743,64 @@ fn host(run: &NodeRun, node_path: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("{node_path} is not one of the node's own dirs"))
 }
 
+/// The agent's lock file, seen from the host.
+fn lock_file(run: &NodeRun) -> anyhow::Result<PathBuf> {
+    host(run, "/run/pod-checkpointer/pod-checkpointer.lock")
+}
+
+/// Waits until the process holding the agent's lock says it is `pod`.
+fn wait_lock_holder(run: &NodeRun, pod: &str) -> anyhow::Result<()> {
+    let lock_file = lock_file(run)?;
+    wait_for(&format!("{pod} to hold the lock"), TIMEOUT, || {
+        Ok(match lock_holder(&lock_file)? {
+            Some(Holding {
+                pod: Some(holder), ..
+            }) if holder == pod => Probe::Ready(()),
+            other => Probe::Waiting(format!("held by {other:?}")),
+        })
+    })?;
+    Ok(())
+}
+
+/// The longest the node may be without a lock holder during a rollout: a handover is the
+/// holder's exit plus one poll of the waiting copy (250 ms); a longer gap means no copy
+/// was waiting, which leaves the node unprotected.
+const LONGEST_HANDOVER: Duration = Duration::from_secs(5);
+
+/// During a rollout of the agent from `old` (C1, C2) to `new`, the lock goes from the old
+/// DaemonSet pod to its static copy, which holds it while the DaemonSet pod is replaced,
+/// and on to a copy of the new pod, with no other holder and no long gap.
+fn check_lock_handovers(
+    timeline: &LockTimeline,
+    [old_c1, old_c2]: [&str; 2],
+    [new_c1, new_c2]: [&str; 2],
+) -> anyhow::Result<()> {
+    let holders = timeline.holders();
+    let known = [old_c1, old_c2, new_c1, new_c2];
+    anyhow::ensure!(
+        holders.len() >= 3
+            && holders[0] == old_c1
+            && holders[1] == old_c2
+            && holders[2..].iter().all(|h| h == new_c1 || h == new_c2)
+            && holders.iter().all(|h| known.contains(&h.as_str())),
+        "the lock should go {old_c1} → its static copy {old_c2} → the new pod's copies; it went: {}",
+        timeline.describe()
+    );
+    anyhow::ensure!(
+        timeline.longest_gap() < LONGEST_HANDOVER,
+        "the node was without a lock holder for {}: {}",
+        human_duration(timeline.longest_gap()),
+        timeline.describe()
+    );
+    Ok(())
+}
+
 /// `pod-checkpointer inspect` on the node's dirs (the agent's defaults, seen from the host).
 fn inspect_node(run: &NodeRun) -> anyhow::Result<Inspect> {
     let dirs = AgentDirs {
         checkpoint_dir: host(run, "/etc/kubernetes")?,
         manifests_dir: host(run, "/etc/kubernetes/manifests")?,
-        lock_file: host(run, "/run/pod-checkpointer/pod-checkpointer.lock")?,
+        lock_file: lock_file(run)?,
     };
     inspect(&agent_binary()?, &dirs)
 }
