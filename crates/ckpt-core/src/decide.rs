@@ -110,6 +110,11 @@ pub struct Report {
     /// Whether the agent's own DaemonSet still targets this node, when it mattered (a
     /// synced view without the agent's own pod).
     pub scheduling: Option<SelfScheduling>,
+    /// Whether a change of the API server matters now (see [`Plan::at_stake`]): the
+    /// agent probes it often only then.
+    ///
+    /// [`Plan::at_stake`]: crate::plan::Plan::at_stake
+    pub at_stake: bool,
 }
 
 impl Report {
@@ -191,6 +196,7 @@ impl Assessment<'_> {
             }
         }
         self.report.states = planned.states;
+        self.report.at_stake = planned.at_stake;
         let writes = (planned.writes.iter())
             .filter_map(|id| self.checkpoints.remove(id))
             .collect();

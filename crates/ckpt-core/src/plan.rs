@@ -232,6 +232,12 @@ pub struct Plan {
     pub state: PersistentState,
     /// Every checkpoint's state after the pass.
     pub states: BTreeMap<PodId, CheckpointState>,
+    /// Something on this node depends on how soon a change of the API server is seen: a
+    /// checkpoint (not the agent's own) that losing the API would activate, its parent not
+    /// running here or not known to, or one that is active now and waits for the API or
+    /// its parent. While nothing is at stake a hung API server changes nothing here, so
+    /// the API may be probed rarely.
+    pub at_stake: bool,
 }
 
 impl Plan {
@@ -529,6 +535,8 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             if has_active && parent_runs {
                 out.stops.push(id.clone());
             }
+            // Never activated again; an active copy waits for its parent.
+            out.at_stake |= has_active && !parent_runs;
             let state = if has_active && !parent_runs {
                 CheckpointState::Active
             } else {
@@ -567,6 +575,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         if has_active && !active_after {
             out.stops.push(id.clone());
         }
+        out.at_stake |= active_after || row.runs != Some(true);
         if !has_active && active_after && has_inactive {
             out.starts.push(id.clone());
         }

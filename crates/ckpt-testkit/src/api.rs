@@ -77,6 +77,8 @@ struct FakeState {
     /// How Event writes (`events.k8s.io/v1` POST and PATCH) are answered; default Normal
     /// (the body echoed back, as created).
     event_writes: Option<Reply>,
+    /// Answers for the next Event writes, before `event_writes`.
+    event_writes_script: VecDeque<Reply>,
     /// Requests left unanswered.
     parked: Vec<tower_test::mock::SendResponse<Response<MockBody>>>,
     log: Vec<Seen>,
@@ -221,6 +223,12 @@ impl FakeApi {
     /// Sets how Event writes (`events.k8s.io/v1` creates and patches) are answered.
     pub fn set_event_writes(&self, reply: Reply) {
         lock(&self.state).event_writes = Some(reply);
+    }
+
+    /// Answers the next Event writes with these, in order, then as
+    /// [`FakeApi::set_event_writes`] says (a failure that passes, without a race).
+    pub fn script_event_writes(&self, replies: impl IntoIterator<Item = Reply>) {
+        lock(&self.state).event_writes_script.extend(replies);
     }
 
     /// The Event writes so far: (method, body).
@@ -384,7 +392,9 @@ fn answer(st: &mut FakeState, seen: &Seen) -> Answer {
         return answer_with(reply, ok, "readyz says no");
     }
     if is_event_write(seen) {
-        let reply = st.event_writes.clone().unwrap_or(Reply::Normal);
+        let reply = (st.event_writes_script.pop_front())
+            .or_else(|| st.event_writes.clone())
+            .unwrap_or(Reply::Normal);
         let code = if seen.method == "POST" { 201 } else { 200 };
         let echo = || respond_json(code, &seen.json());
         return answer_with(reply, echo, "events is forbidden");

@@ -24,12 +24,19 @@ pub struct ApiWatchConfig {
     pub node: String,
     /// The namespaces to watch, one watch each (a Role grants rights per namespace).
     pub namespaces: NamespaceAllowList,
-    /// How often `/readyz` is probed (default 500 ms). With the defaults a hung server is
-    /// unreachable after 2.0–2.5 s (two probe timeouts after the first probe that
-    /// follows the hang) and a refusing one after 0.5–1.0 s.
+    /// How often `/readyz` is probed while something is at stake (see
+    /// [`ApiWatch::set_at_stake`]), while the API is unreachable and after a failed probe
+    /// (default 250 ms). With the defaults a hung server is then unreachable 1.5–1.75 s
+    /// after it hung (two probe timeouts after the first probe that follows the hang) and
+    /// a refusing one after 0.25–0.5 s.
     pub probe_interval: Duration,
-    /// How long one probe may take, connection included (default 1 s). A server that
-    /// accepts the connection but does not answer in time (hung, SIGSTOPped) fails it.
+    /// How often `/readyz` is probed while nothing is at stake (default 15 s): a hung
+    /// server then changes nothing on the node, so it may be seen late. The first failed
+    /// probe switches to `probe_interval` to confirm at once.
+    pub idle_probe_interval: Duration,
+    /// How long one probe may take, connection included (default 750 ms). A server that
+    /// accepts the connection but does not answer in time (hung, SIGSTOPped) fails it;
+    /// `/readyz` answers in milliseconds even on a busy server.
     pub probe_timeout: Duration,
     /// After this many consecutive failed probes the API is [`ApiState::Unreachable`]
     /// (default 2; one lost probe does not flap the state). `0` counts as `1`.
@@ -45,8 +52,9 @@ impl ApiWatchConfig {
         Self {
             node: node.into(),
             namespaces,
-            probe_interval: Duration::from_millis(500),
-            probe_timeout: Duration::from_secs(1),
+            probe_interval: Duration::from_millis(250),
+            idle_probe_interval: Duration::from_secs(15),
+            probe_timeout: Duration::from_millis(750),
             unreachable_after: 2,
             request_timeout: Duration::from_secs(10),
         }
@@ -106,6 +114,8 @@ struct Inner {
     notify: watch::Sender<u64>,
     /// `true` while reachable: the watches run only then.
     gate: watch::Sender<bool>,
+    /// Whether something is at stake: the probe's pace.
+    at_stake: watch::Sender<bool>,
 }
 
 impl Inner {
@@ -247,6 +257,8 @@ impl ApiWatch {
             .collect();
         let (notify, _) = watch::channel(0);
         let (gate, gate_rx) = watch::channel(true);
+        // At stake until the agent says otherwise: it knows nothing yet.
+        let (at_stake, _) = watch::channel(true);
         let inner = Arc::new(Inner {
             slots,
             status: Mutex::new(Status {
@@ -260,6 +272,7 @@ impl ApiWatch {
             }),
             notify,
             gate,
+            at_stake,
         });
         let mut tasks = Vec::new();
         let field_selector = format!("spec.nodeName={}", config.node);
@@ -292,6 +305,20 @@ impl ApiWatch {
     /// The current view.
     pub fn snapshot(&self) -> ApiSnapshot {
         self.inner.snapshot()
+    }
+
+    /// Whether a change of the API server matters on this node now (`ckpt_core`'s
+    /// `Report::at_stake`): the probe runs every `probe_interval` while it does (and at
+    /// first), else every `idle_probe_interval`. Becoming at stake probes at once if the
+    /// last probe is older than `probe_interval`.
+    pub fn set_at_stake(&self, at_stake: bool) {
+        let changed = self
+            .inner
+            .at_stake
+            .send_if_modified(|current| std::mem::replace(current, at_stake) != at_stake);
+        if changed {
+            debug!(at_stake, "API probe pace changed");
+        }
     }
 
     /// The current state (cheaper than a snapshot).
@@ -362,10 +389,31 @@ async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered
 
 async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inner>) {
     let threshold = config.unreachable_after.max(1);
-    let mut interval = tokio::time::interval(config.probe_interval);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut at_stake = inner.at_stake.subscribe();
+    let mut last_probe: Option<tokio::time::Instant> = None;
     loop {
-        interval.tick().await;
+        let fast = *at_stake.borrow_and_update() || {
+            let st = lock(&inner.status);
+            !st.reachable || st.consecutive_failures > 0
+        };
+        let pace = if fast {
+            config.probe_interval
+        } else {
+            config.idle_probe_interval
+        };
+        if let Some(last) = last_probe {
+            tokio::select! {
+                () = tokio::time::sleep_until(last + pace) => {}
+                changed = at_stake.changed(), if !fast => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    // Something came at stake: the fast pace applies from the last probe.
+                    continue;
+                }
+            }
+        }
+        last_probe = Some(tokio::time::Instant::now());
         let result = probe_once(&client, config.probe_timeout).await;
         inner.update(|st| match &result {
             Ok(answered) => {

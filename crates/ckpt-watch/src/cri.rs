@@ -59,9 +59,16 @@ impl CriClient {
     /// The runtime is asked only for what is needed: running objects, one namespace at a
     /// time (the kubelet labels every sandbox and container with its pod's namespace), so
     /// the answers stay small on a busy node whose other pods carry large annotations.
+    ///
+    /// With `wanted`, the containers of a namespace are listed only when a wanted pod of
+    /// it has no ready sandbox: then the answer is exact for every wanted pod (a running
+    /// container is looked for where it could change the answer) and the others are
+    /// reported from their sandboxes alone. One call per namespace while everything
+    /// wanted runs, which is the idle case.
     pub async fn running_pods<'a>(
         &self,
         namespaces: impl IntoIterator<Item = &'a str>,
+        wanted: Option<&BTreeSet<PodId>>,
     ) -> Result<BTreeSet<PodId>> {
         let mut running = BTreeSet::new();
         for namespace in namespaces {
@@ -76,6 +83,22 @@ impl CriClient {
                     ..Default::default()
                 }))
                 .await?;
+            // The runtime filters; filter again in case it ignores a filter.
+            let in_namespace = |(ns, name): (&str, &str)| (ns == namespace).then(|| PodId::new(ns, name));
+            let from_sandboxes: BTreeSet<PodId> = (sandboxes.iter())
+                .filter(|s| s.state == proto::SANDBOX_READY)
+                .filter_map(|s| s.pod())
+                .filter_map(in_namespace)
+                .collect();
+            let all_wanted_run = wanted.is_some_and(|wanted| {
+                (wanted.iter())
+                    .filter(|id| id.namespace == namespace)
+                    .all(|id| from_sandboxes.contains(id))
+            });
+            running.extend(from_sandboxes);
+            if all_wanted_run {
+                continue;
+            }
             let containers = self
                 .runtime
                 .list_containers(Some(proto::ContainerFilter {
@@ -86,20 +109,11 @@ impl CriClient {
                     ..Default::default()
                 }))
                 .await?;
-            // The runtime filters; filter again in case it ignores a filter.
-            let from_sandboxes = sandboxes
-                .iter()
-                .filter(|s| s.state == proto::SANDBOX_READY)
-                .filter_map(|s| s.pod());
-            let from_containers = containers
-                .iter()
-                .filter(|c| c.state == proto::CONTAINER_RUNNING)
-                .filter_map(|c| c.pod());
             running.extend(
-                from_sandboxes
-                    .chain(from_containers)
-                    .filter(|(ns, _)| *ns == namespace)
-                    .map(|(ns, name)| PodId::new(ns, name)),
+                (containers.iter())
+                    .filter(|c| c.state == proto::CONTAINER_RUNNING)
+                    .filter_map(|c| c.pod())
+                    .filter_map(in_namespace),
             );
         }
         Ok(running)
@@ -145,12 +159,64 @@ mod tests {
             &[proto::CONTAINER_CREATED],
         );
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
-        let running = cri.running_pods(["ns"]).await.unwrap();
+        let running = cri.running_pods(["ns"], None).await.unwrap();
         let names: Vec<&str> = running.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(
             names,
             ["container-only", "ready-and-running", "ready-no-containers"]
         );
+    }
+
+    #[tokio::test]
+    async fn containers_are_listed_only_when_a_wanted_pod_has_no_ready_sandbox() {
+        let fake = FakeCri::start(true, false);
+        fake.add_pod("ns", "runs", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+        fake.add_pod(
+            "ns",
+            "container-only",
+            proto::SANDBOX_NOTREADY,
+            &[proto::CONTAINER_RUNNING],
+        );
+        fake.add_pod("ns", "dead", proto::SANDBOX_NOTREADY, &[proto::CONTAINER_EXITED]);
+        let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
+        cri.api().await.unwrap();
+        let lists = |fake: &FakeCri| -> Vec<String> {
+            let calls = fake.calls();
+            let names = calls
+                .iter()
+                .filter(|c| c.contains("/List"))
+                .map(|c| c.rsplit('/').next().unwrap_or_default().to_owned());
+            names.collect()
+        };
+        let ids =
+            |names: &[&str]| -> BTreeSet<PodId> { names.iter().map(|n| PodId::new("ns", *n)).collect() };
+        /// Wanted, running pods reported, calls made.
+        type Case = (Option<BTreeSet<PodId>>, BTreeSet<PodId>, Vec<&'static str>);
+        let cases: Vec<Case> = vec![
+            (Some(ids(&["runs"])), ids(&["runs"]), vec!["ListPodSandbox"]),
+            (Some(ids(&[])), ids(&["runs"]), vec!["ListPodSandbox"]),
+            (
+                Some(ids(&["runs", "dead"])),
+                ids(&["container-only", "runs"]),
+                vec!["ListPodSandbox", "ListContainers"],
+            ),
+            (
+                Some(ids(&["container-only"])),
+                ids(&["container-only", "runs"]),
+                vec!["ListPodSandbox", "ListContainers"],
+            ),
+            (
+                None,
+                ids(&["container-only", "runs"]),
+                vec!["ListPodSandbox", "ListContainers"],
+            ),
+        ];
+        for (wanted, expected, calls) in cases {
+            let before = lists(&fake).len();
+            let running = cri.running_pods(["ns"], wanted.as_ref()).await.unwrap();
+            assert_eq!(running, expected, "wanted {wanted:?}");
+            assert_eq!(lists(&fake)[before..], calls, "wanted {wanted:?}");
+        }
     }
 
     #[tokio::test]
@@ -164,7 +230,7 @@ mod tests {
         );
         assert_eq!(cri.api().await.unwrap(), CriApi::V1alpha2);
         cri.stop_pod(&PodId::new("ns", "victim")).await.unwrap();
-        assert!(cri.running_pods(["ns"]).await.unwrap().is_empty());
+        assert!(cri.running_pods(["ns"], None).await.unwrap().is_empty());
         let err = cri.stop_pod(&PodId::new("ns", "victim")).await.unwrap_err();
         assert!(
             matches!(err, Error::Cri(ckpt_cri::Error::PodNotRunning { .. })),
@@ -218,14 +284,14 @@ mod tests {
         }
         annotate(&fake, "busy", 256 * 1024);
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
-        let running = cri.running_pods(["kube-system"]).await.unwrap();
+        let running = cri.running_pods(["kube-system"], None).await.unwrap();
         assert_eq!(running, BTreeSet::from([PodId::new("kube-system", "apiserver")]));
         // Asked for, they are still read (up to the kubelet's 16 MiB).
-        assert_eq!(cri.running_pods(["busy"]).await.unwrap().len(), 40);
+        assert_eq!(cri.running_pods(["busy"], None).await.unwrap().len(), 40);
 
         // Past 16 MiB in the namespace asked for: a clear error, not a wrong answer.
         annotate(&fake, "kube-system", ckpt_cri::MAX_ANSWER_BYTES);
-        let err = cri.running_pods(["kube-system"]).await.unwrap_err();
+        let err = cri.running_pods(["kube-system"], None).await.unwrap_err();
         assert!(
             matches!(err, Error::Cri(ckpt_cri::Error::AnswerTooLarge { .. })),
             "{err}"

@@ -1,6 +1,7 @@
 //! What runs on this node: the CRI runtime and the kubelet, reduced to a [`LocalView`].
 
 use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ckpt_core::{LocalView, NamespaceAllowList, PodId, is_parent};
@@ -55,6 +56,8 @@ pub struct LocalObserver {
     cri_health: SourceHealth,
     kubelet_health: SourceHealth,
     cri_answers_too_large: AtomicU64,
+    /// The pods whose running matters (see [`LocalObserver::set_wanted`]); `None`: all.
+    wanted: Mutex<Option<BTreeSet<PodId>>>,
 }
 
 impl LocalObserver {
@@ -71,7 +74,16 @@ impl LocalObserver {
             cri_health: SourceHealth::default(),
             kubelet_health: SourceHealth::default(),
             cri_answers_too_large: Default::default(),
+            wanted: Mutex::new(None),
         }
+    }
+
+    /// The pods whose running the caller acts on (the parents of its checkpoints). The
+    /// view stays exact for them; the runtime is then asked once per namespace while they
+    /// all have a ready sandbox, instead of twice (see [`CriClient::running_pods`]). Until
+    /// it is set, every pod is looked for both ways.
+    pub fn set_wanted(&self, wanted: BTreeSet<PodId>) {
+        *self.wanted.lock().unwrap_or_else(|e| e.into_inner()) = Some(wanted);
     }
 
     /// The CRI client, if configured.
@@ -92,9 +104,13 @@ impl LocalObserver {
 
     /// Asks the sources (concurrently; each call is bounded by its client's timeout).
     pub async fn observe(&self) -> LocalView {
+        let wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let cri = async {
             match &self.cri {
-                Some(cri) => Some(cri.running_pods(self.namespaces.namespaces()).await),
+                Some(cri) => Some(
+                    cri.running_pods(self.namespaces.namespaces(), wanted.as_ref())
+                        .await,
+                ),
                 None => None,
             }
         };

@@ -72,6 +72,12 @@ impl Observer {
         self.api.subscribe()
     }
 
+    /// Sets the API probe's pace: fast while a change of the API server matters on this
+    /// node (see [`ApiWatch::set_at_stake`]).
+    pub fn set_at_stake(&self, at_stake: bool) {
+        self.api.set_at_stake(at_stake);
+    }
+
     /// The pod watch's current view, with its bookkeeping (sync time, outages, per-namespace
     /// errors).
     pub fn snapshot(&self) -> ApiSnapshot {

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ckpt_core::{
-    DecideConfig, DiskCheckpoint, GcDecision, LocalView, NamespaceAllowList, Observation, PersistentState,
-    PodId, SelfIdentity, Timestamp,
+    CheckpointState, DecideConfig, DiskCheckpoint, GcDecision, LocalView, NamespaceAllowList, Observation,
+    PersistentState, PodId, SelfIdentity, Timestamp,
 };
 use ckpt_gc::GcPolicy;
 use ckpt_lock::{LockFile, LockGuard};
@@ -394,6 +394,18 @@ impl Agent {
         let events = self.link.as_ref().map(|l| &l.events);
         self.reporter.checkpointing(report, &self.health, events);
         self.reporter.scheduling(report);
+        if let Some(link) = &self.link {
+            // Probe the API often only while seeing an outage late would cost the node.
+            link.observer.set_at_stake(report.at_stake);
+        }
+        // The runtime is asked about these pods exactly, and about the others only as far
+        // as one call tells.
+        self.local.set_wanted(
+            (report.states.iter())
+                .filter(|(_, state)| **state != CheckpointState::Removed)
+                .map(|(id, _)| id.clone())
+                .collect(),
+        );
 
         let outcome = if decision.is_noop() {
             Default::default()

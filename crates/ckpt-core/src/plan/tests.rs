@@ -956,6 +956,23 @@ proptest! {
         prop_assert!(w2.plan(NOW).is_noop(), "no fixpoint: {:#?}", w2);
     }
 
+    /// What `at_stake` promises the slow idle probe: while nothing is at stake, losing
+    /// the API starts no checkpoint but the agent's own (a refresh), so seeing the loss
+    /// late changes nothing on the node.
+    #[test]
+    fn nothing_starts_on_an_outage_unless_at_stake(w in arb_world()) {
+        let p = w.plan(NOW);
+        if !p.at_stake {
+            let mut applied = w.clone();
+            applied.apply(&p);
+            let outage = applied.api(ApiView::Unreachable).plan(NOW);
+            prop_assert!(
+                outage.starts.iter().all(|id| id.name.starts_with("pc-")),
+                "not at stake, yet an outage starts {:?}", outage.starts
+            );
+        }
+    }
+
     #[test]
     fn every_removal_leaves_no_file(w in arb_world()) {
         let p = w.plan(NOW);
@@ -1051,5 +1068,69 @@ fn self_gc_follows_the_daemon_sets_scheduling() {
         eprintln!("case: {name}");
         let p = check(&w, expected, &[]);
         assert_eq!(p.self_gc_at, self_gc_at, "{name}");
+    }
+}
+
+#[test]
+fn at_stake_when_losing_the_api_would_change_this_node() {
+    fn check_stake(what: &str, world: World, expected: bool) {
+        assert_eq!(world.plan(NOW).at_stake, expected, "{what}: {world:#?}");
+    }
+    let cases: Vec<(&str, World, bool)> = vec![
+        ("nothing on disk", World::new(&[]).synced(&[]), false),
+        (
+            "the agent's own checkpoint alone: it runs, whatever the API does",
+            World::new(&[("pc-abc", "IA")])
+                .synced(&["pc-abc"])
+                .running(&["pc-abc"]),
+            false,
+        ),
+        (
+            "every parent runs here",
+            World::new(&[("p", "I"), ("q", "I")])
+                .synced(&["p", "q"])
+                .running(&["p", "q"]),
+            false,
+        ),
+        (
+            "a parent listed but not running here (crashed, being re-created)",
+            World::new(&[("p", "I"), ("q", "I")])
+                .synced(&["p", "q"])
+                .running(&["p"]),
+            true,
+        ),
+        (
+            "the runtime cannot say what runs",
+            World::new(&[("p", "I")]).synced(&["p"]).local_unknown(),
+            true,
+        ),
+        (
+            "an active checkpoint waits for the API and its parent",
+            World::new(&[("p", "IA")]),
+            true,
+        ),
+        (
+            "the API is gone but every parent runs",
+            World::new(&[("p", "I")]).running(&["p"]),
+            false,
+        ),
+        (
+            "outside the allow-list, inactive: never activated again",
+            World::new(&[("p", "I")]).namespace_removed(),
+            false,
+        ),
+        (
+            "outside the allow-list, active, parent not running: it may be serving",
+            World::new(&[("p", "IA")]).namespace_removed(),
+            true,
+        ),
+        (
+            "a checkpoint written in this pass for a parent that does not run here",
+            World::new(&[]).synced(&["p"]).desired(&[("p", "h1")]),
+            true,
+        ),
+    ];
+    for (what, world, expected) in cases {
+        check_stake(what, world, expected);
     }
 }

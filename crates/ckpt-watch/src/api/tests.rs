@@ -276,6 +276,61 @@ async fn a_hung_server_is_unreachable_within_a_few_probes() {
 }
 
 #[tokio::test]
+async fn the_probe_is_rare_while_nothing_is_at_stake_and_prompt_when_something_is() {
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(
+        client,
+        ApiWatchConfig {
+            idle_probe_interval: Duration::from_secs(60),
+            ..config(&["a"])
+        },
+    );
+    wait_state(&api, ApiState::Synced).await;
+    fake.wait_requests(3, "probes at the fast pace at first", is_probe)
+        .await;
+
+    api.set_at_stake(false);
+    // A probe already under way may still arrive.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let idle = fake.count(is_probe);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        fake.count(is_probe),
+        idle,
+        "no probe within the idle pace (60 s); the fast pace (20 ms) would have sent ~25"
+    );
+
+    // A parent stops running here: the probe comes at once, not 60 s after the last.
+    api.set_at_stake(true);
+    fake.wait_requests(idle + 3, "probes at the fast pace again", is_probe)
+        .await;
+}
+
+#[tokio::test]
+async fn an_idle_probe_that_fails_is_confirmed_and_followed_at_the_fast_pace() {
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(
+        client,
+        ApiWatchConfig {
+            idle_probe_interval: Duration::from_millis(300),
+            ..config(&["a"])
+        },
+    );
+    wait_state(&api, ApiState::Synced).await;
+    api.set_at_stake(false);
+    fake.set_readyz(Reply::Status(503));
+    wait_state(&api, ApiState::Unreachable).await;
+    // While unreachable the fast pace (20 ms) finds the way back quickly: many probes
+    // within a window that the idle pace would give one or two.
+    let probes = fake.count(is_probe);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let more = fake.count(is_probe) - probes;
+    assert!(more >= 5, "{more} probes in 600 ms while unreachable");
+    fake.set_readyz(Reply::Normal);
+    wait_state(&api, ApiState::Synced).await;
+}
+
+#[tokio::test]
 async fn any_http_answer_below_500_counts_as_reachable() {
     let (client, fake, _server) = FakeApi::start();
     fake.set_readyz(Reply::Status(403));
