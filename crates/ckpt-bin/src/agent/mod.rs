@@ -333,7 +333,9 @@ impl Agent {
                         api_changes.borrow_and_update();
                         break self.local.observe().await;
                     }
-                    _ = resync.tick() => break self.local.observe().await,
+                    // The local view is the runtime's last answer (at most one poll old:
+                    // a different answer would have run a pass), so timers cost no CRI call.
+                    _ = resync.tick() => break self.latest_local().await,
                     _ = reconnect.tick(), if self.link.is_none() => {
                         if let Some(link) = connect::reconnect(&self.settings).await {
                             self.link = Some(link);
@@ -341,7 +343,7 @@ impl Agent {
                             break self.local.observe().await;
                         }
                     }
-                    () = sleep_until(deadline) => break self.local.observe().await,
+                    () = sleep_until(deadline) => break self.latest_local().await,
                     _ = local_tick.tick() => {
                         let observed = self.local.observe().await;
                         if self.last_local.as_ref() != Some(&observed) {
@@ -350,6 +352,14 @@ impl Agent {
                     }
                 }
             };
+        }
+    }
+
+    /// The last local view, as the runtime last answered, or a fresh one if there is none.
+    async fn latest_local(&self) -> LocalView {
+        match &self.last_local {
+            Some(local) => local.clone(),
+            None => self.local.observe().await,
         }
     }
 
