@@ -12,6 +12,10 @@ use crate::e2e_env::node_network::NodeNetwork;
 pub const KUBELET_PORT: u16 = 10250;
 pub const KUBELET_READ_ONLY_PORT: u16 = 10255;
 
+/// The kubelet's hard eviction thresholds: what a node really cannot run below.
+pub(super) const EVICTION_HARD: &str =
+    "memory.available<100Mi,nodefs.available<1Gi,imagefs.available<1Gi,nodefs.inodesFree<1%";
+
 /// The CNI conflist's file name in the node's `/etc/cni/net.d`.
 pub(super) const CNI_CONFLIST: &str = "10-pod-checkpointer-node.conflist";
 
@@ -125,6 +129,10 @@ pub(super) fn kubelet_args(network: &NodeNetwork, kubeconfig: &Path) -> Vec<Stri
         // Nothing can be pulled back: never collect images.
         "--image-gc-high-threshold=100".into(),
         "--image-gc-low-threshold=99".into(),
+        // The node's disk is the machine's, shared with builds and caches: the defaults
+        // (nodefs < 10 %, imagefs < 15 % of a large disk) set DiskPressure while tens of GiB
+        // are free, and the kubelet then evicts the test's pods. Absolute floors instead.
+        format!("--eviction-hard={EVICTION_HARD}"),
         "--v=2".into(),
     ]
 }
@@ -165,6 +173,7 @@ mod tests {
             "--pod-manifest-path=/etc/kubernetes/manifests",
             "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
             "--oom-score-adj=0",
+            "--eviction-hard=memory.available<100Mi,nodefs.available<1Gi,imagefs.available<1Gi,nodefs.inodesFree<1%",
         ] {
             assert!(args.contains(&expected.to_owned()), "missing {expected}");
         }
