@@ -66,6 +66,11 @@ pub(crate) struct Bench {
     /// work dir instead of starting one (it is left running).
     #[arg(long)]
     workdir: Option<PathBuf>,
+    /// Also measure the agent built from this git revision (a commit, a tag, `HEAD~1`) on the
+    /// same plane in the same run, after the build under test, and compare the two side by
+    /// side. The baseline's binary is cached by commit in the target dir.
+    #[arg(long, value_name = "REV")]
+    baseline: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,14 +118,19 @@ impl Bench {
             .collect();
         progress.say("building the control plane's binaries (cached) and the release agent");
         let bins = e2e_env::ensure_built()?;
+        let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(|| crate::project_root().join("target"), PathBuf::from);
+        // Before the build under test: both builds leave their binary at the same path.
+        let baseline = match &self.baseline {
+            Some(rev) => Some(baseline_agent(rev, &target_dir, &progress)?),
+            None => None,
+        };
         let agent_bin = match std::env::var_os("POD_CHECKPOINTER_BIN").filter(|p| !p.is_empty()) {
             // Another build of the agent (a profile or runtime variant) measured the same way.
             Some(path) => PathBuf::from(path),
             None => {
                 crate::run("cargo", &["build", "-p", "ckpt-bin", "--release"])?;
-                let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-                    .filter(|d| !d.is_empty())
-                    .map_or_else(|| crate::project_root().join("target"), PathBuf::from);
                 target_dir.join("release/pod-checkpointer")
             }
         };
@@ -137,27 +147,28 @@ impl Bench {
                 ..StartOptions::new(bins)
             })?,
         };
-        let mut env = Env::new(Testbed::new(plane, agent_bin)?, progress)?;
-        let mut results = parts::Results::default();
+        let mut env = Env::new(Testbed::new(plane, agent_bin.clone())?, progress)?;
         let mut failures = Vec::new();
-        for part in parts.iter().copied() {
-            interrupt::check()?;
-            env.progress.say(&format!("=== {} ===", part_name(part)));
-            let outcome = match part {
-                Part::Checkpoint => parts::checkpoint(&mut env, self.reps, &mut results),
-                Part::Grace => parts::grace(&mut env, self.reps, &mut results),
-                Part::Outage => parts::outage(&mut env, self.reps, &mut results),
-                Part::Idle => parts::idle(&mut env, Duration::from_secs(self.idle_secs), &mut results),
-                Part::Scale => parts::scale(&mut env, self.scale_pods, self.scale_reps, &mut results),
-            };
-            if let Err(e) = outcome {
-                interrupt::check()?;
-                env.progress.say(&format!("{} FAILED: {e:#}", part_name(part)));
-                failures.push(format!("{}: {e:#}", part_name(part)));
-                // A failed outage part may leave the API server paused or dead.
-                env.testbed.recover_apiserver()?;
+        let results = self.run_parts(&mut env, &parts, &mut failures)?;
+        let baseline = match baseline {
+            Some((commit, bin)) => {
+                env.progress.say(&format!(
+                    "=== the same parts with the baseline, {commit} ({}) ===",
+                    bin.display()
+                ));
+                env.testbed.agent_bin = bin;
+                env.variant = "-baseline".into();
+                let mut base_failures = Vec::new();
+                let base = self.run_parts(&mut env, &parts, &mut base_failures)?;
+                env.testbed.agent_bin = agent_bin;
+                failures.extend(base_failures.into_iter().map(|f| format!("baseline {f}")));
+                Some(report::Baseline {
+                    commit,
+                    results: base,
+                })
             }
-        }
+            None => None,
+        };
         let run = report::Run {
             started_at,
             command: command_line(),
@@ -169,7 +180,12 @@ impl Bench {
             reps: self.reps,
             failures: failures.clone(),
         };
-        let (json, md) = report::write(&crate::project_root().join("target/bench"), &run, &results)?;
+        let (json, md) = report::write(
+            &crate::project_root().join("target/bench"),
+            &run,
+            &results,
+            baseline.as_ref(),
+        )?;
         eprintln!("{}", fs::read_to_string(&md).unwrap_or_default());
         progress.say(&format!(
             "done in {} (plus {} building); results in {} and {}",
@@ -182,6 +198,102 @@ impl Bench {
         anyhow::ensure!(failures.is_empty(), "some parts failed:\n{}", failures.join("\n"));
         Ok(())
     }
+}
+
+impl Bench {
+    /// Runs `parts` with the testbed's agent; a failed part is reported in `failures` and
+    /// the next one runs.
+    fn run_parts(
+        &self,
+        env: &mut Env,
+        parts: &[Part],
+        failures: &mut Vec<String>,
+    ) -> anyhow::Result<parts::Results> {
+        let mut results = parts::Results::default();
+        for part in parts.iter().copied() {
+            interrupt::check()?;
+            env.progress.say(&format!("=== {} ===", part_name(part)));
+            let outcome = match part {
+                Part::Checkpoint => parts::checkpoint(env, self.reps, &mut results),
+                Part::Grace => parts::grace(env, self.reps, &mut results),
+                Part::Outage => parts::outage(env, self.reps, &mut results),
+                Part::Idle => parts::idle(env, Duration::from_secs(self.idle_secs), &mut results),
+                Part::Scale => parts::scale(env, self.scale_pods, self.scale_reps, &mut results),
+            };
+            if let Err(e) = outcome {
+                interrupt::check()?;
+                env.progress.say(&format!("{} FAILED: {e:#}", part_name(part)));
+                failures.push(format!("{}: {e:#}", part_name(part)));
+                // A failed outage part may leave the API server paused or dead.
+                env.testbed.recover_apiserver()?;
+            }
+        }
+        Ok(results)
+    }
+}
+
+/// The release agent built from `rev`: its short commit and binary. Built once per commit
+/// in a temporary git worktree, with the same target dir (dependencies are shared), and
+/// kept in `TARGET/bench-baselines`.
+fn baseline_agent(rev: &str, target_dir: &Path, progress: &Progress) -> anyhow::Result<(String, PathBuf)> {
+    let git = |args: &[&str]| -> anyhow::Result<String> {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(crate::project_root())
+            .output()
+            .context("cannot run git")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "`git {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    let commit = git(&[
+        "rev-parse",
+        "--verify",
+        "--end-of-options",
+        &format!("{rev}^{{commit}}"),
+    ])
+    .with_context(|| format!("--baseline {rev}: not a commit of this repository"))?;
+    let short = git(&["rev-parse", "--short", &commit])?;
+    let cache = target_dir.join("bench-baselines");
+    let bin = cache.join(format!("pod-checkpointer-{commit}"));
+    if bin.is_file() {
+        progress.say(&format!("baseline {short}: {} (cached)", bin.display()));
+        return Ok((short, bin));
+    }
+    progress.say(&format!(
+        "baseline {short}: building the release agent in a git worktree"
+    ));
+    let src = cache.join(format!("src-{commit}"));
+    if src.exists() {
+        // Left by an interrupted build.
+        let _ = git(&["worktree", "remove", "--force", &src.to_string_lossy()]);
+        let _ = fs::remove_dir_all(&src);
+    }
+    fs::create_dir_all(&cache).with_context(|| format!("cannot create {}", cache.display()))?;
+    git(&["worktree", "add", "--detach", &src.to_string_lossy(), &commit])?;
+    let built = std::process::Command::new("cargo")
+        .args(["build", "-p", "ckpt-bin", "--release"])
+        .current_dir(&src)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .status()
+        .context("cannot start cargo");
+    let kept = match built {
+        Ok(status) if status.success() => {
+            let partial = cache.join(format!(".pod-checkpointer-{commit}.partial"));
+            fs::copy(target_dir.join("release/pod-checkpointer"), &partial)
+                .and_then(|_| fs::rename(&partial, &bin))
+                .with_context(|| format!("cannot keep the baseline binary as {}", bin.display()))
+        }
+        Ok(status) => Err(anyhow::anyhow!("building the baseline {short} failed: {status}")),
+        Err(e) => Err(e),
+    };
+    git(&["worktree", "remove", "--force", &src.to_string_lossy()])?;
+    kept?;
+    Ok((short, bin))
 }
 
 pub(crate) fn part_name(part: Part) -> &'static str {
@@ -236,6 +348,8 @@ pub(crate) struct Env {
     pub(crate) dir: PathBuf,
     /// Makes namespaces unique, so a reused plane can run the bench again.
     run_id: String,
+    /// Added to namespace and dir names when the same parts run again (the baseline).
+    pub(crate) variant: String,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -263,6 +377,7 @@ impl Env {
             progress,
             dir,
             run_id,
+            variant: String::new(),
             runtime,
         })
     }
@@ -270,7 +385,7 @@ impl Env {
     /// A fresh namespace for `part`, where the agent's user has its deployed rights, with the
     /// Secret and ConfigMap parents mount.
     pub(crate) fn namespace(&self, part: &str) -> anyhow::Result<String> {
-        let ns = format!("bench-{part}-{}", self.run_id);
+        let ns = format!("bench-{part}-{}{}", self.run_id, self.variant);
         self.testbed.create_namespace(&ns, AGENT_ROLE)?;
         self.testbed.create_parent_data(&ns, PARENT_DATA)?;
         Ok(ns)
@@ -283,7 +398,8 @@ impl Env {
 
     /// Checkpoint dirs of their own for one agent.
     pub(crate) fn dirs(&self, name: &str) -> anyhow::Result<AgentDirs> {
-        self.testbed.agent_dirs(&self.dir.join(name))
+        self.testbed
+            .agent_dirs(&self.dir.join(format!("{name}{}", self.variant)))
     }
 
     /// Starts the release agent at its production log level, its log in the bench dir; waits

@@ -65,6 +65,14 @@ pub(crate) struct Idle {
     pub(crate) load: String,
 }
 
+impl Idle {
+    /// Everything the agent asked of the API server in the window: probes, watches it
+    /// opened, and every other request.
+    pub(crate) fn api_requests_all_kinds(&self) -> u64 {
+        self.api.resource_requests() + self.api.probes + self.watches.opened
+    }
+}
+
 /// The scale part.
 pub(crate) struct Scale {
     pub(crate) pods: usize,
@@ -277,7 +285,10 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
     let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     env.testbed.kubectl.create(&env.parent(&ns, PARENT).build())?;
     let dirs = env.dirs("idle")?;
-    let cri = CountingProxy::grpc_unix(&env.dir.join("cri-proxy.sock"), Path::new(CRI_SOCKET))?;
+    let cri = CountingProxy::grpc_unix(
+        &env.dir.join(format!("cri-proxy{}.sock", env.variant)),
+        Path::new(CRI_SOCKET),
+    )?;
     let kubelet_addr: SocketAddr = env
         .testbed
         .kubelet_url()

@@ -9,6 +9,10 @@ use xtask::e2e_env::process::stat_fields;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ProcSample {
     pub(crate) rss_kib: u64,
+    /// The part of VmRSS that is heap, stacks and other private memory (`RssAnon`); the rest
+    /// is mapped files (the binary's pages, `RssFile`) and shared memory.
+    pub(crate) rss_anon_kib: u64,
+    pub(crate) rss_file_kib: u64,
     /// Peak RSS so far.
     pub(crate) hwm_kib: u64,
     pub(crate) threads: u64,
@@ -28,6 +32,8 @@ pub(crate) fn sample(pid: u32) -> anyhow::Result<ProcSample> {
         |name: &str| status_field(&status, name).with_context(|| format!("no {name} in /proc/{pid}/status"));
     Ok(ProcSample {
         rss_kib: field("VmRSS")?,
+        rss_anon_kib: field("RssAnon")?,
+        rss_file_kib: field("RssFile")?,
         hwm_kib: field("VmHWM")?,
         threads: field("Threads")?,
         cpu_ticks: cpu_ticks(&read("stat")?).with_context(|| format!("bad /proc/{pid}/stat"))?,
@@ -99,10 +105,12 @@ mod tests {
 
     #[test]
     fn status_stat_and_io_fields() {
-        let status = "Name:\tpod-checkpointer\nVmHWM:\t   16400 kB\nVmRSS:\t   16212 kB\nThreads:\t3\n";
+        let status = "Name:\tpod-checkpointer\nVmHWM:\t   16400 kB\nVmRSS:\t   16212 kB\nRssAnon:\t    4100 kB\nRssFile:\t   12112 kB\nThreads:\t3\n";
         assert_eq!(status_field(status, "VmRSS"), Some(16212));
         assert_eq!(status_field(status, "VmHWM"), Some(16400));
         assert_eq!(status_field(status, "Threads"), Some(3));
+        assert_eq!(status_field(status, "RssAnon"), Some(4100));
+        assert_eq!(status_field(status, "RssFile"), Some(12112));
         assert_eq!(status_field(status, "VmSwap"), None);
         let stat = "4242 (pod checkpointer) S 1 4242 4242 0 -1 4194560 900 0 0 0 12 5 0 0 20 0 3 0";
         assert_eq!(cpu_ticks(stat), Some(17));
