@@ -1,4 +1,4 @@
-//! The planner's cost per pass at 10, 100, 1,000 and 5,000 checkpoints (target: < 5 ms
+//! The planner's cost per pass at 10, 100, 1,000 and 5,000 checkpoints (target: < 2 ms
 //! at 5,000). A realistic mix: a synced API view listing most parents, some running,
 //! some orphans with pending deadlines, the agent's own checkpoint, a few changed specs.
 

@@ -270,51 +270,91 @@ impl Row<'_> {
     }
 }
 
-/// The values of a sorted map for each of the sorted `ids`, in one walk.
-fn align<'a, V: Copy>(ids: &[&PodId], entries: impl Iterator<Item = (&'a PodId, V)>) -> Vec<Option<V>> {
-    let mut entries = entries.peekable();
-    ids.iter()
-        .map(|id| {
-            while let Some((key, value)) = entries.peek().copied() {
-                match key.cmp(id) {
-                    std::cmp::Ordering::Less => {
-                        entries.next();
-                    }
-                    std::cmp::Ordering::Equal => {
-                        entries.next();
-                        return Some(value);
-                    }
-                    std::cmp::Ordering::Greater => return None,
-                }
-            }
-            None
-        })
-        .collect()
+/// A sorted map's entries looked up for ids asked in ascending order: one walk over the
+/// map for all lookups, and no vector of the answers.
+struct Aligned<'a, V, I: Iterator<Item = (&'a PodId, V)>> {
+    entries: std::iter::Peekable<I>,
 }
 
-/// The sorted union of two sorted, duplicate-free sequences of ids, in one walk.
-fn union<'a>(
-    a: impl IntoIterator<Item = &'a PodId>,
-    b: impl IntoIterator<Item = &'a PodId>,
-) -> Vec<&'a PodId> {
-    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
-    let mut out = Vec::new();
-    loop {
-        let next = match (a.peek(), b.peek()) {
-            (Some(x), Some(y)) => match x.cmp(y) {
-                std::cmp::Ordering::Less => a.next(),
-                std::cmp::Ordering::Greater => b.next(),
-                std::cmp::Ordering::Equal => {
-                    b.next();
-                    a.next()
-                }
-            },
-            (Some(_), None) => a.next(),
-            (None, Some(_)) => b.next(),
-            (None, None) => return out,
-        };
-        out.extend(next);
+impl<'a, V: Copy, I: Iterator<Item = (&'a PodId, V)>> Aligned<'a, V, I> {
+    fn new(entries: I) -> Self {
+        Self {
+            entries: entries.peekable(),
+        }
     }
+
+    /// The value for `id`; ids must come in ascending order.
+    fn at(&mut self, id: &PodId) -> Option<V> {
+        while let Some((key, value)) = self.entries.peek().copied() {
+            match key.cmp(id) {
+                std::cmp::Ordering::Less => {
+                    self.entries.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    self.entries.next();
+                    return Some(value);
+                }
+                std::cmp::Ordering::Greater => return None,
+            }
+        }
+        None
+    }
+}
+
+/// One id of the sorted union of the checkpoints on disk, the desired copies and the
+/// listed parents, with its entry in each.
+struct Gathered<'a> {
+    id: &'a PodId,
+    disk: Option<&'a DiskCheckpoint>,
+    desired: Option<&'a String>,
+    parent: Option<&'a ApiParent>,
+}
+
+/// The sorted union of three sorted maps' ids, each with its entries, in one walk: at
+/// most two id comparisons per id (comparisons dominate a pass, so no separate union and
+/// alignment walks).
+fn gather<'a>(
+    disk: &'a BTreeMap<PodId, DiskCheckpoint>,
+    desired: &'a BTreeMap<PodId, String>,
+    parents: Option<&'a BTreeMap<PodId, ApiParent>>,
+) -> impl Iterator<Item = Gathered<'a>> {
+    use std::cmp::Ordering;
+    let mut disk = disk.iter().peekable();
+    let mut desired = desired.iter().peekable();
+    let mut parents = parents.into_iter().flatten().peekable();
+    std::iter::from_fn(move || {
+        let d = disk.peek().map(|e| e.0);
+        let w = desired.peek().map(|e| e.0);
+        let p = parents.peek().map(|e| e.0);
+        // The smallest id of disk and desired, and which of the two hold it.
+        let smallest = match (d, w) {
+            (Some(d), Some(w)) => Some(match d.cmp(w) {
+                Ordering::Less => (d, true, false),
+                Ordering::Equal => (d, true, true),
+                Ordering::Greater => (w, false, true),
+            }),
+            (Some(d), None) => Some((d, true, false)),
+            (None, Some(w)) => Some((w, false, true)),
+            (None, None) => None,
+        };
+        // Then the listed parents'.
+        let (id, in_d, in_w, in_p) = match (smallest, p) {
+            (None, None) => return None,
+            (None, Some(p)) => (p, false, false, true),
+            (Some((id, in_d, in_w)), None) => (id, in_d, in_w, false),
+            (Some((id, in_d, in_w)), Some(p)) => match p.cmp(id) {
+                Ordering::Less => (p, false, false, true),
+                Ordering::Equal => (id, in_d, in_w, true),
+                Ordering::Greater => (id, in_d, in_w, false),
+            },
+        };
+        Some(Gathered {
+            id,
+            disk: if in_d { disk.next().map(|e| e.1) } else { None },
+            desired: if in_w { desired.next().map(|e| e.1) } else { None },
+            parent: if in_p { parents.next().map(|e| e.1) } else { None },
+        })
+    })
 }
 
 fn rows<'a>(inputs: &PlanInputs<'a>) -> Vec<Row<'a>> {
@@ -322,40 +362,39 @@ fn rows<'a>(inputs: &PlanInputs<'a>) -> Vec<Row<'a>> {
         ApiView::Synced { parents } => Some(parents),
         _ => None,
     };
-    let ids = union(
-        union(inputs.disk.keys(), inputs.desired.keys()),
-        parents.into_iter().flat_map(|p| p.keys()),
-    );
-    let disk = align(&ids, inputs.disk.iter());
-    let parent = align(&ids, parents.into_iter().flat_map(|p| p.iter()));
-    let desired = align(&ids, inputs.desired.iter());
-    let verdicts = align(&ids, inputs.verdicts.iter());
-    let previous = align(&ids, inputs.state.absent_since.iter().map(|(id, t)| (id, *t)));
-    let running: Option<Vec<Option<()>>> = match inputs.local {
+    let mut verdicts = Aligned::new(inputs.verdicts.iter());
+    let mut previous = Aligned::new(inputs.state.absent_since.iter().map(|(id, t)| (id, *t)));
+    let mut running = match inputs.local {
         LocalView::Unknown => None,
-        LocalView::Known { running, .. } => Some(align(&ids, running.iter().map(|id| (id, ())))),
+        LocalView::Known { running, .. } => Some(Aligned::new(running.iter().map(|id| (id, ())))),
     };
-    ids.iter()
-        .enumerate()
-        .map(|(i, id)| {
-            let owner = parent[i].and_then(|p| p.owner.as_ref()).or_else(|| {
-                disk[i]
-                    .and_then(DiskCheckpoint::meta)
-                    .and_then(|m| m.owner.as_ref())
-            });
-            Row {
-                id,
-                disk: disk[i],
-                parent: parent[i],
-                desired: desired[i],
-                verdict: verdicts[i],
-                runs: running.as_ref().map(|r| r[i].is_some()),
-                previous_absent: previous[i],
-                is_self: inputs.me.is_self(id, owner),
-                allowed: inputs.allowed.allows(&id.namespace),
-            }
+    gather(inputs.disk, inputs.desired, parents)
+        .map(|g| Row {
+            id: g.id,
+            disk: g.disk,
+            parent: g.parent,
+            desired: g.desired,
+            verdict: verdicts.at(g.id),
+            runs: running.as_mut().map(|r| r.at(g.id).is_some()),
+            previous_absent: previous.at(g.id),
+            is_self: is_self(inputs, g.id, g.parent, g.disk),
+            allowed: inputs.allowed.allows(&g.id.namespace),
         })
         .collect()
+}
+
+/// Whether `id` is one of the agent's own pods, by name or by its controller (as listed,
+/// else as checkpointed).
+fn is_self(
+    inputs: &PlanInputs<'_>,
+    id: &PodId,
+    parent: Option<&ApiParent>,
+    disk: Option<&DiskCheckpoint>,
+) -> bool {
+    let owner = parent
+        .and_then(|p| p.owner.as_ref())
+        .or_else(|| disk.and_then(DiskCheckpoint::meta).and_then(|m| m.owner.as_ref()));
+    inputs.me.is_self(id, owner)
 }
 
 /// Since when each checkpoint's parent has been absent: only a synced view sets or
@@ -379,12 +418,26 @@ fn absent_since(row: &Row<'_>, synced: bool, now: Timestamp) -> Option<Timestamp
 /// The checkpoints on disk whose parents are absent from a synced API view: ask the GC
 /// strategy about each, then pass the verdicts to [`plan`]. Empty unless synced.
 pub fn orphans(inputs: &PlanInputs<'_>, now: Timestamp) -> Vec<Orphan> {
-    if !matches!(inputs.api, ApiView::Synced { .. }) {
+    let ApiView::Synced { parents } = inputs.api else {
         return Vec::new();
-    }
-    rows(inputs)
-        .iter()
-        .filter(|row| row.parent.is_none() && (row.allowed || row.is_self))
+    };
+    // Only checkpoints on disk whose parents are not listed: one walk over the two, then
+    // the journal aligned with those few alone.
+    let mut listed = Aligned::new(parents.keys().map(|id| (id, ())));
+    let mut previous = Aligned::new(inputs.state.absent_since.iter().map(|(id, t)| (id, *t)));
+    let unlisted = (inputs.disk.iter()).filter(|(id, _)| listed.at(id).is_none());
+    let rows = unlisted.map(|(id, disk)| Row {
+        id,
+        disk: Some(disk),
+        parent: None,
+        desired: None,
+        verdict: None,
+        runs: None,
+        previous_absent: previous.at(id),
+        is_self: is_self(inputs, id, None, Some(disk)),
+        allowed: inputs.allowed.allows(&id.namespace),
+    });
+    rows.filter(|row| row.allowed || row.is_self)
         .filter_map(|row| {
             let meta = row.disk?.meta();
             Some(Orphan {
@@ -392,7 +445,7 @@ pub fn orphans(inputs: &PlanInputs<'_>, now: Timestamp) -> Vec<Orphan> {
                 parent_uid: meta.and_then(|m| m.parent_uid.clone()),
                 owner: meta.and_then(|m| m.owner.clone()),
                 is_self: row.is_self,
-                absent_since: absent_since(row, true, now).unwrap_or(now),
+                absent_since: absent_since(&row, true, now).unwrap_or(now),
                 owner_status: OwnerStatus::Unknown,
                 siblings: Vec::new(),
             })

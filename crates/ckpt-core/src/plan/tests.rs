@@ -905,6 +905,52 @@ fn arb_world() -> impl Strategy<Value = World> {
 
 proptest! {
     #[test]
+    fn gather_is_the_union_with_every_entry(
+        on_disk in prop::collection::btree_set("[a-e]{1,2}", 0..8),
+        desired in prop::collection::btree_set("[a-e]{1,2}", 0..8),
+        listed in prop::option::of(prop::collection::btree_set("[a-e]{1,2}", 0..8)),
+    ) {
+        let disk: BTreeMap<PodId, DiskCheckpoint> =
+            on_disk.iter().map(|n| (id(n), DiskCheckpoint { inactive: None, active: None })).collect();
+        let desired: BTreeMap<PodId, String> = desired.iter().map(|n| (id(n), format!("h-{n}"))).collect();
+        let parents: Option<BTreeMap<PodId, ApiParent>> = listed.map(|l| {
+            l.iter()
+                .map(|n| (id(n), ApiParent { uid: Some(format!("uid-{n}")), owner: None, completed: false }))
+                .collect()
+        });
+        let gathered: Vec<Gathered<'_>> = gather(&disk, &desired, parents.as_ref()).collect();
+        let expected: BTreeSet<&PodId> =
+            disk.keys().chain(desired.keys()).chain(parents.iter().flat_map(|p| p.keys())).collect();
+        let ids: Vec<&PodId> = gathered.iter().map(|g| g.id).collect();
+        prop_assert_eq!(ids, expected.into_iter().collect::<Vec<_>>());
+        for g in &gathered {
+            prop_assert_eq!(g.disk.is_some(), disk.contains_key(g.id));
+            prop_assert_eq!(g.desired, desired.get(g.id));
+            prop_assert_eq!(g.parent, parents.as_ref().and_then(|p| p.get(g.id)));
+        }
+    }
+
+    #[test]
+    fn orphans_are_the_unlisted_checkpoints_of_allowed_namespaces_or_self(w in arb_world()) {
+        let found = orphans(&w.inputs(), NOW);
+        let expected: Vec<&PodId> = match &w.api {
+            ApiView::Synced { parents } => w
+                .disk
+                .keys()
+                .filter(|id| !parents.contains_key(*id))
+                .filter(|id| w.allowed.allows(&id.namespace) || id.name.starts_with("pc-"))
+                .collect(),
+            _ => Vec::new(),
+        };
+        prop_assert_eq!(found.iter().map(|o| &o.id).collect::<Vec<_>>(), expected);
+        for orphan in &found {
+            let previous = w.state.absent_since.get(&orphan.id).copied();
+            prop_assert_eq!(orphan.absent_since, previous.map_or(NOW, |t| t.min(NOW)));
+            prop_assert_eq!(orphan.is_self, orphan.id.name.starts_with("pc-"));
+        }
+    }
+
+    #[test]
     fn nothing_is_removed_unless_synced(w in arb_world()) {
         let p = w.plan(NOW);
         if !matches!(w.api, ApiView::Synced { .. }) {
