@@ -295,6 +295,9 @@ pub(crate) fn upgrade_under_owner_reference(run: &mut NodeRun) -> anyhow::Result
 /// `expected_removed` in that order, the agent's own last), checks that no file of the
 /// agent's is left on the node, then deletes what the scenario and `deploy` created.
 fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow::Result<()> {
+    // Opened before the patch: the static copy's log must outlive its pod.
+    let mut logs = AgentLogs::default();
+    logs.collect(run);
     run.kubectl.run(
         &[
             "patch",
@@ -310,7 +313,6 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
         None,
     )?;
     let deselected = Instant::now();
-    let mut logs = AgentLogs::default();
     wait_for("every agent pod to be gone", TIMEOUT, || {
         logs.collect(run);
         waiting_on_error((|| {
@@ -880,21 +882,30 @@ fn last_log_line(run: &NodeRun, pod: &str) -> String {
     log_lines(run, pod).pop().unwrap_or_else(|| "(no log yet)".into())
 }
 
-/// The agent copies' logs (DaemonSet pods and static copies), kept as they are seen: the
-/// kubelet deletes a static pod's logs soon after the pod goes, and self-GC makes the
-/// copy that does it go.
+/// The agent copies' logs (DaemonSet pods and static copies), each file kept open from
+/// the first look: the kubelet deletes a static pod's logs soon after the pod goes, self-GC
+/// makes the copy that does it go, and it writes its last lines just before; an open file
+/// can still be read to its end once unlinked.
 #[derive(Default)]
-struct AgentLogs(BTreeMap<PathBuf, String>);
+struct AgentLogs(BTreeMap<PathBuf, (Option<fs::File>, String)>);
 
 impl AgentLogs {
     fn collect(&mut self, run: &NodeRun) {
+        use std::io::Read;
         for pod in pods_named_like(run, AGENT) {
             for file in log_files(run, &pod) {
-                if let Ok(text) = fs::read_to_string(&file) {
-                    let kept = self.0.entry(file).or_default();
-                    if text.len() > kept.len() {
-                        *kept = text;
-                    }
+                self.0
+                    .entry(file.clone())
+                    .or_insert_with(|| (fs::File::open(&file).ok(), String::new()));
+            }
+        }
+        for (file, text) in self.0.values_mut() {
+            if let Some(file) = file {
+                // The CRI log format is text; a line cut by a partial write is completed
+                // by the next read.
+                let mut bytes = Vec::new();
+                if file.read_to_end(&mut bytes).is_ok() {
+                    text.push_str(&String::from_utf8_lossy(&bytes));
                 }
             }
         }
@@ -906,7 +917,7 @@ impl AgentLogs {
         let needle = format!("pod={NS}/{pod} ");
         self.0
             .values()
-            .flat_map(|text| text.lines())
+            .flat_map(|(_, text)| text.lines())
             .map(cri_log_message)
             .filter(|line| line.contains("checkpoint removed") && line.contains(&needle))
             .max()
