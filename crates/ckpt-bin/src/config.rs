@@ -158,6 +158,9 @@ pub(crate) struct DrainArgs {
     /// Drain even while a running agent holds the lock
     #[arg(long)]
     pub(crate) force: bool,
+    /// Show what would be removed, in order, and change nothing (takes no lock)
+    #[arg(long, conflicts_with = "force")]
+    pub(crate) dry_run: bool,
     #[command(flatten)]
     pub(crate) disk: DiskArgs,
 }

@@ -49,23 +49,8 @@ pub(crate) fn drain(disk: &DiskSettings, force: bool) -> Result<Vec<String>> {
     };
     let store =
         Store::open(disk.layout()).map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
-    let mut ids: Vec<PodId> = store
-        .read_all()
-        .map_err(|e| Error::runtime("cannot read the checkpoints", e))?
-        .into_keys()
-        .collect();
-    let data = store
-        .data_pods()
-        .map_err(|e| Error::runtime("cannot list checkpoint data", e))?;
-    ids.extend(data);
-    ids.sort();
-    ids.dedup();
-    if let Some(own) = holder_pod.as_ref().and_then(|p| ids.iter().position(|i| i == p)) {
-        let own = ids.remove(own);
-        ids.push(own);
-    }
     let mut removed = Vec::new();
-    for id in ids {
+    for id in removal_order(&store, holder_pod.as_ref())? {
         let summary = store
             .remove(&id)
             .map_err(|e| Error::runtime(format!("cannot remove the checkpoint of {id}"), e))?;
@@ -100,4 +85,68 @@ pub(crate) fn drain(disk: &DiskSettings, force: bool) -> Result<Vec<String>> {
         .remove_journal()
         .map_err(|e| Error::runtime("cannot remove the state journal", e))?;
     Ok(removed)
+}
+
+/// `drain --dry-run`: what [`drain`] would remove, in the same order, changing nothing. It
+/// does not take the lock (a running agent keeps it undisturbed); the holder record, which
+/// may be stale, only decides which checkpoint is listed last.
+pub(crate) fn dry_run(disk: &DiskSettings) -> Result<Vec<String>> {
+    let holder_pod = ckpt_lock::read_holder(&disk.lock_file)
+        .ok()
+        .flatten()
+        .and_then(|h| LockIdentity::parse(&h.identity))
+        .map(|i| i.parent_id());
+    let store = Store::open_read_only(disk.layout())
+        .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+    let stored = store
+        .read_all()
+        .map_err(|e| Error::runtime("cannot read the checkpoints", e))?;
+    let with_data = store
+        .data_pods()
+        .map_err(|e| Error::runtime("cannot list checkpoint data", e))?;
+    let mut planned = Vec::new();
+    for id in removal_order(&store, holder_pod.as_ref())? {
+        let checkpoint = stored.get(&id);
+        let parts: Vec<&str> = [
+            (with_data.contains(&id), "data"),
+            (
+                checkpoint.is_some_and(|c| c.inactive.is_some()),
+                "inactive manifest",
+            ),
+            (checkpoint.is_some_and(|c| c.active.is_some()), "active manifest"),
+        ]
+        .into_iter()
+        .filter_map(|(present, what)| present.then_some(what))
+        .collect();
+        planned.push(format!("{id}: {}", parts.join(", ")));
+    }
+    let credentials = store.layout().credentials_path();
+    if credentials.exists() {
+        planned.push(format!(
+            "the static copy's API credentials ({})",
+            credentials.display()
+        ));
+    }
+    Ok(planned)
+}
+
+/// Every pod with a checkpoint or checkpoint data, sorted, the one named by the lock's
+/// holder last: removing it stops the static copy.
+fn removal_order(store: &Store, holder_pod: Option<&PodId>) -> Result<Vec<PodId>> {
+    let mut ids: Vec<PodId> = store
+        .read_all()
+        .map_err(|e| Error::runtime("cannot read the checkpoints", e))?
+        .into_keys()
+        .collect();
+    let data = store
+        .data_pods()
+        .map_err(|e| Error::runtime("cannot list checkpoint data", e))?;
+    ids.extend(data);
+    ids.sort();
+    ids.dedup();
+    if let Some(own) = holder_pod.and_then(|p| ids.iter().position(|i| i == p)) {
+        let own = ids.remove(own);
+        ids.push(own);
+    }
+    Ok(ids)
 }

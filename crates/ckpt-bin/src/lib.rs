@@ -58,13 +58,17 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             init_logging(LogFormat::Text, "warn");
             let file = read_file_config(args.disk.config.as_deref())?;
             let disk = DiskSettings::resolve(&args.disk, &file);
-            let removed = drain::drain(&disk, args.force)?;
+            let (lines, verb) = if args.dry_run {
+                (drain::dry_run(&disk)?, "would remove")
+            } else {
+                (drain::drain(&disk, args.force)?, "removed")
+            };
             let mut out = String::new();
-            if removed.is_empty() {
+            if lines.is_empty() {
                 out.push_str("nothing to remove\n");
             }
-            for line in removed {
-                out.push_str(&format!("removed {line}\n"));
+            for line in lines {
+                out.push_str(&format!("{verb} {line}\n"));
             }
             print(&out);
             Ok(())

@@ -1,7 +1,7 @@
 //! The command-line contract (ARCHITECTURE.md, Command-line contract), driven through the real binary: exit codes,
 //! usage errors that name the flag, `strategies`, `inspect` and `drain` on real files.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ckpt_core::{ApiObjects, SanitizeOptions, Timestamp, sanitize};
@@ -284,6 +284,61 @@ fn drain_refuses_while_an_agent_holds_the_lock_unless_forced() {
     args.pop();
     let out = bin().args(&args).output().expect("runs");
     assert_eq!(text(&out.stdout), "nothing to remove\n");
+}
+
+#[test]
+fn drain_dry_run_lists_in_order_and_changes_nothing_even_while_the_lock_is_held() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    seed_checkpoint(dir.path(), "kube-apiserver-abc", true);
+    seed_checkpoint(dir.path(), "pc-self", true);
+    seed_checkpoint(dir.path(), "scheduler-xyz", false);
+    // The holder is the agent whose own checkpoint is `pc-self`: listed last.
+    let lock = ckpt_lock::LockFile::new(
+        dir.path().join("lock"),
+        "pod-checkpointer pod=kube-system/pc-self node=n1",
+    );
+    let guard = lock.try_acquire().expect("lock").into_guard().expect("free");
+    let files_before = files_under(dir.path());
+    let mut args = vec!["drain".to_owned(), "--dry-run".to_owned()];
+    args.extend(disk_args(dir.path()));
+    let out = bin().args(&args).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "would remove kube-system/kube-apiserver-abc: inactive manifest, active manifest\n\
+         would remove kube-system/scheduler-xyz: inactive manifest\n\
+         would remove kube-system/pc-self: inactive manifest, active manifest\n"
+    );
+    assert_eq!(files_under(dir.path()), files_before, "a dry run changes nothing");
+    // Released, the lock file's holder record is emptied.
+    drop(guard);
+    let files_before = files_under(dir.path());
+    args.push("--force".into());
+    let out = bin().args(&args).output().expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--dry-run with --force is a usage error"
+    );
+    assert_eq!(files_under(dir.path()), files_before);
+}
+
+/// Every file under `dir` with its length, sorted.
+fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("readable").flatten() {
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).expect("stat");
+            if meta.is_dir() {
+                pending.push(path.clone());
+            }
+            files.push((path, meta.len()));
+        }
+    }
+    files.sort();
+    files
 }
 
 /// Scenario B's first step with no credentials at all: the static copy after a reboot has
