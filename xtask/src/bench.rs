@@ -118,9 +118,7 @@ impl Bench {
             .collect();
         progress.say("building the control plane's binaries (cached) and the release agent");
         let bins = e2e_env::ensure_built()?;
-        let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-            .filter(|d| !d.is_empty())
-            .map_or_else(|| crate::project_root().join("target"), PathBuf::from);
+        let target_dir = xtask::image::target_dir();
         // Before the build under test: both builds leave their binary at the same path.
         let baseline = match &self.baseline {
             Some(rev) => Some(baseline_agent(rev, &target_dir, &progress)?),
@@ -236,20 +234,6 @@ impl Bench {
 /// in a temporary git worktree, with the same target dir (dependencies are shared), and
 /// kept in `TARGET/bench-baselines`.
 fn baseline_agent(rev: &str, target_dir: &Path, progress: &Progress) -> anyhow::Result<(String, PathBuf)> {
-    let git = |args: &[&str]| -> anyhow::Result<String> {
-        let out = std::process::Command::new("git")
-            .args(args)
-            .current_dir(crate::project_root())
-            .output()
-            .context("cannot run git")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "`git {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
     let commit = git(&[
         "rev-parse",
         "--verify",
@@ -314,16 +298,7 @@ fn command_line() -> String {
 /// `git describe`-like: the short commit, `+dirty` when the tree has changes (the shared tree
 /// often has other people's work in progress, which is not in the agent unless under crates/).
 fn git_commit() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(crate::project_root())
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default()
-    };
-    let commit = git(&["rev-parse", "--short", "HEAD"]);
+    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_default();
     let agent_dirty = !git(&[
         "status",
         "--porcelain",
@@ -332,12 +307,29 @@ fn git_commit() -> String {
         "Cargo.toml",
         "Cargo.lock",
     ])
+    .unwrap_or_default()
     .is_empty();
     if agent_dirty {
         format!("{commit} (+ uncommitted changes under crates/ or Cargo.*)")
     } else {
         commit
     }
+}
+
+/// `git ARGS…` in the project root: its trimmed output, or why it failed.
+fn git(args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(crate::project_root())
+        .output()
+        .context("cannot run git")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "`git {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// The testbed and what the parts share.

@@ -1,9 +1,11 @@
 //! `pod-checkpointer drain`: remove every checkpoint safely, for uninstalling or
 //! migrating to plain static pods.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use ckpt_core::{LockIdentity, PodId};
 use ckpt_lock::{LockFile, TryAcquire};
-use ckpt_store::Store;
+use ckpt_store::{Store, StoredCheckpoint};
 
 use crate::config::DiskSettings;
 use crate::error::{Error, Result};
@@ -49,8 +51,9 @@ pub(crate) fn drain(disk: &DiskSettings, force: bool) -> Result<Vec<String>> {
     };
     let store =
         Store::open(disk.layout()).map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+    let (stored, with_data) = read_store(&store)?;
     let mut removed = Vec::new();
-    for id in removal_order(&store, holder_pod.as_ref())? {
+    for id in removal_order(stored.into_keys(), with_data, holder_pod.as_ref()) {
         let summary = store
             .remove(&id)
             .map_err(|e| Error::runtime(format!("cannot remove the checkpoint of {id}"), e))?;
@@ -98,14 +101,10 @@ pub(crate) fn dry_run(disk: &DiskSettings) -> Result<Vec<String>> {
         .map(|i| i.parent_id());
     let store = Store::open_read_only(disk.layout())
         .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
-    let stored = store
-        .read_all()
-        .map_err(|e| Error::runtime("cannot read the checkpoints", e))?;
-    let with_data = store
-        .data_pods()
-        .map_err(|e| Error::runtime("cannot list checkpoint data", e))?;
+    let (stored, with_data) = read_store(&store)?;
     let mut planned = Vec::new();
-    for id in removal_order(&store, holder_pod.as_ref())? {
+    let order = removal_order(stored.keys().cloned(), with_data.clone(), holder_pod.as_ref());
+    for id in order {
         let checkpoint = stored.get(&id);
         let parts: Vec<&str> = [
             (with_data.contains(&id), "data"),
@@ -130,23 +129,26 @@ pub(crate) fn dry_run(disk: &DiskSettings) -> Result<Vec<String>> {
     Ok(planned)
 }
 
-/// Every pod with a checkpoint or checkpoint data, sorted, the one named by the lock's
-/// holder last: removing it stops the static copy.
-fn removal_order(store: &Store, holder_pod: Option<&PodId>) -> Result<Vec<PodId>> {
-    let mut ids: Vec<PodId> = store
+/// The checkpoints on disk, and the pods with checkpoint data.
+fn read_store(store: &Store) -> Result<(BTreeMap<PodId, StoredCheckpoint>, BTreeSet<PodId>)> {
+    let stored = store
         .read_all()
-        .map_err(|e| Error::runtime("cannot read the checkpoints", e))?
-        .into_keys()
-        .collect();
-    let data = store
+        .map_err(|e| Error::runtime("cannot read the checkpoints", e))?;
+    let with_data = store
         .data_pods()
         .map_err(|e| Error::runtime("cannot list checkpoint data", e))?;
-    ids.extend(data);
-    ids.sort();
-    ids.dedup();
-    if let Some(own) = holder_pod.and_then(|p| ids.iter().position(|i| i == p)) {
-        let own = ids.remove(own);
-        ids.push(own);
-    }
-    Ok(ids)
+    Ok((stored, with_data))
+}
+
+/// Every pod with a checkpoint or checkpoint data, sorted, the one named by the lock's
+/// holder last: removing it stops the static copy.
+fn removal_order(
+    checkpoints: impl Iterator<Item = PodId>,
+    with_data: BTreeSet<PodId>,
+    holder_pod: Option<&PodId>,
+) -> Vec<PodId> {
+    let mut ids: BTreeSet<PodId> = checkpoints.collect();
+    ids.extend(with_data);
+    let own = holder_pod.and_then(|p| ids.take(p));
+    ids.into_iter().chain(own).collect()
 }

@@ -899,7 +899,11 @@ impl AgentLogs {
                     .or_insert_with(|| (fs::File::open(&file).ok(), String::new()));
             }
         }
-        for (file, text) in self.0.values_mut() {
+        for (path, (file, text)) in &mut self.0 {
+            // A file that could not be opened at first sight is tried again.
+            if file.is_none() {
+                *file = fs::File::open(path).ok();
+            }
             if let Some(file) = file {
                 // The CRI log format is text; a line cut by a partial write is completed
                 // by the next read.
