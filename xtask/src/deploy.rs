@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
-use xtask::progress::Progress;
+use ckpt_e2e::progress::Progress;
 
 use ckpt_bin::render::{KubernetesVersion, Manifest, ManifestArgs, ManifestOptions, NAME, render};
 

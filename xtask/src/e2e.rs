@@ -1,4 +1,4 @@
-//! `cargo xtask e2e [FILTER…]`: the end-to-end suite (`xtask/tests/e2e`) against a real
+//! `cargo xtask e2e [FILTER…]`: the end-to-end suite (`crates/ckpt-e2e/tests/e2e`) against a real
 //! control plane. Builds what it needs (the cached Kubernetes binaries, the agent, the suite)
 //! and runs the suite's binary itself rather than through `cargo test`, so that on Ctrl-C it
 //! waits for the suite to stop its control plane before returning.
@@ -8,9 +8,9 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use xtask::e2e_env::{self, human_duration};
-use xtask::harness::{agent_binary, interrupt};
-use xtask::progress::Progress;
+use ckpt_e2e::e2e_env::{self, human_duration};
+use ckpt_e2e::harness::{agent_binary, interrupt};
+use ckpt_e2e::progress::Progress;
 
 /// Run the end-to-end suite against a real kube-apiserver, etcd and hollow kubelet.
 #[derive(clap::Args)]
@@ -50,18 +50,18 @@ pub(crate) fn run_suite(filters: &[String], locked: bool, long: bool) -> anyhow:
     Ok(())
 }
 
-/// `cargo build -p ckpt-bin` and `cargo test -p xtask --test e2e --no-run`; returns the
+/// `cargo build -p ckpt-bin` and `cargo test -p ckpt-e2e --test e2e --no-run`; returns the
 /// suite's executable.
 fn build_suite(locked: bool) -> anyhow::Result<PathBuf> {
     let lock_flag: &[&str] = if locked { &["--locked"] } else { &[] };
     let mut build = vec!["build", "-p", "ckpt-bin"];
     build.extend(lock_flag);
-    crate::run("cargo", &build)?;
+    ckpt_e2e::run("cargo", &build)?;
 
     let mut args = vec![
         "test",
         "-p",
-        "xtask",
+        "ckpt-e2e",
         "--test",
         "e2e",
         "--no-run",
@@ -71,7 +71,7 @@ fn build_suite(locked: bool) -> anyhow::Result<PathBuf> {
     eprintln!("$ cargo {}", args.join(" "));
     let output = Command::new("cargo")
         .args(&args)
-        .current_dir(crate::project_root())
+        .current_dir(ckpt_e2e::project_root())
         .stderr(Stdio::inherit())
         .output()
         .context("cannot run cargo")?;
@@ -101,7 +101,7 @@ fn run_binary(suite: &PathBuf, args: &[String], long: bool) -> anyhow::Result<()
         .args(args)
         .env("POD_CHECKPOINTER_BIN", &agent)
         .env(LONG_ENV, if long { "1" } else { "0" })
-        .current_dir(crate::project_root())
+        .current_dir(ckpt_e2e::project_root())
         .status()
         .with_context(|| format!("cannot run {}", suite.display()))?;
     anyhow::ensure!(status.success(), "the end-to-end suite failed: {status}");

@@ -4,21 +4,19 @@
 //! `test` runs everything CI runs; `e2e` runs the end-to-end suite against a real control
 //! plane; `bench` measures the release agent against one; `demo` narrates the agent at work
 //! on one; `e2e-env` builds, starts and stops that control plane by hand; `image` builds the
-//! agent's OCI image archive. One module per subcommand; each is a struct with a `run` method.
-//! What they share with the end-to-end suite lives in the `xtask` library.
+//! agent's OCI image archive; `render` and `deploy` install the agent. One module per
+//! subcommand; each is a struct with a `run` method. The end-to-end infrastructure (control
+//! plane, harness, suite, bench, demo, image builder) lives in the `ckpt-e2e` crate; xtask
+//! dispatches to it.
 
-mod bench;
-mod demo;
 mod deploy;
 mod e2e;
 mod render;
 mod standalone;
 mod test;
 
-use std::path::PathBuf;
-
+use ckpt_e2e::{bench, demo, e2e_env, image};
 use clap::{Parser, Subcommand};
-use xtask::{e2e_env, image};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "pod-checkpointer developer and operator tasks")]
@@ -64,26 +62,4 @@ fn main() -> anyhow::Result<()> {
         Task::Deploy(cmd) => cmd.run(),
         Task::Image(cmd) => cmd.run(),
     }
-}
-
-/// The workspace root, from xtask's own manifest directory.
-fn project_root() -> PathBuf {
-    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
-    PathBuf::from(dir).parent().map(PathBuf::from).unwrap_or_default()
-}
-
-/// Runs `program args…` in the project root, echoing it first; fails on a non-zero exit.
-fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    eprintln!("$ {program} {}", args.join(" "));
-    let status = std::process::Command::new(program)
-        .args(args)
-        .current_dir(project_root())
-        .status()
-        .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
-    anyhow::ensure!(
-        status.success(),
-        "`{program} {}` failed: {status}",
-        args.join(" ")
-    );
-    Ok(())
 }

@@ -50,7 +50,7 @@ mod tests {
 
     #[test]
     fn checked_in_manifest_is_the_default_render() {
-        let path = crate::project_root().join("deploy").join(FILE_NAME);
+        let path = ckpt_e2e::project_root().join("deploy").join(FILE_NAME);
         let checked_in = std::fs::read_to_string(&path).unwrap_or_default();
         let current = render_yaml(&ManifestArgs::default()).unwrap();
         assert!(
@@ -64,7 +64,7 @@ mod tests {
     /// every workspace member is copied, and the entrypoint is the agent.
     #[test]
     fn the_containerfile_copies_the_workspace_and_runs_the_agent() {
-        let root = crate::project_root();
+        let root = ckpt_e2e::project_root();
         let containerfile = std::fs::read_to_string(root.join("Containerfile")).unwrap();
         let copies: Vec<Vec<&str>> = containerfile
             .lines()

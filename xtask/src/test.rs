@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use xtask::e2e_env::{BinDir, human_duration};
+use ckpt_e2e::e2e_env::{BinDir, human_duration};
 
 /// Formatting and lint gates, unit and integration tests, then the end-to-end suite.
 #[derive(clap::Args)]
@@ -46,9 +46,9 @@ impl Test {
             "--no-e2e-build is refused when CI=true: CI runs the end-to-end tests, never skips them"
         );
         if !self.no_lint {
-            phase("fmt", || crate::run("cargo", &["fmt", "--all", "--check"]))?;
+            phase("fmt", || ckpt_e2e::run("cargo", &["fmt", "--all", "--check"]))?;
             phase("clippy", || {
-                crate::run(
+                ckpt_e2e::run(
                     "cargo",
                     &[
                         "clippy",
@@ -61,29 +61,29 @@ impl Test {
                     ],
                 )?;
                 // `--all-targets` leaves out the `test = false` targets.
-                crate::run(
+                ckpt_e2e::run(
                     "cargo",
                     &[
-                        "clippy", "-p", "xtask", "--test", "e2e", "--test", "image", "--locked", "--", "-D",
-                        "warnings",
+                        "clippy", "-p", "ckpt-e2e", "--test", "e2e", "--test", "image", "--locked", "--",
+                        "-D", "warnings",
                     ],
                 )
             })?;
             phase("each crate alone", || {
-                crate::standalone::run(&crate::project_root()).map(drop)
+                crate::standalone::run(&ckpt_e2e::project_root()).map(drop)
             })?;
         }
         phase("unit and integration tests", || {
-            crate::run("cargo", &["test", "--workspace", "--locked"])
+            ckpt_e2e::run("cargo", &["test", "--workspace", "--locked"])
         })?;
         // The image: the static release build, its root filesystem, a private containerd.
         phase("image", || {
-            crate::run(
+            ckpt_e2e::run(
                 "cargo",
                 &[
                     "test",
                     "-p",
-                    "xtask",
+                    "ckpt-e2e",
                     "--test",
                     "image",
                     "--locked",

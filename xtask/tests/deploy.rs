@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use ckpt_e2e::e2e_env::{BinDir, ControlPlane, StartOptions, ensure_built};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec, SubjectAccessReview,
@@ -19,7 +20,6 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use xtask::e2e_env::{BinDir, ControlPlane, StartOptions, ensure_built};
 
 /// Not the e2e suite's 2379/6443, nor e2e-env's lifecycle test's 22379/16443.
 const ETCD_PORT: u16 = 32379;

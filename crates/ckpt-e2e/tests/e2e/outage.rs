@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ckpt_core::Timestamp;
+use ckpt_e2e::e2e_env::NODE_NAME;
+use ckpt_e2e::harness::wait::{DEFAULT_TIMEOUT, Probe, holds_for, wait_for, waiting_on_error};
 use serde_json::Value;
-use xtask::e2e_env::NODE_NAME;
-use xtask::harness::wait::{DEFAULT_TIMEOUT, Probe, holds_for, wait_for, waiting_on_error};
 
-use xtask::harness::read_manifest;
+use ckpt_e2e::harness::read_manifest;
 
 use crate::suite::{KUBELET_AFTER_OUTAGE_TIMEOUT, Scenario};
 

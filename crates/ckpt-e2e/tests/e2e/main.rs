@@ -17,7 +17,7 @@
 //! `cargo xtask test --long`) or when a filter names it.
 //!
 //! Run it with `cargo xtask e2e [FILTER…]`, which builds the control plane's binaries and the
-//! agent first. Directly: `cargo test -p xtask --test e2e -- [--list] [FILTER…]` once
+//! agent first. Directly: `cargo test -p ckpt-e2e --test e2e -- [--list] [FILTER…]` once
 //! `cargo xtask e2e-env build` and `cargo build -p ckpt-bin` have run. A filter selects the
 //! scenarios whose name contains it. Nothing is ever skipped: a missing binary or a plane that
 //! cannot start fails the run.
@@ -29,7 +29,6 @@ mod outage;
 mod rbac;
 mod real_node;
 mod real_node_seed;
-mod seed;
 mod self_gc;
 mod suite;
 
@@ -37,18 +36,13 @@ use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use ckpt_e2e::e2e_env::human_duration;
+use ckpt_e2e::harness::interrupt;
 use real_node::NodeScenarioFn;
 use suite::{Scenario, ScenarioFn};
-use xtask::e2e_env::human_duration;
-use xtask::harness::interrupt;
 
 /// Every scenario: its name, its namespace and what it does.
 const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
-    (
-        "seed_a_checkpoints_parents_and_itself",
-        "seed-a",
-        seed::a_checkpoints,
-    ),
     (
         "api_hung_activates_then_parent_back_deactivates",
         "api-hung",
@@ -63,26 +57,6 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         "api_killed_with_the_cri_off_uses_the_kubelet_pods_api",
         "api-killed-kubelet",
         outage::api_killed_kubelet_only,
-    ),
-    (
-        "seed_b_static_copy_takes_the_lock_without_api",
-        "seed-b",
-        seed::b_static_copy_takes_over,
-    ),
-    (
-        "seed_c_standby_copy_then_self_gc_removes_all",
-        "seed-c",
-        seed::c_self_gc,
-    ),
-    (
-        "seed_c_static_copy_uses_the_kept_credentials",
-        "seed-c-kept",
-        seed::c_static_copy_uses_the_kept_credentials,
-    ),
-    (
-        "seed_c_static_copy_follows_the_daemonset_pod",
-        "seed-c-rolled",
-        seed::c_static_copy_follows_the_daemonset,
     ),
     ("gc_immediate_removes_at_once", "gc-immediate", gc::immediate),
     (

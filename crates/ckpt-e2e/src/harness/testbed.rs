@@ -38,7 +38,7 @@ pub const AGENT_TOKEN_ROLE: &str = "pod-checkpointer-token";
 pub const AGENT_CLUSTER_ROLE: &str = "pod-checkpointer-cluster";
 
 /// The content of the Secret a parent made by [`Testbed::create_parent_data`] mounts.
-pub const SECRET_DATA: &[(&str, &str)] = &[
+const SECRET_DATA: &[(&str, &str)] = &[
     (
         "tls.crt",
         "-----BEGIN CERTIFICATE-----\ne2e\n-----END CERTIFICATE-----\n",
@@ -46,7 +46,7 @@ pub const SECRET_DATA: &[(&str, &str)] = &[
     ("tls.key", "e2e-private-key"),
 ];
 /// The content of its ConfigMap.
-pub const CONFIG_DATA: &[(&str, &str)] = &[("config.yaml", "apiVersion: v1\nkind: Config\n")];
+const CONFIG_DATA: &[(&str, &str)] = &[("config.yaml", "apiVersion: v1\nkind: Config\n")];
 
 /// The checkpointer's own pod, created by hand as its DaemonSet would.
 pub struct SelfPod {

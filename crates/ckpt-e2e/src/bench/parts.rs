@@ -8,13 +8,13 @@ use std::path::Path;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::e2e_env::{AGENT_USER, CRI_SOCKET, NODE_NAME, human_duration};
+use crate::harness::agent::{Agent, AgentDirs};
+use crate::harness::files_under;
+use crate::harness::interrupt;
+use crate::harness::objects::PodBuilder;
+use crate::harness::wait::{Probe, wait_for};
 use anyhow::Context;
-use xtask::e2e_env::{AGENT_USER, CRI_SOCKET, NODE_NAME, human_duration};
-use xtask::harness::agent::{Agent, AgentDirs};
-use xtask::harness::files_under;
-use xtask::harness::interrupt;
-use xtask::harness::objects::PodBuilder;
-use xtask::harness::wait::{Probe, wait_for};
 
 use super::audit::{self, ApiRequests, WatchesInWindow};
 use super::procfs::{self, ProcSample};

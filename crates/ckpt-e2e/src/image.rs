@@ -123,13 +123,7 @@ fn archive_name(reference: &str) -> String {
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .filter(|d| !d.is_empty())
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
-}
-
-/// The workspace root, where cargo builds the agent.
-fn workspace_root() -> PathBuf {
-    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
-    xtask.parent().unwrap_or(xtask).to_path_buf()
+        .map_or_else(|| crate::project_root().join("target"), PathBuf::from)
 }
 
 fn human_size(bytes: u64) -> String {

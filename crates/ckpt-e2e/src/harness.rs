@@ -36,13 +36,27 @@ use serde_json::Value;
 /// both `xtask` and `pod-checkpointer`, and an integration test runs from its `deps/` subdir.
 /// `POD_CHECKPOINTER_BIN` overrides.
 pub fn agent_binary() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("POD_CHECKPOINTER_BIN").filter(|p| !p.is_empty()) {
+    sibling_binary(
+        "pod-checkpointer",
+        "POD_CHECKPOINTER_BIN",
+        "build it with `cargo build -p ckpt-bin` (`cargo xtask e2e` does)",
+    )
+}
+
+/// The `xtask` binary (what `cargo xtask` runs), found like [`agent_binary`]; `XTASK_BIN`
+/// overrides. The real-node scenarios run `deploy` with it, as an operator would.
+pub fn xtask_binary() -> anyhow::Result<PathBuf> {
+    sibling_binary(
+        "xtask",
+        "XTASK_BIN",
+        "build it with `cargo build -p xtask` (`cargo xtask e2e` runs from it)",
+    )
+}
+
+fn sibling_binary(name: &str, override_var: &str, how_to_build: &str) -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os(override_var).filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
-        anyhow::ensure!(
-            path.is_file(),
-            "POD_CHECKPOINTER_BIN={} does not exist",
-            path.display()
-        );
+        anyhow::ensure!(path.is_file(), "{override_var}={} does not exist", path.display());
         return Ok(path);
     }
     let exe = std::env::current_exe()?;
@@ -50,10 +64,10 @@ pub fn agent_binary() -> anyhow::Result<PathBuf> {
     if dir.file_name().is_some_and(|n| n == "deps") {
         dir.pop();
     }
-    let path = dir.join("pod-checkpointer");
+    let path = dir.join(name);
     anyhow::ensure!(
         path.is_file(),
-        "{} does not exist: build it with `cargo build -p ckpt-bin` (`cargo xtask e2e` does), or set POD_CHECKPOINTER_BIN",
+        "{} does not exist: {how_to_build}, or set {override_var}",
         path.display()
     );
     Ok(path)

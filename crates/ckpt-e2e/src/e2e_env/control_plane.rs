@@ -1468,7 +1468,7 @@ mod tests {
 }
 
 /// Runs the real binaries: `cargo xtask e2e-env build`, then
-/// `cargo test -p xtask -- --ignored control_plane_lifecycle`.
+/// `cargo test -p ckpt-e2e -- --ignored control_plane_lifecycle`.
 #[cfg(test)]
 mod lifecycle_tests {
     use super::*;

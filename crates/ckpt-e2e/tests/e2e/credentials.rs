@@ -9,10 +9,10 @@
 
 use std::fs;
 
+use ckpt_e2e::harness::kubectl::Kubectl;
+use ckpt_e2e::harness::objects::{CHECKPOINTER_SERVICE_ACCOUNT, STATIC_SERVICE_ACCOUNT, service_account};
+use ckpt_e2e::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 use serde_json::json;
-use xtask::harness::kubectl::Kubectl;
-use xtask::harness::objects::{CHECKPOINTER_SERVICE_ACCOUNT, STATIC_SERVICE_ACCOUNT, service_account};
-use xtask::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 
 use crate::suite::Scenario;
 

@@ -2,8 +2,8 @@
 //! here one permission (reading Secrets) is missing. That must show up as a clear error line
 //! in the log, not as a crash, and the agent must recover once the permission is granted.
 
-use xtask::harness::objects::{AGENT_USER, role_binding};
-use xtask::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
+use ckpt_e2e::harness::objects::{AGENT_USER, role_binding};
+use ckpt_e2e::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 
 use crate::suite::{AGENT_ROLE, AGENT_ROLE_WITHOUT_SECRETS, Scenario};
 

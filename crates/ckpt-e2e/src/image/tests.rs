@@ -244,7 +244,7 @@ fn names_tags_and_archive_names() {
 /// spell out must not drift apart.
 #[test]
 fn the_containerfile_lays_out_the_same_image() {
-    let containerfile = std::fs::read_to_string(workspace_root().join("Containerfile")).unwrap();
+    let containerfile = std::fs::read_to_string(crate::project_root().join("Containerfile")).unwrap();
     let printf = |text: &str| text.replace('\n', "\\n").replace('\t', "\\t");
     for (content, path) in [
         (PASSWD, "/etc/passwd"),

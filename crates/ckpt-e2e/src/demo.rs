@@ -14,18 +14,18 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use xtask::e2e_env::{self, ControlPlane, NODE_NAME, StartOptions, human_duration};
-use xtask::harness::agent::{Agent, AgentConfig};
-use xtask::harness::kubectl;
-use xtask::harness::objects::{AGENT_USER, CHECKPOINT_ANNOTATION, CHECKPOINTER_SERVICE_ACCOUNT};
-use xtask::harness::testbed::{AGENT_ROLE, Testbed, parent_with_data};
-use xtask::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
-use xtask::harness::{agent_binary, files_under, interrupt};
-use xtask::progress::Progress;
+use crate::e2e_env::{self, ControlPlane, NODE_NAME, StartOptions, human_duration};
+use crate::harness::agent::{Agent, AgentConfig};
+use crate::harness::kubectl;
+use crate::harness::objects::{AGENT_USER, CHECKPOINT_ANNOTATION, CHECKPOINTER_SERVICE_ACCOUNT};
+use crate::harness::testbed::{AGENT_ROLE, Testbed, parent_with_data};
+use crate::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
+use crate::harness::{agent_binary, files_under, interrupt};
+use crate::progress::Progress;
 
 /// A narrated run of pod-checkpointer against a local control plane.
 #[derive(clap::Args)]
-pub(crate) struct Demo {
+pub struct Demo {
     /// How long a deleted parent's checkpoint is kept (the agent's --checkpoint-grace-period).
     #[arg(long, default_value = "2s")]
     grace_period: String,
@@ -38,7 +38,7 @@ const NAMESPACE: &str = "kube-system";
 const PARENT: &str = "kube-apiserver";
 
 impl Demo {
-    pub(crate) fn run(&self) -> anyhow::Result<()> {
+    pub fn run(&self) -> anyhow::Result<()> {
         // The agent and the control plane live inside `demo` and are stopped when it returns,
         // on success, on failure and on Ctrl-C alike.
         interrupt::run(

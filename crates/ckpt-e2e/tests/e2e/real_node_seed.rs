@@ -20,14 +20,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ckpt_bin::render::DEFAULT_IMAGE;
+use ckpt_e2e::e2e_env::{NODE_NAME, human_duration};
+use ckpt_e2e::harness::agent::{AgentDirs, Inspect, inspect};
+use ckpt_e2e::harness::kubectl::pod_running;
+use ckpt_e2e::harness::lock::{Holding, LockTimeline, LockWatch, lock_holder};
+use ckpt_e2e::harness::wait::{Probe, holds_for, wait_for, waiting_on_error};
+use ckpt_e2e::harness::{agent_binary, xtask_binary};
+use ckpt_e2e::image::{BUSYBOX_IMAGE, agent_image, build_static_agent};
 use serde_json::{Value, json};
-use xtask::e2e_env::{NODE_NAME, human_duration};
-use xtask::harness::agent::{AgentDirs, Inspect, inspect};
-use xtask::harness::agent_binary;
-use xtask::harness::kubectl::pod_running;
-use xtask::harness::lock::{Holding, LockTimeline, LockWatch, lock_holder};
-use xtask::harness::wait::{Probe, holds_for, wait_for, waiting_on_error};
-use xtask::image::{BUSYBOX_IMAGE, agent_image, build_static_agent};
 
 use crate::real_node::NodeRun;
 
@@ -456,7 +456,7 @@ fn delete_objects(run: &NodeRun) -> anyhow::Result<()> {
 /// period; `extra` after those.
 fn deploy(run: &NodeRun, strategy: &str, extra: &[&str]) -> anyhow::Result<()> {
     let grace = format!("{}s", GRACE_PERIOD.as_secs());
-    let mut command = Command::new(env!("CARGO_BIN_EXE_xtask"));
+    let mut command = Command::new(xtask_binary()?);
     command
         .arg("deploy")
         .arg("--kubeconfig")

@@ -8,16 +8,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use ckpt_e2e::e2e_env::{BinDir, ControlPlane, NODE_NAME, StartOptions};
+use ckpt_e2e::harness::agent::{Agent, AgentConfig, AgentDirs, CheckpointInfo, Inspect};
+use ckpt_e2e::harness::agent_binary;
+use ckpt_e2e::harness::expect::Expect;
+use ckpt_e2e::harness::interrupt;
+use ckpt_e2e::harness::objects::{Owner, PodBuilder, cluster_role, deployed_agent_rules, rules_without};
+pub(crate) use ckpt_e2e::harness::testbed::{AGENT_ROLE, Parent};
+use ckpt_e2e::harness::testbed::{SelfPod, Testbed, parent_with_data};
+use ckpt_e2e::progress::Progress;
 use serde_json::Value;
-use xtask::e2e_env::{BinDir, ControlPlane, NODE_NAME, StartOptions};
-use xtask::harness::agent::{Agent, AgentConfig, AgentDirs, CheckpointInfo, Inspect};
-use xtask::harness::agent_binary;
-use xtask::harness::expect::Expect;
-use xtask::harness::interrupt;
-use xtask::harness::objects::{Owner, PodBuilder, cluster_role, deployed_agent_rules, rules_without};
-pub(crate) use xtask::harness::testbed::{AGENT_ROLE, CONFIG_DATA, Parent, SECRET_DATA};
-use xtask::harness::testbed::{SelfPod, Testbed, parent_with_data};
-use xtask::progress::Progress;
 
 pub(crate) type ScenarioFn = fn(&mut Scenario<'_>) -> anyhow::Result<()>;
 
@@ -111,7 +111,7 @@ impl<'s> Scenario<'s> {
                 let name = log.file_name().unwrap_or_default().to_string_lossy();
                 eprintln!(
                     "--- last lines of {name} ---\n{}",
-                    xtask::e2e_env::process::log_tail(log, 40)
+                    ckpt_e2e::e2e_env::process::log_tail(log, 40)
                 );
             }
             self.keep_logs();
@@ -234,7 +234,7 @@ impl<'s> Scenario<'s> {
         self.expect_api_pod_gone(&parent.name)?;
         let created = self.create(&parent.pod.build())?;
         self.expect_api_pod_running(&parent.name)?;
-        xtask::harness::kubectl::uid(&created)
+        ckpt_e2e::harness::kubectl::uid(&created)
     }
 
     /// Stops the pod's containers and sandbox through the CRI, like a crash; with

@@ -30,23 +30,23 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::e2e_env::process::random_hex;
+use crate::e2e_env::{self, ControlPlane, StartOptions, human_duration};
+use crate::harness::agent::{Agent, AgentConfig, AgentDirs};
+use crate::harness::interrupt;
+use crate::harness::objects::PodBuilder;
+use crate::harness::testbed::{AGENT_ROLE, Testbed, parent_with_data};
+use crate::progress::Progress;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::Value;
-use xtask::e2e_env::process::random_hex;
-use xtask::e2e_env::{self, ControlPlane, StartOptions, human_duration};
-use xtask::harness::agent::{Agent, AgentConfig, AgentDirs};
-use xtask::harness::interrupt;
-use xtask::harness::objects::PodBuilder;
-use xtask::harness::testbed::{AGENT_ROLE, Testbed, parent_with_data};
-use xtask::progress::Progress;
 
 /// Measure latency, footprint and API load of the release agent against the real control
 /// plane and hollow kubelet; writes target/bench/e2e-<timestamp>.{json,md}.
 /// POD_CHECKPOINTER_BIN=PATH measures that build of the agent instead of building one.
 #[derive(clap::Args)]
-pub(crate) struct Bench {
+pub struct Bench {
     /// Repetitions of each latency measurement.
     #[arg(long, default_value_t = 10)]
     reps: usize,
@@ -99,7 +99,7 @@ const ALL_PARTS: [Part; 5] = [
 const AGENT_LOG_LEVEL: &str = "info";
 
 impl Bench {
-    pub(crate) fn run(&self) -> anyhow::Result<()> {
+    pub fn run(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.reps > 0, "--reps must be at least 1");
         interrupt::run(
             Progress::new("bench"),
@@ -118,7 +118,7 @@ impl Bench {
             .collect();
         progress.say("building the control plane's binaries (cached) and the release agent");
         let bins = e2e_env::ensure_built()?;
-        let target_dir = xtask::image::target_dir();
+        let target_dir = crate::image::target_dir();
         // Before the build under test: both builds leave their binary at the same path.
         let baseline = match &self.baseline {
             Some(rev) => Some(baseline_agent(rev, &target_dir, &progress)?),
@@ -440,7 +440,7 @@ impl Env {
     /// survive an API server restart).
     pub(crate) fn api_client(&self) -> anyhow::Result<kube::Client> {
         self.runtime
-            .block_on(crate::deploy::client(Some(&self.testbed.plane.kubeconfig())))
+            .block_on(admin_client(&self.testbed.plane.kubeconfig()))
     }
 
     pub(crate) fn create_pod(&self, client: &kube::Client, pod: &Value) -> anyhow::Result<()> {
@@ -506,4 +506,14 @@ pub(crate) fn count_files(dir: &Path, prefix: &str) -> usize {
             .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
             .count()
     })
+}
+
+/// A client from the plane's admin kubeconfig.
+async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("cannot read {}", kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("kubeconfig {}", kubeconfig.display()))?;
+    kube::Client::try_from(config).context("cannot create the API client")
 }

@@ -10,9 +10,9 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::e2e_env::human_duration;
+use crate::harness::interrupt;
 use anyhow::bail;
-use xtask::e2e_env::human_duration;
-use xtask::harness::interrupt;
 
 /// How often a watcher looks: the resolution of every latency measured.
 pub(crate) const POLL: Duration = Duration::from_millis(5);

@@ -20,11 +20,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use ckpt_e2e::apt::Apt;
+use ckpt_e2e::e2e_env::process::Managed;
+use ckpt_e2e::image::{self, oci};
+use ckpt_e2e::progress::Progress;
 use serde_json::Value;
-use xtask::apt::Apt;
-use xtask::e2e_env::process::Managed;
-use xtask::image::{self, oci};
-use xtask::progress::Progress;
 
 const PROGRESS: Progress = Progress::new("image test");
 const NAMESPACE: &str = "k8s.io";
@@ -328,7 +328,7 @@ impl Drop for Containerd {
                 continue;
             };
             if std::fs::read_link(entry.path().join("ns/mnt")).ok().as_ref() == Some(&namespace) {
-                let _ = xtask::e2e_env::process::send_signal(pid, "KILL");
+                let _ = ckpt_e2e::e2e_env::process::send_signal(pid, "KILL");
             }
         }
     }

@@ -9,16 +9,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use serde_json::{Value, json};
-use xtask::e2e_env::process::{log_tail, rss_kib};
-use xtask::e2e_env::real_node::BUSYBOX_IMAGE;
-use xtask::e2e_env::{
+use ckpt_e2e::e2e_env::process::{log_tail, rss_kib};
+use ckpt_e2e::e2e_env::real_node::BUSYBOX_IMAGE;
+use ckpt_e2e::e2e_env::{
     BinDir, ControlPlane, NODE_NAME, RealNode, RealNodeOptions, StartOptions, human_duration,
 };
-use xtask::harness::interrupt;
-use xtask::harness::kubectl::{Kubectl, pod_running};
-use xtask::harness::wait::{Probe, wait_for, waiting_on_error};
-use xtask::progress::Progress;
+use ckpt_e2e::harness::interrupt;
+use ckpt_e2e::harness::kubectl::{Kubectl, pod_running};
+use ckpt_e2e::harness::wait::{Probe, wait_for, waiting_on_error};
+use ckpt_e2e::progress::Progress;
+use serde_json::{Value, json};
 
 const NAMESPACE: &str = "real-node";
 /// The static pod's hostPath, on the node's disk (`/etc/kubernetes` is the node's own).

@@ -8,8 +8,6 @@ use serde_json::{Value, json};
 
 /// The opt-in annotation of a parent pod.
 pub const CHECKPOINT_ANNOTATION: &str = "checkpointer.alpha.coreos.com/checkpoint";
-/// The annotation of a checkpoint naming its parent.
-pub const CHECKPOINT_OF_ANNOTATION: &str = "checkpointer.alpha.coreos.com/checkpoint-of";
 
 /// The user the agent's kubeconfig (`kubeconfig-agent`) authenticates as.
 pub use crate::e2e_env::AGENT_USER;
@@ -210,7 +208,7 @@ impl PodBuilder {
 }
 
 /// The deploy manifests (`deploy/pod-checkpointer.yaml`, rendered by `cargo xtask render`).
-pub const DEPLOY_MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/pod-checkpointer.yaml");
+pub const DEPLOY_MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/pod-checkpointer.yaml");
 
 /// The rules of the namespaced Roles `pod-checkpointer` and `pod-checkpointer-token` in the deploy manifests: what the
 /// agent is granted in production. The suite and the demo grant exactly these (bound to the

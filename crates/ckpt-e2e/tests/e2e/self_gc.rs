@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use xtask::harness::agent::{Agent, AgentDirs};
+use ckpt_e2e::harness::agent::{Agent, AgentDirs};
 
 use crate::suite::{Parent, Scenario};
 

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use xtask::e2e_env::human_duration;
-use xtask::harness::agent::{Agent, AgentConfig, AgentDirs};
+use ckpt_e2e::e2e_env::human_duration;
+use ckpt_e2e::harness::agent::{Agent, AgentConfig, AgentDirs};
 
 use crate::suite::{Parent, Scenario};
 
@@ -197,7 +197,7 @@ fn expect_no_files_of(ctx: &Scenario<'_>, dirs: &AgentDirs, name: &str) -> anyho
             left.push(dir.display().to_string());
         }
     }
-    for file in xtask::harness::files_under(&dirs.checkpoint_dir.join("inactive-manifests")) {
+    for file in ckpt_e2e::harness::files_under(&dirs.checkpoint_dir.join("inactive-manifests")) {
         if file.contains(name) {
             left.push(file);
         }

@@ -2,8 +2,8 @@
 
 use std::fs;
 
+use crate::e2e_env::process::stat_fields;
 use anyhow::Context;
-use xtask::e2e_env::process::stat_fields;
 
 /// One look at a process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

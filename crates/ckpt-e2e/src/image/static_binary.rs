@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use anyhow::{Context, bail, ensure};
 
-use super::{PROGRESS, target_dir, workspace_root};
+use super::{PROGRESS, target_dir};
 use crate::apt::Apt;
 use crate::e2e_env::human_duration;
+use crate::project_root;
 
 pub const STATIC_TARGET: &str = "x86_64-unknown-linux-musl";
 
@@ -71,7 +72,7 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
     }
     let status = cargo
         .args(args)
-        .current_dir(workspace_root())
+        .current_dir(project_root())
         .env("CARGO_TARGET_DIR", &cargo_target)
         .env(format!("CC_{}", STATIC_TARGET.replace('-', "_")), MUSL_CC)
         .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
@@ -110,7 +111,7 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
 fn ensure_rust_target() -> anyhow::Result<()> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
-        .current_dir(workspace_root())
+        .current_dir(project_root())
         .output()
         .context("cannot run rustup: the static build needs the musl target's standard library")?;
     if String::from_utf8_lossy(&installed.stdout)
@@ -122,7 +123,7 @@ fn ensure_rust_target() -> anyhow::Result<()> {
     PROGRESS.say(&format!("rustup target add {STATIC_TARGET}"));
     let status = Command::new("rustup")
         .args(["target", "add", STATIC_TARGET])
-        .current_dir(workspace_root())
+        .current_dir(project_root())
         .status()
         .context("cannot run rustup")?;
     ensure!(
