@@ -129,9 +129,13 @@ pub(crate) struct RunArgs {
     /// `pod-checkpointer health` asks); "" turns it off [default: off]
     #[arg(long, value_name = "PATH")]
     pub(crate) health_socket: Option<PathBuf>,
-    /// Log format (levels via RUST_LOG) [default: text]
+    /// Log format [default: text]
     #[arg(long, value_enum)]
     pub(crate) log_format: Option<LogFormat>,
+    /// Which log lines to write: a level (error, warn, info, debug, trace) or tracing
+    /// directives, e.g. `info,ckpt_watch=debug` [default: info]
+    #[arg(long, env = "RUST_LOG", value_name = "FILTER")]
+    pub(crate) log_level: Option<String>,
     /// The service account (in the pod's namespace) whose tokens are kept for the static
     /// copy; this copy mints them [default: pod-checkpointer-static]
     #[arg(long, value_name = "NAME")]
@@ -200,6 +204,7 @@ pub(crate) struct FileConfig {
     namespaces: Option<Namespaces>,
     metrics_addr: Option<String>,
     log_format: Option<LogFormat>,
+    log_level: Option<String>,
     static_service_account: Option<String>,
     unauthorized_handover: Option<String>,
     gc: Option<BTreeMap<String, serde_json::Value>>,
@@ -255,6 +260,7 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
         metrics_addr: None,
         health_socket: None,
         log_format: None,
+        log_level: None,
         static_service_account: None,
         unauthorized_handover: None,
         disk: DiskArgs::default(),
@@ -300,6 +306,8 @@ pub(crate) const DEFAULT_METRICS_PORT: u16 = 10266;
 pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:10266";
 pub(crate) const DEFAULT_KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";
 pub(crate) const DEFAULT_STATIC_SERVICE_ACCOUNT: &str = "pod-checkpointer-static";
+/// `--log-level` when neither the flag, `RUST_LOG` nor the file names one.
+pub(crate) const DEFAULT_LOG_LEVEL: &str = "info";
 /// Long enough for a refreshed token file to be re-read (kube clients re-read it every
 /// minute) and for a restarting API server's authenticator; short enough that a node
 /// returns to a working copy in about a minute.
@@ -374,6 +382,8 @@ pub(crate) struct RunSettings {
     pub(crate) metrics_addr: Option<String>,
     pub(crate) health_socket: Option<PathBuf>,
     pub(crate) log_format: LogFormat,
+    /// The log filter: `--log-level`, `RUST_LOG`, `log-level:` in the file, or `info`.
+    pub(crate) log_level: String,
     pub(crate) static_service_account: String,
     pub(crate) unauthorized_handover: Duration,
     pub(crate) disk: DiskSettings,
@@ -562,6 +572,17 @@ impl RunSettings {
                 ..FileConfig::default()
             },
         );
+        let log_level = args
+            .log_level
+            .or(file.log_level)
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_owned());
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
+            return Err(Error::usage_message(format!(
+                "--log-level (or RUST_LOG, or `log-level:` in --config): {log_level:?} is not a log filter: {e}"
+            )));
+        }
+
         Ok(Self {
             node_name,
             pod_name,
@@ -578,6 +599,7 @@ impl RunSettings {
             metrics_addr,
             health_socket,
             log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+            log_level,
             static_service_account,
             unauthorized_handover,
             disk,
@@ -730,6 +752,29 @@ mod tests {
             (s.node_name.as_str(), s.namespaces.clone()),
             ("n", vec!["x".to_owned(), "y".to_owned()])
         );
+    }
+
+    /// `--log-level` over `RUST_LOG` (clap) over `log-level:` over `info`; a filter the
+    /// agent could not apply is a usage error, not a silently quieter agent.
+    #[test]
+    fn log_level_from_the_flag_or_the_file() {
+        let check = |flag: Option<&str>, yaml: &str, expected: std::result::Result<&str, &str>| {
+            let mut argv = IDS.to_vec();
+            argv.extend(flag.iter().flat_map(|f| ["--log-level", f]));
+            let got = resolve(&argv, yaml, no_env());
+            match (got, expected) {
+                (Ok(s), Ok(level)) => assert_eq!(s.log_level, level, "{flag:?} {yaml:?}"),
+                (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{e}"),
+                (got, expected) => panic!("{flag:?} {yaml:?}: {got:?}, expected {expected:?}"),
+            }
+        };
+        check(None, "", Ok("info"));
+        check(None, "log-level: debug\n", Ok("debug"));
+        check(None, "log-level: \"\"\n", Ok("info"));
+        check(Some("warn"), "log-level: debug\n", Ok("warn"));
+        check(None, "log-level: info,ckpt_watch=trace\n", Ok("info,ckpt_watch=trace"));
+        check(None, "log-level: \"ckpt_watch=[\"\n", Err("is not a log filter"));
+        check(Some("verbose=plenty"), "", Err("is not a log filter"));
     }
 
     /// The service-account token never goes to an unverified kubelet unless asked.

@@ -129,7 +129,7 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
         match removed {
             Ok(summary) => {
                 info!(pod = %id, %strategy, %reason, data_dirs = summary.data_dirs_removed, "checkpoint removed");
-                report.health.removal(&strategy, &reason);
+                report.health.removal(report.strategy, removal.reason.code());
                 report.event(
                     id,
                     EventKind::Removed,

@@ -26,6 +26,8 @@ use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
 
+mod process;
+
 /// Where the agent is in its life, for `/readyz` and `/healthz`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -75,7 +77,9 @@ struct Counters {
     checkpoints_by_state: BTreeMap<&'static str, u64>,
     activations: u64,
     deactivations: u64,
-    removals: BTreeMap<(String, String), u64>,
+    /// By (strategy, reason code): both from small fixed sets (the configured strategy,
+    /// [`ckpt_core::RemovalReason::CODES`]); names of pods and owners stay out of labels.
+    removals: BTreeMap<(String, &'static str), u64>,
     write_errors: u64,
     refused: u64,
     handovers: u64,
@@ -227,12 +231,10 @@ impl Health {
         self.with(|c| c.deactivations += 1);
     }
 
-    pub(crate) fn removal(&self, strategy: &str, reason: &str) {
-        self.with(|c| {
-            *c.removals
-                .entry((strategy.to_owned(), reason.to_owned()))
-                .or_default() += 1
-        });
+    /// A checkpoint removed under `strategy` (the configured one), for the reason `code`
+    /// ([`ckpt_core::RemovalReason::code`]).
+    pub(crate) fn removal(&self, strategy: &str, code: &'static str) {
+        self.with(|c| *c.removals.entry((strategy.to_owned(), code)).or_default() += 1);
     }
 
     pub(crate) fn write_error(&self) {
@@ -249,7 +251,7 @@ impl Health {
     }
 
     /// The Prometheus text exposition.
-    pub(crate) fn render_metrics(&self, now: Timestamp) -> String {
+    pub(crate) fn render_metrics(&self) -> String {
         let phase = self.phase();
         self.with(|c| {
             let mut out = String::new();
@@ -291,15 +293,10 @@ impl Health {
             metric(
                 "removals_total",
                 "counter",
-                "Checkpoints removed, by GC strategy and reason.",
+                "Checkpoints removed, by the configured GC strategy and the reason: gc (the strategy's verdict), superseded-self, self-gc, namespace-not-allowed or completed.",
                 c.removals
                     .iter()
-                    .map(|((s, r), n)| {
-                        (
-                            format!("{{strategy=\"{}\",reason=\"{}\"}}", escape(s), escape(r)),
-                            n.to_string(),
-                        )
-                    })
+                    .map(|((s, r), n)| (format!("{{strategy=\"{}\",reason=\"{r}\"}}", escape(s)), n.to_string()))
                     .collect(),
             );
             metric(
@@ -348,13 +345,12 @@ impl Health {
                 vec![(String::new(), c.cri_answers_too_large.to_string())],
             );
             metric(
-                "last_api_sync_age_seconds",
+                "last_api_sync_timestamp_seconds",
                 "gauge",
-                "Seconds since the last synced API view (-1: never).",
+                "When the API view was last synced, in seconds since the epoch (0: never).",
                 vec![(
                     String::new(),
-                    c.last_sync
-                        .map_or("-1".into(), |t| format!("{:.3}", now.since(t).as_secs_f64())),
+                    c.last_sync.map_or("0".into(), |t| format!("{:.3}", t.0 as f64 / 1000.0)),
                 )],
             );
             metric(
@@ -380,8 +376,69 @@ impl Health {
                 "Duration of a pass (observe, plan, execute).",
                 samples,
             );
+            metric(
+                "build_info",
+                "gauge",
+                "Always 1; the agent's version as a label.",
+                vec![(
+                    format!("{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")),
+                    "1".into(),
+                )],
+            );
+            if let Some(p) = process::sample() {
+                render_process_metrics(&mut out, &p);
+            }
             out
         })
+    }
+}
+
+/// The standard `process_*` metrics, without the agent's prefix (see [`process`]).
+fn render_process_metrics(out: &mut String, p: &process::ProcessSample) {
+    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        out.push_str(&format!(
+            "# HELP process_{name} {help}\n# TYPE process_{name} {kind}\nprocess_{name} {value}\n"
+        ));
+    };
+    metric(
+        "resident_memory_bytes",
+        "gauge",
+        "Resident memory size in bytes.",
+        p.resident_bytes.to_string(),
+    );
+    metric(
+        "virtual_memory_bytes",
+        "gauge",
+        "Virtual memory size in bytes.",
+        p.virtual_bytes.to_string(),
+    );
+    metric(
+        "cpu_seconds_total",
+        "counter",
+        "Total user and system CPU time spent in seconds.",
+        format!("{:.2}", p.cpu_seconds),
+    );
+    metric(
+        "start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+        format!("{:.2}", p.start_time_seconds),
+    );
+    if let Some(n) = p.open_fds {
+        metric(
+            "open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            n.to_string(),
+        );
+    }
+    if let Some(n) = p.max_fds {
+        metric(
+            "max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            n.to_string(),
+        );
     }
 }
 
@@ -568,11 +625,7 @@ fn route(method: &str, path: &str, health: &Health, now: Instant) -> (&'static s
     match path.split('?').next().unwrap_or("") {
         "/healthz" => answer(health.liveness(now)),
         "/readyz" => answer(health.readiness(now)),
-        "/metrics" => (
-            "200 OK",
-            "text/plain; version=0.0.4",
-            health.render_metrics(Timestamp::now()),
-        ),
+        "/metrics" => ("200 OK", "text/plain; version=0.0.4", health.render_metrics()),
         _ => ("404 Not Found", TEXT, "not found\n".into()),
     }
 }
@@ -822,26 +875,44 @@ mod tests {
     fn metrics_are_prefixed_and_counted() {
         let h = Health::new(STALL);
         h.activation();
-        h.removal("grace-period", "parent \"deleted\"");
+        h.removal("grace-period", "gc");
         h.record_pass(Duration::from_millis(20), [("active", 2)].into());
         h.record_views("synced", true, Some(Timestamp(1_000)));
-        let text = h.render_metrics(Timestamp(3_500));
+        let text = h.render_metrics();
         for line in [
             "pod_checkpointer_activations_total 1",
-            "pod_checkpointer_removals_total{strategy=\"grace-period\",reason=\"parent \\\"deleted\\\"\"} 1",
+            "pod_checkpointer_removals_total{strategy=\"grace-period\",reason=\"gc\"} 1",
             "pod_checkpointer_checkpoints{state=\"active\"} 2",
             "pod_checkpointer_api_state{state=\"synced\"} 1",
-            "pod_checkpointer_last_api_sync_age_seconds 2.500",
+            "pod_checkpointer_last_api_sync_timestamp_seconds 1.000",
+            concat!(
+                "pod_checkpointer_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
             "pod_checkpointer_pass_duration_seconds_bucket{le=\"0.05\"} 1",
             "pod_checkpointer_pass_duration_seconds_bucket{le=\"0.01\"} 0",
             "pod_checkpointer_pass_duration_seconds_count 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
         assert!(
-            text.lines()
-                .filter(|l| !l.starts_with('#'))
-                .all(|l| l.starts_with("pod_checkpointer_"))
+            samples
+                .iter()
+                .all(|l| l.starts_with("pod_checkpointer_") || l.starts_with("process_")),
+            "{text}"
         );
+        for name in [
+            "process_resident_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                samples.iter().any(|l| l.starts_with(&format!("{name} "))),
+                "no {name} in\n{text}"
+            );
+        }
     }
 }

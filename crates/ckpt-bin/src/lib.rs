@@ -47,7 +47,7 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Inspect(args) => {
-            init_logging(LogFormat::Text, "warn");
+            init_logging(LogFormat::Text, &std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
             let file = read_file_config(args.disk.config.as_deref())?;
             let disk = DiskSettings::resolve(&args.disk, &file);
             let report = inspect::report(&disk, ckpt_core::Timestamp::now())?;
@@ -55,7 +55,7 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Drain(args) => {
-            init_logging(LogFormat::Text, "warn");
+            init_logging(LogFormat::Text, &std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
             let file = read_file_config(args.disk.config.as_deref())?;
             let disk = DiskSettings::resolve(&args.disk, &file);
             let (lines, verb) = if args.dry_run {
@@ -97,7 +97,7 @@ pub fn run_cli(cli: Cli) -> Result<()> {
         }
         Command::Run(args) => {
             let settings = run_settings(*args)?;
-            init_logging(settings.log_format, "info");
+            init_logging(settings.log_format, &settings.log_level);
             // One thread: the agent mostly waits, and the idle cost of a second worker
             // (≈0.7 MiB RSS, most of the idle CPU in wake-ups between workers) buys nothing.
             // The executor yields between file actions so health and probes keep answering.
@@ -142,12 +142,11 @@ fn print(text: &str) {
     print!("{text}");
 }
 
-/// Logs go to stderr, levels from RUST_LOG (else `default_level`), text or JSON lines.
-fn init_logging(format: LogFormat, default_level: &str) {
+/// Logs go to stderr, filtered by `level` (tracing directives), text or JSON lines.
+fn init_logging(format: LogFormat, level: &str) {
     // kube's client logs every failed connection at ERROR; the observers already report
     // a failing source once per change, so that line would repeat every second.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},kube_client::client::builder=off")));
+    let filter = EnvFilter::new(format!("{level},kube_client::client::builder=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

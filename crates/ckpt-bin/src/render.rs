@@ -525,6 +525,8 @@ impl ManifestOptions {
             kubelet_insecure: bool,
             metrics_addr: String,
             health_socket: String,
+            // Written out so operators find where to turn on debug logs for both copies.
+            log_level: &'a str,
         }
         let config = AgentConfig {
             gc_strategy: &self.gc_strategy,
@@ -541,6 +543,7 @@ impl ManifestOptions {
             kubelet_insecure: self.kubelet == KubeletTrust::Insecure,
             metrics_addr: format!("127.0.0.1:{}", self.metrics_port),
             health_socket: objects::health_socket(),
+            log_level: crate::config::DEFAULT_LOG_LEVEL,
         };
         let body = serde_saphyr::to_string(&config).unwrap_or_default();
         format!(

@@ -167,6 +167,29 @@ pub enum RemovalReason {
     Completed,
 }
 
+impl RemovalReason {
+    /// Every [`RemovalReason::code`], in declaration order.
+    pub const CODES: [&'static str; 5] = [
+        "gc",
+        "superseded-self",
+        "self-gc",
+        "namespace-not-allowed",
+        "completed",
+    ];
+
+    /// A fixed code for metrics labels and alerts; the pod and owner names stay in the
+    /// reason's text (logs and Events), so the label's values stay a small, known set.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RemovalReason::Gc(_) => "gc",
+            RemovalReason::SupersededSelf(_) => "superseded-self",
+            RemovalReason::SelfGc(_) => "self-gc",
+            RemovalReason::NotAllowed => "namespace-not-allowed",
+            RemovalReason::Completed => "completed",
+        }
+    }
+}
+
 /// A checkpoint to remove: secrets, configmaps, projected data, inactive, then active.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Removal {

@@ -199,6 +199,7 @@ fn the_config_names_strategy_grace_period_namespaces_paths_and_metrics() {
             "runtime-endpoint": "unix:///var/run/crio/crio.sock",
             "metrics-addr": "127.0.0.1:9999",
             "health-socket": "/run/pod-checkpointer-health/health.sock",
+            "log-level": "info",
         })
     );
 }

@@ -1180,3 +1180,19 @@ fn at_stake_when_losing_the_api_would_change_this_node() {
         check_stake(what, world, expected);
     }
 }
+
+/// The metrics label's values: every reason has its own code, and `CODES` lists them all.
+#[test]
+fn removal_codes_are_distinct_and_listed() {
+    let reasons = [
+        RemovalReason::Gc("parent deleted".into()),
+        RemovalReason::SupersededSelf(id("pod-checkpointer-new")),
+        RemovalReason::SelfGc("deselected".into()),
+        RemovalReason::NotAllowed,
+        RemovalReason::Completed,
+    ];
+    let codes: Vec<&str> = reasons.iter().map(RemovalReason::code).collect();
+    assert_eq!(codes, RemovalReason::CODES);
+    let distinct: std::collections::BTreeSet<&str> = codes.iter().copied().collect();
+    assert_eq!(distinct.len(), codes.len());
+}
