@@ -32,6 +32,8 @@ const PROGRESS: Progress = Progress::new("deploy");
 pub(crate) struct Deploy {
     #[command(flatten)]
     manifest: ManifestArgs,
+    #[command(flatten)]
+    agent: crate::render::AgentBinaryArg,
     /// Kubeconfig of the cluster [default: $KUBECONFIG, ~/.kube/config, else in-cluster]
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
@@ -74,7 +76,8 @@ impl Deploy {
     pub(crate) fn run(&self) -> anyhow::Result<()> {
         // Before connecting: an unknown strategy or a config the agent would refuse sends
         // nothing.
-        self.manifest.options(KubernetesVersion::NEWEST)?;
+        self.manifest
+            .options_for(KubernetesVersion::NEWEST, self.agent.checks().as_ref())?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -88,7 +91,7 @@ impl Deploy {
             Some(version) => version,
             None => cluster_version(&client).await?,
         };
-        let options = self.manifest.options(version)?;
+        let options = self.manifest.options_for(version, self.agent.checks().as_ref())?;
         PROGRESS.say(&format!(
             "manifests for Kubernetes {version}: DaemonSet updates with {}, kubelet API as {}",
             if version.has_daemonset_max_surge() {

@@ -29,6 +29,9 @@ pub(crate) enum Command {
     Drain(DrainArgs),
     /// List the registered garbage-collection strategies.
     Strategies,
+    /// Check a `--config` file as `run` would read it (keys, strategy and its settings,
+    /// durations, log level): exit 0, or 2 saying what is wrong.
+    CheckConfig(CheckConfigArgs),
     /// Ask the agent of this pod whether it is ready or live (the pod's exec probes).
     Health(HealthArgs),
     /// Write the manifests that install pod-checkpointer (ServiceAccounts, RBAC, config,
@@ -53,6 +56,14 @@ pub(crate) struct HealthArgs {
     /// The agent's config file, for its `health-socket:`
     #[arg(long, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
+}
+
+/// `pod-checkpointer check-config`.
+#[derive(Debug, Args)]
+pub(crate) struct CheckConfigArgs {
+    /// The config file, or "-" for stdin
+    #[arg(value_name = "FILE|-")]
+    pub(crate) file: PathBuf,
 }
 
 /// `pod-checkpointer render`.
@@ -772,7 +783,11 @@ mod tests {
         check(None, "log-level: debug\n", Ok("debug"));
         check(None, "log-level: \"\"\n", Ok("info"));
         check(Some("warn"), "log-level: debug\n", Ok("warn"));
-        check(None, "log-level: info,ckpt_watch=trace\n", Ok("info,ckpt_watch=trace"));
+        check(
+            None,
+            "log-level: info,ckpt_watch=trace\n",
+            Ok("info,ckpt_watch=trace"),
+        );
         check(None, "log-level: \"ckpt_watch=[\"\n", Err("is not a log filter"));
         check(Some("verbose=plenty"), "", Err("is not a log filter"));
     }

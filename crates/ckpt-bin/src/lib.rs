@@ -1,8 +1,9 @@
 //! `ckpt-bin`: the `pod-checkpointer` node agent as a library, so the binary's `main` stays
 //! thin and tools (xtask's manifest renderer, tests) use the very same configuration parser.
 //!
-//! - [`run_cli`]: executes a parsed [`config::Cli`] (`run`, `inspect`, `drain`,
-//!   `strategies`, `health`, `render`).
+//! - [`main`]: the whole program (a custom agent binary with extra strategies calls it);
+//!   [`run_cli`] executes a parsed [`config::Cli`] (`run`, `inspect`, `drain`,
+//!   `strategies`, `check-config`, `health`, `render`).
 //! - [`config::check_config_file`]: whether a YAML config file is accepted by `run`.
 //! - [`render`]: the install manifests (`pod-checkpointer render`, `cargo xtask deploy`).
 //! - [`Error`]: usage errors (exit code 2) and runtime failures (exit code 1).
@@ -33,6 +34,22 @@ use crate::config::{
     Cli, Command, DiskSettings, Environment, LogFormat, RunArgs, RunSettings, read_file_config,
 };
 
+/// The `pod-checkpointer` program: parses the command line, runs it, and maps the outcome
+/// to the exit code. A custom agent binary (one that links extra strategy crates) is
+/// `fn main() -> ExitCode { ckpt_bin::main() }` plus a `use my_strategy as _;`.
+pub fn main() -> std::process::ExitCode {
+    use clap::Parser as _;
+    let cli = Cli::parse();
+    match run_cli(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let code = e.exit_code();
+            eprintln!("pod-checkpointer: {}", ckpt_core::error_chain(&e));
+            std::process::ExitCode::from(code)
+        }
+    }
+}
+
 /// Runs a parsed command line.
 pub fn run_cli(cli: Cli) -> Result<()> {
     match cli.command {
@@ -46,8 +63,22 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             print(&out);
             Ok(())
         }
+        Command::CheckConfig(args) => {
+            let text = if args.file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+                    .map_err(|e| Error::usage("check-config: cannot read stdin", e))?
+            } else {
+                std::fs::read_to_string(&args.file).map_err(|e| {
+                    Error::usage(format!("check-config: cannot read {}", args.file.display()), e)
+                })?
+            };
+            config::check_config_file(&text)
+        }
         Command::Inspect(args) => {
-            init_logging(LogFormat::Text, &std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+            init_logging(
+                LogFormat::Text,
+                &std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            );
             let file = read_file_config(args.disk.config.as_deref())?;
             let disk = DiskSettings::resolve(&args.disk, &file);
             let report = inspect::report(&disk, ckpt_core::Timestamp::now())?;
@@ -55,7 +86,10 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Drain(args) => {
-            init_logging(LogFormat::Text, &std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+            init_logging(
+                LogFormat::Text,
+                &std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            );
             let file = read_file_config(args.disk.config.as_deref())?;
             let disk = DiskSettings::resolve(&args.disk, &file);
             let (lines, verb) = if args.dry_run {

@@ -237,10 +237,20 @@ pub struct ManifestOptions {
 }
 
 impl ManifestArgs {
-    /// Checks the flags the way the agent will check its config, before anything is
-    /// rendered or sent; `version` stands in when `--kubernetes-version` is not given.
+    /// Checks the flags the way this program's agent will check its config, before
+    /// anything is rendered or sent; `version` stands in when `--kubernetes-version` is not
+    /// given.
     pub fn options(&self, version: KubernetesVersion) -> Result<ManifestOptions> {
-        check_strategy(&self.gc_strategy)?;
+        self.options_for(version, &BuiltIn)
+    }
+
+    /// [`ManifestArgs::options`] for the agent that `agent` answers for.
+    pub fn options_for(
+        &self,
+        version: KubernetesVersion,
+        agent: &dyn AgentChecks,
+    ) -> Result<ManifestOptions> {
+        check_strategy(&self.gc_strategy, &agent.strategies()?)?;
         let usage = |message: String| Err(Error::usage_message(message));
         if !ckpt_core::is_dns_label(&self.namespace) {
             return usage(format!(
@@ -300,7 +310,7 @@ impl ManifestArgs {
         };
         // The agent's own parser: a config it would refuse (a bad duration, strategy
         // settings) never reaches a cluster.
-        crate::config::check_config_file(&options.agent_config()).map_err(|e| {
+        agent.check_config(&options.agent_config()).map_err(|e| {
             Error::usage_message(format!(
                 "the agent would refuse this config: {}",
                 ckpt_core::error_chain(&e)
@@ -364,10 +374,34 @@ impl ManifestArgs {
     }
 }
 
+/// What the manifests are checked against before anything is rendered or sent: the agent
+/// binary they will run. A binary built with extra strategy crates (README, "A strategy of
+/// your own") knows strategies and settings this program may not, so tools that render
+/// for another binary ask it ([`BuiltIn`] is this program's own).
+pub trait AgentChecks {
+    /// The names of the strategies the agent has registered.
+    fn strategies(&self) -> Result<Vec<String>>;
+    /// Whether the agent accepts this `--config` file (a usage error saying why not).
+    fn check_config(&self, yaml: &str) -> Result<()>;
+}
+
+/// The registry and config parser linked into this program.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuiltIn;
+
+impl AgentChecks for BuiltIn {
+    fn strategies(&self) -> Result<Vec<String>> {
+        Ok(ckpt_gc::names().into_iter().map(str::to_owned).collect())
+    }
+
+    fn check_config(&self, yaml: &str) -> Result<()> {
+        crate::config::check_config_file(yaml)
+    }
+}
+
 /// Rejects a strategy the agent does not know, naming the ones it does.
-pub fn check_strategy(name: &str) -> Result<()> {
-    let known = ckpt_gc::names();
-    if known.contains(&name) {
+pub fn check_strategy(name: &str, known: &[String]) -> Result<()> {
+    if known.iter().any(|k| k == name) {
         return Ok(());
     }
     Err(Error::usage_message(format!(

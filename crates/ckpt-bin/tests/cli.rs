@@ -158,6 +158,66 @@ fn bad_config_files_are_usage_errors() {
     }
 }
 
+/// `check-config` answers as `run` would read the file, without running anything: 0 for
+/// the deployed config, 2 naming the problem otherwise (a strategy this binary does not
+/// have lists the ones it does: what a custom binary with more strategies is for).
+#[test]
+fn check_config_reads_a_file_or_stdin_as_run_would() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let deployed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/pod-checkpointer.yaml"
+    ))
+    .expect("deploy manifests");
+    let config: String = deployed
+        .split("config.yaml: |\n")
+        .nth(1)
+        .expect("the agent's config in the manifests")
+        .lines()
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| format!("{}\n", &l[4..]))
+        .collect();
+    assert!(config.contains("gc-strategy:"), "{config}");
+    for (yaml, code, needle) in [
+        (config.as_str(), 0, ""),
+        ("", 0, ""),
+        (
+            "gc-strategy: keep-forever\n",
+            2,
+            "(known: grace-period, immediate, owner-reference)",
+        ),
+        ("gc-stratgy: immediate\n", 2, "--config"),
+        ("checkpoint-grace-period: soon\n", 2, "--checkpoint-grace-period"),
+        ("log-level: \"ckpt_watch=[\"\n", 2, "--log-level"),
+    ] {
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, yaml).expect("write");
+        let from_file = run(&["check-config", &path.display().to_string()]);
+        let mut child = bin()
+            .args(["check-config", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("runs");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), yaml.as_bytes()).expect("stdin");
+        let from_stdin = child.wait_with_output().expect("runs");
+        for out in [from_file, from_stdin] {
+            assert_eq!(out.status.code(), Some(code), "{yaml:?}: {}", text(&out.stderr));
+            assert!(
+                text(&out.stderr).contains(needle),
+                "{yaml:?}: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+    let missing = run(&[
+        "check-config",
+        &dir.path().join("nope.yaml").display().to_string(),
+    ]);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing.stderr));
+}
+
 #[test]
 fn inspect_reports_states_and_what_runs_after_a_reboot() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -66,6 +66,11 @@ pub struct Image {
     /// Where to write the archive [default: <target dir>/image/<name>-<tag>.oci.tar]
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// A static agent binary to ship instead of building this workspace's: e.g. a custom
+    /// binary with extra strategies (README, "A strategy of your own"), built for the musl
+    /// target. A dynamically linked one is refused: the image has no libc
+    #[arg(long, value_name = "PATH")]
+    binary: Option<PathBuf>,
 }
 
 impl Image {
@@ -80,7 +85,19 @@ impl Image {
             .output
             .clone()
             .unwrap_or_else(|| target_dir().join("image").join(archive_name(&reference)));
-        let binary = build_static_agent()?;
+        let binary = match &self.binary {
+            Some(path) => {
+                let elf = std::fs::read(path)
+                    .with_context(|| format!("--binary: cannot read {}", path.display()))?;
+                anyhow::ensure!(
+                    is_static_elf(&elf).with_context(|| format!("--binary {}", path.display()))?,
+                    "--binary {}: dynamically linked; the image has no libc (build it with --target {STATIC_TARGET})",
+                    path.display()
+                );
+                path.clone()
+            }
+            None => build_static_agent()?,
+        };
         let image = agent_image(&binary, &reference, &output)?;
         PROGRESS.say(&format!(
             "{reference}: {} ({}; the binary {}) in {}",

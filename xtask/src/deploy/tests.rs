@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::*;
+use crate::render::AgentBinaryArg;
 
 fn daemonset(generation: i64, status: Option<(i64, i32, i32, i32, i32)>) -> DaemonSet {
     DaemonSet {
@@ -129,6 +130,7 @@ fn an_unknown_strategy_fails_before_connecting() {
             gc_strategy: "nope".into(),
             ..ManifestArgs::default()
         },
+        agent: AgentBinaryArg { agent_binary: None },
         // Never read: the strategy is checked first.
         kubeconfig: Some(PathBuf::from("/nonexistent/kubeconfig")),
         dry_run: false,
@@ -138,4 +140,36 @@ fn an_unknown_strategy_fails_before_connecting() {
     let error = deploy.run().unwrap_err().to_string();
     assert!(error.contains("unknown strategy \"nope\""), "{error}");
     assert!(error.contains("owner-reference"), "{error}");
+}
+
+/// With `--agent-binary`, the binary's strategies are the ones accepted: a strategy only it
+/// has gets past the checks (to the kubeconfig), and one it lacks is refused with its list.
+#[test]
+fn the_agent_binary_decides_which_strategies_are_known() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = crate::render::tests::fake_agent(
+        dir.path(),
+        "keep-forever  keeps all\ngrace-period  default\n",
+        true,
+    );
+    let deploy = |strategy: &str| Deploy {
+        manifest: ManifestArgs {
+            gc_strategy: strategy.into(),
+            ..ManifestArgs::default()
+        },
+        agent: AgentBinaryArg {
+            agent_binary: Some(agent.clone()),
+        },
+        kubeconfig: Some(PathBuf::from("/nonexistent/kubeconfig")),
+        dry_run: false,
+        timeout: Duration::from_secs(1),
+        no_wait: true,
+    };
+    let error = format!("{:#}", deploy("keep-forever").run().unwrap_err());
+    assert!(error.contains("/nonexistent/kubeconfig"), "{error}");
+    let error = deploy("owner-reference").run().unwrap_err().to_string();
+    assert!(
+        error.contains("registered strategies: keep-forever, grace-period"),
+        "{error}"
+    );
 }
