@@ -143,6 +143,11 @@ pub struct ManifestArgs {
     /// The kubelet's static pod directory on the nodes
     #[arg(long, value_name = "DIR", default_value = DEFAULT_MANIFESTS_DIR)]
     pub manifests_dir: String,
+    /// The lock file both copies share on the nodes (its directory is mounted); while
+    /// migrating from bootkube's checkpointer, its /var/run/lock/pod-checkpointer.lock, so
+    /// the two exclude each other (README, "Migrating from bootkube's checkpointer")
+    #[arg(long, value_name = "PATH", default_value = crate::config::DEFAULT_LOCK_FILE)]
+    pub lock_file: String,
     /// Loopback port of the agent's /healthz, /readyz and /metrics
     #[arg(long, value_name = "PORT", default_value_t = DEFAULT_METRICS_PORT)]
     pub metrics_port: u16,
@@ -183,6 +188,7 @@ impl Default for ManifestArgs {
             image: DEFAULT_IMAGE.to_owned(),
             runtime_endpoint: DEFAULT_RUNTIME_ENDPOINT.to_owned(),
             manifests_dir: DEFAULT_MANIFESTS_DIR.to_owned(),
+            lock_file: crate::config::DEFAULT_LOCK_FILE.to_owned(),
             metrics_port: DEFAULT_METRICS_PORT,
             api_server: DEFAULT_API_SERVER.to_owned(),
             api_server_name: DEFAULT_API_SERVER_NAME.to_owned(),
@@ -229,6 +235,7 @@ pub struct ManifestOptions {
     pub image: String,
     pub runtime_endpoint: String,
     pub manifests_dir: String,
+    pub lock_file: String,
     pub metrics_port: u16,
     pub api: ApiEndpoint,
     pub kubelet: KubeletTrust,
@@ -280,6 +287,12 @@ impl ManifestArgs {
                 self.manifests_dir
             ));
         }
+        if !self.lock_file.starts_with('/') || parent_dir(&self.lock_file).is_none_or(|dir| dir == "/") {
+            return usage(format!(
+                "--lock-file: {:?} is not an absolute path in a directory of its own, like /run/pod-checkpointer/pod-checkpointer.lock",
+                self.lock_file
+            ));
+        }
         if !self.runtime_endpoint.is_empty() {
             let socket = self.runtime_endpoint.strip_prefix("unix://");
             if !socket.is_some_and(|path| path.starts_with('/') && parent_dir(path).is_some()) {
@@ -302,6 +315,7 @@ impl ManifestArgs {
             image: self.image.trim().to_owned(),
             runtime_endpoint: self.runtime_endpoint.clone(),
             manifests_dir: self.manifests_dir.clone(),
+            lock_file: self.lock_file.clone(),
             metrics_port: self.metrics_port,
             api,
             kubelet,
@@ -509,7 +523,10 @@ pub fn to_yaml(objects: &[Manifest]) -> Result<String> {
             }
             Manifest::DaemonSet(daemonset) => {
                 let text = yaml(daemonset.as_ref(), &object.describe())?;
-                out.push_str(&objects::explain_daemonset(&text));
+                out.push_str(&objects::explain_daemonset(
+                    &text,
+                    &objects::lock_dir_of(daemonset),
+                ));
             }
             other => out.push_str(&yaml(other, &object.describe())?),
         }
@@ -568,7 +585,7 @@ impl ManifestOptions {
             namespaces: &self.namespaces,
             checkpoint_dir: objects::CHECKPOINT_DIR,
             manifests_dir: &self.manifests_dir,
-            lock_file: objects::LOCK_FILE,
+            lock_file: &self.lock_file,
             runtime_endpoint: &self.runtime_endpoint,
             kubelet_ca: match &self.kubelet {
                 KubeletTrust::Ca(path) => Some(path),

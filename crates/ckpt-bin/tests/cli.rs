@@ -540,3 +540,122 @@ fn health_fails_without_an_agent() {
     let out = run(&["health", "--health-socket", &socket]);
     assert_eq!(out.status.code(), Some(2), "--ready or --live is required");
 }
+
+/// Migrating from bootkube's checkpointer (README, "Migrating from bootkube's
+/// checkpointer"), as far as this machine allows without the original's binary: its files
+/// as it writes them (`<ns>-<name>.json`, compact client-go JSON, plain 0600 data files) and
+/// its lock held by another process with a plain `flock(2)`, as the original holds it.
+/// `inspect` reports its checkpoints as ours, `drain --dry-run` lists them, and `drain`
+/// waits for the original: it refuses while the lock is held.
+#[test]
+fn the_originals_checkpoints_and_lock_are_adopted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck = dir.path().join("ck");
+    let manifests = dir.path().join("manifests");
+    for d in [ck.join("inactive-manifests"), manifests.clone()] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let secret_dir = ck.join("checkpoint-secrets/kube-system/kube-apiserver-x1/apiserver-certs");
+    std::fs::create_dir_all(&secret_dir).expect("dir");
+    std::fs::write(secret_dir.join("tls.crt"), "cert").expect("write");
+    let original = |name: &str, volume: serde_json::Value| {
+        let pod = serde_json::json!({
+            "kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": "kube-system", "creationTimestamp": null,
+                         "annotations": {"checkpointer.alpha.coreos.com/checkpoint-of": name}},
+            "spec": {"containers": [{"name": "c", "image": "quay.io/coreos/hyperkube:v1.20.2",
+                                     "resources": {}}],
+                     "volumes": [volume], "hostNetwork": true},
+            "status": {}
+        });
+        format!("{}\n", serde_json::to_string(&pod).expect("json"))
+    };
+    let apiserver = original(
+        "kube-apiserver-x1",
+        serde_json::json!({"name": "apiserver-certs", "hostPath": {"path": secret_dir.display().to_string()}}),
+    );
+    let checkpointer = original(
+        "pod-checkpointer-x7k2p",
+        serde_json::json!({"name": "var-run", "hostPath": {"path": "/var/run"}}),
+    );
+    std::fs::write(
+        ck.join("inactive-manifests/kube-system-kube-apiserver-x1.json"),
+        &apiserver,
+    )
+    .expect("write");
+    std::fs::write(
+        ck.join("inactive-manifests/kube-system-pod-checkpointer-x7k2p.json"),
+        &checkpointer,
+    )
+    .expect("write");
+    std::fs::write(
+        manifests.join("kube-system-pod-checkpointer-x7k2p.json"),
+        &checkpointer,
+    )
+    .expect("write");
+
+    let mut args = vec!["inspect".to_owned(), "-o".into(), "json".into()];
+    args.extend(disk_args(dir.path()));
+    let out = bin().args(&args).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let states: Vec<(String, String)> = report["checkpoints"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|c| {
+            (
+                c["pod"].as_str().unwrap_or("").to_owned(),
+                c["state"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("kube-system/kube-apiserver-x1".into(), "inactive".into()),
+            ("kube-system/pod-checkpointer-x7k2p".into(), "active".into())
+        ],
+        "{report}"
+    );
+
+    // The original holds its lock (a plain flock on the same file, which it creates 0600)
+    // while it runs.
+    let lock = dir.path().join("lock");
+    std::fs::write(&lock, "").expect("lock file");
+    std::fs::set_permissions(&lock, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+    let mut holder = Command::new("flock")
+        .arg(&lock)
+        .args(["sleep", "30"])
+        .spawn()
+        .expect("flock(1) from util-linux");
+    let held = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::fs::read_to_string("/proc/locks").is_ok_and(|locks| {
+            let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&lock).expect("lock file"));
+            locks.lines().any(|l| l.contains(&format!(":{inode} ")))
+        })
+    });
+    assert!(held, "flock(1) did not take the lock");
+    let mut dry_run = vec!["drain".to_owned(), "--dry-run".into()];
+    dry_run.extend(disk_args(dir.path()));
+    let out = bin().args(&dry_run).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    assert!(
+        listed.contains("would remove kube-system/kube-apiserver-x1"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("would remove kube-system/pod-checkpointer-x7k2p"),
+        "{listed}"
+    );
+    let mut drain = vec!["drain".to_owned()];
+    drain.extend(disk_args(dir.path()));
+    let out = bin().args(&drain).output().expect("runs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("holds"), "{}", text(&out.stderr));
+    assert!(manifests.join("kube-system-pod-checkpointer-x7k2p.json").exists());
+    let _ = holder.kill();
+    let _ = holder.wait();
+}

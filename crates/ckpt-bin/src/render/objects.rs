@@ -53,8 +53,6 @@ const HEALTH_SOCKET_NAME: &str = "health.sock";
 const AGENT_BINARY: &str = "/pod-checkpointer";
 
 pub(super) const CHECKPOINT_DIR: &str = Layout::DEFAULT_CHECKPOINT_DIR;
-/// The lock file the DaemonSet pod and the static copy share.
-pub(super) const LOCK_FILE: &str = crate::config::DEFAULT_LOCK_FILE;
 
 /// The directories under the checkpoint dir the agent writes, each mounted alone: the
 /// checkpoint dir itself (`/etc/kubernetes`) holds the cluster's credentials and `pki/`.
@@ -191,9 +189,24 @@ pub(super) fn why(rule: &PolicyRule) -> Option<&'static str> {
     })
 }
 
+/// The volume of the lock file's directory.
+const LOCK_DIR_VOLUME: &str = "lock-dir";
+
+/// The host directory of the lock file, as the DaemonSet mounts it.
+pub(super) fn lock_dir_of(daemonset: &DaemonSet) -> String {
+    daemonset
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|pod| pod.volumes.as_ref())
+        .and_then(|volumes| volumes.iter().find(|v| v.name == LOCK_DIR_VOLUME))
+        .and_then(|v| v.host_path.as_ref())
+        .map_or_else(|| "/".to_owned(), |h| h.path.clone())
+}
+
 /// Comments on the DaemonSet's security choices, inserted above the lines they explain.
-pub(super) fn explain_daemonset(yaml: &str) -> String {
-    let lock_dir = format!("path: {}", parent_dir(LOCK_FILE).unwrap_or("/"));
+pub(super) fn explain_daemonset(yaml: &str, lock_dir: &str) -> String {
+    let lock_dir = format!("path: {lock_dir}");
     let notes: [(&str, &str); 5] = [
         (
             "resources:",
@@ -448,9 +461,9 @@ fn volumes_and_mounts(options: &ManifestOptions) -> (Vec<Volume>, Vec<VolumeMoun
         mounts.push(mount(&name, &path, false));
     }
     // LOCK DIR: the lock file's directory; its location is the lock's owner's to choose.
-    let lock_dir = parent_dir(LOCK_FILE).unwrap_or("/");
-    volumes.push(host_path_volume("lock-dir", lock_dir, "DirectoryOrCreate"));
-    mounts.push(mount("lock-dir", lock_dir, false));
+    let lock_dir = parent_dir(&options.lock_file).unwrap_or("/");
+    volumes.push(host_path_volume(LOCK_DIR_VOLUME, lock_dir, "DirectoryOrCreate"));
+    mounts.push(mount(LOCK_DIR_VOLUME, lock_dir, false));
     if let Some(dir) = options
         .runtime_endpoint
         .strip_prefix("unix://")

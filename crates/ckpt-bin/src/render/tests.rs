@@ -270,6 +270,15 @@ fn flags_the_agent_would_refuse_are_rejected_before_rendering() {
             kubelet_insecure: true,
             ..ManifestArgs::default()
         },
+        ManifestArgs {
+            lock_file: "pod-checkpointer.lock".into(),
+            ..ManifestArgs::default()
+        },
+        // Its directory is mounted: never the host's root.
+        ManifestArgs {
+            lock_file: "/pod-checkpointer.lock".into(),
+            ..ManifestArgs::default()
+        },
     ];
     for args in refused {
         let error = args.options(KubernetesVersion::NEWEST).unwrap_err();
@@ -761,6 +770,23 @@ fn only_the_directories_the_agent_writes_are_mounted() {
         mounted(&with_ca),
         expected(&[("/etc/kubernetes/pki/ca.crt", true)]),
         "the CA file alone, read-only"
+    );
+    // Migrating from bootkube's checkpointer: its lock, in its directory.
+    let migrating = options(&ManifestArgs {
+        lock_file: "/var/run/lock/pod-checkpointer.lock".into(),
+        ..ManifestArgs::default()
+    });
+    let mut with_bootkube_lock = expected(&[("/run/containerd", true)]);
+    with_bootkube_lock.retain(|(p, _)| p != "/run/pod-checkpointer");
+    with_bootkube_lock.insert(7, ("/var/run/lock".to_owned(), false));
+    assert_eq!(mounted(&migrating), with_bootkube_lock);
+    let objects = render(&migrating);
+    let config: serde_json::Value = serde_saphyr::from_str(config_of(&objects)).unwrap();
+    assert_eq!(config["lock-file"], "/var/run/lock/pod-checkpointer.lock");
+    let yaml = to_yaml(&objects).unwrap();
+    assert!(
+        yaml.contains("# LOCK DIR: the directory of the lock file both copies share"),
+        "{yaml}"
     );
     for options in [default_options(), with_ca] {
         for (path, read_only) in mounted(&options) {
