@@ -136,6 +136,11 @@ pub(crate) struct RunArgs {
     /// Address for /healthz, /readyz and /metrics; "" turns it off [default: 127.0.0.1:10266]
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_addr: Option<String>,
+    /// Where the active copy also serves /metrics, /healthz and /readyz for Prometheus,
+    /// e.g. the node's IP ($(HOST_IP):10267 in a pod spec); only while it holds the lock,
+    /// so a scrape always reaches the active copy; "" turns it off [default: off]
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<String>,
     /// A unix socket answering /healthz and /readyz for this process alone (what
     /// `pod-checkpointer health` asks); "" turns it off [default: off]
     #[arg(long, value_name = "PATH")]
@@ -214,6 +219,7 @@ pub(crate) struct FileConfig {
     checkpoint_grace_period: Option<String>,
     namespaces: Option<Namespaces>,
     metrics_addr: Option<String>,
+    metrics_listen: Option<String>,
     log_format: Option<LogFormat>,
     log_level: Option<String>,
     static_service_account: Option<String>,
@@ -269,6 +275,7 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
         checkpoint_grace_period: None,
         namespaces: None,
         metrics_addr: None,
+        metrics_listen: None,
         health_socket: None,
         log_format: None,
         log_level: None,
@@ -391,6 +398,8 @@ pub(crate) struct RunSettings {
     pub(crate) gc_section: serde_json::Value,
     pub(crate) namespaces: Vec<String>,
     pub(crate) metrics_addr: Option<String>,
+    /// `--metrics-listen`: served by the lock holder only.
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
     pub(crate) health_socket: Option<PathBuf>,
     pub(crate) log_format: LogFormat,
     /// The log filter: `--log-level`, `RUST_LOG`, `log-level:` in the file, or `info`.
@@ -549,6 +558,14 @@ impl RunSettings {
                 "--metrics-addr: {addr:?} is not an address like {DEFAULT_METRICS_ADDR}"
             )));
         }
+        let metrics_listen = match args.metrics_listen.or(file.metrics_listen) {
+            Some(addr) if !addr.is_empty() => Some(addr.parse::<std::net::SocketAddr>().map_err(|_| {
+                Error::usage_message(format!(
+                    "--metrics-listen: {addr:?} is not an address like 10.0.0.5:10267 (in a pod spec, $(HOST_IP):10267)"
+                ))
+            })?),
+            _ => None,
+        };
         let health_socket = args
             .health_socket
             .or(file.health_socket)
@@ -608,6 +625,7 @@ impl RunSettings {
             gc_section,
             namespaces,
             metrics_addr,
+            metrics_listen,
             health_socket,
             log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
             log_level,
@@ -790,6 +808,31 @@ mod tests {
         );
         check(None, "log-level: \"ckpt_watch=[\"\n", Err("is not a log filter"));
         check(Some("verbose=plenty"), "", Err("is not a log filter"));
+    }
+
+    /// `--metrics-listen` is off unless named, and must be an address the agent can bind.
+    #[test]
+    fn metrics_listen_is_an_address_or_off() {
+        let check = |flag: Option<&str>, yaml: &str, expected: std::result::Result<Option<&str>, &str>| {
+            let mut argv = IDS.to_vec();
+            argv.extend(flag.iter().flat_map(|f| ["--metrics-listen", f]));
+            match (resolve(&argv, yaml, no_env()), expected) {
+                (Ok(s), Ok(addr)) => assert_eq!(
+                    s.metrics_listen,
+                    addr.map(|a| a.parse().unwrap()),
+                    "{flag:?} {yaml:?}"
+                ),
+                (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{e}"),
+                (got, expected) => panic!("{flag:?} {yaml:?}: {got:?}, expected {expected:?}"),
+            }
+        };
+        check(None, "", Ok(None));
+        // "" on the command line turns off what the file names.
+        check(Some(""), "metrics-listen: 10.0.0.5:10267\n", Ok(None));
+        check(None, "metrics-listen: 10.0.0.5:10267\n", Ok(Some("10.0.0.5:10267")));
+        check(Some("[fd00::5]:10267"), "", Ok(Some("[fd00::5]:10267")));
+        check(Some("$(HOST_IP):10267"), "", Err("--metrics-listen"));
+        check(Some("10.0.0.5"), "", Err("--metrics-listen"));
     }
 
     /// The service-account token never goes to an unverified kubelet unless asked.

@@ -26,7 +26,10 @@ use tracing::{debug, info, warn};
 
 use crate::error::{Error, Result};
 
+mod listen;
 mod process;
+
+pub(crate) use listen::serve as serve_for_prometheus;
 
 /// Where the agent is in its life, for `/readyz` and `/healthz`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

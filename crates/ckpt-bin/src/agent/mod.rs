@@ -116,6 +116,10 @@ async fn hold_and_run(
         };
         info!("lock taken: this copy is active");
         health.set_phase(Phase::Starting);
+        // Only the holder answers on the node's address; dropped with the lock.
+        let _prometheus = settings
+            .metrics_listen
+            .map(|addr| health::serve_for_prometheus(addr, health.clone()));
 
         // Only now: the clients of the active copy (both copies lock before watching).
         let store = Store::open(settings.disk.layout())

@@ -1,0 +1,224 @@
+//! `--metrics-listen`: `/metrics`, `/healthz` and `/readyz` for Prometheus on an address
+//! beyond loopback (the node's IP), served by hyper rather than the tiny server of
+//! `--metrics-addr`, and only by the copy that holds the lock: both copies share the host
+//! network, so the one that answers on the node's address is always the active one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::CONTENT_TYPE;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tracing::{debug, info, warn};
+
+use super::{ACCEPT_BACKOFF, Health, MAX_CONNECTIONS, REQUEST_TIMEOUT, Server, route};
+
+/// How long a bind that failed (the previous holder's socket not closed yet, the address
+/// not yet on the node) waits before the next try.
+const BIND_RETRY: Duration = Duration::from_secs(2);
+
+/// Serves on `addr` until the returned [`Server`] is dropped, binding in the background
+/// (and again every [`BIND_RETRY`] while that fails, warning once).
+pub(crate) fn serve(addr: SocketAddr, health: Health) -> Server {
+    Server(tokio::spawn(async move {
+        let mut warned = false;
+        let listener = loop {
+            match TcpListener::bind(addr).await {
+                Ok(listener) => break listener,
+                Err(e) => {
+                    if !warned {
+                        warn!(%addr, error = %e, "cannot listen for Prometheus yet; retrying");
+                        warned = true;
+                    }
+                    tokio::time::sleep(BIND_RETRY).await;
+                }
+            }
+        };
+        info!(%addr, "serving /metrics, /healthz and /readyz for Prometheus");
+        serve_listener(listener, health, REQUEST_TIMEOUT).await;
+    }))
+}
+
+/// Answers connections on `listener`, at most [`MAX_CONNECTIONS`] at once; a connection
+/// that sends no complete request head within `header_timeout` (the first, or the next
+/// on a kept-alive connection) is closed.
+pub(super) async fn serve_listener(listener: TcpListener, health: Health, header_timeout: Duration) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut failing = false;
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                failing = false;
+                stream
+            }
+            Err(e) => {
+                if !failing {
+                    warn!(error = %e, "cannot accept Prometheus connections; retrying");
+                    failing = true;
+                }
+                drop(slot);
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let health = health.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                let answer = answer(&request, &health);
+                async move { Ok::<_, std::convert::Infallible>(answer) }
+            });
+            let served = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = served.await {
+                debug!(error = %e, "Prometheus connection ended");
+            }
+            drop(slot);
+        });
+    }
+}
+
+fn answer(request: &Request<hyper::body::Incoming>, health: &Health) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = route(
+        request.method().as_str(),
+        request.uri().path(),
+        health,
+        Instant::now(),
+    );
+    let status = status
+        .get(..3)
+        .and_then(|code| code.parse::<u16>().ok())
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = content_type.parse() {
+        response.headers_mut().insert(CONTENT_TYPE, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn started(header_timeout: Duration) -> (SocketAddr, Server) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let health = Health::new(Duration::from_secs(90));
+        health.record_views("synced", true, None);
+        let task = tokio::spawn(serve_listener(listener, health, header_timeout));
+        (addr, Server(task))
+    }
+
+    /// Reads until the peer closes or `n` responses (by their status lines) arrived.
+    async fn read_responses(stream: &mut tokio::net::TcpStream, n: usize) -> String {
+        let mut text = String::new();
+        let mut buf = [0u8; 65536];
+        while text.matches("HTTP/1.1 ").count() < n || !text.ends_with('\n') {
+            let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .expect("answered in time")
+                .unwrap();
+            if read == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buf[..read]));
+        }
+        text
+    }
+
+    #[tokio::test]
+    async fn metrics_and_probes_over_a_kept_alive_connection() {
+        let (addr, _server) = started(Duration::from_secs(5)).await;
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\nPOST /readyz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let text = read_responses(&mut stream, 4).await;
+        let statuses: Vec<&str> = text.lines().filter(|l| l.starts_with("HTTP/1.1 ")).collect();
+        assert_eq!(
+            statuses,
+            [
+                "HTTP/1.1 200 OK",
+                "HTTP/1.1 200 OK",
+                "HTTP/1.1 405 Method Not Allowed",
+                "HTTP/1.1 404 Not Found"
+            ],
+            "{text}"
+        );
+        assert!(text.contains("content-type: text/plain; version=0.0.4"), "{text}");
+        assert!(
+            text.contains("pod_checkpointer_api_state{state=\"synced\"} 1"),
+            "{text}"
+        );
+    }
+
+    /// A client that connects and sends nothing (or half a request) is closed after the
+    /// header timeout instead of holding one of the slots forever.
+    #[tokio::test]
+    async fn a_silent_connection_is_closed() {
+        let (addr, _server) = started(Duration::from_millis(300)).await;
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        silent.write_all(b"GET /metr").await.unwrap();
+        let mut buf = [0u8; 1024];
+        let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+            .await
+            .expect("closed in time");
+        // Closed, possibly after a 408: no further request is served on it.
+        match closed {
+            Ok(0) | Err(_) => {}
+            Ok(n) => assert!(
+                String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"),
+                "{:?}",
+                &buf[..n]
+            ),
+        }
+        let mut other = tokio::net::TcpStream::connect(addr).await.unwrap();
+        other
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_responses(&mut other, 1).await.starts_with("HTTP/1.1 "));
+    }
+
+    #[tokio::test]
+    async fn a_taken_address_is_retried_until_free() {
+        let blocker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = blocker.local_addr().unwrap();
+        let _server = serve(addr, Health::new(Duration::from_secs(90)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(blocker);
+        let answered = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
+                    stream
+                        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                        .await
+                        .unwrap();
+                    let text = read_responses(&mut stream, 1).await;
+                    if text.starts_with("HTTP/1.1 ") {
+                        return text;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await
+        .expect("served once the address is free");
+        assert!(answered.contains("standby"), "{answered}");
+    }
+}
