@@ -829,7 +829,11 @@ mod tests {
         check(None, "", Ok(None));
         // "" on the command line turns off what the file names.
         check(Some(""), "metrics-listen: 10.0.0.5:10267\n", Ok(None));
-        check(None, "metrics-listen: 10.0.0.5:10267\n", Ok(Some("10.0.0.5:10267")));
+        check(
+            None,
+            "metrics-listen: 10.0.0.5:10267\n",
+            Ok(Some("10.0.0.5:10267")),
+        );
         check(Some("[fd00::5]:10267"), "", Ok(Some("[fd00::5]:10267")));
         check(Some("$(HOST_IP):10267"), "", Err("--metrics-listen"));
         check(Some("10.0.0.5"), "", Err("--metrics-listen"));

@@ -101,6 +101,8 @@ pub(crate) struct Health {
     life: Arc<Mutex<Life>>,
     counters: Arc<Mutex<Counters>>,
     stall_after: Duration,
+    /// The token kept for the static copy, whose expiry `/metrics` reports.
+    kept_token: Option<Arc<PathBuf>>,
 }
 
 impl Health {
@@ -118,7 +120,14 @@ impl Health {
                 ..Counters::default()
             })),
             stall_after,
+            kept_token: None,
         }
+    }
+
+    /// Reports the expiry of the token kept at `path` (read on each scrape).
+    pub(crate) fn with_kept_token(mut self, path: PathBuf) -> Self {
+        self.kept_token = Some(Arc::new(path));
+        self
     }
 
     fn life(&self) -> std::sync::MutexGuard<'_, Life> {
@@ -388,12 +397,29 @@ impl Health {
                     "1".into(),
                 )],
             );
+            if let Some(expiry) = self.kept_token.as_deref().and_then(|p| kept_token_expiry(p)) {
+                metric(
+                    "kept_token_expiry_timestamp_seconds",
+                    "gauge",
+                    "When the API token kept for the static copy expires, in seconds since the epoch (absent without one).",
+                    vec![(String::new(), expiry.to_string())],
+                );
+            }
             if let Some(p) = process::sample() {
                 render_process_metrics(&mut out, &p);
             }
             out
         })
     }
+}
+
+/// The `exp` of the kept token at `path`, if it is a regular file holding a JWT.
+fn kept_token_expiry(path: &Path) -> Option<i64> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.is_file() || meta.len() > 64 * 1024 {
+        return None;
+    }
+    crate::credentials::token_expiry(&std::fs::read(path).ok()?)
 }
 
 /// The standard `process_*` metrics, without the agent's prefix (see [`process`]).
@@ -872,6 +898,38 @@ mod tests {
             .expect("served once a slot is free")
             .unwrap();
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    }
+
+    /// The kept token's `exp`, read on each scrape; nothing for a missing file, a link or
+    /// something that is not a JWT.
+    #[test]
+    fn the_kept_tokens_expiry_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let h = Health::new(STALL).with_kept_token(path.clone());
+        let sample = |h: &Health| {
+            h.render_metrics()
+                .lines()
+                .find(|l| l.starts_with("pod_checkpointer_kept_token_expiry_timestamp_seconds "))
+                .map(str::to_owned)
+        };
+        assert_eq!(sample(&h), None);
+        // {"exp":1000000000}
+        std::fs::write(&path, "eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjEwMDAwMDAwMDB9.sig").unwrap();
+        assert_eq!(
+            sample(&h).as_deref(),
+            Some("pod_checkpointer_kept_token_expiry_timestamp_seconds 1000000000")
+        );
+        std::fs::write(&path, "not a token").unwrap();
+        assert_eq!(sample(&h), None);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(
+            dir.path().join("elsewhere"),
+            "eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjEwMDAwMDAwMDB9.sig",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
+        assert_eq!(sample(&h), None);
     }
 
     #[test]

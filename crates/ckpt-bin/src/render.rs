@@ -14,7 +14,10 @@
 //! The choices that depend on the cluster's Kubernetes version (DaemonSet `maxSurge`,
 //! `nodes/pods` vs `nodes/proxy`) follow [`KubernetesVersion`].
 
+mod monitoring;
 mod objects;
+
+pub use monitoring::{ALERTS, Alert, expr as alert_expr};
 
 use std::fmt;
 use std::str::FromStr;
@@ -23,7 +26,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::ApiResource;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -50,6 +53,8 @@ pub const DEFAULT_MANIFESTS_DIR: &str = crate::config::DEFAULT_MANIFESTS_DIR;
 /// Health and metrics on loopback: nothing off the node reaches them, and the port is one
 /// no core component uses (8080 is crowded on control-plane hosts).
 pub const DEFAULT_METRICS_PORT: u16 = crate::config::DEFAULT_METRICS_PORT;
+/// `--prometheus-port`: next to the loopback port.
+pub const DEFAULT_PROMETHEUS_PORT: u16 = 10267;
 /// The node-local API server: on a self-hosted control plane the agent runs (hostNetwork)
 /// on the node that serves the API, and the `kubernetes` Service's ClusterIP works only
 /// once kube-proxy runs, which is itself often self-hosted and checkpointed.
@@ -148,6 +153,14 @@ pub struct ManifestArgs {
     /// the two exclude each other (README, "Migrating from bootkube's checkpointer")
     #[arg(long, value_name = "PATH", default_value = crate::config::DEFAULT_LOCK_FILE)]
     pub lock_file: String,
+    /// Also serve the active copy's metrics on the node's IP at --prometheus-port, and add
+    /// a PodMonitor and a PrometheusRule with its alerts (needs the Prometheus operator's
+    /// CRDs)
+    #[arg(long)]
+    pub prometheus: bool,
+    /// The node port the active copy's metrics are scraped on, with --prometheus
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_PROMETHEUS_PORT, requires = "prometheus")]
+    pub prometheus_port: u16,
     /// Loopback port of the agent's /healthz, /readyz and /metrics
     #[arg(long, value_name = "PORT", default_value_t = DEFAULT_METRICS_PORT)]
     pub metrics_port: u16,
@@ -189,6 +202,8 @@ impl Default for ManifestArgs {
             runtime_endpoint: DEFAULT_RUNTIME_ENDPOINT.to_owned(),
             manifests_dir: DEFAULT_MANIFESTS_DIR.to_owned(),
             lock_file: crate::config::DEFAULT_LOCK_FILE.to_owned(),
+            prometheus: false,
+            prometheus_port: DEFAULT_PROMETHEUS_PORT,
             metrics_port: DEFAULT_METRICS_PORT,
             api_server: DEFAULT_API_SERVER.to_owned(),
             api_server_name: DEFAULT_API_SERVER_NAME.to_owned(),
@@ -237,6 +252,8 @@ pub struct ManifestOptions {
     pub manifests_dir: String,
     pub lock_file: String,
     pub metrics_port: u16,
+    /// `--prometheus`: the node port of the active copy's metrics.
+    pub prometheus_port: Option<u16>,
     pub api: ApiEndpoint,
     pub kubelet: KubeletTrust,
     pub kubernetes_version: KubernetesVersion,
@@ -317,6 +334,7 @@ impl ManifestArgs {
             manifests_dir: self.manifests_dir.clone(),
             lock_file: self.lock_file.clone(),
             metrics_port: self.metrics_port,
+            prometheus_port: self.prometheus.then_some(self.prometheus_port),
             api,
             kubelet,
             kubernetes_version: self.kubernetes_version.unwrap_or(version),
@@ -437,6 +455,9 @@ pub enum Manifest {
     RoleBinding(RoleBinding),
     /// Boxed: it is several times the size of the others.
     DaemonSet(Box<DaemonSet>),
+    /// `--prometheus`: the Prometheus operator's PodMonitor and PrometheusRule (custom
+    /// resources, so untyped).
+    Monitoring(Box<DynamicObject>),
 }
 
 impl Manifest {
@@ -450,6 +471,7 @@ impl Manifest {
             Manifest::Role(o) => &o.metadata,
             Manifest::RoleBinding(o) => &o.metadata,
             Manifest::DaemonSet(o) => &o.metadata,
+            Manifest::Monitoring(o) => &o.metadata,
         }
     }
 
@@ -472,6 +494,14 @@ impl Manifest {
             Manifest::Role(_) => ApiResource::erase::<Role>(&()),
             Manifest::RoleBinding(_) => ApiResource::erase::<RoleBinding>(&()),
             Manifest::DaemonSet(_) => ApiResource::erase::<DaemonSet>(&()),
+            Manifest::Monitoring(o) => {
+                let types = o.types.clone().unwrap_or_default();
+                let (group, version) = types
+                    .api_version
+                    .split_once('/')
+                    .unwrap_or(("", &types.api_version));
+                ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind))
+            }
         }
     }
 

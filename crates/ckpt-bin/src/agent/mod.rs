@@ -66,7 +66,8 @@ pub(crate) async fn run(
     )
     .map_err(|e| Error::usage("--gc-strategy", e))?;
 
-    let health = Health::new(RESYNC * MISSED_PASSES);
+    let health =
+        Health::new(RESYNC * MISSED_PASSES).with_kept_token(settings.disk.layout().credentials_token_path());
     // Held until `run` returns: an in-process agent stops serving when it stops.
     let _server = match &settings.metrics_addr {
         Some(addr) => Some(

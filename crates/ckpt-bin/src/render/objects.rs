@@ -7,8 +7,8 @@ use ckpt_core::DataKind;
 use ckpt_store::Layout;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, ExecAction, HostPathVolumeSource, Namespace, NodeAffinity, NodeSelector,
+    Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource, Namespace, NodeAffinity, NodeSelector,
     NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSecurityContext, PodSpec,
     PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
     Toleration, Volume, VolumeMount,
@@ -153,6 +153,9 @@ pub fn render(options: &ManifestOptions) -> Vec<Manifest> {
         subjects: Some(subjects(options, false)),
     }));
     objects.push(Manifest::DaemonSet(Box::new(daemonset(options))));
+    if options.prometheus_port.is_some() {
+        objects.extend(super::monitoring::objects(options));
+    }
     objects
 }
 
@@ -275,7 +278,7 @@ fn api_kubeconfig(api: &ApiEndpoint) -> Option<String> {
     ))
 }
 
-fn labels() -> BTreeMap<String, String> {
+pub(super) fn labels() -> BTreeMap<String, String> {
     BTreeMap::from([(NAME_LABEL.to_owned(), NAME.to_owned())])
 }
 
@@ -508,6 +511,18 @@ fn pod_spec(options: &ManifestOptions) -> PodSpec {
             format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}"),
         ]);
     }
+    // The kubelet expands $(HOST_IP) from the env below, for the static copy too.
+    if let Some(port) = options.prometheus_port {
+        args.push(format!("--metrics-listen=$(HOST_IP):{port}"));
+    }
+    let ports = options.prometheus_port.map(|port| {
+        vec![ContainerPort {
+            name: Some(super::monitoring::PORT_NAME.into()),
+            container_port: i32::from(port),
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]
+    });
     PodSpec {
         service_account_name: Some(NAME.into()),
         // The static copy must come up before any network plugin after a reboot.
@@ -554,6 +569,7 @@ fn pod_spec(options: &ManifestOptions) -> PodSpec {
             // Restarting offline must not depend on a registry.
             image_pull_policy: Some("IfNotPresent".into()),
             args: Some(args),
+            ports,
             env: Some(vec![
                 field_env("NODE_NAME", "spec.nodeName"),
                 field_env("POD_NAME", "metadata.name"),

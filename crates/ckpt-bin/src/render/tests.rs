@@ -842,3 +842,90 @@ fn kubernetes_versions_parse_as_operators_and_servers_write_them() {
     assert!(!KubernetesVersion::new(1, 32).kubelet_authorizes_nodes_pods());
     assert!(KubernetesVersion::NEWEST.kubelet_authorizes_nodes_pods());
 }
+
+#[test]
+fn prometheus_adds_the_node_port_the_pod_monitor_and_the_rules() {
+    let plain = render(&default_options());
+    assert!(!plain.iter().any(|o| matches!(o, Manifest::Monitoring(_))));
+    assert_eq!(container_of(&plain).ports, None);
+    assert!(
+        !container_of(&plain)
+            .args
+            .iter()
+            .flatten()
+            .any(|a| a.starts_with("--metrics-listen"))
+    );
+
+    let options = options(&ManifestArgs {
+        prometheus: true,
+        prometheus_port: 9777,
+        namespace: "checkpointer".into(),
+        ..ManifestArgs::default()
+    });
+    let objects = render(&options);
+    let container = container_of(&objects);
+    assert!(
+        container
+            .args
+            .iter()
+            .flatten()
+            .any(|a| a == "--metrics-listen=$(HOST_IP):9777"),
+        "{:?}",
+        container.args
+    );
+    let port = &container.ports.as_ref().unwrap()[0];
+    assert_eq!((port.name.as_deref(), port.container_port), (Some("metrics"), 9777));
+    let kinds: Vec<String> = objects[objects.len() - 2..].iter().map(Manifest::describe).collect();
+    assert_eq!(
+        kinds,
+        ["PodMonitor checkpointer/pod-checkpointer", "PrometheusRule checkpointer/pod-checkpointer"]
+    );
+    let resource = objects.last().unwrap().api_resource();
+    assert_eq!(
+        (resource.group.as_str(), resource.version.as_str(), resource.plural.as_str()),
+        ("monitoring.coreos.com", "v1", "prometheusrules")
+    );
+    let yaml = to_yaml(&objects).unwrap();
+    assert!(yaml.contains("job=\"checkpointer/pod-checkpointer\""), "{yaml}");
+    assert!(yaml.contains("targetLabel: node"), "{yaml}");
+}
+
+/// Every metric an alert reads is one the agent exports (a renamed metric would leave an
+/// alert that never fires), and every alert aggregates per node.
+#[test]
+fn alerts_read_only_metrics_the_agent_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjEwMDAwMDAwMDB9.sig").unwrap();
+    let health = crate::health::Health::new(Duration::from_secs(90)).with_kept_token(token);
+    let exported: Vec<String> = health
+        .render_metrics()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    let options = options(&ManifestArgs {
+        prometheus: true,
+        ..ManifestArgs::default()
+    });
+    assert!(!ALERTS.is_empty());
+    for alert in ALERTS {
+        let expr = alert_expr(alert, &options);
+        let read: Vec<&str> = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("pod_checkpointer_"))
+            .collect();
+        assert!(
+            !read.is_empty() || expr.contains("up{"),
+            "{}: {expr}",
+            alert.name
+        );
+        for name in read {
+            assert!(exported.iter().any(|e| e == name), "{}: {name} is not exported", alert.name);
+        }
+        assert!(expr.contains("by (node)"), "{}: {expr}", alert.name);
+        assert!(expr.contains("job=\"kube-system/pod-checkpointer\""), "{}: {expr}", alert.name);
+        // Without templates, the promtool test (xtask/tests/alerts.rs) can expect them verbatim.
+        assert!(!alert.description.contains("{{"), "{}: no templates", alert.name);
+    }
+}

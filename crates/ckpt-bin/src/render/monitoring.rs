@@ -1,0 +1,136 @@
+//! `render --prometheus`: the agent's metrics for a Prometheus operator. The active copy
+//! serves them on the node's IP (`--metrics-listen $(HOST_IP):PORT`), a PodMonitor scrapes
+//! both pods of a node (they answer alike: only the lock holder listens), and a
+//! PrometheusRule alerts on what an operator must act on before the next power cut.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DynamicObject, TypeMeta};
+use serde_json::json;
+
+use super::objects::labels;
+use super::{Manifest, ManifestOptions, NAME};
+
+/// The container port's name the PodMonitor scrapes.
+pub(super) const PORT_NAME: &str = "metrics";
+
+/// One alert of the PrometheusRule: what the tests check and the README lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Alert {
+    pub name: &'static str,
+    /// PromQL, with `JOB` standing for the PodMonitor's job selector.
+    pub expr: &'static str,
+    pub for_: &'static str,
+    pub severity: &'static str,
+    pub summary: &'static str,
+    pub description: &'static str,
+}
+
+/// The alerts, each aggregated per node (`node` comes from the PodMonitor's relabeling).
+pub const ALERTS: &[Alert] = &[
+    Alert {
+        name: "PodCheckpointerNoActiveCopy",
+        expr: "max by (node) (up{JOB}) == 0",
+        for_: "5m",
+        severity: "critical",
+        summary: "No copy of pod-checkpointer is active on a node.",
+        description: "Neither the DaemonSet pod nor its static copy holds the lock (nothing answers on the node's metrics port): the node's checkpointed pods are not kept up to date, and a power cut would bring back stale ones or none.",
+    },
+    Alert {
+        name: "PodCheckpointerCheckpointActive",
+        expr: "max by (node) (pod_checkpointer_checkpoints{JOB, state=~\"active|active-grace\"}) > 0",
+        for_: "15m",
+        severity: "warning",
+        summary: "A checkpoint has been running instead of its parent for 15 minutes.",
+        description: "The API server has been unreachable from the node, or a checkpointed parent has not run there, for 15 minutes; `pod-checkpointer inspect` on the node names the checkpoint.",
+    },
+    Alert {
+        name: "PodCheckpointerWriteErrors",
+        expr: "max by (node) (increase(pod_checkpointer_write_errors_total{JOB}[10m])) > 0",
+        for_: "10m",
+        severity: "warning",
+        summary: "pod-checkpointer keeps failing to write checkpoints.",
+        description: "Disk operations of the agent have failed for 10 minutes (a full or read-only disk, permissions); its logs name the files. Checkpoints may be stale.",
+    },
+    Alert {
+        name: "PodCheckpointerApiNotSynced",
+        expr: "time() - max by (node) (pod_checkpointer_last_api_sync_timestamp_seconds{JOB}) > 900",
+        for_: "5m",
+        severity: "warning",
+        summary: "pod-checkpointer has not seen the API server for 15 minutes.",
+        description: "The active copy's API view has not been synced for 15 minutes (unreachable, or credentials rejected): new pods and spec changes are not checkpointed.",
+    },
+    Alert {
+        name: "PodCheckpointerKeptCredentialsExpiring",
+        expr: "min by (node) (pod_checkpointer_kept_token_expiry_timestamp_seconds{JOB}) - time() < 86400",
+        for_: "1h",
+        severity: "warning",
+        summary: "The token kept for pod-checkpointer's static copy expires within a day.",
+        description: "The token is renewed every hour with a 7-day lifetime; one this close to expiry means renewal fails (RBAC for serviceaccounts/token, or an API server capping token lifetimes below a day: then raise this threshold). After a power cut the static copy could not reach the API server once it expires.",
+    },
+];
+
+/// The PodMonitor's job label, `<namespace>/<name>`, as the Prometheus operator sets it.
+fn job(options: &ManifestOptions) -> String {
+    format!("{}/{NAME}", options.namespace)
+}
+
+/// The PromQL of `alert` for this install.
+pub fn expr(alert: &Alert, options: &ManifestOptions) -> String {
+    alert.expr.replace("JOB", &format!("job=\"{}\"", job(options)))
+}
+
+fn object(api_version: &str, kind: &str, options: &ManifestOptions, spec: serde_json::Value) -> Manifest {
+    Manifest::Monitoring(Box::new(DynamicObject {
+        types: Some(TypeMeta {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+        }),
+        metadata: ObjectMeta {
+            name: Some(NAME.to_owned()),
+            namespace: Some(options.namespace.clone()),
+            labels: Some(labels()),
+            ..ObjectMeta::default()
+        },
+        data: json!({ "spec": spec }),
+    }))
+}
+
+/// The PodMonitor and the PrometheusRule.
+pub(super) fn objects(options: &ManifestOptions) -> Vec<Manifest> {
+    let pod_monitor = object(
+        "monitoring.coreos.com/v1",
+        "PodMonitor",
+        options,
+        json!({
+            "selector": {"matchLabels": labels()},
+            "podMetricsEndpoints": [{
+                "port": PORT_NAME,
+                "path": "/metrics",
+                "interval": "30s",
+                "relabelings": [{
+                    "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+                    "targetLabel": "node",
+                }],
+            }],
+        }),
+    );
+    let rules: Vec<serde_json::Value> = ALERTS
+        .iter()
+        .map(|a| {
+            json!({
+                "alert": a.name,
+                "expr": expr(a, options),
+                "for": a.for_,
+                "labels": {"severity": a.severity},
+                "annotations": {"summary": a.summary, "description": a.description},
+            })
+        })
+        .collect();
+    let rule = object(
+        "monitoring.coreos.com/v1",
+        "PrometheusRule",
+        options,
+        json!({"groups": [{"name": NAME, "rules": rules}]}),
+    );
+    vec![pod_monitor, rule]
+}
