@@ -13,7 +13,8 @@
 //! - [`image`] (`cargo xtask image`): OCI image archives built without a container engine
 //!   (the agent's, the pause image, a busybox for test pods);
 //! - [`apt`]: the Debian packages the tasks install when missing;
-//! - [`progress`]: the progress lines every command prints on stderr.
+//! - [`progress`]: the progress lines every command prints on stderr;
+//! - [`promtool`]: Prometheus' rule checker, for the alerts `render --prometheus` writes.
 //!
 //! ```no_run
 //! use ckpt_e2e::e2e_env::{ControlPlane, StartOptions, ensure_built};
@@ -33,6 +34,7 @@ pub mod e2e_env;
 pub mod harness;
 pub mod image;
 pub mod progress;
+pub mod promtool;
 
 /// The workspace root (this crate is `crates/ckpt-e2e`), where cargo builds the agent.
 pub fn project_root() -> PathBuf {

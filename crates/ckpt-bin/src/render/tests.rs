@@ -874,15 +874,28 @@ fn prometheus_adds_the_node_port_the_pod_monitor_and_the_rules() {
         container.args
     );
     let port = &container.ports.as_ref().unwrap()[0];
-    assert_eq!((port.name.as_deref(), port.container_port), (Some("metrics"), 9777));
-    let kinds: Vec<String> = objects[objects.len() - 2..].iter().map(Manifest::describe).collect();
+    assert_eq!(
+        (port.name.as_deref(), port.container_port),
+        (Some("metrics"), 9777)
+    );
+    let kinds: Vec<String> = objects[objects.len() - 2..]
+        .iter()
+        .map(Manifest::describe)
+        .collect();
     assert_eq!(
         kinds,
-        ["PodMonitor checkpointer/pod-checkpointer", "PrometheusRule checkpointer/pod-checkpointer"]
+        [
+            "PodMonitor checkpointer/pod-checkpointer",
+            "PrometheusRule checkpointer/pod-checkpointer"
+        ]
     );
     let resource = objects.last().unwrap().api_resource();
     assert_eq!(
-        (resource.group.as_str(), resource.version.as_str(), resource.plural.as_str()),
+        (
+            resource.group.as_str(),
+            resource.version.as_str(),
+            resource.plural.as_str()
+        ),
         ("monitoring.coreos.com", "v1", "prometheusrules")
     );
     let yaml = to_yaml(&objects).unwrap();
@@ -915,16 +928,20 @@ fn alerts_read_only_metrics_the_agent_exports() {
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|w| w.starts_with("pod_checkpointer_"))
             .collect();
+        assert!(!read.is_empty() || expr.contains("up{"), "{}: {expr}", alert.name);
+        for name in read {
+            assert!(
+                exported.iter().any(|e| e == name),
+                "{}: {name} is not exported",
+                alert.name
+            );
+        }
+        assert!(expr.contains("by (node)"), "{}: {expr}", alert.name);
         assert!(
-            !read.is_empty() || expr.contains("up{"),
+            expr.contains("job=\"kube-system/pod-checkpointer\""),
             "{}: {expr}",
             alert.name
         );
-        for name in read {
-            assert!(exported.iter().any(|e| e == name), "{}: {name} is not exported", alert.name);
-        }
-        assert!(expr.contains("by (node)"), "{}: {expr}", alert.name);
-        assert!(expr.contains("job=\"kube-system/pod-checkpointer\""), "{}: {expr}", alert.name);
         // Without templates, the promtool test (xtask/tests/alerts.rs) can expect them verbatim.
         assert!(!alert.description.contains("{{"), "{}: no templates", alert.name);
     }

@@ -1,0 +1,182 @@
+//! The alerts of `render --prometheus`, evaluated by Prometheus' own rule engine
+//! (`promtool test rules`): each fires for the node whose series call for it, after its
+//! `for`, and not for a healthy node; `promtool check rules` accepts the rule file.
+//! promtool comes from Debian's `prometheus` package (see `ckpt_e2e::promtool`); off CI,
+//! when it cannot be had (no network), the test says so and passes; with CI=true it fails.
+
+use std::process::Command;
+
+use ckpt_bin::render::{ALERTS, KubernetesVersion, Manifest, ManifestArgs, render};
+use serde_json::{Value, json};
+
+const JOB: &str = "kube-system/pod-checkpointer";
+
+/// One alert's case: input series (`{labels}` after the job) and when it must fire for n1.
+struct Case {
+    alert: &'static str,
+    series: &'static [(&'static str, &'static str)],
+    quiet_at: &'static str,
+    fires_at: &'static str,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        alert: "PodCheckpointerNoActiveCopy",
+        series: &[("up", r#"node="n1",pod="c1""#), ("up", r#"node="n2",pod="c2""#)],
+        quiet_at: "3m",
+        fires_at: "10m",
+    },
+    Case {
+        alert: "PodCheckpointerCheckpointActive",
+        series: &[
+            ("pod_checkpointer_checkpoints", r#"node="n1",state="active""#),
+            ("pod_checkpointer_checkpoints", r#"node="n2",state="active""#),
+        ],
+        quiet_at: "10m",
+        fires_at: "20m",
+    },
+    Case {
+        alert: "PodCheckpointerWriteErrors",
+        series: &[
+            ("pod_checkpointer_write_errors_total", r#"node="n1""#),
+            ("pod_checkpointer_write_errors_total", r#"node="n2""#),
+        ],
+        quiet_at: "5m",
+        fires_at: "25m",
+    },
+    Case {
+        alert: "PodCheckpointerApiNotSynced",
+        series: &[
+            ("pod_checkpointer_last_api_sync_timestamp_seconds", r#"node="n1""#),
+            ("pod_checkpointer_last_api_sync_timestamp_seconds", r#"node="n2""#),
+        ],
+        quiet_at: "10m",
+        fires_at: "25m",
+    },
+    Case {
+        alert: "PodCheckpointerKeptCredentialsExpiring",
+        series: &[
+            (
+                "pod_checkpointer_kept_token_expiry_timestamp_seconds",
+                r#"node="n1""#,
+            ),
+            (
+                "pod_checkpointer_kept_token_expiry_timestamp_seconds",
+                r#"node="n2""#,
+            ),
+        ],
+        quiet_at: "30m",
+        fires_at: "70m",
+    },
+];
+
+/// The values of a case's series, one sample a minute: n1 in trouble, n2 healthy.
+fn values(alert: &str) -> [&'static str; 2] {
+    match alert {
+        // Nothing answers on n1.
+        "PodCheckpointerNoActiveCopy" => ["0x30", "1x30"],
+        // n1 runs a checkpoint all along; n2 none.
+        "PodCheckpointerCheckpointActive" => ["1x40", "0x40"],
+        // n1's errors keep rising; n2 had some long ago, none since.
+        "PodCheckpointerWriteErrors" => ["0+1x40", "5x40"],
+        // n1 never synced (0); n2 syncs every minute (its timestamp is the time).
+        "PodCheckpointerApiNotSynced" => ["0x40", "0+60x40"],
+        // n1's token expires in an hour; n2's in eleven days.
+        "PodCheckpointerKeptCredentialsExpiring" => ["3600x120", "1000000x120"],
+        other => panic!("no values for {other}"),
+    }
+}
+
+#[test]
+fn every_alert_fires_for_the_node_in_trouble_only() {
+    let promtool = match ckpt_e2e::promtool::promtool() {
+        Ok(path) => path,
+        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("NOTE: alert test skipped off CI: no promtool ({e:#})");
+            return;
+        }
+        Err(e) => panic!("promtool: {e:#}"),
+    };
+    let options = ManifestArgs {
+        prometheus: true,
+        ..ManifestArgs::default()
+    }
+    .options(KubernetesVersion::NEWEST)
+    .unwrap();
+    let rule = render(&options)
+        .into_iter()
+        .find_map(|o| match o {
+            Manifest::Monitoring(m) if m.types.as_ref().is_some_and(|t| t.kind == "PrometheusRule") => {
+                Some(m)
+            }
+            _ => None,
+        })
+        .expect("a PrometheusRule");
+    let spec = &rule.data["spec"];
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        serde_saphyr::to_string(spec).unwrap(),
+    )
+    .unwrap();
+
+    let check = Command::new(&promtool)
+        .args(["check", "rules", "rules.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        text(&check.stdout),
+        text(&check.stderr)
+    );
+
+    let rules: Vec<Value> = spec["groups"][0]["rules"].as_array().unwrap().clone();
+    assert_eq!(rules.len(), ALERTS.len());
+    assert_eq!(CASES.len(), ALERTS.len(), "a case for every alert");
+    let tests: Vec<Value> = CASES
+        .iter()
+        .map(|case| {
+            let rule = rules
+                .iter()
+                .find(|r| r["alert"] == case.alert)
+                .unwrap_or_else(|| panic!("no rule {}", case.alert));
+            let input: Vec<Value> = case
+                .series
+                .iter()
+                .zip(values(case.alert))
+                .map(|((name, labels), values)| {
+                    json!({"series": format!("{name}{{job=\"{JOB}\",{labels}}}"), "values": values})
+                })
+                .collect();
+            json!({
+                "interval": "1m",
+                "input_series": input,
+                "alert_rule_test": [
+                    {"eval_time": case.quiet_at, "alertname": case.alert, "exp_alerts": []},
+                    {"eval_time": case.fires_at, "alertname": case.alert, "exp_alerts": [{
+                        "exp_labels": {"node": "n1", "severity": rule["labels"]["severity"]},
+                        "exp_annotations": rule["annotations"],
+                    }]},
+                ],
+            })
+        })
+        .collect();
+    let file = json!({"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests});
+    std::fs::write(
+        dir.path().join("tests.yaml"),
+        serde_saphyr::to_string(&file).unwrap(),
+    )
+    .unwrap();
+    let run = Command::new(&promtool)
+        .args(["test", "rules", "tests.yaml"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}{}", text(&run.stdout), text(&run.stderr));
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
