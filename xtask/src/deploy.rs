@@ -108,6 +108,11 @@ impl Deploy {
             },
         ));
         let objects = render(&options);
+        // Before anything is applied: a PodMonitor the cluster cannot take would fail
+        // the deploy half-way, after the DaemonSet.
+        for object in objects.iter().filter(|o| matches!(o, Manifest::Monitoring(_))) {
+            serves(&client, object).await?;
+        }
         let mut new_namespaces = BTreeSet::new();
         for object in &objects {
             let applied = if self.dry_run && object.namespace().is_some_and(|ns| new_namespaces.contains(ns))
@@ -189,6 +194,27 @@ async fn cluster_version(client: &kube::Client) -> anyhow::Result<KubernetesVers
         }
     ));
     Ok(oldest_kubelet.map_or(server, |kubelet| kubelet.min(server)))
+}
+
+/// Fails unless the API server serves `object`'s kind (a custom resource's CRD).
+async fn serves(client: &kube::Client, object: &Manifest) -> anyhow::Result<()> {
+    let resource = object.api_resource();
+    let missing = || {
+        anyhow::anyhow!(
+            "the cluster does not serve {} ({}): install the Prometheus operator's CRDs, or deploy without --prometheus",
+            resource.kind,
+            resource.api_version
+        )
+    };
+    match client.list_api_group_resources(&resource.api_version).await {
+        Ok(list) if list.resources.iter().any(|r| r.name == resource.plural) => Ok(()),
+        Ok(_) => Err(missing()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Err(missing()),
+        Err(e) => {
+            Err(anyhow::Error::new(e)
+                .context(format!("cannot list the API server's {}", resource.api_version)))
+        }
+    }
 }
 
 /// Server-side apply of one object; compares resourceVersions to say what changed.

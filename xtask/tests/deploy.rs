@@ -162,6 +162,29 @@ fn deploy_against_a_real_api_server() {
         stderr.contains("maxSurge: field not declared in schema"),
         "{stderr}"
     );
+
+    // --prometheus on a cluster without the Prometheus operator: refused before anything
+    // is applied (the DaemonSet keeps its generation).
+    let generation = |client: &kube::Client| {
+        let api: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+            kube::Api::namespaced(client.clone(), "kube-system");
+        runtime
+            .block_on(api.get("pod-checkpointer"))
+            .unwrap()
+            .metadata
+            .generation
+    };
+    let before = generation(&admin_client);
+    let no_operator = xtask(&deploy_args(&admin, &["--prometheus", "--no-wait"]));
+    assert!(!no_operator.status.success());
+    let stderr = text(&no_operator.stderr);
+    assert!(
+        stderr.contains(
+            "does not serve PodMonitor (monitoring.coreos.com/v1): install the Prometheus operator's CRDs"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(generation(&admin_client), before, "nothing applied");
 }
 
 /// What the agent does, as the agent's identity: allowed in its namespace, refused beyond.
