@@ -37,6 +37,30 @@ fn disk_args(dir: &Path) -> Vec<String> {
     ]
 }
 
+/// `inspect -o json` on the checkpoint dirs under `dir`.
+fn inspect_json(dir: &Path) -> serde_json::Value {
+    let mut args = vec!["inspect".to_owned(), "-o".into(), "json".into()];
+    args.extend(disk_args(dir));
+    let out = bin().args(&args).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+/// `(pod, state)` of every checkpoint in an `inspect -o json` report, in its order.
+fn states_of(report: &serde_json::Value) -> Vec<(String, String)> {
+    report["checkpoints"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|c| {
+            (
+                c["pod"].as_str().unwrap_or("").to_owned(),
+                c["state"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// Writes a real checkpoint (sanitized from a pod) and activates it.
 fn seed_checkpoint(dir: &Path, name: &str, active: bool) {
     let store = Store::open(Layout::new(dir.join("ck"), dir.join("manifests"))).expect("store");
@@ -229,22 +253,8 @@ fn inspect_reports_states_and_what_runs_after_a_reboot() {
         "apiVersion: v1\nkind: Pod\n",
     )
     .expect("write");
-    let mut args = vec!["inspect".to_owned(), "-o".into(), "json".into()];
-    args.extend(disk_args(dir.path()));
-    let out = bin().args(&args).output().expect("runs");
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let states: Vec<(String, String)> = report["checkpoints"]
-        .as_array()
-        .expect("list")
-        .iter()
-        .map(|c| {
-            (
-                c["pod"].as_str().unwrap_or("").to_owned(),
-                c["state"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect();
+    let report = inspect_json(dir.path());
+    let states = states_of(&report);
     assert_eq!(
         states,
         [
@@ -594,22 +604,8 @@ fn the_originals_checkpoints_and_lock_are_adopted() {
     )
     .expect("write");
 
-    let mut args = vec!["inspect".to_owned(), "-o".into(), "json".into()];
-    args.extend(disk_args(dir.path()));
-    let out = bin().args(&args).output().expect("runs");
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let states: Vec<(String, String)> = report["checkpoints"]
-        .as_array()
-        .expect("list")
-        .iter()
-        .map(|c| {
-            (
-                c["pod"].as_str().unwrap_or("").to_owned(),
-                c["state"].as_str().unwrap_or("").to_owned(),
-            )
-        })
-        .collect();
+    let report = inspect_json(dir.path());
+    let states = states_of(&report);
     assert_eq!(
         states,
         [
