@@ -180,3 +180,60 @@ fn every_alert_fires_for_the_node_in_trouble_only() {
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+/// `check_alerts`, the real-node test's judge, on the two snapshots that test takes: a
+/// healthy node fires nothing; a node in a power cut (a checkpoint active, no API sync
+/// since the static copy started) fires exactly the two alerts for it; a wrong expectation
+/// fails.
+#[test]
+fn a_scraped_snapshot_is_judged_by_the_rules() {
+    if ckpt_e2e::promtool::promtool().is_err() && std::env::var("CI").as_deref() != Ok("true") {
+        eprintln!("NOTE: snapshot test skipped off CI: no promtool");
+        return;
+    }
+    let options = ManifestArgs {
+        prometheus: true,
+        ..ManifestArgs::default()
+    }
+    .options(KubernetesVersion::NEWEST)
+    .unwrap();
+    let rule = render(&options)
+        .into_iter()
+        .find_map(|o| match o {
+            Manifest::Monitoring(m) if m.types.as_ref().is_some_and(|t| t.kind == "PrometheusRule") => {
+                Some(m)
+            }
+            _ => None,
+        })
+        .expect("a PrometheusRule");
+    let now = std::time::SystemTime::now();
+    let secs = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let snapshot = |active: u32, synced: u64| {
+        format!(
+            "# HELP pod_checkpointer_checkpoints Checkpoints by state.\n\
+             # TYPE pod_checkpointer_checkpoints gauge\n\
+             pod_checkpointer_checkpoints{{state=\"active\"}} {active}\n\
+             pod_checkpointer_checkpoints{{state=\"self\"}} 1\n\
+             pod_checkpointer_write_errors_total 3\n\
+             pod_checkpointer_last_api_sync_timestamp_seconds {synced}\n\
+             pod_checkpointer_kept_token_expiry_timestamp_seconds {}\n",
+            secs + 7 * 86400
+        )
+    };
+    let labels = [("job", JOB), ("node", "n1")];
+    let judge = |text: &str, firing: &[&str]| {
+        ckpt_e2e::promtool::check_alerts(&rule.data["spec"], text, now, &labels, firing)
+    };
+    judge(&snapshot(0, secs - 5), &[]).unwrap();
+    let cut = snapshot(1, 0);
+    judge(
+        &cut,
+        &["PodCheckpointerCheckpointActive", "PodCheckpointerApiNotSynced"],
+    )
+    .unwrap();
+    assert!(judge(&cut, &["PodCheckpointerCheckpointActive"]).is_err());
+    assert!(judge(&snapshot(0, secs - 5), &["PodCheckpointerApiNotSynced"]).is_err());
+    // A token that expires within the day.
+    let expiring = snapshot(0, secs - 5).replace(&(secs + 7 * 86400).to_string(), &(secs + 3600).to_string());
+    judge(&expiring, &["PodCheckpointerKeptCredentialsExpiring"]).unwrap();
+}

@@ -280,6 +280,11 @@ impl RealNode {
         self.layout.log("containerd")
     }
 
+    /// The node's address (its end of the veth pair): where its host-network pods listen.
+    pub fn ip(&self) -> std::net::Ipv4Addr {
+        self.network.node_ip
+    }
+
     /// The kubelet's API (HTTPS, self-signed) on the node's address.
     pub fn kubelet_url(&self) -> String {
         format!("https://{}:{KUBELET_PORT}", self.network.node_ip)

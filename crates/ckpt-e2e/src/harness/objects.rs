@@ -336,6 +336,44 @@ pub fn role_binding(namespace: &str, name: &str, cluster_role: &str, user: &str)
     })
 }
 
+/// The Prometheus operator's two CRDs that `render --prometheus` needs (PodMonitor and
+/// PrometheusRule, `monitoring.coreos.com/v1`), without their schemas: enough for the API
+/// server to store the objects, as a cluster with the operator would.
+pub fn prometheus_operator_crds() -> Vec<Value> {
+    [
+        ("PodMonitor", "podmonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ]
+    .into_iter()
+    .map(|(kind, plural)| {
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "scope": "Namespaced",
+                "names": {
+                    "kind": kind,
+                    "listKind": format!("{kind}List"),
+                    "plural": plural,
+                    "singular": kind.to_lowercase(),
+                },
+                "versions": [{
+                    "name": "v1",
+                    "served": true,
+                    "storage": true,
+                    "schema": {"openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true,
+                    }},
+                }],
+            },
+        })
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,7 @@ use ckpt_e2e::e2e_env::{NODE_NAME, human_duration};
 use ckpt_e2e::harness::agent::{AgentDirs, Inspect, inspect};
 use ckpt_e2e::harness::kubectl::pod_running;
 use ckpt_e2e::harness::lock::{Holding, LockTimeline, LockWatch, lock_holder};
+use ckpt_e2e::harness::objects::prometheus_operator_crds;
 use ckpt_e2e::harness::wait::{Probe, holds_for, wait_for, waiting_on_error};
 use ckpt_e2e::harness::{agent_binary, xtask_binary};
 use ckpt_e2e::image::{BUSYBOX_IMAGE, agent_image, build_static_agent};
@@ -49,6 +50,13 @@ const DESELECTING_PATCH: &str =
 /// What the workload's containers print each 2 s once they read their files.
 const SECRET_VALUE: &str = "hunter2";
 const CONFIG_VALUE: &str = "hello";
+/// `deploy --prometheus`'s default metrics port on the node's address.
+const METRICS_PORT: u16 = 10267;
+/// The CRDs of `ckpt_e2e::harness::objects::prometheus_operator_crds`.
+const MONITORING_CRDS: [&str; 2] = [
+    "podmonitors.monitoring.coreos.com",
+    "prometheusrules.monitoring.coreos.com",
+];
 /// Pods are started by real components, some after a power cut: generous bounds.
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -82,7 +90,8 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
     label_control_plane(run)?;
     run.kubectl.apply(&workload_objects())?;
     let workload = wait_workload(run, "the workload's pod Running", |_| true)?;
-    deploy(run, "grace-period", &[])?;
+    install_monitoring_crds(run)?;
+    deploy(run, "grace-period", &["--prometheus"])?;
     let (c1, c2) = wait_agent_pair(run, "C1 and the static copy C2 running")?;
     wait_lock_holder(run, &c1)?;
     progress.say(&format!(
@@ -96,6 +105,8 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
     })?;
     progress.say(&format!("checkpoints: {}", checkpoints.summary()));
     check_config_from_configmap(run, "grace-period")?;
+    check_node_alerts(run, &[])?;
+    progress.say("the deployed alerts, on C1's metrics held as scraped: none fires");
 
     progress.say("seed B: power cut with the API server down; only static pods start");
     run.plane.kill_apiserver()?;
@@ -138,6 +149,12 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
         "the workload's checkpoint runs and reads its Secret and ConfigMap {} after the cut",
         human_duration(cut.elapsed())
     ));
+    let firing = ["PodCheckpointerCheckpointActive", "PodCheckpointerApiNotSynced"];
+    check_node_alerts(run, &firing)?;
+    progress.say(&format!(
+        "the deployed alerts, on C2's metrics held as scraped: {} fire, no other",
+        firing.join(" and ")
+    ));
 
     progress.say("seed C: the API server is back; the parents run again, C1 waits on the lock");
     run.plane.restart_apiserver()?;
@@ -168,7 +185,8 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
 
     progress
         .say("seed C: the DaemonSet no longer targets the node; C2 removes every checkpoint, then itself");
-    self_gc_and_clean_up(run, &[&workload, &c1])
+    self_gc_and_clean_up(run, &[&workload, &c1])?;
+    remove_monitoring_crds(run)
 }
 
 /// The agent's upgrade to a new image tag under `strategy`, then the strategy at work.
@@ -488,10 +506,12 @@ fn check_config_from_configmap(run: &NodeRun, strategy: &str) -> anyhow::Result<
         .context("no agent DaemonSet")?;
     let args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"].clone();
     let args: Vec<String> = serde_json::from_value(args).context("the DaemonSet's args")?;
+    // `--prometheus` adds the node-IP listener, which needs the downward API.
+    let metrics_listen = format!("--metrics-listen=$(HOST_IP):{METRICS_PORT}");
     anyhow::ensure!(
         args.iter()
             .filter(|a| a.starts_with("--"))
-            .all(|a| a == "--config" || a == "--kubeconfig"),
+            .all(|a| a == "--config" || a == "--kubeconfig" || *a == metrics_listen),
         "the DaemonSet passes settings outside its ConfigMap: {args:?}"
     );
     let configmap = run
@@ -504,6 +524,78 @@ fn check_config_from_configmap(run: &NodeRun, strategy: &str) -> anyhow::Result<
         "the ConfigMap does not name {strategy}: {config}"
     );
     Ok(())
+}
+
+/// The Prometheus operator's CRDs, as a cluster that runs it has them: `deploy
+/// --prometheus` refuses to apply its PodMonitor and PrometheusRule without them.
+fn install_monitoring_crds(run: &NodeRun) -> anyhow::Result<()> {
+    run.kubectl.apply(&prometheus_operator_crds())?;
+    for crd in MONITORING_CRDS {
+        run.kubectl.run(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                &format!("crd/{crd}"),
+            ],
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+/// Deletes the CRDs, and with them the PodMonitor and PrometheusRule.
+fn remove_monitoring_crds(run: &NodeRun) -> anyhow::Result<()> {
+    let names: Vec<String> = MONITORING_CRDS.iter().map(|c| format!("crd/{c}")).collect();
+    let mut args = vec!["delete", "--ignore-not-found", "--wait=true"];
+    args.extend(names.iter().map(String::as_str));
+    run.kubectl.run(&args, None)?;
+    Ok(())
+}
+
+/// Scrapes the active copy's metrics on the node's address (where only the lock holder
+/// listens, as Prometheus would find it through the PodMonitor) and checks, with
+/// Prometheus' rule engine, that of the PrometheusRule `deploy` applied exactly `firing`
+/// fire if the node stayed as scraped (`ckpt_e2e::promtool::check_alerts`).
+fn check_node_alerts(run: &NodeRun, firing: &[&str]) -> anyhow::Result<()> {
+    let rule = run
+        .kubectl
+        .get("prometheusrule", NS, AGENT)?
+        .context("deploy --prometheus applied no PrometheusRule")?;
+    let address = std::net::SocketAddr::from((run.node.ip(), METRICS_PORT));
+    let (exposition, scraped_at) = wait_for(
+        &format!("the active copy's metrics on {address}"),
+        TIMEOUT,
+        || waiting_on_error(scrape(address).map(|text| Probe::Ready((text, std::time::SystemTime::now())))),
+    )?
+    .0;
+    let job = format!("{NS}/{AGENT}");
+    ckpt_e2e::promtool::check_alerts(
+        &rule["spec"],
+        &exposition,
+        scraped_at,
+        &[("job", &job), ("node", NODE_NAME)],
+        firing,
+    )
+    .with_context(|| format!("scraped from {address}:\n{exposition}"))
+}
+
+/// `GET /metrics` over plain HTTP/1.0: the body of a 200 answer.
+fn scrape(address: std::net::SocketAddr) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .context("an answer without a header end")?;
+    anyhow::ensure!(
+        head.lines().next().is_some_and(|l| l.contains(" 200 ")),
+        "the answer is not a 200: {head}"
+    );
+    Ok(body.to_owned())
 }
 
 /// The label `deploy`'s DaemonSet needs, as the cluster's installer would set it.
