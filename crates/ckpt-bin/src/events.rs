@@ -365,14 +365,14 @@ impl Publisher {
             regarding: Some(ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Pod".into()),
-                namespace: Some(parent.namespace.clone()),
-                name: Some(parent.name.clone()),
+                namespace: Some(parent.namespace.to_string()),
+                name: Some(parent.name.to_string()),
                 uid: pending.uid.clone(),
                 ..ObjectReference::default()
             }),
             note: Some(pending.note.chars().take(NOTE_LIMIT).collect()),
             metadata: ObjectMeta {
-                namespace: Some(parent.namespace.clone()),
+                namespace: Some(parent.namespace.to_string()),
                 name: Some(format!("{}.{:x}", parent.name, pending.at.as_nanosecond())),
                 ..ObjectMeta::default()
             },

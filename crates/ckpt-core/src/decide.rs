@@ -333,13 +333,13 @@ pub fn assess<'a>(
     let mut found = orphans(&inputs, now);
     for orphan in &mut found {
         let Some(owner) = &orphan.owner else { continue };
-        let namespace = orphan.id.namespace.as_str();
+        let namespace = &*orphan.id.namespace;
         orphan.owner_status = observation.owner_status(namespace, owner);
         // Only parents the agent can checkpoint count (`desired` holds the sanitizable
         // ones): a pod that can never be checkpointed must not supersede anything.
         orphan.siblings = (parents.iter())
             .filter(|(id, pod)| {
-                id.namespace == namespace
+                *id.namespace == *namespace
                     && **id != &orphan.id
                     && desired.contains_key(**id)
                     && ControllerOwner::of(pod).is_some_and(|o| o.uid == owner.uid)
@@ -494,7 +494,7 @@ fn sanitize_parents(
     let mut out = BTreeMap::new();
     for (&id, &pod) in parents {
         let required = required_objects(pod);
-        let view = observation.objects.get(&id.namespace).unwrap_or(&none);
+        let view = observation.objects.get(&*id.namespace).unwrap_or(&none);
         let unresolved = view.unresolved(&required);
         let loading: Vec<String> = (unresolved.iter())
             .filter(|(r, _)| !view.failed.contains_key(r))
@@ -543,7 +543,7 @@ pub fn required_by_namespace(
         .collect();
     for (id, pod) in pods.iter().filter(|(_, pod)| is_parent(pod, allowed)) {
         let required = required_objects(pod);
-        let ns = out.entry(id.namespace.clone()).or_default();
+        let ns = out.entry(id.namespace.to_string()).or_default();
         ns.secrets.extend(required.secrets);
         ns.config_maps.extend(required.config_maps);
     }

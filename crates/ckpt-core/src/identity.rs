@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
@@ -27,17 +28,18 @@ pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct PodId {
     /// The pod's namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// The pod's name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl PodId {
-    /// A pod id from namespace and name.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    /// A pod id from namespace and name. Shared strings: every pass hands ids from its
+    /// inputs to its plan, and a clone is then a count, not two allocations.
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>) -> Self {
         Self {
-            namespace: namespace.into(),
-            name: name.into(),
+            namespace: Arc::from(namespace.as_ref()),
+            name: Arc::from(name.as_ref()),
         }
     }
 
@@ -224,10 +226,10 @@ impl SelfIdentity {
     /// agent's own pods: its own name, or another pod of its own controller (a rolled
     /// DaemonSet pod gets a new name but keeps the owner).
     pub fn is_self(&self, id: &PodId, owner: Option<&ControllerOwner>) -> bool {
-        if id.namespace != self.namespace {
+        if *id.namespace != *self.namespace {
             return false;
         }
-        if id.name == self.parent_name {
+        if *id.name == *self.parent_name {
             return true;
         }
         // By the controller's UID: a pod that merely claims an owner of the same kind and

@@ -726,8 +726,8 @@ mod pod_id_map {
         let entries: Vec<Entry> = map
             .iter()
             .map(|(id, since)| Entry {
-                namespace: id.namespace.clone(),
-                name: id.name.clone(),
+                namespace: id.namespace.to_string(),
+                name: id.name.to_string(),
                 since: *since,
             })
             .collect();

@@ -111,7 +111,7 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
     }
     strip_spec(&mut spec);
 
-    let mut annotations = BTreeMap::from([(ANNOTATION_CHECKPOINT_OF.to_owned(), id.name.clone())]);
+    let mut annotations = BTreeMap::from([(ANNOTATION_CHECKPOINT_OF.to_owned(), id.name.to_string())]);
     if let Some(uid) = pod.metadata.uid.as_ref().filter(|u| !u.is_empty()) {
         annotations.insert(ANNOTATION_PARENT_UID.to_owned(), uid.clone());
     }
@@ -120,14 +120,14 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
     }
     let mut manifest = Pod {
         metadata: ObjectMeta {
-            name: Some(id.name.clone()),
-            namespace: Some(id.namespace.clone()),
+            name: Some(id.name.to_string()),
+            namespace: Some(id.namespace.to_string()),
             labels: pod.metadata.labels.clone().filter(|l| !l.is_empty()),
             annotations: Some(annotations),
             owner_references: Some(vec![OwnerReference {
                 api_version: "v1".into(),
                 kind: "Pod".into(),
-                name: id.name.clone(),
+                name: id.name.to_string(),
                 uid: pod.metadata.uid.clone().unwrap_or_default(),
                 controller: Some(true),
                 block_owner_deletion: None,
@@ -586,8 +586,8 @@ impl<'a> Sanitizer<'a> {
                 .and_then(|r| r.strip_suffix("']"))
         };
         let value = match fp {
-            "metadata.name" => self.id.name.clone(),
-            "metadata.namespace" => self.id.namespace.clone(),
+            "metadata.name" => self.id.name.to_string(),
+            "metadata.namespace" => self.id.namespace.to_string(),
             "metadata.uid" => meta.uid.clone().unwrap_or_default(),
             "metadata.labels" => format_map(labels),
             "metadata.annotations" => format_map(annotations),
@@ -629,8 +629,8 @@ impl<'a> Sanitizer<'a> {
         }
         let dir = |name: String| DataDir {
             kind,
-            namespace: self.id.namespace.clone(),
-            pod: self.id.name.clone(),
+            namespace: self.id.namespace.to_string(),
+            pod: self.id.name.to_string(),
             name,
         };
         for candidate in [dir(object.to_owned()), dir(format!("{object}.{volume}"))] {

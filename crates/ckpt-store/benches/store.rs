@@ -29,8 +29,8 @@ fn checkpoints() -> Vec<Checkpoint> {
             let dir = |kind, name: &str, files: &[(&str, usize)]| MaterializedDir {
                 dir: DataDir {
                     kind,
-                    namespace: id.namespace.clone(),
-                    pod: id.name.clone(),
+                    namespace: id.namespace.to_string(),
+                    pod: id.name.to_string(),
                     name: name.to_owned(),
                 },
                 files: files
@@ -44,11 +44,11 @@ fn checkpoints() -> Vec<Checkpoint> {
             };
             let manifest = Pod {
                 metadata: ObjectMeta {
-                    name: Some(id.name.clone()),
-                    namespace: Some(id.namespace.clone()),
+                    name: Some(id.name.to_string()),
+                    namespace: Some(id.namespace.to_string()),
                     annotations: Some(BTreeMap::from([(
                         ANNOTATION_CHECKPOINT_OF.to_owned(),
-                        id.name.clone(),
+                        id.name.to_string(),
                     )])),
                     ..Default::default()
                 },

@@ -131,7 +131,7 @@ impl Layout {
 
     /// All data of one kind for one pod: `<kind root>/<ns>/<pod>`.
     pub fn pod_data_dir(&self, kind: DataKind, id: &PodId) -> PathBuf {
-        self.data_root(kind).join(&id.namespace).join(&id.name)
+        self.data_root(kind).join(&*id.namespace).join(&*id.name)
     }
 
     /// One materialized volume directory: the `hostPath` a sanitized manifest mounts.
@@ -169,8 +169,8 @@ mod tests {
         let id = PodId::new("kube-system", "kube-apiserver-x");
         let dir = DataDir {
             kind: DataKind::Secret,
-            namespace: id.namespace.clone(),
-            pod: id.name.clone(),
+            namespace: id.namespace.to_string(),
+            pod: id.name.to_string(),
             name: "tls".into(),
         };
         let cases: &[(PathBuf, &str)] = &[

@@ -54,15 +54,15 @@
 //! let id = PodId::new("kube-system", "kube-apiserver-x7k2p");
 //! let manifest = Pod {
 //!     metadata: ObjectMeta {
-//!         name: Some(id.name.clone()),
-//!         namespace: Some(id.namespace.clone()),
-//!         annotations: Some(BTreeMap::from([(ANNOTATION_CHECKPOINT_OF.into(), id.name.clone())])),
+//!         name: Some(id.name.to_string()),
+//!         namespace: Some(id.namespace.to_string()),
+//!         annotations: Some(BTreeMap::from([(ANNOTATION_CHECKPOINT_OF.into(), id.name.to_string())])),
 //!         ..Default::default()
 //!     },
 //!     ..Default::default()
 //! };
 //! let tls = MaterializedDir {
-//!     dir: DataDir { kind: DataKind::Secret, namespace: id.namespace.clone(), pod: id.name.clone(), name: "tls".into() },
+//!     dir: DataDir { kind: DataKind::Secret, namespace: id.namespace.to_string(), pod: id.name.to_string(), name: "tls".into() },
 //!     files: vec![DataFile { path: "tls.key".into(), bytes: b"secret".to_vec(), mode: 0o600 }],
 //! };
 //! let checkpoint = Checkpoint {

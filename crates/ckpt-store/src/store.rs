@@ -583,8 +583,8 @@ impl Store {
                 continue;
             }
             let root = checkpoint_dir.ensure_child(kind.root_dir_name(), DIR_MODE, None, false)?;
-            let ns_dir = root.ensure_child(&id.namespace, DIR_MODE, None, true)?;
-            let pod_dir = ns_dir.ensure_child(&id.name, DIR_MODE, None, true)?;
+            let ns_dir = root.ensure_child(&*id.namespace, DIR_MODE, None, true)?;
+            let pod_dir = ns_dir.ensure_child(&*id.name, DIR_MODE, None, true)?;
             let mut pod_dir_changed = false;
             for (dir, tree) in &wanted {
                 // Ours, not the pod's (the previous layout gave it to the pod's uid): the
@@ -679,12 +679,12 @@ impl Store {
         let Some(root) = skip_wrong_type(checkpoint_dir.open_child(kind.root_dir_name()))? else {
             return Ok(0);
         };
-        let Some(ns_dir) = skip_wrong_type(root.open_child(&id.namespace))? else {
+        let Some(ns_dir) = skip_wrong_type(root.open_child(&*id.namespace))? else {
             return Ok(0);
         };
         let pod_path = self.layout.pod_data_dir(kind, id);
         let removed = if keep.iter().any(|p| p.starts_with(&pod_path)) {
-            let Some(pod_dir) = skip_wrong_type(ns_dir.open_child(&id.name))? else {
+            let Some(pod_dir) = skip_wrong_type(ns_dir.open_child(&*id.name))? else {
                 return Ok(0);
             };
             let mut removed = 0;
@@ -698,11 +698,11 @@ impl Store {
             }
             removed
         } else {
-            let removed = usize::from(ns_dir.remove_tree(&id.name)?);
+            let removed = usize::from(ns_dir.remove_tree(&*id.name)?);
             if removed > 0 {
                 ns_dir.sync()?;
                 // Tidy: the namespace dir goes with its last pod.
-                if root.remove_empty_dir(&id.namespace)? {
+                if root.remove_empty_dir(&*id.namespace)? {
                     root.sync()?;
                 }
             }
@@ -1021,7 +1021,7 @@ fn validate(checkpoint: &Checkpoint) -> Result<Vec<Node<'_>>> {
     let mut trees = Vec::with_capacity(checkpoint.dirs.len());
     for dir in &checkpoint.dirs {
         let d = &dir.dir;
-        if d.namespace != id.namespace || d.pod != id.name {
+        if *d.namespace != *id.namespace || *d.pod != *id.name {
             return Err(invalid(format!(
                 "data directory {} belongs to {}/{}",
                 d.name, d.namespace, d.pod

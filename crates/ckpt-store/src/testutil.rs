@@ -21,10 +21,10 @@ pub(crate) fn store() -> (tempfile::TempDir, Store) {
 pub(crate) fn manifest(id: &PodId, version: &str) -> Pod {
     Pod {
         metadata: ObjectMeta {
-            name: Some(id.name.clone()),
-            namespace: Some(id.namespace.clone()),
+            name: Some(id.name.to_string()),
+            namespace: Some(id.namespace.to_string()),
             annotations: Some(BTreeMap::from([
-                (ANNOTATION_CHECKPOINT_OF.to_owned(), id.name.clone()),
+                (ANNOTATION_CHECKPOINT_OF.to_owned(), id.name.to_string()),
                 ("test/version".to_owned(), version.to_owned()),
             ])),
             ..Default::default()
@@ -44,8 +44,8 @@ pub(crate) fn checkpoint(layout: &Layout, id: &PodId, version: &str, dirs: &[Dir
         .map(|(kind, name, files)| MaterializedDir {
             dir: DataDir {
                 kind: *kind,
-                namespace: id.namespace.clone(),
-                pod: id.name.clone(),
+                namespace: id.namespace.to_string(),
+                pod: id.name.to_string(),
                 name: (*name).to_owned(),
             },
             files: files

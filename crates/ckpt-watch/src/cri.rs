@@ -92,7 +92,7 @@ impl CriClient {
                 .collect();
             let all_wanted_run = wanted.is_some_and(|wanted| {
                 (wanted.iter())
-                    .filter(|id| id.namespace == namespace)
+                    .filter(|id| *id.namespace == *namespace)
                     .all(|id| from_sandboxes.contains(id))
             });
             running.extend(from_sandboxes);
@@ -160,7 +160,7 @@ mod tests {
         );
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
         let running = cri.running_pods(["ns"], None).await.unwrap();
-        let names: Vec<&str> = running.iter().map(|p| p.name.as_str()).collect();
+        let names: Vec<&str> = running.iter().map(|p| &*p.name).collect();
         assert_eq!(
             names,
             ["container-only", "ready-and-running", "ready-no-containers"]

@@ -462,7 +462,7 @@ fn check_orphans(world: &World, expected: &[(&str, OwnerStatus, &[&str])]) {
             let siblings = (o.siblings.iter())
                 .map(|s| format!("{}{}", s.id.name, if s.checkpointed { "*" } else { "" }))
                 .collect();
-            (o.id.name.clone(), o.owner_status, siblings)
+            (o.id.name.to_string(), o.owner_status, siblings)
         })
         .collect();
     let expected: Vec<(String, OwnerStatus, Vec<String>)> = (expected.iter())
@@ -596,7 +596,7 @@ fn reports_the_next_deadline_and_event_subjects() {
     assert_eq!(decision.report.next_deadline, Some(Timestamp(NOW.0 + 2_000)));
     assert_eq!(names(decision.removes.iter().map(|r| &r.id)), list(&["d"]));
     let subjects: Vec<(String, String)> = (decision.report.parent_uids.iter())
-        .map(|(id, uid)| (id.name.clone(), uid.clone()))
+        .map(|(id, uid)| (id.name.to_string(), uid.clone()))
         .collect();
     let expected: Vec<(String, String)> = ["a", "b", "c", "d"]
         .iter()

@@ -213,7 +213,7 @@ struct Expect<'a> {
 }
 
 fn names(ids: &[PodId]) -> Vec<&str> {
-    ids.iter().map(|i| i.name.as_str()).collect()
+    ids.iter().map(|i| &*i.name).collect()
 }
 
 fn check(world: &World, expected: Expect<'_>, states: &[(&str, CheckpointState)]) -> Plan {
@@ -566,7 +566,7 @@ fn bug1_self_never_enters_stop_all() {
         expect(&[], &[], &["api"], &[]),
         &[("pc-abc", SelfActive), ("api", Active)],
     );
-    assert!(!p.stops.iter().any(|s| s.name == "pc-abc"));
+    assert!(!p.stops.iter().any(|s| &*s.name == "pc-abc"));
     // And its pod coming back to the API keeps it self, not inactive.
     let w = w.synced(&["pc-abc"]);
     check(&w, expect(&[], &[], &[], &[]), &[("pc-abc", SelfActive)]);
@@ -825,7 +825,7 @@ fn bug12_daemonset_rolling_update_does_not_self_gc() {
     w.apply(&p);
     assert!(w.plan(NOW).is_noop());
     assert_eq!(
-        w.disk.keys().map(|i| i.name.as_str()).collect::<Vec<_>>(),
+        w.disk.keys().map(|i| &*i.name).collect::<Vec<_>>(),
         vec!["api", "pc-xyz"]
     );
 }
@@ -835,7 +835,7 @@ fn orphans_are_reported_with_their_owner_and_self_flag() {
     let w = World::new(&[("pc-abc", "IA"), ("api", "I"), ("listed", "I")]).synced(&["listed"]);
     let got: Vec<(String, bool, Timestamp)> = orphans(&w.inputs(), NOW)
         .into_iter()
-        .map(|o| (o.id.name, o.is_self, o.absent_since))
+        .map(|o| (o.id.name.to_string(), o.is_self, o.absent_since))
         .collect();
     assert_eq!(
         got,

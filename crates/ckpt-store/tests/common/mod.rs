@@ -33,8 +33,8 @@ pub fn checkpoint(
         .map(|(kind, name, files)| MaterializedDir {
             dir: DataDir {
                 kind: *kind,
-                namespace: id.namespace.clone(),
-                pod: id.name.clone(),
+                namespace: id.namespace.to_string(),
+                pod: id.name.to_string(),
                 name: (*name).to_owned(),
             },
             files: files
@@ -47,7 +47,7 @@ pub fn checkpoint(
                 .collect(),
         })
         .collect();
-    let mut all_annotations = BTreeMap::from([(ANNOTATION_CHECKPOINT_OF.to_owned(), id.name.clone())]);
+    let mut all_annotations = BTreeMap::from([(ANNOTATION_CHECKPOINT_OF.to_owned(), id.name.to_string())]);
     all_annotations.extend(annotations.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
     let volumes = dirs
         .iter()
@@ -64,8 +64,8 @@ pub fn checkpoint(
         parent: id.clone(),
         manifest: Pod {
             metadata: ObjectMeta {
-                name: Some(id.name.clone()),
-                namespace: Some(id.namespace.clone()),
+                name: Some(id.name.to_string()),
+                namespace: Some(id.namespace.to_string()),
                 annotations: Some(all_annotations),
                 ..Default::default()
             },
