@@ -2,6 +2,7 @@
 //! removes, each step idempotent and crash-safe (the store writes atomically).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use ckpt_core::{Decision, PodId, RemovalReason};
 use ckpt_store::Store;
@@ -42,19 +43,44 @@ impl Reporting<'_> {
     }
 }
 
-/// Runs the decision's actions in order. Each action is synchronous file work (fsyncs): the
-/// agent yields after every one, so that on a single-threaded runtime a pass that writes
-/// hundreds of checkpoints never starves the health endpoints or the API probe.
-pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'_>) -> Outcome {
+/// Runs `work` on the store on the blocking pool and waits for it. Disk work never runs
+/// on the runtime thread: one fsync on a slow or failing disk can take seconds, and that
+/// thread also answers the health endpoints and times the API probe.
+pub(crate) async fn on_disk<T: Send + 'static>(
+    store: &Arc<Store>,
+    work: impl FnOnce(&Store) -> T + Send + 'static,
+) -> T {
+    let store = Arc::clone(store);
+    blocking(move || work(&store)).await
+}
+
+/// Runs `work` (disk work) on the blocking pool and waits for it.
+pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(e) => match e.try_into_panic() {
+            // A bug in the store: the panic goes on here.
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // The runtime is shutting down, which drops this future before it is polled again.
+            Err(_) => std::future::pending().await,
+        },
+    }
+}
+
+/// Runs the decision's actions in order, each on the blocking pool ([`on_disk`]): a pass
+/// that writes hundreds of checkpoints, or a disk that takes seconds per fsync, never
+/// starves the health endpoints or the API probe.
+pub(crate) async fn execute(store: &Arc<Store>, plan: &Arc<Decision>, report: &Reporting<'_>) -> Outcome {
     let mut outcome = Outcome::default();
     let mut fail = |what: &str, id: &PodId, e: &dyn std::error::Error| {
         warn!(pod = %id, error = %ckpt_core::error_chain(e), "{what} failed");
         report.health.write_error();
         outcome.failures += 1;
     };
-    for checkpoint in &plan.writes {
+    for (index, checkpoint) in plan.writes.iter().enumerate() {
         let id = &checkpoint.parent;
-        match store.write_inactive(checkpoint) {
+        let decision = Arc::clone(plan);
+        match on_disk(store, move |s| s.write_inactive(&decision.writes[index])).await {
             Ok(summary) if summary.changed() => info!(
                 pod = %id,
                 spec_hash = %checkpoint.spec_hash,
@@ -65,10 +91,10 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
             Ok(_) => {}
             Err(e) => fail("writing the checkpoint", id, &e),
         }
-        tokio::task::yield_now().await;
     }
     for id in &plan.stops {
-        match store.deactivate(id) {
+        let target = id.clone();
+        match on_disk(store, move |s| s.deactivate(&target)).await {
             Ok(true) => {
                 info!(pod = %id, "checkpoint deactivated: the parent runs again");
                 report.health.deactivation();
@@ -81,10 +107,10 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
             Ok(false) => {}
             Err(e) => fail("deactivating", id, &e),
         }
-        tokio::task::yield_now().await;
     }
     for id in &plan.starts {
-        match store.activate(id) {
+        let target = id.clone();
+        match on_disk(store, move |s| s.activate(&target)).await {
             Ok(true) => {
                 info!(pod = %id, "checkpoint activated");
                 report.health.activation();
@@ -97,7 +123,6 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
             Ok(false) => {}
             Err(e) => fail("activating", id, &e),
         }
-        tokio::task::yield_now().await;
     }
     let mut removes_ok = true;
     for removal in &plan.removes {
@@ -121,11 +146,15 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
             ),
             RemovalReason::Completed => ("completed".to_owned(), "the parent has completed".to_owned()),
         };
-        let removed = if removal.is_self {
-            store.remove_self(id)
-        } else {
-            store.remove(id)
-        };
+        let (target, is_self) = (id.clone(), removal.is_self);
+        let removed = on_disk(store, move |s| {
+            if is_self {
+                s.remove_self(&target)
+            } else {
+                s.remove(&target)
+            }
+        })
+        .await;
         match removed {
             Ok(summary) => {
                 info!(pod = %id, %strategy, %reason, data_dirs = summary.data_dirs_removed, "checkpoint removed");
@@ -143,7 +172,6 @@ pub(crate) async fn execute(store: &Store, plan: &Decision, report: &Reporting<'
                 removes_ok = false;
             }
         }
-        tokio::task::yield_now().await;
     }
     outcome.self_gc_complete = plan.self_gc && removes_ok;
     outcome

@@ -137,6 +137,9 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             // The executor yields between file actions so health and probes keep answering.
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                // Disk work runs on the blocking pool (`executor::on_disk`): its thread is
+                // kept across the 30 s resyncs rather than started again for each pass.
+                .thread_keep_alive(std::time::Duration::from_secs(90))
                 .build()
                 .map_err(|e| Error::runtime("cannot start the async runtime", e))?;
             runtime.block_on(agent::run(

@@ -1056,6 +1056,57 @@ async fn api_flapping_every_second_for_30s() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
+/// A disk that takes 1.5 s per fsync (every file written and directory synced under this
+/// node's dirs) while the agent rewrites a checkpoint: the pass takes seconds, yet the
+/// health endpoint keeps answering meanwhile and the API probe never takes the healthy
+/// server for unreachable (disk work runs off the runtime thread). Before, the runtime
+/// thread sat in the fsyncs: nothing answered until the pass was over, and the probe
+/// timed out on the stall.
+#[tokio::test]
+async fn a_slow_disk_stalls_neither_health_nor_the_api_probe() {
+    use ckpt_store::failpoint::{self, Action};
+
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    let slow = Action::Sleep(Duration::from_millis(1500));
+    for point in ["fsops.fsync", "fsops.dirsync"] {
+        failpoint::set(point, world.root.path(), slow.clone());
+    }
+    let mut upgraded = apiserver_pod();
+    upgraded["spec"]["containers"][0]["image"] = json!("kube-apiserver:v1.20.3");
+    world.api.apply("pods", NS, upgraded);
+    let mut answered_while_writing = 0;
+    while !world.read(&inactive(APISERVER)).contains("v1.20.3") {
+        if agent
+            .get("/healthz")
+            .await
+            .is_some_and(|(status, _)| status == 200)
+            && !world.read(&inactive(APISERVER)).contains("v1.20.3")
+        {
+            answered_while_writing += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for point in ["fsops.fsync", "fsops.dirsync"] {
+        failpoint::clear(point, world.root.path());
+    }
+    assert!(
+        answered_while_writing >= 5,
+        "/healthz answered {answered_while_writing} times while the checkpoint was written"
+    );
+    let outages: Vec<Value> = (world.logs.events().into_iter())
+        .filter(|e| e["message"] == "API server unreachable")
+        .collect();
+    assert!(
+        outages.is_empty(),
+        "the slow disk was taken for an outage: {outages:#?}"
+    );
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 /// The Events created about `pod` with `reason` so far.
 fn events_created(world: &World, pod: &str, reason: &str) -> Vec<Value> {
     world

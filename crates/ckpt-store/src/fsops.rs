@@ -29,6 +29,7 @@ use rustix::io::Errno;
 use tracing::{debug, warn};
 
 use crate::error::{Error, Result};
+use crate::failpoint;
 
 /// Every temporary file we create starts with this (a dotfile: the kubelet ignores it).
 pub(crate) const TEMP_PREFIX: &str = ".pod-checkpointer-";
@@ -377,6 +378,7 @@ impl Dir {
             Some(Kind::File) => {}
             Some(other) => return Ok(ReadOutcome::NotRegular(other)),
         }
+        failpoint::hit("fsops.read", &path()).map_err(|e| Error::io("reading", &path(), e))?;
         // NONBLOCK: should the entry have been swapped for a FIFO since, opening it
         // does not wait for a writer; fstat below then rejects it.
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
@@ -457,8 +459,11 @@ impl Dir {
             if let Some(owner) = owner {
                 chown_if_needed(&file, &target, owner)?;
             }
+            failpoint::hit("fsops.fsync", &target).map_err(|e| Error::io("syncing", &target, e))?;
             file.sync_all().map_err(|e| Error::io("syncing", &target, e))?;
             drop(file);
+            failpoint::hit("fsops.rename", &target)
+                .map_err(|e| Error::io("renaming into place", &target, e))?;
             rustix::fs::renameat(&self.file, temp.as_str(), &self.file, name)
                 .map_err(|e| Error::io("renaming into place", &target, e))
         })();
@@ -492,6 +497,8 @@ impl Dir {
 
     /// fsyncs the directory, making renames and removals in it durable.
     pub(crate) fn sync(&self) -> Result<()> {
+        failpoint::hit("fsops.dirsync", &self.path)
+            .map_err(|e| Error::io("syncing directory", &self.path, e))?;
         self.file
             .sync_all()
             .map_err(|e| Error::io("syncing directory", &self.path, e))
@@ -501,6 +508,8 @@ impl Dir {
     /// Returns whether it existed.
     pub(crate) fn remove_file(&self, name: impl AsRef<OsStr>) -> Result<bool> {
         let name = name.as_ref();
+        failpoint::hit("fsops.unlink", &self.child_path(name))
+            .map_err(|e| Error::io("removing", &self.child_path(name), e))?;
         match rustix::fs::unlinkat(&self.file, name, AtFlags::empty()) {
             Ok(()) => {
                 debug!(path = %self.child_path(name).display(), "removed file");

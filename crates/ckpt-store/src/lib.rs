@@ -91,6 +91,7 @@
 
 mod credentials;
 mod error;
+pub mod failpoint;
 mod fsops;
 mod journal;
 mod layout;

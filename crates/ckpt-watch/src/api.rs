@@ -360,8 +360,38 @@ enum Answered {
     Unauthorized,
 }
 
-/// One probe: `GET /readyz`, answer and body within `timeout`. `Err` describes why the
-/// server does not count as answering.
+/// Slices of a probe's timeout: the probe's clock is read at each slice's end.
+const PROBE_SLICES: u32 = 5;
+/// A slice's end seen later than this was not on time: the runtime could not run.
+const LATE_WAKE: Duration = Duration::from_millis(50);
+
+/// `work`'s output if it comes within `timeout` of time in which this task could run.
+///
+/// A runtime held up by something else (a blocking call on its thread, a paused VM, a
+/// starved CPU) could not have sent a request or read its answer meanwhile, and a
+/// healthy server must not look hung for it: the wait is sliced, and a slice that ends
+/// late adds its lateness back.
+pub(crate) async fn within_runnable_time<T>(timeout: Duration, work: impl Future<Output = T>) -> Option<T> {
+    let mut work = std::pin::pin!(work);
+    let slice = (timeout / PROBE_SLICES).max(Duration::from_millis(1));
+    let mut left = timeout;
+    while !left.is_zero() {
+        let step = slice.min(left);
+        let due = tokio::time::Instant::now() + step;
+        match tokio::time::timeout_at(due, &mut work).await {
+            Ok(output) => return Some(output),
+            Err(_) => {
+                let late = tokio::time::Instant::now().saturating_duration_since(due);
+                let stalled = if late > LATE_WAKE { late } else { Duration::ZERO };
+                left = left - step + stalled;
+            }
+        }
+    }
+    None
+}
+
+/// One probe: `GET /readyz`, answer and body within `timeout` of runnable time
+/// ([`within_runnable_time`]). `Err` describes why the server does not count as answering.
 async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered, String> {
     let request = http::Request::get("/readyz")
         .body(kube::client::Body::from(Vec::new()))
@@ -381,10 +411,9 @@ async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered
             Answered::Alive
         })
     };
-    match tokio::time::timeout(timeout, attempt).await {
-        Ok(result) => result,
-        Err(_) => Err(format!("GET /readyz got no answer within {timeout:?}")),
-    }
+    within_runnable_time(timeout, attempt)
+        .await
+        .unwrap_or_else(|| Err(format!("GET /readyz got no answer within {timeout:?}")))
 }
 
 async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inner>) {

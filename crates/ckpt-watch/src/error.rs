@@ -88,6 +88,15 @@ pub enum Error {
         /// The path.
         path: PathBuf,
     },
+    /// A local source took longer than the whole local look may take (its calls each
+    /// have a timeout of their own, but several in a row could add up).
+    #[error("the {source_name} did not answer everything within {bound:?}")]
+    LocalLookTimedOut {
+        /// `CRI runtime` or `kubelet`.
+        source_name: &'static str,
+        /// The bound of the whole look.
+        bound: std::time::Duration,
+    },
     /// A client was created outside a Tokio runtime.
     #[error("{what} must be created inside a Tokio runtime")]
     NoRuntime {

@@ -76,7 +76,7 @@ pub use error::{Error, Result};
 #[doc(inline)]
 pub use kubelet::{KubeletClient, KubeletConfig};
 #[doc(inline)]
-pub use local::{LocalObserver, runs};
+pub use local::{LOCAL_LOOK_BOUND, LocalObserver, runs};
 #[doc(inline)]
 pub use objects::{ObjectKind, ObjectRef, ObjectWatch, ObjectsView};
 #[doc(inline)]

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use ckpt_core::{LocalView, NamespaceAllowList, PodId, is_parent};
 use k8s_openapi::api::core::v1::Pod;
@@ -58,7 +59,14 @@ pub struct LocalObserver {
     cri_answers_too_large: AtomicU64,
     /// The pods whose running matters (see [`LocalObserver::set_wanted`]); `None`: all.
     wanted: Mutex<Option<BTreeSet<PodId>>>,
+    /// How long one [`LocalObserver::observe`] may take, all calls together.
+    bound: Duration,
 }
+
+/// The default bound of one local look: a runtime that takes longer to say what runs
+/// counts as unknown, so an outage activates checkpoints after one bound at most, not
+/// after a timeout per call in a row.
+pub const LOCAL_LOOK_BOUND: Duration = Duration::from_secs(5);
 
 impl LocalObserver {
     /// An observer of these sources, for pods in these namespaces.
@@ -75,7 +83,14 @@ impl LocalObserver {
             kubelet_health: SourceHealth::default(),
             cri_answers_too_large: Default::default(),
             wanted: Mutex::new(None),
+            bound: LOCAL_LOOK_BOUND,
         }
+    }
+
+    /// The same, with another bound on one whole look (see [`LOCAL_LOOK_BOUND`]).
+    pub fn with_bound(mut self, bound: Duration) -> Self {
+        self.bound = bound;
+        self
     }
 
     /// The pods whose running the caller acts on (the parents of its checkpoints). The
@@ -102,21 +117,36 @@ impl LocalObserver {
         self.cri_answers_too_large.load(Ordering::Relaxed)
     }
 
-    /// Asks the sources (concurrently; each call is bounded by its client's timeout).
+    /// `look` at a source, or an error once the bound of a whole look has passed.
+    async fn bounded<T>(
+        &self,
+        source_name: &'static str,
+        look: impl Future<Output = crate::error::Result<T>>,
+    ) -> crate::error::Result<T> {
+        tokio::time::timeout(self.bound, look)
+            .await
+            .unwrap_or(Err(Error::LocalLookTimedOut {
+                source_name,
+                bound: self.bound,
+            }))
+    }
+
+    /// Asks the sources (concurrently; each call is bounded by its client's timeout, and
+    /// each source's whole look by the observer's bound).
     pub async fn observe(&self) -> LocalView {
         let wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let cri = async {
             match &self.cri {
-                Some(cri) => Some(
-                    cri.running_pods(self.namespaces.namespaces(), wanted.as_ref())
-                        .await,
-                ),
+                Some(cri) => {
+                    let look = cri.running_pods(self.namespaces.namespaces(), wanted.as_ref());
+                    Some(self.bounded("CRI runtime", look).await)
+                }
                 None => None,
             }
         };
         let kubelet = async {
             match &self.kubelet {
-                Some(k) => Some(k.pods().await),
+                Some(k) => Some(self.bounded("kubelet", k.pods()).await),
                 None => None,
             }
         };

@@ -8,6 +8,7 @@ use ckpt_core::{
     ControllerOwner, DiskCheckpoint, Fetched, LocalView, NamespaceAllowList, Observation, OwnerStatus, PodId,
     SelfIdentity, orphan_owners, required_by_namespace, scheduling_lookup,
 };
+use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -18,6 +19,9 @@ use crate::api::{ApiSnapshot, ApiState, ApiWatch, ApiWatchConfig};
 use crate::error::error_chain;
 use crate::objects::ObjectWatch;
 use crate::owner::{OwnerLookup, OwnerPresence};
+
+/// Owner lookups in flight at once, at most.
+const CONCURRENT_LOOKUPS: usize = 8;
 
 /// Everything the agent watches on the API server: the pods of this node
 /// ([`ApiWatch`]), the Secrets and ConfigMaps the parents among them mount
@@ -105,9 +109,15 @@ impl Observer {
         let objects = (self.allowed.namespaces())
             .map(|ns| (ns.to_owned(), self.objects.objects(ns)))
             .collect();
-        let mut owners = BTreeMap::new();
-        if owner_status {
-            for key in orphan_owners(snapshot.state, &snapshot.pods, disk, &self.allowed) {
+        // The lookups run side by side, a few at a time: one after another, a slow API
+        // server would hold the pass for a request timeout per owner.
+        let keys = if owner_status {
+            orphan_owners(snapshot.state, &snapshot.pods, disk, &self.allowed)
+        } else {
+            Default::default()
+        };
+        let lookups = futures::stream::iter(keys)
+            .map(|key| async move {
                 let owner = ControllerOwner {
                     api_version: key.api_version.clone(),
                     kind: key.kind.clone(),
@@ -122,22 +132,26 @@ impl Observer {
                         OwnerStatus::Unknown
                     }
                 };
-                owners.insert(key, status);
+                (key, status)
+            })
+            .buffer_unordered(CONCURRENT_LOOKUPS)
+            .collect::<BTreeMap<_, _>>();
+        let scheduling = async {
+            match scheduling_lookup(snapshot.state, &snapshot.pods, disk, me) {
+                Some(ds) => {
+                    let daemon_sets = Api::<DaemonSet>::namespaced(self.client.clone(), &ds.namespace);
+                    let nodes = Api::<Node>::all(self.client.clone());
+                    let what = format!("daemonset {}/{}", ds.namespace, ds.name);
+                    let node_what = format!("node {}", self.node);
+                    futures::join!(
+                        self.fetch(&what, daemon_sets.get_opt(&ds.name)),
+                        self.fetch(&node_what, nodes.get_opt(&self.node)),
+                    )
+                }
+                None => (Fetched::NotFetched, Fetched::NotFetched),
             }
-        }
-        let (own_daemon_set, node) = match scheduling_lookup(snapshot.state, &snapshot.pods, disk, me) {
-            Some(ds) => {
-                let daemon_sets = Api::<DaemonSet>::namespaced(self.client.clone(), &ds.namespace);
-                let nodes = Api::<Node>::all(self.client.clone());
-                let what = format!("daemonset {}/{}", ds.namespace, ds.name);
-                let own = self.fetch(&what, daemon_sets.get_opt(&ds.name)).await;
-                let node = self
-                    .fetch(&format!("node {}", self.node), nodes.get_opt(&self.node))
-                    .await;
-                (own, node)
-            }
-            None => (Fetched::NotFetched, Fetched::NotFetched),
         };
+        let (owners, (own_daemon_set, node)) = futures::join!(lookups, scheduling);
         Observation {
             api: snapshot.state,
             api_error: snapshot.last_error,

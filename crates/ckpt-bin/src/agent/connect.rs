@@ -279,13 +279,19 @@ impl CredentialKeeper {
                     std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s"),
                 ))
             });
-        let written = minted.and_then(|minted| {
-            let kubeconfig = render_kubeconfig(&self.server, account, &self.token_file);
-            self.kept
-                .write(&kubeconfig, minted.token.as_bytes())
-                .map_err(|e| Error::runtime("cannot store the static copy's API credentials", e))?;
-            Ok(minted.lifetime)
-        });
+        let written = match minted {
+            Ok(minted) => {
+                let kubeconfig = render_kubeconfig(&self.server, account, &self.token_file);
+                let kept = self.kept.clone();
+                // Off the runtime thread: the write fsyncs, and a slow disk must not stall
+                // the health endpoints of a copy on standby.
+                crate::executor::blocking(move || kept.write(&kubeconfig, minted.token.as_bytes()))
+                    .await
+                    .map_err(|e| Error::runtime("cannot store the static copy's API credentials", e))
+                    .map(|_| minted.lifetime)
+            }
+            Err(e) => Err(e),
+        };
         self.due = Instant::now() + credentials_refresh(written, account);
     }
 

@@ -8,6 +8,7 @@ mod connect;
 mod report;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckpt_core::{
@@ -28,7 +29,7 @@ use ckpt_core::{LockIdentity, error_chain};
 
 use crate::config::{KubeletTrust, RunSettings};
 use crate::error::{Error, Result};
-use crate::executor::{Reporting, execute};
+use crate::executor::{Reporting, execute, on_disk};
 use crate::health::{self, Health, Phase};
 
 /// How often the local runtime is polled.
@@ -194,7 +195,8 @@ pub(crate) async fn shutdown_signal() {
 struct Agent {
     settings: RunSettings,
     config: DecideConfig,
-    store: Store,
+    /// Shared with the blocking pool, where all disk work runs ([`on_disk`]).
+    store: Arc<Store>,
     health: Health,
     policy: Box<dyn GcPolicy>,
     link: Option<ApiLink>,
@@ -257,7 +259,7 @@ impl Agent {
         Ok(Self {
             settings,
             config,
-            store,
+            store: Arc::new(store),
             health,
             policy,
             link,
@@ -372,11 +374,15 @@ impl Agent {
     async fn pass(&mut self, local: LocalView) -> Result<PassResult> {
         let started = Instant::now();
         let now = Timestamp::now();
-        let disk: BTreeMap<PodId, DiskCheckpoint> = match self.store.read_all() {
-            Ok(stored) => stored
-                .iter()
-                .map(|(id, s)| (id.clone(), s.disk_checkpoint()))
-                .collect(),
+        let read = on_disk(&self.store, |s| {
+            s.read_all().map(|stored| {
+                (stored.iter())
+                    .map(|(id, s)| (id.clone(), s.disk_checkpoint()))
+                    .collect::<BTreeMap<PodId, DiskCheckpoint>>()
+            })
+        });
+        let disk = match read.await {
+            Ok(disk) => disk,
             Err(e) => {
                 warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying on the next pass");
                 self.health.write_error();
@@ -400,7 +406,7 @@ impl Agent {
         for orphan in assessment.orphans() {
             verdicts.insert(orphan.id.clone(), self.policy.decide(orphan, now).await);
         }
-        let decision = assessment.decide(&verdicts);
+        let decision = Arc::new(assessment.decide(&verdicts));
         let report = &decision.report;
         if report.own_owner.is_some() && report.own_owner != self.config.me.owner {
             info!(owner = ?report.own_owner, "recognised the agent's own controller");
@@ -445,7 +451,8 @@ impl Agent {
         };
         if decision.state != self.state || self.journal_behind {
             self.state = decision.state.clone();
-            match self.store.write_journal(&self.state) {
+            let state = self.state.clone();
+            match on_disk(&self.store, move |s| s.write_journal(&state)).await {
                 Ok(_) => {
                     if self.journal_behind {
                         info!("the state journal is saved again");

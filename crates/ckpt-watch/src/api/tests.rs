@@ -376,3 +376,23 @@ async fn dropping_stops_every_task() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(fake.log().len(), before, "no probe after shutdown");
 }
+
+/// The probe's clock: the runtime's thread is held up for 300 ms (three timeouts of
+/// 100 ms) by another task, as a blocking disk call would hold it, so the request can only
+/// go out afterwards, and then the answer takes 10 ms. Counted in runnable time, that is
+/// an answer within the timeout; a server that really takes 300 ms is still too slow.
+#[tokio::test]
+async fn a_stalled_runtime_does_not_count_against_the_timeout() {
+    let timeout = Duration::from_millis(100);
+    let (sent, answer) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        tokio::task::yield_now().await;
+        std::thread::sleep(Duration::from_millis(300));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let _ = sent.send("ok");
+    });
+    assert_eq!(within_runnable_time(timeout, answer).await, Some(Ok("ok")));
+
+    let slow = tokio::time::sleep(Duration::from_millis(300));
+    assert_eq!(within_runnable_time(timeout, slow).await, None);
+}
