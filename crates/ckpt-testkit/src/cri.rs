@@ -24,6 +24,8 @@ pub struct CriState {
     pub containers: Vec<proto::Container>,
     /// gRPC paths called, in order.
     pub calls: Vec<String>,
+    /// Each call is answered this late (a slow runtime); `None`: at once.
+    pub delay: Option<std::time::Duration>,
 }
 
 /// A CRI runtime on a unix socket in a temp dir.
@@ -200,11 +202,14 @@ async fn cri_handle(
     req: Request<hyper::body::Incoming>,
 ) -> Response<tonic::body::Body> {
     let path = req.uri().path().to_owned();
-    let (serve_v1, serve_v1alpha2) = {
+    let (serve_v1, serve_v1alpha2, delay) = {
         let mut st = lock(&state);
         st.calls.push(path.clone());
-        (st.serve_v1, st.serve_v1alpha2)
+        (st.serve_v1, st.serve_v1alpha2, st.delay)
     };
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
     // Unknown paths and versions not served get what a real gRPC server sends.
     let Some((api, method)) = Method::parse(&path) else {
         return tonic::Status::unimplemented(format!("unknown method {path}")).into_http();

@@ -379,4 +379,21 @@ mod tests {
         assert!(!runs(&pod(missing)));
         assert!(!runs(&Pod::default()));
     }
+
+    /// A runtime that answers each call just within the client's timeout (0.8 s of 1 s),
+    /// asked about three namespaces: call after call would take 0.8 s × 7 (the version,
+    /// then sandboxes and containers per namespace). The whole look is bounded (1 s here):
+    /// the view is unknown after the bound, as an outage needs it to be soon.
+    #[tokio::test]
+    async fn a_slow_runtime_makes_one_look_last_its_bound_not_a_timeout_per_call() {
+        let cri = FakeCri::start(true, false);
+        lock(&cri.state).delay = Some(Duration::from_millis(800));
+        let client = CriClient::new(&cri.endpoint(), Duration::from_secs(1)).unwrap();
+        let observer = LocalObserver::new(Some(client), None, NamespaceAllowList::new(["a", "b", "c"]))
+            .with_bound(Duration::from_secs(1));
+        let started = std::time::Instant::now();
+        assert_eq!(observer.observe().await, LocalView::Unknown);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "one look took {took:?}");
+    }
 }
