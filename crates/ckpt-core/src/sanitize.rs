@@ -4,15 +4,17 @@
 //! and one owner reference to the parent; status, service account, affinity and node
 //! selector cleared; secret/configMap volumes become hostPath directories) and makes the
 //! result acceptable to kubelets ≥1.34, which refuse static pods that reference API
-//! objects (see [`references_api_objects`]).
+//! objects (see [`references_api_objects`]), and to a kubelet that runs the parent too
+//! (a host-network checkpoint declares no host ports).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, DownwardAPIVolumeFile, EnvVar, HostPathVolumeSource, KeyToPath, Pod, PodSpec,
-    Secret, Volume,
+    ConfigMap, Container, DownwardAPIVolumeFile, EnvVar, HTTPGetAction, HostPathVolumeSource, KeyToPath, Pod,
+    PodSpec, Secret, TCPSocketAction, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 use crate::checkpoint::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, sha256_hex};
@@ -207,6 +209,55 @@ fn strip_spec(spec: &mut PodSpec) {
     {
         if c.image_pull_policy.as_deref() == Some("Always") {
             c.image_pull_policy = Some("IfNotPresent".into());
+        }
+        if spec.host_network == Some(true) {
+            drop_host_ports(c);
+        }
+    }
+}
+
+/// A host-network container's `ports` claim host ports (defaulting sets `hostPort` to
+/// `containerPort`), and the kubelet refuses a static pod whose host ports an admitted pod
+/// already claims (its `NodePorts` admission). The agent's own static copy always runs
+/// beside its DaemonSet copy, and a checkpoint may start while its parent is still
+/// admitted: so a host-network checkpoint declares no ports. They are declarations only
+/// (the process binds what it binds); named ports in probes and lifecycle handlers are
+/// resolved to their numbers first, as the kubelet would resolve them.
+fn drop_host_ports(c: &mut Container) {
+    let Some(ports) = c.ports.take() else {
+        return;
+    };
+    let number = |port: &mut IntOrString| {
+        if let IntOrString::String(name) = port
+            && let Some(p) = ports.iter().find(|p| p.name.as_deref() == Some(name.as_str()))
+        {
+            *port = IntOrString::Int(p.container_port);
+        }
+    };
+    let resolve = |http: Option<&mut HTTPGetAction>, tcp: Option<&mut TCPSocketAction>| {
+        if let Some(h) = http {
+            number(&mut h.port);
+        }
+        if let Some(t) = tcp {
+            number(&mut t.port);
+        }
+    };
+    for probe in [
+        &mut c.liveness_probe,
+        &mut c.readiness_probe,
+        &mut c.startup_probe,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        resolve(probe.http_get.as_mut(), probe.tcp_socket.as_mut());
+    }
+    if let Some(lifecycle) = c.lifecycle.as_mut() {
+        for handler in [&mut lifecycle.post_start, &mut lifecycle.pre_stop]
+            .into_iter()
+            .flatten()
+        {
+            resolve(handler.http_get.as_mut(), handler.tcp_socket.as_mut());
         }
     }
 }
@@ -1003,6 +1054,42 @@ mod tests {
                 "priorityClassName": "system-node-critical",
                 "tolerations": [{"operator": "Exists"}]
             }),
+            &[],
+            0,
+        );
+    }
+
+    #[test]
+    fn host_network_checkpoints_declare_no_ports() {
+        let declared = json!({
+            "ports": [{"name": "metrics", "containerPort": 10267},
+                      {"name": "https", "containerPort": 6443, "hostPort": 6443}],
+            "livenessProbe": {"httpGet": {"port": "metrics", "path": "/healthz"}},
+            "readinessProbe": {"tcpSocket": {"port": "https"}},
+            "startupProbe": {"httpGet": {"port": "elsewhere"}},
+            "lifecycle": {"preStop": {"httpGet": {"port": "metrics"}}}
+        });
+        // On the host network: no ports; named ones resolved (an unknown name stays, as
+        // the parent has it).
+        check(
+            json!({"hostNetwork": true, "containers": [container(declared.clone())]}),
+            json!({
+                "automountServiceAccountToken": false,
+                "hostNetwork": true,
+                "containers": [container(json!({
+                    "livenessProbe": {"httpGet": {"port": 10267, "path": "/healthz"}},
+                    "readinessProbe": {"tcpSocket": {"port": 6443}},
+                    "startupProbe": {"httpGet": {"port": "elsewhere"}},
+                    "lifecycle": {"preStop": {"httpGet": {"port": 10267}}}
+                }))]
+            }),
+            &[],
+            0,
+        );
+        // In the pod's own network the runtime maps host ports: kept as they are.
+        check(
+            json!({"containers": [container(declared.clone())]}),
+            json!({"automountServiceAccountToken": false, "containers": [container(declared)]}),
             &[],
             0,
         );
