@@ -105,7 +105,13 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
     })?;
     progress.say(&format!("checkpoints: {}", checkpoints.summary()));
     check_config_from_configmap(run, "grace-period")?;
-    check_node_alerts(run, &[])?;
+    // Read now: in the power cut below there is no API server to read it from.
+    let rules = run
+        .kubectl
+        .get("prometheusrule", NS, AGENT)?
+        .context("deploy --prometheus applied no PrometheusRule")?["spec"]
+        .clone();
+    check_node_alerts(run, &rules, &[])?;
     progress.say("the deployed alerts, on C1's metrics held as scraped: none fires");
 
     progress.say("seed B: power cut with the API server down; only static pods start");
@@ -150,7 +156,7 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
         human_duration(cut.elapsed())
     ));
     let firing = ["PodCheckpointerCheckpointActive", "PodCheckpointerApiNotSynced"];
-    check_node_alerts(run, &firing)?;
+    check_node_alerts(run, &rules, &firing)?;
     progress.say(&format!(
         "the deployed alerts, on C2's metrics held as scraped: {} fire, no other",
         firing.join(" and ")
@@ -555,13 +561,10 @@ fn remove_monitoring_crds(run: &NodeRun) -> anyhow::Result<()> {
 
 /// Scrapes the active copy's metrics on the node's address (where only the lock holder
 /// listens, as Prometheus would find it through the PodMonitor) and checks, with
-/// Prometheus' rule engine, that of the PrometheusRule `deploy` applied exactly `firing`
-/// fire if the node stayed as scraped (`ckpt_e2e::promtool::check_alerts`).
-fn check_node_alerts(run: &NodeRun, firing: &[&str]) -> anyhow::Result<()> {
-    let rule = run
-        .kubectl
-        .get("prometheusrule", NS, AGENT)?
-        .context("deploy --prometheus applied no PrometheusRule")?;
+/// Prometheus' rule engine, that of `rules` (the spec of the PrometheusRule `deploy`
+/// applied) exactly `firing` fire if the node stayed as scraped
+/// (`ckpt_e2e::promtool::check_alerts`).
+fn check_node_alerts(run: &NodeRun, rules: &Value, firing: &[&str]) -> anyhow::Result<()> {
     let address = std::net::SocketAddr::from((run.node.ip(), METRICS_PORT));
     let (exposition, scraped_at) = wait_for(
         &format!("the active copy's metrics on {address}"),
@@ -571,7 +574,7 @@ fn check_node_alerts(run: &NodeRun, firing: &[&str]) -> anyhow::Result<()> {
     .0;
     let job = format!("{NS}/{AGENT}");
     ckpt_e2e::promtool::check_alerts(
-        &rule["spec"],
+        rules,
         &exposition,
         scraped_at,
         &[("job", &job), ("node", NODE_NAME)],
