@@ -3,7 +3,8 @@
 //! node's API endpoint and a short grace period, nothing edited by hand), the static copy
 //! started by the kubelet from the agent's own checkpoint, a power cut with the API server
 //! down, the way back, the agent's own upgrade, and self-GC once the DaemonSet no longer
-//! targets the node.
+//! targets the node. The seed deploys with `--prometheus` and judges the deployed alerts on
+//! the active copy's metrics, healthy and in the power cut.
 //!
 //! Everything here is observed as an operator would: the API, the node's files (its
 //! manifests and checkpoint dirs, its container logs under `/var/log/pods`), and
