@@ -10,7 +10,8 @@
 //! A test sets a point for the paths under one directory with [`set`] (so tests of one
 //! process do not meet each other's faults), or for a whole process with the environment
 //! variable `CKPT_FAILPOINTS=name=action;…`, read once. Actions: `sleep(MS)`,
-//! `error(ERRNO)`, `abort`.
+//! `error(ERRNO)`, `abort` and `abort@N` (abort on the N-th pass of the point, counted
+//! per process, so a crash test can stop a run at every pass in turn).
 
 use std::io;
 use std::path::Path;
@@ -29,8 +30,9 @@ pub enum Action {
     Sleep(Duration),
     /// Fail the step with this errno (`5` EIO, `28` ENOSPC, `30` EROFS).
     Error(i32),
-    /// Abort the process, as a crash or SIGKILL between two steps would end it.
-    Abort,
+    /// Abort the process on the N-th pass of the point (counting from 1), as a crash or
+    /// SIGKILL between two steps would end it; earlier passes go on.
+    AbortAt(u64),
 }
 
 #[cfg(feature = "failpoints")]
@@ -40,7 +42,12 @@ impl std::str::FromStr for Action {
     fn from_str(s: &str) -> Result<Self, String> {
         let arg = |prefix: &str| s.strip_prefix(prefix).and_then(|r| r.strip_suffix(')'));
         if s == "abort" {
-            Ok(Action::Abort)
+            Ok(Action::AbortAt(1))
+        } else if let Some(n) = s.strip_prefix("abort@") {
+            match n.parse() {
+                Ok(n) if n > 0 => Ok(Action::AbortAt(n)),
+                _ => Err(format!("bad pass number in {s:?}")),
+            }
         } else if let Some(ms) = arg("sleep(") {
             ms.parse()
                 .map(|ms| Action::Sleep(Duration::from_millis(ms)))
@@ -97,9 +104,26 @@ fn from_env() -> &'static [(String, Action)] {
     })
 }
 
+/// How often each point was passed in this process.
+#[cfg(feature = "failpoints")]
+static PASSES: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
 /// Passes the failpoint `name` for an operation on `path`.
 #[cfg(feature = "failpoints")]
 pub(crate) fn hit(name: &str, path: &Path) -> io::Result<()> {
+    let pass = {
+        let mut passes = PASSES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match passes.iter_mut().find(|(n, _)| n == name) {
+            Some((_, count)) => {
+                *count += 1;
+                *count
+            }
+            None => {
+                passes.push((name.to_owned(), 1));
+                1
+            }
+        }
+    };
     let action = {
         let set = SET.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         set.iter()
@@ -114,7 +138,8 @@ pub(crate) fn hit(name: &str, path: &Path) -> io::Result<()> {
             Ok(())
         }
         Some(Action::Error(errno)) => Err(io::Error::from_raw_os_error(errno)),
-        Some(Action::Abort) => std::process::abort(),
+        Some(Action::AbortAt(n)) if n == pass => std::process::abort(),
+        Some(Action::AbortAt(_)) => Ok(()),
     }
 }
 
@@ -135,7 +160,9 @@ mod tests {
 
     #[test]
     fn actions() {
-        check("abort", Ok(Action::Abort));
+        check("abort", Ok(Action::AbortAt(1)));
+        check("abort@3", Ok(Action::AbortAt(3)));
+        check("abort@0", Err(()));
         check("sleep(250)", Ok(Action::Sleep(Duration::from_millis(250))));
         check("error(28)", Ok(Action::Error(28)));
         check("sleep(x)", Err(()));
