@@ -255,7 +255,8 @@ fn count_temps(dir: &Path) -> usize {
 fn all_temps(layout: &Layout, round: usize) -> usize {
     let mut temps = count_temps(layout.manifests_dir())
         + count_temps(&layout.inactive_dir())
-        + count_temps(layout.checkpoint_dir());
+        + count_temps(layout.checkpoint_dir())
+        + count_temps(&layout.agent_dir());
     for kind in DataKind::ALL {
         temps += check_data(&layout.data_root(kind), round);
     }
