@@ -97,21 +97,7 @@ fn every_alert_fires_for_the_node_in_trouble_only() {
         }
         Err(e) => panic!("promtool: {e:#}"),
     };
-    let options = ManifestArgs {
-        prometheus: true,
-        ..ManifestArgs::default()
-    }
-    .options(KubernetesVersion::NEWEST)
-    .unwrap();
-    let rule = render(&options)
-        .into_iter()
-        .find_map(|o| match o {
-            Manifest::Monitoring(m) if m.types.as_ref().is_some_and(|t| t.kind == "PrometheusRule") => {
-                Some(m)
-            }
-            _ => None,
-        })
-        .expect("a PrometheusRule");
+    let rule = rendered_rule();
     let spec = &rule.data["spec"];
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -177,6 +163,25 @@ fn every_alert_fires_for_the_node_in_trouble_only() {
     assert!(run.status.success(), "{}{}", text(&run.stdout), text(&run.stderr));
 }
 
+/// The PrometheusRule of `render --prometheus`.
+fn rendered_rule() -> Box<kube::api::DynamicObject> {
+    let options = ManifestArgs {
+        prometheus: true,
+        ..ManifestArgs::default()
+    }
+    .options(KubernetesVersion::NEWEST)
+    .unwrap();
+    render(&options)
+        .into_iter()
+        .find_map(|o| match o {
+            Manifest::Monitoring(m) if m.types.as_ref().is_some_and(|t| t.kind == "PrometheusRule") => {
+                Some(m)
+            }
+            _ => None,
+        })
+        .expect("a PrometheusRule")
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -191,21 +196,7 @@ fn a_scraped_snapshot_is_judged_by_the_rules() {
         eprintln!("NOTE: snapshot test skipped off CI: no promtool");
         return;
     }
-    let options = ManifestArgs {
-        prometheus: true,
-        ..ManifestArgs::default()
-    }
-    .options(KubernetesVersion::NEWEST)
-    .unwrap();
-    let rule = render(&options)
-        .into_iter()
-        .find_map(|o| match o {
-            Manifest::Monitoring(m) if m.types.as_ref().is_some_and(|t| t.kind == "PrometheusRule") => {
-                Some(m)
-            }
-            _ => None,
-        })
-        .expect("a PrometheusRule");
+    let rule = rendered_rule();
     let now = std::time::SystemTime::now();
     let secs = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let snapshot = |active: u32, synced: u64| {
