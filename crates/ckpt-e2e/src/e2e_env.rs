@@ -26,7 +26,10 @@ use crate::harness::interrupt;
 use crate::progress::Progress;
 
 pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
-pub use control_plane::{AGENT_USER, CRI_SOCKET, ControlPlane, NODE_NAME, StartOptions};
+pub use control_plane::{
+    AGENT_USER, CONTROLLER_MANAGER_USER, CRI_SOCKET, ControlPlane, NODE_NAME, SCHEDULER_USER, StartOptions,
+    render_kubeconfig,
+};
 pub use node_network::NodeNetwork;
 pub use real_node::{NodeFootprint, RealNode, RealNodeOptions};
 

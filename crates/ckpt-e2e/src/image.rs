@@ -28,6 +28,12 @@ pub const PAUSE_IMAGE: &str = "k8s.gcr.io/pause:3.2";
 /// The test pods' image: Debian's busybox-static (1.35 in bookworm). `localhost/` says it
 /// is built here and never pulled.
 pub const BUSYBOX_IMAGE: &str = "localhost/busybox:1.35-static";
+/// The self-hosted control plane's image, hyperkube-style (bootkube ran hyperkube): the
+/// static kube-apiserver, kube-controller-manager and kube-scheduler of the e2e build in
+/// `/usr/local/bin`, each pod naming its program in `command`. `localhost/`: never pulled.
+pub const CONTROL_PLANE_IMAGE: &str = "localhost/kube-control-plane:v1.20.2";
+/// Where [`control_plane_image`] puts the programs.
+pub const CONTROL_PLANE_BIN_DIR: &str = "/usr/local/bin";
 /// Debian's statically linked busybox (package busybox-static).
 const BUSYBOX_BINARY: &str = "/bin/busybox";
 /// The busybox applets the test image links in `/bin`: a shell and what test pods use.
@@ -215,6 +221,33 @@ pub fn pause_image(binary: &Path, out: &Path) -> anyhow::Result<oci::Image> {
     let mut layer = oci::Layer::new();
     layer.file("/pause", 0o755, data)?;
     write(&oci::ImageConfig::new(PAUSE_IMAGE, &["/pause"]), &layer, out)
+}
+
+/// The self-hosted control plane's image ([`CONTROL_PLANE_IMAGE`]): each of `binaries`
+/// (static builds; a dynamic one is refused) in [`CONTROL_PLANE_BIN_DIR`] under its file
+/// name. ~250 MB of programs: compressed at the fastest level, since it is only imported
+/// on this machine.
+pub fn control_plane_image(binaries: &[PathBuf], out: &Path) -> anyhow::Result<oci::Image> {
+    let mut layer = base_layer()?;
+    for binary in binaries {
+        let data = std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+        anyhow::ensure!(
+            is_static_elf(&data)?,
+            "{} is dynamically linked: the control plane's image has no libc",
+            binary.display()
+        );
+        let name = binary
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("{} has no file name", binary.display()))?;
+        layer.file(&format!("{CONTROL_PLANE_BIN_DIR}/{name}"), 0o755, data)?;
+    }
+    let mut config = oci::ImageConfig::new(CONTROL_PLANE_IMAGE, &[]);
+    config.env = vec![format!("PATH={CONTROL_PLANE_BIN_DIR}:/bin")];
+    let image = oci::Image::build_with(&config, &layer, oci::Compression::fast())?;
+    image.write(out)?;
+    PROGRESS.say(&format!("{CONTROL_PLANE_IMAGE}: {} ({})", out.display(), image.digest()));
+    Ok(image)
 }
 
 /// The test pods' image ([`BUSYBOX_IMAGE`]): Debian's static busybox (installed if missing)

@@ -14,7 +14,8 @@
 //!   (the agent's, the pause image, a busybox for test pods);
 //! - [`apt`]: the Debian packages the tasks install when missing;
 //! - [`progress`]: the progress lines every command prints on stderr;
-//! - [`promtool`]: Prometheus' rule checker, for the alerts `render --prometheus` writes.
+//! - [`promtool`]: Prometheus' rule checker, for the alerts `render --prometheus` writes;
+//! - [`self_hosted`]: a self-hosted control plane on the real node, pivoted from the plane's.
 //!
 //! ```no_run
 //! use ckpt_e2e::e2e_env::{ControlPlane, StartOptions, ensure_built};
@@ -35,6 +36,7 @@ pub mod harness;
 pub mod image;
 pub mod progress;
 pub mod promtool;
+pub mod self_hosted;
 
 /// The workspace root (this crate is `crates/ckpt-e2e`), where cargo builds the agent.
 pub fn project_root() -> PathBuf {

@@ -6,14 +6,20 @@
 //! when it stops) and runs kube-controller-manager and kube-scheduler as processes, with
 //! ServiceAccount admission and bound (projected) service-account tokens.
 //!
-//! The API server authenticates three static tokens (admin in `system:masters`,
-//! `system:node:node-1` in `system:nodes`, `pod-checkpointer` with no rights) and authorizes
-//! with `Node,RBAC`, so tests exercise the agent's real ClusterRole and the node's view. The
-//! flags that replace a missing controller-manager are explained where they are set.
+//! The API server authenticates static tokens (admin in `system:masters`,
+//! `system:node:node-1` in `system:nodes`, `pod-checkpointer` with no rights, and the
+//! identities a self-hosted controller-manager and scheduler use) and authorizes with
+//! `Node,RBAC`, so tests exercise the agent's real ClusterRole and the node's view. The flags
+//! that replace a missing controller-manager are explained where they are set.
+//!
+//! Its serving certificate is signed by a CA of the work dir and names every address an API
+//! server of this plane listens on: the host's (loopback or the veth's host end) and, with a
+//! node network, the node's, where a self-hosted API server serves with the same
+//! certificate (see [`crate::self_hosted`]).
 //!
 //! Work dir layout: `e2e-env.state` (the `KEY=VALUE` lines `start` prints; marks the dir as
-//! ours), `*.pid`, `*.log`, `etcd/`, `certs/` (the API server's self-signed serving cert, also
-//! the CA for clients), `sa.key`, `tokens.csv`, `kubeconfig`, `kubeconfig-node-1`,
+//! ours), `*.pid`, `*.log`, `etcd/`, `certs/` (`ca.crt`, the clients' CA, and the API
+//! server's `apiserver.crt` and key), `sa.key`, `tokens.csv`, `kubeconfig`, `kubeconfig-node-1`,
 //! `kubeconfig-agent`, `audit-policy.yaml` and `audit.log` (the agent user's requests, see
 //! [`ControlPlane::audit_log`]), with a hollow node `static-pods`, a link to the kubelet's
 //! static pod dir, with the controllers `controller-manager.log`, `scheduler.log` and
@@ -57,6 +63,9 @@ const AUDIT_LOG_FILE: &str = "audit.log";
 
 /// The user of `kubeconfig-agent`, the only one whose requests are audited.
 pub const AGENT_USER: &str = "pod-checkpointer";
+/// The users a self-hosted kube-controller-manager and kube-scheduler authenticate as.
+pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
+pub const SCHEDULER_USER: &str = "system:kube-scheduler";
 
 /// Audits every request of `user` at `Metadata` level (verb, URI, status; no bodies) and
 /// nothing else, so `cargo xtask bench` can count the agent's API load without slowing the API
@@ -350,13 +359,40 @@ impl ControlPlane {
         self.workdir.join(AUDIT_LOG_FILE)
     }
 
-    /// The API server's self-signed serving certificate, which clients use as their CA.
+    /// The CA that signed the API server's serving certificate: what clients verify it with.
     pub fn ca_cert(&self) -> PathBuf {
-        self.workdir.join("certs/apiserver.crt")
+        self.workdir.join("certs/ca.crt")
     }
 
-    /// `https://127.0.0.1:PORT`, or with a node network `https://<host end of the veth>:PORT`
-    /// (the self-signed serving cert names the bind address, not `localhost`).
+    /// The API server's serving certificate and its key (`certs/apiserver.{crt,key}`).
+    pub fn serving_cert(&self) -> (PathBuf, PathBuf) {
+        let certs = self.workdir.join("certs");
+        (certs.join("apiserver.crt"), certs.join("apiserver.key"))
+    }
+
+    /// The static token file (`token,user,uid,"groups"` lines) the API server authenticates.
+    pub fn tokens_csv(&self) -> PathBuf {
+        self.workdir.join("tokens.csv")
+    }
+
+    /// The token of `user` in [`tokens_csv`](ControlPlane::tokens_csv), e.g. `admin` or
+    /// [`CONTROLLER_MANAGER_USER`].
+    pub fn token(&self, user: &str) -> anyhow::Result<String> {
+        let csv = fs::read_to_string(self.tokens_csv()).context("cannot read tokens.csv")?;
+        token_of(&csv, user).with_context(|| format!("tokens.csv has no {user}"))
+    }
+
+    /// Writes `<work dir>/<file>`, a kubeconfig for `user` of [`tokens_csv`](Self::tokens_csv)
+    /// against `server` (another API server of this plane, e.g. a self-hosted one), verified
+    /// with [`ca_cert`](Self::ca_cert); returns its path.
+    pub fn write_kubeconfig(&self, file: &str, server: &str, user: &str) -> anyhow::Result<PathBuf> {
+        let path = self.workdir.join(file);
+        let text = render_kubeconfig(server, &self.ca_cert(), &user.replace(':', "-"), &self.token(user)?);
+        fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// `https://127.0.0.1:PORT`, or with a node network `https://<host end of the veth>:PORT`.
     pub fn apiserver_url(&self) -> String {
         format!("https://{}:{}", self.bind_ip, self.apiserver_port)
     }
@@ -542,10 +578,7 @@ impl ControlPlane {
     }
 
     fn api(&self) -> ApiEndpoint {
-        let token = fs::read_to_string(self.workdir.join("tokens.csv"))
-            .ok()
-            .and_then(|csv| token_of(&csv, "admin"))
-            .unwrap_or_default();
+        let token = self.token("admin").unwrap_or_default();
         ApiEndpoint {
             url: self.apiserver_url(),
             ca: self.ca_cert(),
@@ -574,13 +607,19 @@ impl ControlPlane {
     fn start_etcd(&mut self) -> anyhow::Result<()> {
         let client = format!("http://127.0.0.1:{}", self.etcd_port);
         let peer = format!("http://127.0.0.1:{}", self.etcd_port + 1);
+        // With a node network, also on the veth's host end: an API server on the node (a
+        // self-hosted one) reaches etcd there, as an external etcd of a cluster.
+        let listen = match self.node_network() {
+            Some(network) => format!("{client},http://{}:{}", network.host_ip, self.etcd_port),
+            None => client.clone(),
+        };
         let mut command = Command::new("etcd");
         command
             .args(["--name", "e2e", "--data-dir"])
             .arg(self.workdir.join("etcd"))
             .args([
                 "--listen-client-urls",
-                &client,
+                &listen,
                 "--advertise-client-urls",
                 &client,
             ])
@@ -612,18 +651,13 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// The service-account key, the three tokens and a kubeconfig for each.
+    /// The CA and serving certificate, the service-account key, the tokens and a kubeconfig
+    /// for the first three.
     fn write_credentials(&mut self) -> anyhow::Result<()> {
-        let sa_key = self.workdir.join("sa.key");
-        let status = Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(&sa_key)
-            .arg("2048")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .context("cannot run openssl")?;
-        anyhow::ensure!(status.success(), "openssl genrsa failed: {status}");
+        let node_ip = self.node_network().map(|network| network.node_ip);
+        write_pki(&self.workdir.join("certs"), &serving_names(self.bind_ip, node_ip))?;
+        let sa_key = self.service_account_key();
+        openssl(&["genrsa", "-out", &sa_key.to_string_lossy(), "2048"])?;
 
         let identities = [
             Identity {
@@ -642,6 +676,21 @@ impl ControlPlane {
                 token: random_hex(16)?,
                 user: AGENT_USER.into(),
                 uid: "uid-agent".into(),
+                groups: vec![],
+            },
+            // A self-hosted controller-manager acts for every controller with its own
+            // credentials (no per-controller service accounts), so it needs every right.
+            Identity {
+                token: random_hex(16)?,
+                user: CONTROLLER_MANAGER_USER.into(),
+                uid: "uid-kcm".into(),
+                groups: vec!["system:masters".into()],
+            },
+            // The bootstrap RBAC policy's role for the scheduler names this user.
+            Identity {
+                token: random_hex(16)?,
+                user: SCHEDULER_USER.into(),
+                uid: "uid-scheduler".into(),
                 groups: vec![],
             },
         ];
@@ -697,10 +746,28 @@ impl ControlPlane {
         Ok(took)
     }
 
+    /// Stops kube-controller-manager and kube-scheduler (SIGTERM): a self-hosted copy takes
+    /// their Leases over once they expire.
+    pub fn stop_controllers(&mut self) -> anyhow::Result<()> {
+        for process in [&mut self.scheduler, &mut self.controller_manager] {
+            if let Some(running) = process {
+                running.terminate("TERM", TERM_GRACE)?;
+            }
+            *process = None;
+        }
+        for file in [CONTROLLER_MANAGER_PID_FILE, SCHEDULER_PID_FILE] {
+            let _ = fs::remove_file(self.workdir.join(file));
+        }
+        self.write_state()?;
+        PROGRESS.say("kube-controller-manager and kube-scheduler stopped");
+        Ok(())
+    }
+
     /// kube-controller-manager and kube-scheduler with the admin kubeconfig; waits for their
     /// health and for what pods need before they are admitted: the `default` ServiceAccount
-    /// (serviceaccount controller) and `kube-root-ca.crt` (root-ca-cert-publisher).
-    fn start_controllers(&mut self, options: &StartOptions) -> anyhow::Result<()> {
+    /// (serviceaccount controller) and `kube-root-ca.crt` (root-ca-cert-publisher). With
+    /// leader election, they act once they hold their Leases.
+    pub fn start_controllers(&mut self, options: &StartOptions) -> anyhow::Result<()> {
         let started = Instant::now();
         let kubeconfig = self.kubeconfig();
         let mut kcm = Command::new(options.bins.kube_controller_manager());
@@ -1158,11 +1225,12 @@ fn apiserver_args(flags: &ApiserverFlags<'_>) -> Vec<String> {
     let w = flags.workdir.display();
     let mut args = vec![
         format!("--etcd-servers=http://127.0.0.1:{}", flags.etcd_port),
-        // The self-signed serving cert names this address (and `kubernetes`, not `localhost`).
+        // The serving cert names this address (see `serving_names`).
         format!("--bind-address={}", flags.bind_ip),
         format!("--advertise-address={}", flags.bind_ip),
         format!("--secure-port={}", flags.apiserver_port),
-        format!("--cert-dir={w}/certs"),
+        format!("--tls-cert-file={w}/certs/apiserver.crt"),
+        format!("--tls-private-key-file={w}/certs/apiserver.key"),
         format!("--token-auth-file={w}/tokens.csv"),
         "--authorization-mode=Node,RBAC".into(),
         "--enable-admission-plugins=NodeRestriction".into(),
@@ -1200,7 +1268,10 @@ fn controller_manager_args(workdir: &Path, kubeconfig: &Path, ca: &Path, port: u
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
         "--port=0".into(),
-        "--leader-elect=false".into(),
+        // On a Lease: a self-hosted copy (see `crate::self_hosted`) waits on it while this
+        // one runs, instead of acting beside it.
+        "--leader-elect=true".into(),
+        "--leader-elect-resource-lock=leases".into(),
         "--use-service-account-credentials=false".into(),
         "--controllers=*,-serviceaccount-token".into(),
         // Published in every namespace as kube-root-ca.crt, the CA of the projected volumes.
@@ -1217,8 +1288,75 @@ fn scheduler_args(kubeconfig: &Path, port: u16) -> Vec<String> {
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
         "--port=0".into(),
-        "--leader-elect=false".into(),
+        "--leader-elect=true".into(),
+        "--leader-elect-resource-lock=leases".into(),
     ]
+}
+
+/// What the API server's serving certificate names: `bind_ip`, loopback, the first service
+/// address, the node's address if there is a node, and the in-cluster names.
+fn serving_names(bind_ip: Ipv4Addr, node_ip: Option<Ipv4Addr>) -> Vec<String> {
+    let mut ips = vec![bind_ip, Ipv4Addr::LOCALHOST, Ipv4Addr::new(10, 96, 0, 1)];
+    ips.extend(node_ip);
+    ips.dedup();
+    let dns = [
+        "localhost",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        "kubernetes.default.svc.cluster.local",
+    ];
+    ips.iter()
+        .map(|ip| format!("IP:{ip}"))
+        .chain(dns.iter().map(|name| format!("DNS:{name}")))
+        .collect()
+}
+
+/// `ca.{crt,key}` and `apiserver.{crt,key}` (signed by that CA for `names`) in `dir`.
+fn write_pki(dir: &Path, names: &[String]) -> anyhow::Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = dir
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8", dir.display()))?;
+    let extensions = format!("{dir}/apiserver.ext");
+    fs::write(
+        &extensions,
+        format!(
+            "subjectAltName={}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+            names.join(",")
+        ),
+    )?;
+    let [ca_key, ca_crt, key, csr, crt] =
+        ["ca.key", "ca.crt", "apiserver.key", "apiserver.csr", "apiserver.crt"].map(|f| format!("{dir}/{f}"));
+    let days = "3650";
+    openssl(&[
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", &ca_key, "-out", &ca_crt, "-days", days,
+        "-subj", "/CN=pod-checkpointer-e2e-ca",
+    ])?;
+    openssl(&[
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", "/CN=kube-apiserver",
+    ])?;
+    openssl(&[
+        "x509", "-req", "-in", &csr, "-CA", &ca_crt, "-CAkey", &ca_key, "-CAcreateserial", "-out", &crt,
+        "-days", days, "-extfile", &extensions,
+    ])
+}
+
+/// `openssl ARGS…`; its stderr is in the error.
+fn openssl(args: &[&str]) -> anyhow::Result<()> {
+    let output = Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run openssl")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "openssl {} failed ({}): {}",
+        args.first().copied().unwrap_or_default(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(())
 }
 
 /// One line of the API server's static token file.
@@ -1254,7 +1392,7 @@ fn token_of(tokens_csv: &str, user: &str) -> Option<String> {
 }
 
 /// A kubeconfig with one cluster, one token user and one context, all selected.
-fn render_kubeconfig(server: &str, ca: &Path, user: &str, token: &str) -> String {
+pub fn render_kubeconfig(server: &str, ca: &Path, user: &str, token: &str) -> String {
     let ca = ca.display().to_string();
     format!(
         "apiVersion: v1\n\
@@ -1368,7 +1506,8 @@ mod tests {
         assert!(args.contains(&"--bind-address=127.0.0.1".to_owned()));
         assert!(args.contains(&"--disable-admission-plugins=ServiceAccount".to_owned()));
         assert!(args.contains(&"--secure-port=16443".to_owned()));
-        assert!(args.contains(&"--cert-dir=/w/certs".to_owned()));
+        assert!(args.contains(&"--tls-cert-file=/w/certs/apiserver.crt".to_owned()));
+        assert!(args.contains(&"--tls-private-key-file=/w/certs/apiserver.key".to_owned()));
         assert!(args.contains(&"--token-auth-file=/w/tokens.csv".to_owned()));
         assert!(args.contains(&"--audit-log-path=/w/audit.log".to_owned()));
         assert_eq!(
@@ -1408,9 +1547,30 @@ mod tests {
                 "--bind-address=127.0.0.1",
                 "--secure-port=20259",
                 "--port=0",
-                "--leader-elect=false"
+                "--leader-elect=true",
+                "--leader-elect-resource-lock=leases"
             ]
         );
+    }
+
+    #[test]
+    fn the_serving_cert_names_the_host_the_node_and_the_service() {
+        assert_eq!(
+            serving_names(Ipv4Addr::new(10, 213, 0, 1), Some(Ipv4Addr::new(10, 213, 0, 2))),
+            [
+                "IP:10.213.0.1",
+                "IP:127.0.0.1",
+                "IP:10.96.0.1",
+                "IP:10.213.0.2",
+                "DNS:localhost",
+                "DNS:kubernetes",
+                "DNS:kubernetes.default",
+                "DNS:kubernetes.default.svc",
+                "DNS:kubernetes.default.svc.cluster.local"
+            ]
+        );
+        let loopback = serving_names(Ipv4Addr::LOCALHOST, None);
+        assert_eq!(loopback[..2], ["IP:127.0.0.1", "IP:10.96.0.1"]);
     }
 
     #[test]

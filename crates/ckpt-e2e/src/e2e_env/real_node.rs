@@ -224,6 +224,29 @@ impl RealNode {
         Ok(took)
     }
 
+    /// Points the kubelet at another API server (another kubeconfig) from its next start on,
+    /// reboots included; [`restart_kubelet`](RealNode::restart_kubelet) applies it now.
+    pub fn set_kubeconfig(&mut self, kubeconfig: &Path) -> anyhow::Result<()> {
+        let flag = format!("--kubeconfig={}", kubeconfig.display());
+        let arg = self
+            .kubelet_args
+            .iter_mut()
+            .find(|arg| arg.starts_with("--kubeconfig="))
+            .context("the kubelet has no --kubeconfig")?;
+        *arg = flag;
+        self.write_state()
+    }
+
+    /// Stops only the kubelet (SIGTERM) and starts it again: the containers keep running.
+    /// Returns once it answers `/healthz`.
+    pub fn restart_kubelet(&mut self) -> anyhow::Result<()> {
+        if let Some(kubelet) = &mut self.kubelet {
+            kubelet.terminate("TERM", Duration::from_secs(10))?;
+        }
+        self.kubelet = None;
+        self.start_kubelet()
+    }
+
     /// Stops the node like [`reboot`](RealNode::reboot)'s power cut, then unpins its mount
     /// namespace. The files stay (the plane removes its work dir).
     pub fn stop(mut self) -> anyhow::Result<()> {

@@ -30,6 +30,7 @@ mod rbac;
 mod real_node;
 mod real_node_seed;
 mod self_gc;
+mod self_hosted;
 mod suite;
 
 use std::panic::{self, AssertUnwindSafe};
@@ -118,6 +119,11 @@ const REAL_NODE_SCENARIOS: &[(&str, NodeScenarioFn)] = &[
     (
         "real_node_upgrade_under_owner_reference",
         real_node_seed::upgrade_under_owner_reference,
+    ),
+    // Last: it pivots the plane to a self-hosted one and kills the plane's API server.
+    (
+        "real_node_self_hosted_power_cut",
+        self_hosted::power_cut,
     ),
 ];
 

@@ -35,7 +35,7 @@ use crate::real_node::NodeRun;
 
 /// Where `deploy` installs the agent by default, and where the workload lives (the agent's
 /// default `--namespaces` is its own).
-const NS: &str = "kube-system";
+pub(crate) const NS: &str = "kube-system";
 const AGENT: &str = "pod-checkpointer";
 const AGENT_SELECTOR: &str = "app.kubernetes.io/name=pod-checkpointer";
 const WORKLOAD: &str = "e2e-workload";
@@ -389,13 +389,13 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
 /// The files on the node's `/etc/kubernetes` (the node has none of its own there): all
 /// would be the agent's. Its empty dirs may stay: in the pod each is a mount point the
 /// agent cannot remove (the README's uninstall section says so).
-fn ours_on_node(run: &NodeRun) -> anyhow::Result<Vec<String>> {
+pub(crate) fn ours_on_node(run: &NodeRun) -> anyhow::Result<Vec<String>> {
     Ok(files_under(&host(run, "/etc/kubernetes")?))
 }
 
 /// Puts the node back as a scenario expects it, after one that failed half-way: no agent
 /// or workload objects, pods, checkpoints or static pods.
-fn reset(run: &NodeRun) -> anyhow::Result<()> {
+pub(crate) fn reset(run: &NodeRun) -> anyhow::Result<()> {
     let leftovers = ours_on_node(run)?;
     let objects = run.kubectl.run(
         &[
@@ -480,13 +480,22 @@ fn delete_objects(run: &NodeRun) -> anyhow::Result<()> {
 /// would choose: its kubeconfig, the node-local API endpoint, the strategy, a short grace
 /// period; `extra` after those.
 fn deploy(run: &NodeRun, strategy: &str, extra: &[&str]) -> anyhow::Result<()> {
+    let api_server = run.plane.apiserver_url();
+    let mut all = vec!["--api-server", &api_server];
+    all.extend(extra);
+    deploy_with(run, &run.plane.kubeconfig(), strategy, &all)
+}
+
+/// [`deploy`] with another admin kubeconfig (another API server) and no `--api-server`
+/// unless `extra` has one: the agent then uses the node-local API server, as on a
+/// self-hosted control plane.
+pub(crate) fn deploy_with(run: &NodeRun, kubeconfig: &Path, strategy: &str, extra: &[&str]) -> anyhow::Result<()> {
     let grace = format!("{}s", GRACE_PERIOD.as_secs());
     let mut command = Command::new(xtask_binary()?);
     command
         .arg("deploy")
         .arg("--kubeconfig")
-        .arg(run.plane.kubeconfig())
-        .args(["--api-server", &run.plane.apiserver_url()])
+        .arg(kubeconfig)
         .args(["--gc-strategy", strategy, "--grace-period", &grace])
         .args(["--timeout", "3m"])
         .args(extra);
@@ -603,7 +612,7 @@ fn scrape(address: std::net::SocketAddr) -> anyhow::Result<String> {
 }
 
 /// The label `deploy`'s DaemonSet needs, as the cluster's installer would set it.
-fn label_control_plane(run: &NodeRun) -> anyhow::Result<()> {
+pub(crate) fn label_control_plane(run: &NodeRun) -> anyhow::Result<()> {
     run.kubectl.run(
         &[
             "label",
@@ -746,7 +755,7 @@ fn agent_pods(run: &NodeRun) -> anyhow::Result<(Option<Value>, Option<Value>)> {
 }
 
 /// C1 and C2 both running, C2 the static copy of C1; their names.
-fn wait_agent_pair(run: &NodeRun, expected: &str) -> anyhow::Result<(String, String)> {
+pub(crate) fn wait_agent_pair(run: &NodeRun, expected: &str) -> anyhow::Result<(String, String)> {
     let (pair, _) = wait_for(expected, TIMEOUT, || {
         waiting_on_error((|| {
             Ok(match agent_pods(run)? {
@@ -770,7 +779,7 @@ fn wait_agent_pair(run: &NodeRun, expected: &str) -> anyhow::Result<(String, Str
 
 /// Waits until `pod`'s readiness probe command (`pod-checkpointer health --ready`, run in
 /// its container through the API) answers `expected` (`ok` for the holder, `standby`).
-fn wait_health(run: &NodeRun, pod: &str, expected: &str) -> anyhow::Result<()> {
+pub(crate) fn wait_health(run: &NodeRun, pod: &str, expected: &str) -> anyhow::Result<()> {
     let (_, _) = wait_for(
         &format!("{pod}'s readiness to answer {expected}"),
         TIMEOUT,
@@ -806,7 +815,7 @@ fn is_mirror(pod: &Value) -> bool {
     pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
 }
 
-fn name_of(object: &Value) -> String {
+pub(crate) fn name_of(object: &Value) -> String {
     object["metadata"]["name"].as_str().unwrap_or_default().to_owned()
 }
 
@@ -894,7 +903,7 @@ fn check_lock_handovers(
 }
 
 /// `pod-checkpointer inspect` on the node's dirs (the agent's defaults, seen from the host).
-fn inspect_node(run: &NodeRun) -> anyhow::Result<Inspect> {
+pub(crate) fn inspect_node(run: &NodeRun) -> anyhow::Result<Inspect> {
     let dirs = AgentDirs {
         checkpoint_dir: host(run, "/etc/kubernetes")?,
         manifests_dir: host(run, "/etc/kubernetes/manifests")?,
@@ -903,7 +912,7 @@ fn inspect_node(run: &NodeRun) -> anyhow::Result<Inspect> {
     inspect(&agent_binary()?, &dirs)
 }
 
-fn wait_inspect(run: &NodeRun, expected: &str, check: impl Fn(&Inspect) -> bool) -> anyhow::Result<Inspect> {
+pub(crate) fn wait_inspect(run: &NodeRun, expected: &str, check: impl Fn(&Inspect) -> bool) -> anyhow::Result<Inspect> {
     let (report, _) = wait_for(expected, TIMEOUT, || {
         let report = inspect_node(run)?;
         Ok(if check(&report) {
@@ -916,7 +925,7 @@ fn wait_inspect(run: &NodeRun, expected: &str, check: impl Fn(&Inspect) -> bool)
 }
 
 /// The state of `pod`'s checkpoint (in the agent's namespace), if it has one.
-fn state_of<'i>(report: &'i Inspect, pod: &str) -> Option<&'i str> {
+pub(crate) fn state_of<'i>(report: &'i Inspect, pod: &str) -> Option<&'i str> {
     let id = format!("{NS}/{pod}");
     report
         .checkpoints
@@ -970,11 +979,11 @@ fn cri_log_message(line: &str) -> String {
     line.splitn(4, ' ').nth(3).unwrap_or(line).to_owned()
 }
 
-fn count_in_logs(run: &NodeRun, pod: &str, needle: &str) -> usize {
+pub(crate) fn count_in_logs(run: &NodeRun, pod: &str, needle: &str) -> usize {
     log_lines(run, pod).iter().filter(|l| l.contains(needle)).count()
 }
 
-fn last_log_line(run: &NodeRun, pod: &str) -> String {
+pub(crate) fn last_log_line(run: &NodeRun, pod: &str) -> String {
     log_lines(run, pod).pop().unwrap_or_else(|| "(no log yet)".into())
 }
 

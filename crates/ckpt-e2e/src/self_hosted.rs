@@ -1,0 +1,272 @@
+//! A self-hosted control plane on the real node (issue 17): kube-apiserver,
+//! kube-controller-manager and kube-scheduler running as pods the API manages, what
+//! pod-checkpointer exists to bring back after a power cut.
+//!
+//! The pivot, as bootkube did it, with the plane's host processes as the bootstrap control
+//! plane:
+//! 1. the control plane's image ([`CONTROL_PLANE_IMAGE`], hyperkube-style) is imported into
+//!    the node, and [`objects::control_plane_objects`] applied through the host API server;
+//! 2. once the node's kube-apiserver pod serves on `<node>:6443`, the kubelet is pointed at
+//!    it (`https://127.0.0.1:6443`, the node's own loopback) and restarted;
+//! 3. the host controller-manager and scheduler stop, so their Leases pass to the pods, and
+//!    the host API server is killed: from then on the cluster is served by its own pods.
+//!
+//! The bootstrap API server listens on the veth's host end, in another network namespace
+//! than the node's `0.0.0.0:6443`: no port fight. etcd stays a host process (an external
+//! etcd, which bootkube supported): the checkpointer never manages etcd, and a process-level
+//! power cut would not prove etcd's durability anyway (the page cache survives it).
+//!
+//! ```no_run
+//! # fn demo(plane: &mut ckpt_e2e::e2e_env::ControlPlane, node: &mut ckpt_e2e::e2e_env::RealNode)
+//! # -> anyhow::Result<()> {
+//! use ckpt_e2e::e2e_env::BinDir;
+//! use ckpt_e2e::self_hosted::SelfHosted;
+//!
+//! let self_hosted = SelfHosted::install(plane, node, &BinDir::cached()?)?;
+//! println!("{}", self_hosted.kubectl().run(&["get", "pods", "-A"], None)?);
+//! # Ok(()) }
+//! ```
+
+pub mod objects;
+pub mod timeline;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::Value;
+
+use crate::e2e_env::{
+    BinDir, CONTROLLER_MANAGER_USER, ControlPlane, NODE_NAME, RealNode, SCHEDULER_USER, human_duration,
+};
+use crate::harness::kubectl::{Kubectl, pod_running};
+use crate::harness::wait::{Probe, wait_for, waiting_on_error};
+use crate::image::{CONTROL_PLANE_IMAGE, control_plane_image};
+use crate::progress::Progress;
+use objects::{APISERVER, APISERVER_PORT, CONTROLLER_MANAGER, NAMESPACE, Params, SCHEDULER};
+
+const PROGRESS: Progress = Progress::new("self-hosted");
+/// Pods started by real components, a kubelet restart and Lease hand-overs: generous.
+const TIMEOUT: Duration = Duration::from_secs(120);
+/// The admin's kubeconfig against the node's API server, in the plane's work dir.
+const ADMIN_KUBECONFIG: &str = "kubeconfig-self-hosted";
+/// The kubelet's against its own node's API server.
+const NODE_KUBECONFIG: &str = "kubeconfig-node-1-self-hosted";
+
+/// The self-hosted control plane after the pivot.
+#[derive(Clone)]
+pub struct SelfHosted {
+    url: String,
+    ca: PathBuf,
+    admin_token: String,
+    kubectl: Kubectl,
+}
+
+impl SelfHosted {
+    /// Pivots the plane of `node` to a self-hosted control plane (see the module doc). On
+    /// return the host API server, controller-manager and scheduler are gone; the node's
+    /// pods serve, the kubelet talks to them, and their pods hold the Leases.
+    pub fn install(plane: &mut ControlPlane, node: &mut RealNode, bins: &BinDir) -> anyhow::Result<SelfHosted> {
+        let started = Instant::now();
+        let archive = plane.workdir().join("images").join("kube-control-plane.oci.tar");
+        control_plane_image(
+            &[
+                bins.kube_apiserver(),
+                bins.kube_controller_manager(),
+                bins.kube_scheduler(),
+            ],
+            &archive,
+        )?;
+        node.import_image(&archive)?;
+        // The archive is in the node's containerd now; 250 MB need not stay.
+        let _ = fs::remove_file(&archive);
+        PROGRESS.say(&format!(
+            "{CONTROL_PLANE_IMAGE} built and imported after {}",
+            human_duration(started.elapsed())
+        ));
+
+        let url = format!("https://{}:{APISERVER_PORT}", node.ip());
+        let host = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
+        let self_hosted = SelfHosted {
+            kubectl: Kubectl::new(
+                &plane.write_kubeconfig(ADMIN_KUBECONFIG, &url, "admin")?,
+                &plane.workdir().join("kubectl-cache-self-hosted"),
+            ),
+            url,
+            ca: plane.ca_cert(),
+            admin_token: plane.token("admin")?,
+        };
+        host.apply(&objects::control_plane_objects(&params(plane, node)?))?;
+        wait_running(&host, &[APISERVER, CONTROLLER_MANAGER, SCHEDULER])?;
+        wait_for(
+            &format!("{} /readyz 200", self_hosted.url),
+            TIMEOUT,
+            || {
+                Ok(match self_hosted.readyz() {
+                    200 => Probe::Ready(()),
+                    status => Probe::Waiting(format!("HTTP {status}")),
+                })
+            },
+        )?;
+        PROGRESS.say(&format!(
+            "the self-hosted control plane's pods run and its API server serves at {} after {}",
+            self_hosted.url,
+            human_duration(started.elapsed())
+        ));
+
+        let bootstrap_holders = [CONTROLLER_MANAGER, SCHEDULER]
+            .map(|lease| lease_holder(&host, lease).ok().flatten().unwrap_or_default());
+        let kubelet_kubeconfig = plane.write_kubeconfig(
+            NODE_KUBECONFIG,
+            &format!("https://127.0.0.1:{APISERVER_PORT}"),
+            &format!("system:node:{NODE_NAME}"),
+        )?;
+        node.set_kubeconfig(&kubelet_kubeconfig)?;
+        let switched = Instant::now();
+        node.restart_kubelet()?;
+        plane.stop_controllers()?;
+        plane.kill_apiserver()?;
+        let pivoted = Instant::now();
+        PROGRESS.say("the kubelet talks to the node's API server; the bootstrap plane is stopped");
+
+        let kubectl = &self_hosted.kubectl;
+        wait_for("the kubelet to renew its Lease through the node's API server", TIMEOUT, || {
+            waiting_on_error((|| {
+                let lease = kubectl
+                    .get("lease", "kube-node-lease", NODE_NAME)?
+                    .context("no Lease of the node")?;
+                let renewed = lease["spec"]["renewTime"].as_str().unwrap_or_default().to_owned();
+                Ok(if renewed_since(&renewed, switched) {
+                    Probe::Ready(())
+                } else {
+                    Probe::Waiting(format!("renewTime {renewed}"))
+                })
+            })())
+        })?;
+        for (lease, before) in [CONTROLLER_MANAGER, SCHEDULER].iter().zip(&bootstrap_holders) {
+            wait_for(&format!("a pod of {lease} to hold its Lease"), TIMEOUT, || {
+                waiting_on_error((|| {
+                    let holder = lease_holder(kubectl, lease)?.unwrap_or_default();
+                    Ok(if !holder.is_empty() && holder != *before {
+                        Probe::Ready(())
+                    } else {
+                        Probe::Waiting(format!("held by {holder:?} (the bootstrap's was {before:?})"))
+                    })
+                })())
+            })?;
+        }
+        PROGRESS.say(&format!(
+            "pivot done: the node's pods hold the Leases {} after the bootstrap plane stopped (total {})",
+            human_duration(pivoted.elapsed()),
+            human_duration(started.elapsed())
+        ));
+        Ok(self_hosted)
+    }
+
+    /// kubectl as admin against the node's API server.
+    pub fn kubectl(&self) -> &Kubectl {
+        &self.kubectl
+    }
+
+    /// The admin's kubeconfig against the node's API server.
+    pub fn kubeconfig(&self) -> &Path {
+        self.kubectl.kubeconfig()
+    }
+
+    /// `https://<node>:6443`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The HTTP status of `GET /readyz` (0 when unreachable within a second).
+    pub fn readyz(&self) -> u16 {
+        self.get("/readyz", Duration::from_secs(1)).0
+    }
+
+    /// `GET path` as admin within `timeout`: the HTTP status (0 when unreachable) and body.
+    pub fn get(&self, path: &str, timeout: Duration) -> (u16, String) {
+        let output = std::process::Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}", "--max-time"])
+            .arg(format!("{:.3}", timeout.as_secs_f64()))
+            .arg("--cacert")
+            .arg(&self.ca)
+            .args(["-H", &format!("Authorization: Bearer {}", self.admin_token)])
+            .arg(format!("{}{path}", self.url))
+            .stdin(std::process::Stdio::null())
+            .output();
+        let Ok(output) = output else {
+            return (0, String::new());
+        };
+        let text = String::from_utf8_lossy(&output.stdout);
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+        (status.trim().parse().unwrap_or(0), body.to_owned())
+    }
+}
+
+/// The objects' parameters from the plane's files: the same PKI and tokens as the bootstrap.
+fn params(plane: &ControlPlane, node: &RealNode) -> anyhow::Result<Params> {
+    let read = |path: &Path| fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()));
+    let (crt, key) = plane.serving_cert();
+    let network = plane
+        .node_network()
+        .context("the plane has no node network")?;
+    Ok(Params {
+        ca_crt: read(&plane.ca_cert())?,
+        apiserver_crt: read(&crt)?,
+        apiserver_key: read(&key)?,
+        sa_key: read(&plane.service_account_key())?,
+        tokens_csv: read(&plane.tokens_csv())?,
+        controller_manager_token: plane.token(CONTROLLER_MANAGER_USER)?,
+        scheduler_token: plane.token(SCHEDULER_USER)?,
+        etcd_servers: format!("http://{}:{}", network.host_ip, plane.etcd_port()),
+        node_ip: node.ip(),
+    })
+}
+
+/// Waits until a pod of each of `apps` (label `k8s-app`) runs.
+fn wait_running(kubectl: &Kubectl, apps: &[&str]) -> anyhow::Result<()> {
+    for app in apps {
+        wait_for(&format!("a {app} pod running"), TIMEOUT, || {
+            waiting_on_error((|| {
+                let pods = pods_of(kubectl, app)?;
+                Ok(if pods.iter().any(pod_running) {
+                    Probe::Ready(())
+                } else {
+                    Probe::Waiting(format!(
+                        "phases {:?}",
+                        pods.iter()
+                            .map(|p| p["status"]["phase"].as_str().unwrap_or("").to_owned())
+                            .collect::<Vec<_>>()
+                    ))
+                })
+            })())
+        })?;
+    }
+    Ok(())
+}
+
+/// The API pods of one of the control plane's components (not their mirror pods).
+pub fn pods_of(kubectl: &Kubectl, app: &str) -> anyhow::Result<Vec<Value>> {
+    let out = kubectl.run(
+        &["get", "pods", "-n", NAMESPACE, "-l", &format!("k8s-app={app}"), "-o", "json"],
+        None,
+    )?;
+    let list: Value = serde_json::from_str(&out).context("kubectl get pods printed no JSON")?;
+    Ok(list["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// The holder of a component's leader-election Lease in kube-system, if it has one.
+pub fn lease_holder(kubectl: &Kubectl, lease: &str) -> anyhow::Result<Option<String>> {
+    Ok(kubectl
+        .get("lease", NAMESPACE, lease)?
+        .and_then(|lease| lease["spec"]["holderIdentity"].as_str().map(str::to_owned)))
+}
+
+/// Whether an RFC 3339 time (a Lease's `renewTime`) is after `instant`, a moment of this
+/// process's clock, compared on the wall clock: now - renewed < now - instant.
+fn renewed_since(rfc3339: &str, instant: Instant) -> bool {
+    let ago = instant.elapsed();
+    ckpt_core::time::Timestamp::parse_rfc3339(rfc3339)
+        .is_some_and(|renewed| ckpt_core::time::Timestamp::now().since(renewed) < ago)
+}

@@ -1,0 +1,308 @@
+//! The reason pod-checkpointer exists (issue 17): a self-hosted control plane on the real
+//! node comes back after the node loses power. The plane's host API server, controller-
+//! manager and scheduler bootstrap kube-apiserver (a DaemonSet), kube-controller-manager
+//! and kube-scheduler (Deployments) on the node and stop ([`SelfHosted::install`]); the agent
+//! is deployed through the self-hosted API server and checkpoints all three. Then the node
+//! loses power (every process of the node SIGKILLed, the disk kept; etcd is an external
+//! host process and is not cut) and is timed on its way back: the static copy of the agent,
+//! the checkpoints active, the API serving, a marker written before the cut read back, the
+//! parents running and every checkpoint retired.
+//!
+//! Runs last among the real-node scenarios: after the pivot the plane's own API server is
+//! gone for good, and every other scenario needs it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ckpt_e2e::e2e_env::process::random_hex;
+use ckpt_e2e::e2e_env::{BinDir, NODE_NAME, human_duration};
+use ckpt_e2e::harness::agent::Inspect;
+use ckpt_e2e::harness::cri::{ContainerState, CriClient};
+use ckpt_e2e::harness::kubectl::pod_running;
+use ckpt_e2e::harness::wait::{Probe, wait_for, waiting_on_error};
+use ckpt_e2e::image::BUSYBOX_IMAGE;
+use ckpt_e2e::self_hosted::objects::{APISERVER, APISERVER_GRACE_SECONDS, CONTROLLER_MANAGER, SCHEDULER};
+use ckpt_e2e::self_hosted::timeline::{Sampler, first_at, longest_lapse, time_holding};
+use ckpt_e2e::self_hosted::{SelfHosted, pods_of};
+use serde_json::{Value, json};
+
+use crate::real_node::NodeRun;
+use crate::real_node_seed::{
+    NS, count_in_logs, deploy_with, label_control_plane, last_log_line, name_of, reset, state_of,
+    wait_agent_pair, wait_inspect,
+};
+
+const COMPONENTS: [&str; 3] = [APISERVER, CONTROLLER_MANAGER, SCHEDULER];
+/// Real components start after a power cut, some after a crash-loop back-off: generous.
+const TIMEOUT: Duration = Duration::from_secs(240);
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// How long the parent API server must serve without a failed `/readyz` to count as back.
+const SETTLED: Duration = Duration::from_secs(5);
+
+/// The pivot to a self-hosted control plane, the agent deployed through it, one power cut.
+pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
+    let progress = run.progress;
+    reset(run)?;
+    label_control_plane(run)?;
+    let self_hosted = SelfHosted::install(&mut run.plane, &mut run.node, &BinDir::cached()?)?;
+    // From here on every helper talks to the node's API server.
+    run.kubectl = self_hosted.kubectl().clone();
+    check_scheduling(run)?;
+    progress.say("a new Deployment's pod is scheduled and started by the self-hosted plane");
+
+    deploy_with(run, self_hosted.kubeconfig(), "grace-period", &[])?;
+    let (c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
+    let parents = running_parents(run)?;
+    let report = wait_inspect(run, "the control plane's checkpoints inactive, C1's active", |i| {
+        parents.iter().all(|p| state_of(i, p) == Some("inactive"))
+            && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
+    })?;
+    progress.say(&format!("checkpoints: {}", report.summary()));
+
+    let cut = power_cut_once(run, &self_hosted, &c1, 1)?;
+    progress.say(&format!("cut 1: {}", cut.describe()));
+    Ok(())
+}
+
+/// The names of the control plane's running API pods, one per component.
+fn running_parents(run: &NodeRun) -> anyhow::Result<Vec<String>> {
+    COMPONENTS
+        .iter()
+        .map(|app| {
+            let pods = pods_of(&run.kubectl, app)?;
+            pods.iter()
+                .find(|p| !is_mirror(p) && pod_running(p))
+                .map(name_of)
+                .with_context(|| format!("no {app} pod runs"))
+        })
+        .collect()
+}
+
+fn is_mirror(pod: &Value) -> bool {
+    pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
+}
+
+/// A Deployment's pod needs the controller-manager (ReplicaSet, pod) and the scheduler
+/// (binding): it runs, and is deleted again.
+fn check_scheduling(run: &NodeRun) -> anyhow::Result<()> {
+    let name = "e2e-self-hosted-probe";
+    let labels = json!({ "app": name });
+    run.kubectl.apply(&[json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": { "name": name, "namespace": NS },
+        "spec": {
+            "replicas": 1,
+            "selector": { "matchLabels": labels },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": {
+                    "terminationGracePeriodSeconds": 0,
+                    "automountServiceAccountToken": false,
+                    "containers": [{
+                        "name": "sleep",
+                        "image": BUSYBOX_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "3600"]
+                    }]
+                }
+            }
+        }
+    })])?;
+    wait_for("the probe Deployment's pod running", TIMEOUT, || {
+        waiting_on_error((|| {
+            let out = run.kubectl.run(&["get", "pods", "-n", NS, "-l", &format!("app={name}"), "-o", "json"], None)?;
+            let list: Value = serde_json::from_str(&out)?;
+            let pods = list["items"].as_array().cloned().unwrap_or_default();
+            Ok(if pods.iter().any(pod_running) {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(format!("{} pod(s), none running", pods.len()))
+            })
+        })())
+    })?;
+    run.kubectl
+        .run(&["delete", "deployment", name, "-n", NS, "--wait=true"], None)
+        .map(drop)
+}
+
+/// What one power cut took, each from the cut.
+#[derive(Debug)]
+struct CutTimeline {
+    n: usize,
+    /// containerd and the kubelet up again (the harness's share, not the node's).
+    kubelet_up: Duration,
+    /// The agent's static copy took the lock.
+    c2_locked: Duration,
+    /// Every control-plane checkpoint active.
+    checkpoints_active: Duration,
+    /// The first `/readyz` 200 of the node's API server.
+    api_ready: Duration,
+    /// The marker written before the cut read back.
+    marker_read: Duration,
+    /// Every parent running and every checkpoint retired.
+    retired: Duration,
+    /// The parent API server serving (for good: [`SETTLED`] in a row from then on).
+    api_back: Duration,
+    /// The longest stretch without `/readyz` 200 after the first one, until settled.
+    api_gap: Duration,
+    /// How long two kube-apiserver containers of the node ran at once.
+    two_apiservers: Duration,
+}
+
+impl CutTimeline {
+    fn describe(&self) -> String {
+        let h = |d: Duration| human_duration(d);
+        format!(
+            "kubelet up {}, C2 holds the lock {}, checkpoints active {}, API ready {}, marker read {}, \
+             parents back and checkpoints retired {}, the parent API server serving {}; \
+             API gap during the handoff {}, two API servers at once {}",
+            h(self.kubelet_up),
+            h(self.c2_locked),
+            h(self.checkpoints_active),
+            h(self.api_ready),
+            h(self.marker_read),
+            h(self.retired),
+            h(self.api_back),
+            h(self.api_gap),
+            h(self.two_apiservers)
+        )
+    }
+}
+
+/// Cuts the node's power once and times its way back (see the module doc).
+fn power_cut_once(run: &mut NodeRun, self_hosted: &SelfHosted, c1: &str, n: usize) -> anyhow::Result<CutTimeline> {
+    let progress = run.progress;
+    let parents = running_parents(run)?;
+    let marker = format!("e2e-marker-{n}");
+    let value = random_hex(8)?;
+    run.kubectl.apply(&[json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": marker, "namespace": NS },
+        "data": { "value": value }
+    })])?;
+    let c2 = format!("{c1}-{NODE_NAME}");
+    let locked_before = count_in_logs(run, &c2, "lock taken: this copy is active");
+
+    let readyz = {
+        let self_hosted = self_hosted.clone();
+        Sampler::start(SAMPLE_EVERY, move || self_hosted.readyz())
+    };
+    let apiservers = {
+        let cri = CriClient::new(&run.node.containerd_socket().to_string_lossy());
+        Sampler::start(SAMPLE_EVERY, move || running_apiservers(&cri))
+    };
+    progress.say(&format!("cut {n}: power off with {} running", parents.join(", ")));
+    let cut = Instant::now();
+    run.node.reboot()?;
+    let kubelet_up = cut.elapsed();
+
+    let (_, _) = wait_for("C2 to take the lock", TIMEOUT, || {
+        Ok(if count_in_logs(run, &c2, "lock taken: this copy is active") > locked_before {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(format!("C2's logs: {}", last_log_line(run, &c2)))
+        })
+    })?;
+    let c2_locked = cut.elapsed();
+    wait_inspect(run, "every control-plane checkpoint active", |i| {
+        parents.iter().all(|p| state_of(i, p) == Some("active"))
+    })?;
+    let checkpoints_active = cut.elapsed();
+    wait_for("the API server's /readyz 200", TIMEOUT, || {
+        Ok(match self_hosted.readyz() {
+            200 => Probe::Ready(()),
+            status => Probe::Waiting(format!("HTTP {status}")),
+        })
+    })?;
+    let api_ready = cut.elapsed();
+    let path = format!("/api/v1/namespaces/{NS}/configmaps/{marker}");
+    wait_for("the marker read back", TIMEOUT, || {
+        Ok(match self_hosted.get(&path, Duration::from_secs(2)) {
+            (200, body) => {
+                let read: Value = serde_json::from_str(&body).context("the marker is not JSON")?;
+                anyhow::ensure!(read["data"]["value"] == value.as_str(), "the marker changed: {body}");
+                Probe::Ready(())
+            }
+            (status, _) => Probe::Waiting(format!("HTTP {status}")),
+        })
+    })?;
+    let marker_read = cut.elapsed();
+    let mut last_report: Option<Inspect> = None;
+    wait_for("every parent running and every checkpoint retired", TIMEOUT, || {
+        waiting_on_error((|| {
+            let report = crate::real_node_seed::inspect_node(run)?;
+            let retired = parents.iter().all(|p| state_of(&report, p) == Some("inactive"));
+            let running = running_parents(run);
+            last_report = Some(report);
+            Ok(match running {
+                Ok(names) if retired && names == parents => Probe::Ready(()),
+                running => Probe::Waiting(format!(
+                    "retired: {retired}; running parents: {:?}; {}",
+                    running.map_err(|e| format!("{e:#}")),
+                    last_report.as_ref().map(Inspect::summary).unwrap_or_default()
+                )),
+            })
+        })())
+    })?;
+    let retired = cut.elapsed();
+    // The parent API server takes the port over only now: until it serves, the API is down.
+    let mut serving_since: Option<Instant> = None;
+    wait_for(
+        &format!("the parent API server serving for {} in a row", human_duration(SETTLED)),
+        TIMEOUT,
+        || {
+            Ok(match (self_hosted.readyz(), serving_since) {
+                (200, Some(since)) if since.elapsed() >= SETTLED => Probe::Ready(()),
+                (200, since) => {
+                    serving_since = since.or(Some(Instant::now()));
+                    Probe::Waiting("serving, not for long yet".into())
+                }
+                (status, _) => {
+                    serving_since = None;
+                    Probe::Waiting(format!("HTTP {status}"))
+                }
+            })
+        },
+    )?;
+    let settled = Instant::now();
+    let api_back = cut.elapsed() - SETTLED;
+    let readyz = readyz.stop();
+    let apiservers = apiservers.stop();
+    let first_ready = first_at(&readyz, cut, |s| *s == 200).context("no /readyz 200 was sampled")?;
+    let api_gap = longest_lapse(&readyz, first_ready, settled, |s| *s == 200);
+    let two_apiservers = time_holding(&apiservers, |running| running.as_ref().is_some_and(|r| r.len() >= 2));
+    let grace = Duration::from_secs(u64::from(APISERVER_GRACE_SECONDS) + 2);
+    anyhow::ensure!(
+        two_apiservers <= grace,
+        "two kube-apiserver containers ran at once for {} (longer than the grace period + 2 s)",
+        human_duration(two_apiservers)
+    );
+    let (_, _) = wait_agent_pair(run, "C1 running again beside C2")?;
+    Ok(CutTimeline {
+        n,
+        kubelet_up,
+        c2_locked,
+        checkpoints_active,
+        api_ready,
+        marker_read,
+        retired,
+        api_back,
+        api_gap,
+        two_apiservers,
+    })
+}
+
+/// The pods of the kube-apiserver containers the node runs (`None` while the runtime does
+/// not answer, as during the reboot).
+fn running_apiservers(cri: &CriClient) -> Option<Vec<String>> {
+    let containers = cri.containers().ok()?;
+    Some(
+        containers
+            .into_iter()
+            .filter(|c| c.name == APISERVER && c.state == ContainerState::Running)
+            .map(|c| c.labels.get("io.kubernetes.pod.name").cloned().unwrap_or_default())
+            .collect(),
+    )
+}
