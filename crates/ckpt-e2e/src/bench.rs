@@ -22,7 +22,7 @@ mod parts;
 mod procfs;
 mod proxy;
 mod report;
-mod stats;
+pub mod stats;
 mod timing;
 mod utc;
 

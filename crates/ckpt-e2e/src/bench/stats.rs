@@ -6,16 +6,16 @@ use serde_json::{Value, json};
 
 /// The summary of `n` samples.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Summary {
-    pub(crate) n: usize,
-    pub(crate) min: f64,
+pub struct Summary {
+    pub n: usize,
+    pub min: f64,
     /// The middle sample; the mean of the two middle ones when `n` is even.
-    pub(crate) median: f64,
-    pub(crate) max: f64,
+    pub median: f64,
+    pub max: f64,
 }
 
 /// `None` for no samples.
-pub(crate) fn summarize(samples: &[f64]) -> Option<Summary> {
+pub fn summarize(samples: &[f64]) -> Option<Summary> {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();
@@ -55,7 +55,7 @@ impl Samples {
 }
 
 /// A duration in seconds as the tables show it: `87 ms`, `2.31 s`.
-pub(crate) fn seconds(secs: f64) -> String {
+pub fn seconds(secs: f64) -> String {
     if secs < 1.0 {
         format!("{:.0} ms", secs * 1000.0)
     } else {

@@ -176,6 +176,9 @@ fn apiserver_daemonset() -> Value {
             "--service-cluster-ip-range=$(SERVICE_CLUSTER_IP_RANGE)",
             "--bind-address=0.0.0.0",
             format!("--secure-port={APISERVER_PORT}"),
+            // SO_REUSEPORT: the parent binds beside its running checkpoint instead of
+            // crash-looping on EADDRINUSE until the checkpoint is retired (the "port battle").
+            "--permit-port-sharing=true",
             // 1.20 still opens 127.0.0.1:8080 by default, where a second copy would clash.
             "--insecure-port=0",
             format!("--tls-cert-file={}", secrets("apiserver.crt")),
@@ -236,6 +239,7 @@ fn controller_manager_container() -> Value {
             format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
             "--bind-address=127.0.0.1",
             format!("--secure-port={CONTROLLER_MANAGER_PORT}"),
+            "--permit-port-sharing=true",
             "--port=0",
             "--leader-elect=true",
             "--leader-elect-resource-lock=leases",
@@ -259,6 +263,7 @@ fn scheduler_container() -> Value {
             format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
             "--bind-address=127.0.0.1",
             format!("--secure-port={SCHEDULER_PORT}"),
+            "--permit-port-sharing=true",
             "--port=0",
             "--leader-elect=true",
             "--leader-elect-resource-lock=leases",
@@ -396,6 +401,8 @@ mod tests {
                 assert!(kubeconfig.contains("/etc/kubernetes/kubeconfig/ca.crt"), "{kubeconfig}");
             }
             assert_eq!(manifest["spec"]["hostNetwork"], true);
+            let command = container["command"].as_array().unwrap();
+            assert!(command.contains(&json!("--permit-port-sharing=true")), "{name}: {command:?}");
             assert!(manifest["spec"].get("serviceAccountName").is_none());
             assert!(sanitized.warnings.is_empty(), "{name}: {:?}", sanitized.warnings);
         }

@@ -137,6 +137,11 @@ const LONG_ONLY: &[&str] = &[
 /// Set to `1` for the longer mode.
 const LONG_ENV: &str = "E2E_LONG";
 
+/// Whether this is the longer mode.
+pub(crate) fn long_mode() -> bool {
+    std::env::var(LONG_ENV).is_ok_and(|v| v == "1")
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--list") {
@@ -152,7 +157,7 @@ fn main() -> ExitCode {
     // libtest's flags (--nocapture, --test-threads …) mean nothing here: output is never
     // captured and scenarios always run one at a time.
     let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    let long = std::env::var(LONG_ENV).is_ok_and(|v| v == "1");
+    let long = long_mode();
     // A filter names what to run, long-only scenarios too; without one, the mode decides.
     let wanted = |name: &str| {
         if filters.is_empty() {

@@ -59,8 +59,53 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     })?;
     progress.say(&format!("checkpoints: {}", report.summary()));
 
-    let cut = power_cut_once(run, &self_hosted, &c1, 1)?;
-    progress.say(&format!("cut 1: {}", cut.describe()));
+    let plain = if crate::long_mode() { LONG_PLAIN_CUTS } else { 1 };
+    let mut cuts = Vec::new();
+    for n in 1..=plain {
+        cuts.push(power_cut_once(run, &self_hosted, &c1, n, Cut::Plain)?);
+    }
+    cuts.push(power_cut_once(run, &self_hosted, &c1, plain + 1, Cut::DuringRecovery)?);
+    report(run, &cuts)
+}
+
+/// Plain cuts in the longer mode (`E2E_LONG=1`); CI runs one.
+const LONG_PLAIN_CUTS: usize = 10;
+
+/// What comes before the timed cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// The node runs steadily: the parents serve, the checkpoints are inactive.
+    Plain,
+    /// A first cut, and the timed one once that recovery is under way (the checkpoints
+    /// active and serving, the parents not back yet).
+    DuringRecovery,
+}
+
+/// Each cut's line, then min / median / max of each milestone over the cuts; the lines are
+/// appended to `<target>/e2e/self-hosted-cuts.jsonl` too.
+fn report(run: &NodeRun, cuts: &[CutTimeline]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let dir = ckpt_e2e::image::target_dir().join("e2e");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("self-hosted-cuts.jsonl");
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+    for cut in cuts {
+        writeln!(file, "{}", cut.to_json())?;
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+    run.progress.say(&format!(
+        "{} cut(s) (load average {load}), min / median / max from the cut; lines appended to {}",
+        cuts.len(),
+        path.display()
+    ));
+    for (name, of) in CutTimeline::MILESTONES {
+        let samples: Vec<f64> = cuts.iter().map(|c| of(c).as_secs_f64()).collect();
+        if let Some(s) = ckpt_e2e::bench::stats::summarize(&samples) {
+            let f = ckpt_e2e::bench::stats::seconds;
+            eprintln!("  {name:<36} {:>8} {:>8} {:>8}", f(s.min), f(s.median), f(s.max));
+        }
+    }
     Ok(())
 }
 
@@ -130,6 +175,7 @@ fn check_scheduling(run: &NodeRun) -> anyhow::Result<()> {
 #[derive(Debug)]
 struct CutTimeline {
     n: usize,
+    cut: Cut,
     /// containerd and the kubelet up again (the harness's share, not the node's).
     kubelet_up: Duration,
     /// The agent's static copy took the lock.
@@ -148,15 +194,39 @@ struct CutTimeline {
     api_gap: Duration,
     /// How long two kube-apiserver containers of the node ran at once.
     two_apiservers: Duration,
+    /// From the static copy's process start to the last needed active manifest written.
+    agent_share: Option<Duration>,
 }
 
 impl CutTimeline {
+    /// Every duration, by the name the summary shows.
+    const MILESTONES: [(&str, fn(&CutTimeline) -> Duration); 10] = [
+        ("kubelet up", |c| c.kubelet_up),
+        ("C2 holds the lock", |c| c.c2_locked),
+        ("checkpoints active", |c| c.checkpoints_active),
+        ("API ready (/readyz 200)", |c| c.api_ready),
+        ("marker read back", |c| c.marker_read),
+        ("parents back, checkpoints retired", |c| c.retired),
+        ("parent API server serving", |c| c.api_back),
+        ("API gap in the handoff", |c| c.api_gap),
+        ("two API servers at once", |c| c.two_apiservers),
+        ("the agent's share", |c| c.agent_share.unwrap_or_default()),
+    ];
+
+    fn to_json(&self) -> Value {
+        let mut line = json!({ "cut": self.n, "variant": format!("{:?}", self.cut) });
+        for (name, of) in Self::MILESTONES {
+            line[name] = json!(of(self).as_secs_f64());
+        }
+        line
+    }
+
     fn describe(&self) -> String {
         let h = |d: Duration| human_duration(d);
         format!(
             "kubelet up {}, C2 holds the lock {}, checkpoints active {}, API ready {}, marker read {}, \
              parents back and checkpoints retired {}, the parent API server serving {}; \
-             API gap during the handoff {}, two API servers at once {}",
+             API gap during the handoff {}, two API servers at once {}; the agent's share {}",
             h(self.kubelet_up),
             h(self.c2_locked),
             h(self.checkpoints_active),
@@ -165,13 +235,20 @@ impl CutTimeline {
             h(self.retired),
             h(self.api_back),
             h(self.api_gap),
-            h(self.two_apiservers)
+            h(self.two_apiservers),
+            self.agent_share.map_or_else(|| "unknown".to_owned(), h)
         )
     }
 }
 
 /// Cuts the node's power once and times its way back (see the module doc).
-fn power_cut_once(run: &mut NodeRun, self_hosted: &SelfHosted, c1: &str, n: usize) -> anyhow::Result<CutTimeline> {
+fn power_cut_once(
+    run: &mut NodeRun,
+    self_hosted: &SelfHosted,
+    c1: &str,
+    n: usize,
+    kind: Cut,
+) -> anyhow::Result<CutTimeline> {
     let progress = run.progress;
     let parents = running_parents(run)?;
     let marker = format!("e2e-marker-{n}");
@@ -183,7 +260,6 @@ fn power_cut_once(run: &mut NodeRun, self_hosted: &SelfHosted, c1: &str, n: usiz
         "data": { "value": value }
     })])?;
     let c2 = format!("{c1}-{NODE_NAME}");
-    let locked_before = count_in_logs(run, &c2, "lock taken: this copy is active");
 
     let readyz = {
         let self_hosted = self_hosted.clone();
@@ -193,7 +269,22 @@ fn power_cut_once(run: &mut NodeRun, self_hosted: &SelfHosted, c1: &str, n: usiz
         let cri = CriClient::new(&run.node.containerd_socket().to_string_lossy());
         Sampler::start(SAMPLE_EVERY, move || running_apiservers(&cri))
     };
-    progress.say(&format!("cut {n}: power off with {} running", parents.join(", ")));
+    if kind == Cut::DuringRecovery {
+        progress.say(&format!("cut {n}: a first power cut, then the timed one during the recovery"));
+        run.node.reboot()?;
+        wait_inspect(run, "every control-plane checkpoint active", |i| {
+            parents.iter().all(|p| state_of(i, p) == Some("active"))
+        })?;
+        wait_for("the checkpointed API server's /readyz 200", TIMEOUT, || {
+            Ok(match self_hosted.readyz() {
+                200 => Probe::Ready(()),
+                status => Probe::Waiting(format!("HTTP {status}")),
+            })
+        })?;
+    } else {
+        progress.say(&format!("cut {n}: power off with {} running", parents.join(", ")));
+    }
+    let locked_before = count_in_logs(run, &c2, "lock taken: this copy is active");
     let cut = Instant::now();
     run.node.reboot()?;
     let kubelet_up = cut.elapsed();
@@ -206,10 +297,7 @@ fn power_cut_once(run: &mut NodeRun, self_hosted: &SelfHosted, c1: &str, n: usiz
         })
     })?;
     let c2_locked = cut.elapsed();
-    wait_inspect(run, "every control-plane checkpoint active", |i| {
-        parents.iter().all(|p| state_of(i, p) == Some("active"))
-    })?;
-    let checkpoints_active = cut.elapsed();
+    let (checkpoints_active, agent_share) = wait_active(run, &parents, cut)?;
     wait_for("the API server's /readyz 200", TIMEOUT, || {
         Ok(match self_hosted.readyz() {
             200 => Probe::Ready(()),
@@ -280,8 +368,9 @@ fn power_cut_once(run: &mut NodeRun, self_hosted: &SelfHosted, c1: &str, n: usiz
         human_duration(two_apiservers)
     );
     let (_, _) = wait_agent_pair(run, "C1 running again beside C2")?;
-    Ok(CutTimeline {
+    let timeline = CutTimeline {
         n,
+        cut: kind,
         kubelet_up,
         c2_locked,
         checkpoints_active,
@@ -291,7 +380,10 @@ fn power_cut_once(run: &mut NodeRun, self_hosted: &SelfHosted, c1: &str, n: usiz
         api_back,
         api_gap,
         two_apiservers,
-    })
+        agent_share,
+    };
+    progress.say(&format!("cut {n} ({kind:?}): {}", timeline.describe()));
+    Ok(timeline)
 }
 
 /// The pods of the kube-apiserver containers the node runs (`None` while the runtime does
@@ -305,4 +397,63 @@ fn running_apiservers(cri: &CriClient) -> Option<Vec<String>> {
             .map(|c| c.labels.get("io.kubernetes.pod.name").cloned().unwrap_or_default())
             .collect(),
     )
+}
+
+/// Waits until every parent's checkpoint is active; returns when that was seen (from the
+/// cut) and the agent's own share: from the static copy's process start to the last of
+/// those active manifests written (`None` when the process or a file cannot be found).
+fn wait_active(run: &NodeRun, parents: &[String], cut: Instant) -> anyhow::Result<(Duration, Option<Duration>)> {
+    let report = wait_inspect(run, "every control-plane checkpoint active", |i| {
+        parents.iter().all(|p| state_of(i, p) == Some("active"))
+    })?;
+    let seen = cut.elapsed();
+    let written = report
+        .checkpoints
+        .iter()
+        .filter(|c| parents.iter().any(|p| c.pod == format!("{NS}/{p}")))
+        .map(|c| {
+            let manifest = c.active_manifest.as_ref()?;
+            std::fs::metadata(manifest).ok()?.modified().ok()
+        })
+        .collect::<Option<Vec<_>>>()
+        .and_then(|times| times.into_iter().max());
+    let started = c2_process_start(run);
+    let share = match (started, written) {
+        (Some(started), Some(written)) => written.duration_since(started).ok(),
+        _ => None,
+    };
+    Ok((seen, share))
+}
+
+/// When the running static copy's process started (wall clock): its container's process
+/// found by its cgroup (cgroupfs `/k8s.io/<container id>`), its start from `/proc`.
+fn c2_process_start(run: &NodeRun) -> Option<std::time::SystemTime> {
+    let cri = CriClient::new(&run.node.containerd_socket().to_string_lossy());
+    let id = cri
+        .containers()
+        .ok()?
+        .into_iter()
+        .find(|c| {
+            c.name == "pod-checkpointer"
+                && c.state == ContainerState::Running
+                && c.labels
+                    .get("io.kubernetes.pod.name")
+                    .is_some_and(|pod| pod.ends_with(&format!("-{NODE_NAME}")))
+        })?
+        .id;
+    let pid = std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        cgroup.contains(&id).then_some(pid)
+    })?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22, counted after the command's closing parenthesis (field 2 may hold spaces).
+    let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("btime ")?.trim().parse().ok())?;
+    // USER_HZ is 100 on Linux for every architecture this runs on.
+    let since_boot = Duration::from_millis(ticks * 10);
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(boot) + since_boot)
 }
