@@ -246,7 +246,11 @@ pub fn control_plane_image(binaries: &[PathBuf], out: &Path) -> anyhow::Result<o
     config.env = vec![format!("PATH={CONTROL_PLANE_BIN_DIR}:/bin")];
     let image = oci::Image::build_with(&config, &layer, oci::Compression::fast())?;
     image.write(out)?;
-    PROGRESS.say(&format!("{CONTROL_PLANE_IMAGE}: {} ({})", out.display(), image.digest()));
+    PROGRESS.say(&format!(
+        "{CONTROL_PLANE_IMAGE}: {} ({})",
+        out.display(),
+        image.digest()
+    ));
     Ok(image)
 }
 

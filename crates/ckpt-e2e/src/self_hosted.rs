@@ -67,7 +67,11 @@ impl SelfHosted {
     /// Pivots the plane of `node` to a self-hosted control plane (see the module doc). On
     /// return the host API server, controller-manager and scheduler are gone; the node's
     /// pods serve, the kubelet talks to them, and their pods hold the Leases.
-    pub fn install(plane: &mut ControlPlane, node: &mut RealNode, bins: &BinDir) -> anyhow::Result<SelfHosted> {
+    pub fn install(
+        plane: &mut ControlPlane,
+        node: &mut RealNode,
+        bins: &BinDir,
+    ) -> anyhow::Result<SelfHosted> {
         let started = Instant::now();
         let archive = plane.workdir().join("images").join("kube-control-plane.oci.tar");
         control_plane_image(
@@ -99,16 +103,12 @@ impl SelfHosted {
         };
         host.apply(&objects::control_plane_objects(&params(plane, node)?))?;
         wait_running(&host, &[APISERVER, CONTROLLER_MANAGER, SCHEDULER])?;
-        wait_for(
-            &format!("{} /readyz 200", self_hosted.url),
-            TIMEOUT,
-            || {
-                Ok(match self_hosted.readyz() {
-                    200 => Probe::Ready(()),
-                    status => Probe::Waiting(format!("HTTP {status}")),
-                })
-            },
-        )?;
+        wait_for(&format!("{} /readyz 200", self_hosted.url), TIMEOUT, || {
+            Ok(match self_hosted.readyz() {
+                200 => Probe::Ready(()),
+                status => Probe::Waiting(format!("HTTP {status}")),
+            })
+        })?;
         PROGRESS.say(&format!(
             "the self-hosted control plane's pods run and its API server serves at {} after {}",
             self_hosted.url,
@@ -131,19 +131,23 @@ impl SelfHosted {
         PROGRESS.say("the kubelet talks to the node's API server; the bootstrap plane is stopped");
 
         let kubectl = &self_hosted.kubectl;
-        wait_for("the kubelet to renew its Lease through the node's API server", TIMEOUT, || {
-            waiting_on_error((|| {
-                let lease = kubectl
-                    .get("lease", "kube-node-lease", NODE_NAME)?
-                    .context("no Lease of the node")?;
-                let renewed = lease["spec"]["renewTime"].as_str().unwrap_or_default().to_owned();
-                Ok(if renewed_since(&renewed, switched) {
-                    Probe::Ready(())
-                } else {
-                    Probe::Waiting(format!("renewTime {renewed}"))
-                })
-            })())
-        })?;
+        wait_for(
+            "the kubelet to renew its Lease through the node's API server",
+            TIMEOUT,
+            || {
+                waiting_on_error((|| {
+                    let lease = kubectl
+                        .get("lease", "kube-node-lease", NODE_NAME)?
+                        .context("no Lease of the node")?;
+                    let renewed = lease["spec"]["renewTime"].as_str().unwrap_or_default().to_owned();
+                    Ok(if renewed_since(&renewed, switched) {
+                        Probe::Ready(())
+                    } else {
+                        Probe::Waiting(format!("renewTime {renewed}"))
+                    })
+                })())
+            },
+        )?;
         for (lease, before) in [CONTROLLER_MANAGER, SCHEDULER].iter().zip(&bootstrap_holders) {
             wait_for(&format!("a pod of {lease} to hold its Lease"), TIMEOUT, || {
                 waiting_on_error((|| {
@@ -206,11 +210,10 @@ impl SelfHosted {
 
 /// The objects' parameters from the plane's files: the same PKI and tokens as the bootstrap.
 fn params(plane: &ControlPlane, node: &RealNode) -> anyhow::Result<Params> {
-    let read = |path: &Path| fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()));
+    let read =
+        |path: &Path| fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()));
     let (crt, key) = plane.serving_cert();
-    let network = plane
-        .node_network()
-        .context("the plane has no node network")?;
+    let network = plane.node_network().context("the plane has no node network")?;
     Ok(Params {
         ca_crt: read(&plane.ca_cert())?,
         apiserver_crt: read(&crt)?,
@@ -249,7 +252,16 @@ fn wait_running(kubectl: &Kubectl, apps: &[&str]) -> anyhow::Result<()> {
 /// The API pods of one of the control plane's components (not their mirror pods).
 pub fn pods_of(kubectl: &Kubectl, app: &str) -> anyhow::Result<Vec<Value>> {
     let out = kubectl.run(
-        &["get", "pods", "-n", NAMESPACE, "-l", &format!("k8s-app={app}"), "-o", "json"],
+        &[
+            "get",
+            "pods",
+            "-n",
+            NAMESPACE,
+            "-l",
+            &format!("k8s-app={app}"),
+            "-o",
+            "json",
+        ],
         None,
     )?;
     let list: Value = serde_json::from_str(&out).context("kubectl get pods printed no JSON")?;

@@ -387,7 +387,12 @@ impl ControlPlane {
     /// with [`ca_cert`](Self::ca_cert); returns its path.
     pub fn write_kubeconfig(&self, file: &str, server: &str, user: &str) -> anyhow::Result<PathBuf> {
         let path = self.workdir.join(file);
-        let text = render_kubeconfig(server, &self.ca_cert(), &user.replace(':', "-"), &self.token(user)?);
+        let text = render_kubeconfig(
+            server,
+            &self.ca_cert(),
+            &user.replace(':', "-"),
+            &self.token(user)?,
+        );
         fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(path)
     }
@@ -1326,19 +1331,58 @@ fn write_pki(dir: &Path, names: &[String]) -> anyhow::Result<()> {
             names.join(",")
         ),
     )?;
-    let [ca_key, ca_crt, key, csr, crt] =
-        ["ca.key", "ca.crt", "apiserver.key", "apiserver.csr", "apiserver.crt"].map(|f| format!("{dir}/{f}"));
+    let [ca_key, ca_crt, key, csr, crt] = [
+        "ca.key",
+        "ca.crt",
+        "apiserver.key",
+        "apiserver.csr",
+        "apiserver.crt",
+    ]
+    .map(|f| format!("{dir}/{f}"));
     let days = "3650";
     openssl(&[
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", &ca_key, "-out", &ca_crt, "-days", days,
-        "-subj", "/CN=pod-checkpointer-e2e-ca",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca_crt,
+        "-days",
+        days,
+        "-subj",
+        "/CN=pod-checkpointer-e2e-ca",
     ])?;
     openssl(&[
-        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", "/CN=kube-apiserver",
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+        "-subj",
+        "/CN=kube-apiserver",
     ])?;
     openssl(&[
-        "x509", "-req", "-in", &csr, "-CA", &ca_crt, "-CAkey", &ca_key, "-CAcreateserial", "-out", &crt,
-        "-days", days, "-extfile", &extensions,
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca_crt,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-out",
+        &crt,
+        "-days",
+        days,
+        "-extfile",
+        &extensions,
     ])
 }
 

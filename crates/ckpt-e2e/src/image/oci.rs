@@ -225,7 +225,11 @@ impl Image {
 
     /// [`build`](Image::build) at another compression level: the fastest is for large layers
     /// that never leave the machine.
-    pub fn build_with(config: &ImageConfig, layer: &Layer, compression: Compression) -> anyhow::Result<Image> {
+    pub fn build_with(
+        config: &ImageConfig,
+        layer: &Layer,
+        compression: Compression,
+    ) -> anyhow::Result<Image> {
         let tar = layer.tar()?;
         let diff_id = sha256_digest(&tar);
         let layer_blob = Blob::new(MEDIA_TYPE_LAYER_GZIP, gzip(&tar, compression)?);

@@ -398,11 +398,17 @@ mod tests {
             } else {
                 let kubeconfig = String::from_utf8(files["kubeconfig"].clone()).unwrap();
                 assert!(kubeconfig.contains("https://127.0.0.1:6443"), "{kubeconfig}");
-                assert!(kubeconfig.contains("/etc/kubernetes/kubeconfig/ca.crt"), "{kubeconfig}");
+                assert!(
+                    kubeconfig.contains("/etc/kubernetes/kubeconfig/ca.crt"),
+                    "{kubeconfig}"
+                );
             }
             assert_eq!(manifest["spec"]["hostNetwork"], true);
             let command = container["command"].as_array().unwrap();
-            assert!(command.contains(&json!("--permit-port-sharing=true")), "{name}: {command:?}");
+            assert!(
+                command.contains(&json!("--permit-port-sharing=true")),
+                "{name}: {command:?}"
+            );
             assert!(manifest["spec"].get("serviceAccountName").is_none());
             assert!(sanitized.warnings.is_empty(), "{name}: {:?}", sanitized.warnings);
         }

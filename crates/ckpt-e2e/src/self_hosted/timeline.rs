@@ -52,7 +52,12 @@ pub fn first_at<T>(samples: &[Sample<T>], from: Instant, holds: impl Fn(&T) -> b
 
 /// The longest stretch within `[from, to]` during which `holds` did not hold: from the
 /// first sample that failed to the next one that held (or to `to`).
-pub fn longest_lapse<T>(samples: &[Sample<T>], from: Instant, to: Instant, holds: impl Fn(&T) -> bool) -> Duration {
+pub fn longest_lapse<T>(
+    samples: &[Sample<T>],
+    from: Instant,
+    to: Instant,
+    holds: impl Fn(&T) -> bool,
+) -> Duration {
     let mut longest = Duration::ZERO;
     let mut lapse_start: Option<Instant> = None;
     for (at, value) in samples.iter().filter(|(at, _)| *at >= from && *at <= to) {
@@ -97,33 +102,30 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    #[test]
-    fn summaries_of_sample_patterns() {
+    /// `pattern` sampled from `t0`, the window `[from, to]` in ms → (first holding, longest
+    /// lapse, time holding) in ms.
+    fn check(pattern: &str, (from, to): (u64, u64), expected: (Option<u64>, u64, u64)) {
         let t0 = Instant::now();
         let holds = |v: &bool| *v;
-        // (pattern, from, to) → (first holding, longest lapse, time holding)
-        let cases: &[(&str, u64, u64, Option<u64>, u64, u64)] = &[
-            ("+++++", 0, 400, Some(0), 0, 400),
-            ("--+++", 0, 400, Some(200), 200, 200),
-            ("++---++", 0, 600, Some(0), 300, 300),
-            ("+--+----+", 0, 800, Some(0), 400, 200),
-            // A lapse still open at `to` lasts until `to`.
-            ("++---", 0, 1000, Some(0), 800, 200),
-            // Only the window counts: the early lapse is outside it.
-            ("---+-+", 300, 500, Some(300), 100, 100),
-            ("-----", 0, 400, None, 400, 0),
-        ];
-        for (pattern, from, to, first, lapse, holding) in cases {
-            let s = samples(t0, pattern);
-            let (from, to) = (t0 + ms(*from), t0 + ms(*to));
-            assert_eq!(
-                first_at(&s, from, holds).map(|at| (at - t0).as_millis() as u64),
-                *first,
-                "{pattern}: first"
-            );
-            assert_eq!(longest_lapse(&s, from, to, holds), ms(*lapse), "{pattern}: lapse");
-            assert_eq!(time_holding(&s, holds), ms(*holding), "{pattern}: holding");
-        }
+        let s = samples(t0, pattern);
+        let (from, to) = (t0 + ms(from), t0 + ms(to));
+        let first = first_at(&s, from, holds).map(|at| (at - t0).as_millis() as u64);
+        let lapse = longest_lapse(&s, from, to, holds).as_millis() as u64;
+        let holding = time_holding(&s, holds).as_millis() as u64;
+        assert_eq!((first, lapse, holding), expected, "{pattern}");
+    }
+
+    #[test]
+    fn summaries_of_sample_patterns() {
+        check("+++++", (0, 400), (Some(0), 0, 400));
+        check("--+++", (0, 400), (Some(200), 200, 200));
+        check("++---++", (0, 600), (Some(0), 300, 300));
+        check("+--+----+", (0, 800), (Some(0), 400, 200));
+        // A lapse still open at `to` lasts until `to`.
+        check("++---", (0, 1000), (Some(0), 800, 200));
+        // Only the window counts: the early lapse is outside it.
+        check("---+-+", (300, 500), (Some(300), 100, 100));
+        check("-----", (0, 400), (None, 400, 0));
     }
 
     #[test]
@@ -136,6 +138,10 @@ mod tests {
         thread::sleep(ms(100));
         let samples = sampler.stop();
         assert!(samples.len() >= 3, "{} samples", samples.len());
-        assert!(samples.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 + 1 == w[1].1));
+        assert!(
+            samples
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 + 1 == w[1].1)
+        );
     }
 }

@@ -121,10 +121,7 @@ const REAL_NODE_SCENARIOS: &[(&str, NodeScenarioFn)] = &[
         real_node_seed::upgrade_under_owner_reference,
     ),
     // Last: it pivots the plane to a self-hosted one and kills the plane's API server.
-    (
-        "real_node_self_hosted_power_cut",
-        self_hosted::power_cut,
-    ),
+    ("real_node_self_hosted_power_cut", self_hosted::power_cut),
 ];
 
 /// Scenarios that run only in the longer mode (`cargo xtask test --long`, which sets

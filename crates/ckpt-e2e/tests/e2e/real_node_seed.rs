@@ -489,7 +489,12 @@ fn deploy(run: &NodeRun, strategy: &str, extra: &[&str]) -> anyhow::Result<()> {
 /// [`deploy`] with another admin kubeconfig (another API server) and no `--api-server`
 /// unless `extra` has one: the agent then uses the node-local API server, as on a
 /// self-hosted control plane.
-pub(crate) fn deploy_with(run: &NodeRun, kubeconfig: &Path, strategy: &str, extra: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn deploy_with(
+    run: &NodeRun,
+    kubeconfig: &Path,
+    strategy: &str,
+    extra: &[&str],
+) -> anyhow::Result<()> {
     let grace = format!("{}s", GRACE_PERIOD.as_secs());
     let mut command = Command::new(xtask_binary()?);
     command
@@ -912,7 +917,11 @@ pub(crate) fn inspect_node(run: &NodeRun) -> anyhow::Result<Inspect> {
     inspect(&agent_binary()?, &dirs)
 }
 
-pub(crate) fn wait_inspect(run: &NodeRun, expected: &str, check: impl Fn(&Inspect) -> bool) -> anyhow::Result<Inspect> {
+pub(crate) fn wait_inspect(
+    run: &NodeRun,
+    expected: &str,
+    check: impl Fn(&Inspect) -> bool,
+) -> anyhow::Result<Inspect> {
     let (report, _) = wait_for(expected, TIMEOUT, || {
         let report = inspect_node(run)?;
         Ok(if check(&report) {
@@ -966,7 +975,7 @@ fn log_files(run: &NodeRun, pod: &str) -> Vec<PathBuf> {
 }
 
 /// The messages of [`log_files`], oldest file first within each container.
-fn log_lines(run: &NodeRun, pod: &str) -> Vec<String> {
+pub(crate) fn log_lines(run: &NodeRun, pod: &str) -> Vec<String> {
     log_files(run, pod)
         .iter()
         .filter_map(|f| fs::read_to_string(f).ok())
@@ -1034,7 +1043,7 @@ impl AgentLogs {
 }
 
 /// The pod names under `/var/log/pods` in the agent's namespace that start with `prefix-`.
-fn pods_named_like(run: &NodeRun, prefix: &str) -> BTreeSet<String> {
+pub(crate) fn pods_named_like(run: &NodeRun, prefix: &str) -> BTreeSet<String> {
     let Ok(root) = host(run, "/var/log/pods") else {
         return BTreeSet::new();
     };

@@ -28,13 +28,14 @@ use serde_json::{Value, json};
 
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
-    NS, count_in_logs, deploy_with, label_control_plane, last_log_line, name_of, reset, state_of,
-    wait_agent_pair, wait_inspect,
+    NS, deploy_with, label_control_plane, last_log_line, log_lines, name_of, pods_named_like, reset,
+    state_of, wait_agent_pair, wait_inspect,
 };
 
 const COMPONENTS: [&str; 3] = [APISERVER, CONTROLLER_MANAGER, SCHEDULER];
 /// Real components start after a power cut, some after a crash-loop back-off: generous.
 const TIMEOUT: Duration = Duration::from_secs(240);
+const LOCK_TAKEN: &str = "lock taken: this copy is active";
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// How long the parent API server must serve without a failed `/readyz` to count as back.
 const SETTLED: Duration = Duration::from_secs(5);
@@ -53,10 +54,14 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     deploy_with(run, self_hosted.kubeconfig(), "grace-period", &[])?;
     let (c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
     let parents = running_parents(run)?;
-    let report = wait_inspect(run, "the control plane's checkpoints inactive, C1's active", |i| {
-        parents.iter().all(|p| state_of(i, p) == Some("inactive"))
-            && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
-    })?;
+    let report = wait_inspect(
+        run,
+        "the control plane's checkpoints inactive, C1's active",
+        |i| {
+            parents.iter().all(|p| state_of(i, p) == Some("inactive"))
+                && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
+        },
+    )?;
     progress.say(&format!("checkpoints: {}", report.summary()));
 
     let plain = if crate::long_mode() { LONG_PLAIN_CUTS } else { 1 };
@@ -64,8 +69,14 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     for n in 1..=plain {
         cuts.push(power_cut_once(run, &self_hosted, &c1, n, Cut::Plain)?);
     }
-    cuts.push(power_cut_once(run, &self_hosted, &c1, plain + 1, Cut::DuringRecovery)?);
-    report(run, &cuts)
+    cuts.push(power_cut_once(
+        run,
+        &self_hosted,
+        &c1,
+        plain + 1,
+        Cut::DuringRecovery,
+    )?);
+    report_cuts(run, &cuts)
 }
 
 /// Plain cuts in the longer mode (`E2E_LONG=1`); CI runs one.
@@ -83,12 +94,15 @@ enum Cut {
 
 /// Each cut's line, then min / median / max of each milestone over the cuts; the lines are
 /// appended to `<target>/e2e/self-hosted-cuts.jsonl` too.
-fn report(run: &NodeRun, cuts: &[CutTimeline]) -> anyhow::Result<()> {
+fn report_cuts(run: &NodeRun, cuts: &[CutTimeline]) -> anyhow::Result<()> {
     use std::io::Write;
     let dir = ckpt_e2e::image::target_dir().join("e2e");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("self-hosted-cuts.jsonl");
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)?;
     for cut in cuts {
         writeln!(file, "{}", cut.to_json())?;
     }
@@ -100,10 +114,16 @@ fn report(run: &NodeRun, cuts: &[CutTimeline]) -> anyhow::Result<()> {
         path.display()
     ));
     for (name, of) in CutTimeline::MILESTONES {
-        let samples: Vec<f64> = cuts.iter().map(|c| of(c).as_secs_f64()).collect();
+        let samples: Vec<f64> = cuts.iter().filter_map(|c| Some(of(c)?.as_secs_f64())).collect();
         if let Some(s) = ckpt_e2e::bench::stats::summarize(&samples) {
             let f = ckpt_e2e::bench::stats::seconds;
-            eprintln!("  {name:<36} {:>8} {:>8} {:>8}", f(s.min), f(s.median), f(s.max));
+            eprintln!(
+                "  {name:<36} {:>8} {:>8} {:>8}  (n={})",
+                f(s.min),
+                f(s.median),
+                f(s.max),
+                s.n
+            );
         }
     }
     Ok(())
@@ -156,7 +176,19 @@ fn check_scheduling(run: &NodeRun) -> anyhow::Result<()> {
     })])?;
     wait_for("the probe Deployment's pod running", TIMEOUT, || {
         waiting_on_error((|| {
-            let out = run.kubectl.run(&["get", "pods", "-n", NS, "-l", &format!("app={name}"), "-o", "json"], None)?;
+            let out = run.kubectl.run(
+                &[
+                    "get",
+                    "pods",
+                    "-n",
+                    NS,
+                    "-l",
+                    &format!("app={name}"),
+                    "-o",
+                    "json",
+                ],
+                None,
+            )?;
             let list: Value = serde_json::from_str(&out)?;
             let pods = list["items"].as_array().cloned().unwrap_or_default();
             Ok(if pods.iter().any(pod_running) {
@@ -178,10 +210,10 @@ struct CutTimeline {
     cut: Cut,
     /// containerd and the kubelet up again (the harness's share, not the node's).
     kubelet_up: Duration,
-    /// The agent's static copy took the lock.
+    /// A copy of the agent took the lock (the static copy C2, unless the API was back first).
     c2_locked: Duration,
-    /// Every control-plane checkpoint active.
-    checkpoints_active: Duration,
+    /// Every control-plane checkpoint active (`None` when they were active at the cut).
+    checkpoints_active: Option<Duration>,
     /// The first `/readyz` 200 of the node's API server.
     api_ready: Duration,
     /// The marker written before the cut read back.
@@ -200,23 +232,24 @@ struct CutTimeline {
 
 impl CutTimeline {
     /// Every duration, by the name the summary shows.
-    const MILESTONES: [(&str, fn(&CutTimeline) -> Duration); 10] = [
-        ("kubelet up", |c| c.kubelet_up),
-        ("C2 holds the lock", |c| c.c2_locked),
+    /// Every duration, by the name the summary shows (`None`: not measured in this cut).
+    const MILESTONES: [(&str, fn(&CutTimeline) -> Option<Duration>); 10] = [
+        ("kubelet up", |c| Some(c.kubelet_up)),
+        ("the agent holds the lock", |c| Some(c.c2_locked)),
         ("checkpoints active", |c| c.checkpoints_active),
-        ("API ready (/readyz 200)", |c| c.api_ready),
-        ("marker read back", |c| c.marker_read),
-        ("parents back, checkpoints retired", |c| c.retired),
-        ("parent API server serving", |c| c.api_back),
-        ("API gap in the handoff", |c| c.api_gap),
-        ("two API servers at once", |c| c.two_apiservers),
-        ("the agent's share", |c| c.agent_share.unwrap_or_default()),
+        ("API ready (/readyz 200)", |c| Some(c.api_ready)),
+        ("marker read back", |c| Some(c.marker_read)),
+        ("parents back, checkpoints retired", |c| Some(c.retired)),
+        ("parent API server serving", |c| Some(c.api_back)),
+        ("API gap in the handoff", |c| Some(c.api_gap)),
+        ("two API servers at once", |c| Some(c.two_apiservers)),
+        ("the agent's share", |c| c.agent_share),
     ];
 
     fn to_json(&self) -> Value {
         let mut line = json!({ "cut": self.n, "variant": format!("{:?}", self.cut) });
         for (name, of) in Self::MILESTONES {
-            line[name] = json!(of(self).as_secs_f64());
+            line[name] = json!(of(self).map(|d| d.as_secs_f64()));
         }
         line
     }
@@ -224,12 +257,13 @@ impl CutTimeline {
     fn describe(&self) -> String {
         let h = |d: Duration| human_duration(d);
         format!(
-            "kubelet up {}, C2 holds the lock {}, checkpoints active {}, API ready {}, marker read {}, \
+            "kubelet up {}, the agent holds the lock {}, checkpoints active {}, API ready {}, marker read {}, \
              parents back and checkpoints retired {}, the parent API server serving {}; \
              API gap during the handoff {}, two API servers at once {}; the agent's share {}",
             h(self.kubelet_up),
             h(self.c2_locked),
-            h(self.checkpoints_active),
+            self.checkpoints_active
+                .map_or_else(|| "before the cut".to_owned(), h),
             h(self.api_ready),
             h(self.marker_read),
             h(self.retired),
@@ -270,7 +304,9 @@ fn power_cut_once(
         Sampler::start(SAMPLE_EVERY, move || running_apiservers(&cri))
     };
     if kind == Cut::DuringRecovery {
-        progress.say(&format!("cut {n}: a first power cut, then the timed one during the recovery"));
+        progress.say(&format!(
+            "cut {n}: a first power cut, then the timed one during the recovery"
+        ));
         run.node.reboot()?;
         wait_inspect(run, "every control-plane checkpoint active", |i| {
             parents.iter().all(|p| state_of(i, p) == Some("active"))
@@ -284,20 +320,30 @@ fn power_cut_once(
     } else {
         progress.say(&format!("cut {n}: power off with {} running", parents.join(", ")));
     }
-    let locked_before = count_in_logs(run, &c2, "lock taken: this copy is active");
     let cut = Instant::now();
+    let cut_at = ckpt_core::time::Timestamp::now();
     run.node.reboot()?;
     let kubelet_up = cut.elapsed();
 
-    let (_, _) = wait_for("C2 to take the lock", TIMEOUT, || {
-        Ok(if count_in_logs(run, &c2, "lock taken: this copy is active") > locked_before {
+    // Usually C2, the static copy; C1 when the API is back before C2 runs (a cut during
+    // the recovery: the kubelet starts the active checkpoints from its disk at once).
+    let (_, _) = wait_for("a copy of the agent to take the lock", TIMEOUT, || {
+        Ok(if lock_taken_since(run, cut_at) {
             Probe::Ready(())
         } else {
             Probe::Waiting(format!("C2's logs: {}", last_log_line(run, &c2)))
         })
     })?;
     let c2_locked = cut.elapsed();
-    let (checkpoints_active, agent_share) = wait_active(run, &parents, cut)?;
+    // Cut during the recovery, the active manifests are on the node's disk already: the
+    // kubelet starts them itself, before the agent runs.
+    let (checkpoints_active, agent_share) = match kind {
+        Cut::Plain => {
+            let (seen, share) = wait_active(run, &parents, cut)?;
+            (Some(seen), share)
+        }
+        Cut::DuringRecovery => (None, None),
+    };
     wait_for("the API server's /readyz 200", TIMEOUT, || {
         Ok(match self_hosted.readyz() {
             200 => Probe::Ready(()),
@@ -310,7 +356,10 @@ fn power_cut_once(
         Ok(match self_hosted.get(&path, Duration::from_secs(2)) {
             (200, body) => {
                 let read: Value = serde_json::from_str(&body).context("the marker is not JSON")?;
-                anyhow::ensure!(read["data"]["value"] == value.as_str(), "the marker changed: {body}");
+                anyhow::ensure!(
+                    read["data"]["value"] == value.as_str(),
+                    "the marker changed: {body}"
+                );
                 Probe::Ready(())
             }
             (status, _) => Probe::Waiting(format!("HTTP {status}")),
@@ -318,27 +367,34 @@ fn power_cut_once(
     })?;
     let marker_read = cut.elapsed();
     let mut last_report: Option<Inspect> = None;
-    wait_for("every parent running and every checkpoint retired", TIMEOUT, || {
-        waiting_on_error((|| {
-            let report = crate::real_node_seed::inspect_node(run)?;
-            let retired = parents.iter().all(|p| state_of(&report, p) == Some("inactive"));
-            let running = running_parents(run);
-            last_report = Some(report);
-            Ok(match running {
-                Ok(names) if retired && names == parents => Probe::Ready(()),
-                running => Probe::Waiting(format!(
-                    "retired: {retired}; running parents: {:?}; {}",
-                    running.map_err(|e| format!("{e:#}")),
-                    last_report.as_ref().map(Inspect::summary).unwrap_or_default()
-                )),
-            })
-        })())
-    })?;
+    wait_for(
+        "every parent running and every checkpoint retired",
+        TIMEOUT,
+        || {
+            waiting_on_error((|| {
+                let report = crate::real_node_seed::inspect_node(run)?;
+                let retired = parents.iter().all(|p| state_of(&report, p) == Some("inactive"));
+                let running = running_parents(run);
+                last_report = Some(report);
+                Ok(match running {
+                    Ok(names) if retired && names == parents => Probe::Ready(()),
+                    running => Probe::Waiting(format!(
+                        "retired: {retired}; running parents: {:?}; {}",
+                        running.map_err(|e| format!("{e:#}")),
+                        last_report.as_ref().map(Inspect::summary).unwrap_or_default()
+                    )),
+                })
+            })())
+        },
+    )?;
     let retired = cut.elapsed();
     // The parent API server takes the port over only now: until it serves, the API is down.
     let mut serving_since: Option<Instant> = None;
     wait_for(
-        &format!("the parent API server serving for {} in a row", human_duration(SETTLED)),
+        &format!(
+            "the parent API server serving for {} in a row",
+            human_duration(SETTLED)
+        ),
         TIMEOUT,
         || {
             Ok(match (self_hosted.readyz(), serving_since) {
@@ -360,7 +416,9 @@ fn power_cut_once(
     let apiservers = apiservers.stop();
     let first_ready = first_at(&readyz, cut, |s| *s == 200).context("no /readyz 200 was sampled")?;
     let api_gap = longest_lapse(&readyz, first_ready, settled, |s| *s == 200);
-    let two_apiservers = time_holding(&apiservers, |running| running.as_ref().is_some_and(|r| r.len() >= 2));
+    let two_apiservers = time_holding(&apiservers, |running| {
+        running.as_ref().is_some_and(|r| r.len() >= 2)
+    });
     let grace = Duration::from_secs(u64::from(APISERVER_GRACE_SECONDS) + 2);
     anyhow::ensure!(
         two_apiservers <= grace,
@@ -386,6 +444,19 @@ fn power_cut_once(
     Ok(timeline)
 }
 
+/// Whether a copy of the agent (any pod of its name, static or not) logged taking the lock
+/// at or after `since` (the agent's own timestamp, to the second). Counting lines would not
+/// do: the kubelet deletes the logs of containers lost in a power cut.
+fn lock_taken_since(run: &NodeRun, since: ckpt_core::time::Timestamp) -> bool {
+    let since = since.to_rfc3339();
+    let since = &since[..since.len().min(19)];
+    pods_named_like(run, "pod-checkpointer").iter().any(|pod| {
+        log_lines(run, pod)
+            .iter()
+            .any(|line| line.contains(LOCK_TAKEN) && line.get(..19).is_some_and(|at| at >= since))
+    })
+}
+
 /// The pods of the kube-apiserver containers the node runs (`None` while the runtime does
 /// not answer, as during the reboot).
 fn running_apiservers(cri: &CriClient) -> Option<Vec<String>> {
@@ -394,7 +465,12 @@ fn running_apiservers(cri: &CriClient) -> Option<Vec<String>> {
         containers
             .into_iter()
             .filter(|c| c.name == APISERVER && c.state == ContainerState::Running)
-            .map(|c| c.labels.get("io.kubernetes.pod.name").cloned().unwrap_or_default())
+            .map(|c| {
+                c.labels
+                    .get("io.kubernetes.pod.name")
+                    .cloned()
+                    .unwrap_or_default()
+            })
             .collect(),
     )
 }
@@ -402,7 +478,11 @@ fn running_apiservers(cri: &CriClient) -> Option<Vec<String>> {
 /// Waits until every parent's checkpoint is active; returns when that was seen (from the
 /// cut) and the agent's own share: from the static copy's process start to the last of
 /// those active manifests written (`None` when the process or a file cannot be found).
-fn wait_active(run: &NodeRun, parents: &[String], cut: Instant) -> anyhow::Result<(Duration, Option<Duration>)> {
+fn wait_active(
+    run: &NodeRun,
+    parents: &[String],
+    cut: Instant,
+) -> anyhow::Result<(Duration, Option<Duration>)> {
     let report = wait_inspect(run, "every control-plane checkpoint active", |i| {
         parents.iter().all(|p| state_of(i, p) == Some("active"))
     })?;
@@ -448,7 +528,13 @@ fn c2_process_start(run: &NodeRun) -> Option<std::time::SystemTime> {
     })?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 22, counted after the command's closing parenthesis (field 2 may hold spaces).
-    let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    let ticks: u64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
     let boot: u64 = std::fs::read_to_string("/proc/stat")
         .ok()?
         .lines()
