@@ -78,7 +78,7 @@ pub(crate) fn agent_images(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(archives)
 }
 
-fn upgrade_image() -> String {
+pub(crate) fn upgrade_image() -> String {
     format!("{DEFAULT_IMAGE}{UPGRADE_TAG_SUFFIX}")
 }
 
@@ -849,14 +849,14 @@ fn restart_count(pod: &Value) -> u64 {
 }
 
 /// A node path on the host.
-fn host(run: &NodeRun, node_path: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn host(run: &NodeRun, node_path: &str) -> anyhow::Result<PathBuf> {
     run.node
         .host_path(node_path)
         .with_context(|| format!("{node_path} is not one of the node's own dirs"))
 }
 
 /// The agent's lock file, seen from the host.
-fn lock_file(run: &NodeRun) -> anyhow::Result<PathBuf> {
+pub(crate) fn lock_file(run: &NodeRun) -> anyhow::Result<PathBuf> {
     host(run, "/run/pod-checkpointer/pod-checkpointer.lock")
 }
 

@@ -28,8 +28,8 @@ use serde_json::{Value, json};
 
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
-    NS, deploy_with, label_control_plane, last_log_line, log_lines, name_of, pods_named_like, reset,
-    state_of, wait_agent_pair, wait_inspect,
+    NS, deploy_with, host, label_control_plane, last_log_line, log_lines, name_of, pods_named_like, reset,
+    state_of, upgrade_image, wait_agent_pair, wait_inspect,
 };
 
 const COMPONENTS: [&str; 3] = [APISERVER, CONTROLLER_MANAGER, SCHEDULER];
@@ -64,18 +64,13 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     )?;
     progress.say(&format!("checkpoints: {}", report.summary()));
 
-    let plain = if crate::long_mode() { LONG_PLAIN_CUTS } else { 1 };
+    // CI: the variants, folded into two cuts; the longer mode adds a series of plain ones.
+    let plain = if crate::long_mode() { LONG_PLAIN_CUTS } else { 0 };
+    let kinds = std::iter::repeat_n(Cut::Plain, plain).chain([Cut::UpgradedAndRevoked, Cut::DuringRecovery]);
     let mut cuts = Vec::new();
-    for n in 1..=plain {
-        cuts.push(power_cut_once(run, &self_hosted, &c1, n, Cut::Plain)?);
+    for (n, kind) in kinds.enumerate() {
+        cuts.push(power_cut_once(run, &self_hosted, n + 1, kind)?);
     }
-    cuts.push(power_cut_once(
-        run,
-        &self_hosted,
-        &c1,
-        plain + 1,
-        Cut::DuringRecovery,
-    )?);
     report_cuts(run, &cuts)
 }
 
@@ -87,6 +82,11 @@ const LONG_PLAIN_CUTS: usize = 10;
 enum Cut {
     /// The node runs steadily: the parents serve, the checkpoints are inactive.
     Plain,
+    /// Right after the agent's own DaemonSet moved to a new image tag, with the static
+    /// copy's kept credentials revoked (its ServiceAccount deleted and created again): the
+    /// static copy activates offline, is refused by the API server once it serves, and
+    /// hands the lock to the DaemonSet copy, which keeps fresh credentials.
+    UpgradedAndRevoked,
     /// A first cut, and the timed one once that recovery is under way (the checkpoints
     /// active and serving, the parents not back yet).
     DuringRecovery,
@@ -230,10 +230,13 @@ struct CutTimeline {
     agent_share: Option<Duration>,
 }
 
+/// A milestone's name and how to read it from a cut (`None`: not measured in that cut).
+type Milestone = (&'static str, fn(&CutTimeline) -> Option<Duration>);
+
 impl CutTimeline {
     /// Every duration, by the name the summary shows.
     /// Every duration, by the name the summary shows (`None`: not measured in this cut).
-    const MILESTONES: [(&str, fn(&CutTimeline) -> Option<Duration>); 10] = [
+    const MILESTONES: [Milestone; 10] = [
         ("kubelet up", |c| Some(c.kubelet_up)),
         ("the agent holds the lock", |c| Some(c.c2_locked)),
         ("checkpoints active", |c| c.checkpoints_active),
@@ -279,11 +282,15 @@ impl CutTimeline {
 fn power_cut_once(
     run: &mut NodeRun,
     self_hosted: &SelfHosted,
-    c1: &str,
     n: usize,
     kind: Cut,
 ) -> anyhow::Result<CutTimeline> {
     let progress = run.progress;
+    if kind == Cut::UpgradedAndRevoked {
+        upgrade_and_revoke(run, self_hosted)?;
+    }
+    let (c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
+    let c1 = c1.as_str();
     let parents = running_parents(run)?;
     let marker = format!("e2e-marker-{n}");
     let value = random_hex(8)?;
@@ -322,6 +329,7 @@ fn power_cut_once(
     }
     let cut = Instant::now();
     let cut_at = ckpt_core::time::Timestamp::now();
+    let cut_wall = std::time::SystemTime::now();
     run.node.reboot()?;
     let kubelet_up = cut.elapsed();
 
@@ -338,7 +346,7 @@ fn power_cut_once(
     // Cut during the recovery, the active manifests are on the node's disk already: the
     // kubelet starts them itself, before the agent runs.
     let (checkpoints_active, agent_share) = match kind {
-        Cut::Plain => {
+        Cut::Plain | Cut::UpgradedAndRevoked => {
             let (seen, share) = wait_active(run, &parents, cut)?;
             (Some(seen), share)
         }
@@ -426,6 +434,21 @@ fn power_cut_once(
         human_duration(two_apiservers)
     );
     let (_, _) = wait_agent_pair(run, "C1 running again beside C2")?;
+    if kind == Cut::UpgradedAndRevoked {
+        let token = host(run, KEPT_TOKEN)?;
+        let (_, _) = wait_for(
+            "the DaemonSet copy to hold the lock and keep a fresh token (the revoked one handed over)",
+            TIMEOUT,
+            || {
+                let kept_at = std::fs::metadata(&token).and_then(|m| m.modified()).ok();
+                Ok(match kept_at {
+                    Some(at) if at > cut_wall => Probe::Ready(()),
+                    at => Probe::Waiting(format!("the kept token written at {at:?}")),
+                })
+            },
+        )?;
+        progress.say("the agent is synced again: the DaemonSet copy took over and kept a fresh token");
+    }
     let timeline = CutTimeline {
         n,
         cut: kind,
@@ -455,6 +478,59 @@ fn lock_taken_since(run: &NodeRun, since: ckpt_core::time::Timestamp) -> bool {
             .iter()
             .any(|line| line.contains(LOCK_TAKEN) && line.get(..19).is_some_and(|at| at >= since))
     })
+}
+
+/// Where the DaemonSet copy keeps the static copy's token, on the node.
+const KEPT_TOKEN: &str = "/etc/kubernetes/pod-checkpointer/token";
+/// The static copy's ServiceAccount `deploy` creates.
+const STATIC_ACCOUNT: &str = "pod-checkpointer-static";
+
+/// The agent's DaemonSet to the upgrade's tag (the same binary), then the static copy's
+/// ServiceAccount deleted and created again, which revokes every token kept for it.
+fn upgrade_and_revoke(run: &NodeRun, self_hosted: &SelfHosted) -> anyhow::Result<()> {
+    let (old_c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
+    let image = upgrade_image();
+    deploy_with(
+        run,
+        self_hosted.kubeconfig(),
+        "grace-period",
+        &["--image", &image],
+    )?;
+    let (_, _) = wait_for("C1 on the new tag, beside its static copy", TIMEOUT, || {
+        waiting_on_error((|| {
+            let (c1, _) = wait_agent_pair(run, "C1 and C2 running")?;
+            Ok(if c1 != old_c1 {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(format!("C1 is still {c1}"))
+            })
+        })())
+    })?;
+    let account = run
+        .kubectl
+        .get("serviceaccount", NS, STATIC_ACCOUNT)?
+        .with_context(|| format!("deploy made no ServiceAccount {STATIC_ACCOUNT}"))?;
+    run.kubectl.run(
+        &[
+            "delete",
+            "serviceaccount",
+            STATIC_ACCOUNT,
+            "-n",
+            NS,
+            "--wait=true",
+        ],
+        None,
+    )?;
+    let mut metadata = json!({ "name": STATIC_ACCOUNT, "namespace": NS });
+    if account["metadata"]["labels"].is_object() {
+        metadata["labels"] = account["metadata"]["labels"].clone();
+    }
+    run.kubectl
+        .create(&json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata }))?;
+    run.progress.say(&format!(
+        "the agent upgraded to {image}; the static copy's kept credentials revoked"
+    ));
+    Ok(())
 }
 
 /// The pods of the kube-apiserver containers the node runs (`None` while the runtime does
