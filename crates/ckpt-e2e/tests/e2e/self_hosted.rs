@@ -19,6 +19,7 @@ use ckpt_e2e::e2e_env::{BinDir, NODE_NAME, human_duration};
 use ckpt_e2e::harness::agent::Inspect;
 use ckpt_e2e::harness::cri::{ContainerState, CriClient};
 use ckpt_e2e::harness::kubectl::pod_running;
+use ckpt_e2e::harness::lock::{Holding, lock_holder};
 use ckpt_e2e::harness::wait::{Probe, wait_for, waiting_on_error};
 use ckpt_e2e::image::BUSYBOX_IMAGE;
 use ckpt_e2e::self_hosted::objects::{APISERVER, APISERVER_GRACE_SECONDS, CONTROLLER_MANAGER, SCHEDULER};
@@ -28,8 +29,8 @@ use serde_json::{Value, json};
 
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
-    NS, deploy_with, host, label_control_plane, last_log_line, log_lines, name_of, pods_named_like, reset,
-    state_of, upgrade_image, wait_agent_pair, wait_inspect,
+    NS, deploy_with, host, label_control_plane, last_log_line, lock_file, log_lines, name_of,
+    pods_named_like, reset, state_of, upgrade_image, wait_agent_pair, wait_health, wait_inspect,
 };
 
 const COMPONENTS: [&str; 3] = [APISERVER, CONTROLLER_MANAGER, SCHEDULER];
@@ -331,6 +332,9 @@ fn power_cut_once(
     let cut_at = ckpt_core::time::Timestamp::now();
     let cut_wall = std::time::SystemTime::now();
     run.node.reboot()?;
+    // Every process of the node is dead by now: a sample from before could still have seen
+    // the old API server answer while the cut was under way.
+    let rebooted = Instant::now();
     let kubelet_up = cut.elapsed();
 
     // Usually C2, the static copy; C1 when the API is back before C2 runs (a cut during
@@ -422,7 +426,7 @@ fn power_cut_once(
     let api_back = cut.elapsed() - SETTLED;
     let readyz = readyz.stop();
     let apiservers = apiservers.stop();
-    let first_ready = first_at(&readyz, cut, |s| *s == 200).context("no /readyz 200 was sampled")?;
+    let first_ready = first_at(&readyz, rebooted, |s| *s == 200).context("no /readyz 200 was sampled")?;
     let api_gap = longest_lapse(&readyz, first_ready, settled, |s| *s == 200);
     let two_apiservers = time_holding(&apiservers, |running| {
         running.as_ref().is_some_and(|r| r.len() >= 2)
@@ -436,8 +440,11 @@ fn power_cut_once(
     let (_, _) = wait_agent_pair(run, "C1 running again beside C2")?;
     if kind == Cut::UpgradedAndRevoked {
         let token = host(run, KEPT_TOKEN)?;
+        // The DaemonSet copy mints the kept token whether it holds the lock or waits; the
+        // static copy re-reads it within a minute (or hands the lock over after a minute of
+        // 401s, whichever comes first).
         let (_, _) = wait_for(
-            "the DaemonSet copy to hold the lock and keep a fresh token (the revoked one handed over)",
+            "the DaemonSet copy to keep a fresh token for the static copy",
             TIMEOUT,
             || {
                 let kept_at = std::fs::metadata(&token).and_then(|m| m.modified()).ok();
@@ -447,7 +454,17 @@ fn power_cut_once(
                 })
             },
         )?;
-        progress.say("the agent is synced again: the DaemonSet copy took over and kept a fresh token");
+        let lock_file = lock_file(run)?;
+        let (holder, _) = wait_for("a pod's holder record in the lock", TIMEOUT, || {
+            Ok(match lock_holder(&lock_file)? {
+                Some(Holding { pod: Some(pod), .. }) => Probe::Ready(pod),
+                other => Probe::Waiting(format!("held by {other:?}")),
+            })
+        })?;
+        wait_health(run, &holder, "ok")?;
+        progress.say(&format!(
+            "the agent is synced again after the revocation: a fresh kept token, the holder {holder} ready"
+        ));
     }
     let timeline = CutTimeline {
         n,
