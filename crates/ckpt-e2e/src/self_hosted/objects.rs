@@ -125,10 +125,11 @@ fn secret(name: &str, data: Value) -> Value {
 /// What every control-plane pod shares: checkpointed, on the host's network, critical,
 /// tolerating every taint, no service-account token.
 ///
-/// No nodeSelector: after a power cut the kubelet admits pods before its Node lister has
-/// synced, against a Node without the cluster's labels, and fails every pod that selects
-/// one (NodeAffinity); a failed Deployment pod is never replaced by its ReplicaSet. On this
-/// one-node cluster a selector would choose nothing anyway.
+/// No nodeSelector: after a power cut the kubelet may admit pods before its Node lister has
+/// synced, against a Node without the cluster's labels, and fail every pod that selects
+/// one (NodeAffinity). Nothing deletes a Deployment pod failed that way (its ReplicaSet
+/// makes another beside it), so its checkpoint would stay active for good. On this one-node
+/// cluster a selector would choose nothing anyway.
 fn pod_template(app: &str, grace_seconds: u32, container: Value, volumes: Value) -> Value {
     json!({
         "metadata": {

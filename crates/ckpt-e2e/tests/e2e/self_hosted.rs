@@ -303,14 +303,6 @@ fn power_cut_once(
     })])?;
     let c2 = format!("{c1}-{NODE_NAME}");
 
-    let readyz = {
-        let self_hosted = self_hosted.clone();
-        Sampler::start(SAMPLE_EVERY, move || self_hosted.readyz())
-    };
-    let apiservers = {
-        let cri = CriClient::new(&run.node.containerd_socket().to_string_lossy());
-        Sampler::start(SAMPLE_EVERY, move || running_apiservers(&cri))
-    };
     if kind == Cut::DuringRecovery {
         progress.say(&format!(
             "cut {n}: a first power cut, then the timed one during the recovery"
@@ -328,6 +320,15 @@ fn power_cut_once(
     } else {
         progress.say(&format!("cut {n}: power off with {} running", parents.join(", ")));
     }
+    // Sampled from just before the timed cut (not the first cut of a cut during the recovery).
+    let readyz = {
+        let self_hosted = self_hosted.clone();
+        Sampler::start(SAMPLE_EVERY, move || self_hosted.readyz())
+    };
+    let apiservers = {
+        let cri = CriClient::new(&run.node.containerd_socket().to_string_lossy());
+        Sampler::start(SAMPLE_EVERY, move || running_apiservers(&cri))
+    };
     let cut = Instant::now();
     let cut_at = ckpt_core::time::Timestamp::now();
     let cut_wall = std::time::SystemTime::now();
