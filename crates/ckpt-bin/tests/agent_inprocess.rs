@@ -360,7 +360,7 @@ impl World {
                 .unwrap_or_else(|e| e.into_inner())
                 .calls
                 .iter()
-                .filter(|c| c.ends_with("/ListPodSandbox"))
+                .filter(|c| c.ends_with("/ListContainers"))
                 .count(),
             Local::Kubelet => self.kubelet.requests(),
         }

@@ -52,53 +52,28 @@ impl CriClient {
         Ok(self.runtime.api().await?)
     }
 
-    /// The pods of these namespaces that run: those with a `SANDBOX_READY` sandbox (keyed
-    /// by the sandbox's metadata namespace/name) or a `CONTAINER_RUNNING` container (keyed
-    /// by the labels `io.kubernetes.pod.namespace`/`io.kubernetes.pod.name`).
+    /// The pods of these namespaces that run: those with a `CONTAINER_RUNNING` container
+    /// (keyed by the labels `io.kubernetes.pod.namespace`/`io.kubernetes.pod.name`).
     ///
-    /// The runtime is asked only for what is needed: running objects, one namespace at a
-    /// time (the kubelet labels every sandbox and container with its pod's namespace), so
-    /// the answers stay small on a busy node whose other pods carry large annotations.
+    /// A ready sandbox alone does not count: after a power cut the kubelet starts a
+    /// parent's sandbox as soon as it sees the pod, while the container may wait for
+    /// Secrets and ConfigMaps only the API server gives (`CreateContainerConfigError`); a
+    /// checkpoint retired then takes the API server with it, and the parent never starts.
     ///
-    /// With `wanted`, the containers of a namespace are listed only when a wanted pod of
-    /// it has no ready sandbox: then the answer is exact for every wanted pod (a running
-    /// container is looked for where it could change the answer) and the others are
-    /// reported from their sandboxes alone. One call per namespace while everything
-    /// wanted runs, which is the idle case.
+    /// The runtime is asked only for what is needed: running containers, one namespace at
+    /// a time (the kubelet labels every container with its pod's namespace), so the
+    /// answers stay small on a busy node whose other pods carry large annotations. One call
+    /// per namespace. `wanted` is accepted for the callers' sake and changes nothing.
     pub async fn running_pods<'a>(
         &self,
         namespaces: impl IntoIterator<Item = &'a str>,
-        wanted: Option<&BTreeSet<PodId>>,
+        _wanted: Option<&BTreeSet<PodId>>,
     ) -> Result<BTreeSet<PodId>> {
         let mut running = BTreeSet::new();
         for namespace in namespaces {
             let selector = || [(LABEL_POD_NAMESPACE.to_owned(), namespace.to_owned())].into();
-            let sandboxes = self
-                .runtime
-                .list_pod_sandbox(Some(proto::PodSandboxFilter {
-                    state: Some(proto::PodSandboxStateValue {
-                        state: proto::SANDBOX_READY,
-                    }),
-                    label_selector: selector(),
-                    ..Default::default()
-                }))
-                .await?;
             // The runtime filters; filter again in case it ignores a filter.
             let in_namespace = |(ns, name): (&str, &str)| (ns == namespace).then(|| PodId::new(ns, name));
-            let from_sandboxes: BTreeSet<PodId> = (sandboxes.iter())
-                .filter(|s| s.state == proto::SANDBOX_READY)
-                .filter_map(|s| s.pod())
-                .filter_map(in_namespace)
-                .collect();
-            let all_wanted_run = wanted.is_some_and(|wanted| {
-                (wanted.iter())
-                    .filter(|id| *id.namespace == *namespace)
-                    .all(|id| from_sandboxes.contains(id))
-            });
-            running.extend(from_sandboxes);
-            if all_wanted_run {
-                continue;
-            }
             let containers = self
                 .runtime
                 .list_containers(Some(proto::ContainerFilter {
@@ -136,7 +111,7 @@ mod tests {
     const TIMEOUT: Duration = Duration::from_secs(2);
 
     #[tokio::test]
-    async fn running_means_a_ready_sandbox_or_a_running_container() {
+    async fn running_means_a_running_container_not_a_ready_sandbox() {
         let fake = FakeCri::start(true, false);
         fake.add_pod(
             "ns",
@@ -161,14 +136,13 @@ mod tests {
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
         let running = cri.running_pods(["ns"], None).await.unwrap();
         let names: Vec<&str> = running.iter().map(|p| &*p.name).collect();
-        assert_eq!(
-            names,
-            ["container-only", "ready-and-running", "ready-no-containers"]
-        );
+        // A ready sandbox whose container is not running yet (its ConfigMap not synced
+        // after a power cut) is not a running parent.
+        assert_eq!(names, ["container-only", "ready-and-running"]);
     }
 
     #[tokio::test]
-    async fn containers_are_listed_only_when_a_wanted_pod_has_no_ready_sandbox() {
+    async fn one_list_of_running_containers_per_namespace_whatever_is_wanted() {
         let fake = FakeCri::start(true, false);
         fake.add_pod("ns", "runs", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
         fake.add_pod(
@@ -192,24 +166,12 @@ mod tests {
             |names: &[&str]| -> BTreeSet<PodId> { names.iter().map(|n| PodId::new("ns", *n)).collect() };
         /// Wanted, running pods reported, calls made.
         type Case = (Option<BTreeSet<PodId>>, BTreeSet<PodId>, Vec<&'static str>);
+        let both = || ids(&["container-only", "runs"]);
         let cases: Vec<Case> = vec![
-            (Some(ids(&["runs"])), ids(&["runs"]), vec!["ListPodSandbox"]),
-            (Some(ids(&[])), ids(&["runs"]), vec!["ListPodSandbox"]),
-            (
-                Some(ids(&["runs", "dead"])),
-                ids(&["container-only", "runs"]),
-                vec!["ListPodSandbox", "ListContainers"],
-            ),
-            (
-                Some(ids(&["container-only"])),
-                ids(&["container-only", "runs"]),
-                vec!["ListPodSandbox", "ListContainers"],
-            ),
-            (
-                None,
-                ids(&["container-only", "runs"]),
-                vec!["ListPodSandbox", "ListContainers"],
-            ),
+            (Some(ids(&["runs"])), both(), vec!["ListContainers"]),
+            (Some(ids(&[])), both(), vec!["ListContainers"]),
+            (Some(ids(&["runs", "dead"])), both(), vec!["ListContainers"]),
+            (None, both(), vec!["ListContainers"]),
         ];
         for (wanted, expected, calls) in cases {
             let before = lists(&fake).len();

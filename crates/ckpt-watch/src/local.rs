@@ -37,8 +37,8 @@ impl SourceHealth {
 
 /// Combines the CRI runtime and the kubelet into the planner's [`LocalView`].
 ///
-/// - **CRI on**: `running` = the runtime's running pods (a ready sandbox or a running
-///   container) in the allowed namespaces; `kubelet_parents` = the parents in the
+/// - **CRI on**: `running` = the runtime's running pods (a running container; a ready
+///   sandbox alone does not count, see [`CriClient::running_pods`]) in the allowed namespaces; `kubelet_parents` = the parents in the
 ///   kubelet's `/pods`. If the runtime fails, the view is [`LocalView::Unknown`]. If only
 ///   the kubelet fails, `running` is still known and `kubelet_parents` is empty
 ///   (it is informational only).
@@ -94,9 +94,8 @@ impl LocalObserver {
     }
 
     /// The pods whose running the caller acts on (the parents of its checkpoints). The
-    /// view stays exact for them; the runtime is then asked once per namespace while they
-    /// all have a ready sandbox, instead of twice (see [`CriClient::running_pods`]). Until
-    /// it is set, every pod is looked for both ways.
+    /// runtime is asked once per namespace either way (see [`CriClient::running_pods`]);
+    /// kept so that a narrower question can be asked again without changing the callers.
     pub fn set_wanted(&self, wanted: BTreeSet<PodId>) {
         *self.wanted.lock().unwrap_or_else(|e| e.into_inner()) = Some(wanted);
     }

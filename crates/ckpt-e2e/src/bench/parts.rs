@@ -31,7 +31,7 @@ const LATENCY_TIMEOUT: Duration = Duration::from_secs(30);
 const KUBELET_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long the agent's view of a crash needs to be current: it polls the CRI every second.
 const LOCAL_POLL_SETTLE: Duration = Duration::from_millis(1500);
-/// The CRI watcher's interval: every look is a ListPodSandbox on a new connection.
+/// The CRI watcher's interval: every look is a ListContainers on a new connection.
 const CRI_POLL: Duration = Duration::from_millis(10);
 
 /// Everything measured, filled in part by part.
