@@ -63,11 +63,10 @@ impl CriClient {
     /// The runtime is asked only for what is needed: running containers, one namespace at
     /// a time (the kubelet labels every container with its pod's namespace), so the
     /// answers stay small on a busy node whose other pods carry large annotations. One call
-    /// per namespace. `wanted` is accepted for the callers' sake and changes nothing.
+    /// per namespace.
     pub async fn running_pods<'a>(
         &self,
         namespaces: impl IntoIterator<Item = &'a str>,
-        _wanted: Option<&BTreeSet<PodId>>,
     ) -> Result<BTreeSet<PodId>> {
         let mut running = BTreeSet::new();
         for namespace in namespaces {
@@ -134,7 +133,7 @@ mod tests {
             &[proto::CONTAINER_CREATED],
         );
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
-        let running = cri.running_pods(["ns"], None).await.unwrap();
+        let running = cri.running_pods(["ns"]).await.unwrap();
         let names: Vec<&str> = running.iter().map(|p| &*p.name).collect();
         // A ready sandbox whose container is not running yet (its ConfigMap not synced
         // after a power cut) is not a running parent.
@@ -142,7 +141,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn one_list_of_running_containers_per_namespace_whatever_is_wanted() {
+    async fn one_list_of_running_containers_per_namespace() {
         let fake = FakeCri::start(true, false);
         fake.add_pod("ns", "runs", proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
         fake.add_pod(
@@ -162,23 +161,11 @@ mod tests {
                 .map(|c| c.rsplit('/').next().unwrap_or_default().to_owned());
             names.collect()
         };
-        let ids =
-            |names: &[&str]| -> BTreeSet<PodId> { names.iter().map(|n| PodId::new("ns", *n)).collect() };
-        /// Wanted, running pods reported, calls made.
-        type Case = (Option<BTreeSet<PodId>>, BTreeSet<PodId>, Vec<&'static str>);
-        let both = || ids(&["container-only", "runs"]);
-        let cases: Vec<Case> = vec![
-            (Some(ids(&["runs"])), both(), vec!["ListContainers"]),
-            (Some(ids(&[])), both(), vec!["ListContainers"]),
-            (Some(ids(&["runs", "dead"])), both(), vec!["ListContainers"]),
-            (None, both(), vec!["ListContainers"]),
-        ];
-        for (wanted, expected, calls) in cases {
-            let before = lists(&fake).len();
-            let running = cri.running_pods(["ns"], wanted.as_ref()).await.unwrap();
-            assert_eq!(running, expected, "wanted {wanted:?}");
-            assert_eq!(lists(&fake)[before..], calls, "wanted {wanted:?}");
-        }
+        let expected: BTreeSet<PodId> = ["container-only", "runs"].map(|n| PodId::new("ns", n)).into();
+        let before = lists(&fake).len();
+        let running = cri.running_pods(["ns"]).await.unwrap();
+        assert_eq!(running, expected);
+        assert_eq!(lists(&fake)[before..], ["ListContainers"]);
     }
 
     #[tokio::test]
@@ -192,7 +179,7 @@ mod tests {
         );
         assert_eq!(cri.api().await.unwrap(), CriApi::V1alpha2);
         cri.stop_pod(&PodId::new("ns", "victim")).await.unwrap();
-        assert!(cri.running_pods(["ns"], None).await.unwrap().is_empty());
+        assert!(cri.running_pods(["ns"]).await.unwrap().is_empty());
         let err = cri.stop_pod(&PodId::new("ns", "victim")).await.unwrap_err();
         assert!(
             matches!(err, Error::Cri(ckpt_cri::Error::PodNotRunning { .. })),
@@ -246,14 +233,14 @@ mod tests {
         }
         annotate(&fake, "busy", 256 * 1024);
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
-        let running = cri.running_pods(["kube-system"], None).await.unwrap();
+        let running = cri.running_pods(["kube-system"]).await.unwrap();
         assert_eq!(running, BTreeSet::from([PodId::new("kube-system", "apiserver")]));
         // Asked for, they are still read (up to the kubelet's 16 MiB).
-        assert_eq!(cri.running_pods(["busy"], None).await.unwrap().len(), 40);
+        assert_eq!(cri.running_pods(["busy"]).await.unwrap().len(), 40);
 
         // Past 16 MiB in the namespace asked for: a clear error, not a wrong answer.
         annotate(&fake, "kube-system", ckpt_cri::MAX_ANSWER_BYTES);
-        let err = cri.running_pods(["kube-system"], None).await.unwrap_err();
+        let err = cri.running_pods(["kube-system"]).await.unwrap_err();
         assert!(
             matches!(err, Error::Cri(ckpt_cri::Error::AnswerTooLarge { .. })),
             "{err}"

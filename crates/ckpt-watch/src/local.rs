@@ -1,7 +1,6 @@
 //! What runs on this node: the CRI runtime and the kubelet, reduced to a [`LocalView`].
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -57,8 +56,6 @@ pub struct LocalObserver {
     cri_health: SourceHealth,
     kubelet_health: SourceHealth,
     cri_answers_too_large: AtomicU64,
-    /// The pods whose running matters (see [`LocalObserver::set_wanted`]); `None`: all.
-    wanted: Mutex<Option<BTreeSet<PodId>>>,
     /// How long one [`LocalObserver::observe`] may take, all calls together.
     bound: Duration,
 }
@@ -82,7 +79,6 @@ impl LocalObserver {
             cri_health: SourceHealth::default(),
             kubelet_health: SourceHealth::default(),
             cri_answers_too_large: Default::default(),
-            wanted: Mutex::new(None),
             bound: LOCAL_LOOK_BOUND,
         }
     }
@@ -91,13 +87,6 @@ impl LocalObserver {
     pub fn with_bound(mut self, bound: Duration) -> Self {
         self.bound = bound;
         self
-    }
-
-    /// The pods whose running the caller acts on (the parents of its checkpoints). The
-    /// runtime is asked once per namespace either way (see [`CriClient::running_pods`]);
-    /// kept so that a narrower question can be asked again without changing the callers.
-    pub fn set_wanted(&self, wanted: BTreeSet<PodId>) {
-        *self.wanted.lock().unwrap_or_else(|e| e.into_inner()) = Some(wanted);
     }
 
     /// The CRI client, if configured.
@@ -133,11 +122,10 @@ impl LocalObserver {
     /// Asks the sources (concurrently; each call is bounded by its client's timeout, and
     /// each source's whole look by the observer's bound).
     pub async fn observe(&self) -> LocalView {
-        let wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let cri = async {
             match &self.cri {
                 Some(cri) => {
-                    let look = cri.running_pods(self.namespaces.namespaces(), wanted.as_ref());
+                    let look = cri.running_pods(self.namespaces.namespaces());
                     Some(self.bounded("CRI runtime", look).await)
                 }
                 None => None,

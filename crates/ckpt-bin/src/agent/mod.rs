@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ckpt_core::{
-    CheckpointState, DecideConfig, DiskCheckpoint, GcDecision, LocalView, NamespaceAllowList, Observation,
-    PersistentState, PodId, SelfIdentity, Timestamp,
+    DecideConfig, DiskCheckpoint, GcDecision, LocalView, NamespaceAllowList, Observation, PersistentState,
+    PodId, SelfIdentity, Timestamp,
 };
 use ckpt_gc::GcPolicy;
 use ckpt_lock::{LockFile, LockGuard};
@@ -419,14 +419,6 @@ impl Agent {
             // Probe the API often only while seeing an outage late would cost the node.
             link.observer.set_at_stake(report.at_stake);
         }
-        // The runtime is asked about these pods exactly, and about the others only as far
-        // as one call tells.
-        self.local.set_wanted(
-            (report.states.iter())
-                .filter(|(_, state)| **state != CheckpointState::Removed)
-                .map(|(id, _)| id.clone())
-                .collect(),
-        );
 
         let outcome = if decision.is_noop() {
             Default::default()
