@@ -816,7 +816,7 @@ pub(crate) fn wait_health(run: &NodeRun, pod: &str, expected: &str) -> anyhow::R
     Ok(())
 }
 
-fn is_mirror(pod: &Value) -> bool {
+pub(crate) fn is_mirror(pod: &Value) -> bool {
     pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
 }
 

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
-    NS, deploy_with, host, label_control_plane, last_log_line, lock_file, log_lines, name_of,
+    NS, deploy_with, host, is_mirror, label_control_plane, last_log_line, lock_file, log_lines, name_of,
     pods_named_like, reset, state_of, upgrade_image, wait_agent_pair, wait_health, wait_inspect,
 };
 
@@ -142,10 +142,6 @@ fn running_parents(run: &NodeRun) -> anyhow::Result<Vec<String>> {
                 .with_context(|| format!("no {app} pod runs"))
         })
         .collect()
-}
-
-fn is_mirror(pod: &Value) -> bool {
-    pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
 }
 
 /// A Deployment's pod needs the controller-manager (ReplicaSet, pod) and the scheduler
