@@ -29,24 +29,43 @@ impl E2e {
     pub(crate) fn run(&self) -> anyhow::Result<()> {
         if self.list {
             let suite = build_suite(false)?;
-            return run_binary(&suite, &["--list".to_owned()], self.long);
+            return run_binary(&suite, &["--list".to_owned()], Mode::of(self.long));
         }
-        run_suite(&self.filters, false, self.long)
+        run_suite(&self.filters, false, Mode::of(self.long))
+    }
+}
+
+/// What the suite runs its scenarios for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// What CI runs.
+    Ci,
+    /// The longer mode: the scenarios and series kept out of CI for time.
+    Long,
+    /// `cargo xtask demo --self-hosted`: one power cut, narrated.
+    Demo,
+}
+
+impl Mode {
+    pub(crate) fn of(long: bool) -> Mode {
+        if long { Mode::Long } else { Mode::Ci }
     }
 }
 
 /// Builds the environment, the agent and the suite, then runs the suite (also used by
-/// `cargo xtask test`, with `locked`); `long` for the longer mode.
-pub(crate) fn run_suite(filters: &[String], locked: bool, long: bool) -> anyhow::Result<()> {
+/// `cargo xtask test`, with `locked`, and by `cargo xtask demo --self-hosted`).
+pub(crate) fn run_suite(filters: &[String], locked: bool, mode: Mode) -> anyhow::Result<()> {
     let started = Instant::now();
     interrupt::install()?;
     e2e_env::ensure_built()?;
     let suite = build_suite(locked)?;
-    run_binary(&suite, filters, long)?;
-    Progress::new("e2e").say(&format!(
-        "end-to-end suite passed ({} in all)",
-        human_duration(started.elapsed())
-    ));
+    run_binary(&suite, filters, mode)?;
+    if mode != Mode::Demo {
+        Progress::new("e2e").say(&format!(
+            "end-to-end suite passed ({} in all)",
+            human_duration(started.elapsed())
+        ));
+    }
     Ok(())
 }
 
@@ -91,20 +110,27 @@ fn suite_executable(messages: &str) -> Option<PathBuf> {
         .find_map(|m| m["executable"].as_str().map(PathBuf::from))
 }
 
-/// The suite's switch for the longer mode.
+/// The suite's switches for the longer mode and the demo.
 const LONG_ENV: &str = "E2E_LONG";
+const DEMO_ENV: &str = "E2E_DEMO";
 
-fn run_binary(suite: &PathBuf, args: &[String], long: bool) -> anyhow::Result<()> {
+fn run_binary(suite: &PathBuf, args: &[String], mode: Mode) -> anyhow::Result<()> {
+    let switch = |on: bool| if on { "1" } else { "0" };
     let agent = agent_binary()?;
     eprintln!("$ {} {}", suite.display(), args.join(" "));
     let status = Command::new(suite)
         .args(args)
         .env("POD_CHECKPOINTER_BIN", &agent)
-        .env(LONG_ENV, if long { "1" } else { "0" })
+        .env(LONG_ENV, switch(mode == Mode::Long))
+        .env(DEMO_ENV, switch(mode == Mode::Demo))
         .current_dir(ckpt_e2e::project_root())
         .status()
         .with_context(|| format!("cannot run {}", suite.display()))?;
-    anyhow::ensure!(status.success(), "the end-to-end suite failed: {status}");
+    let what = match mode {
+        Mode::Demo => "the self-hosted demo",
+        Mode::Ci | Mode::Long => "the end-to-end suite",
+    };
+    anyhow::ensure!(status.success(), "{what} failed: {status}");
     Ok(())
 }
 

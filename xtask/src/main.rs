@@ -3,19 +3,20 @@
 //! Developer and operator tasks for pod-checkpointer, run as `cargo xtask <task>`:
 //! `test` runs everything CI runs; `e2e` runs the end-to-end suite against a real control
 //! plane; `bench` measures the release agent against one; `demo` narrates the agent at work
-//! on one; `e2e-env` builds, starts and stops that control plane by hand; `image` builds the
-//! agent's OCI image archive; `render` and `deploy` install the agent. One module per
-//! subcommand; each is a struct with a `run` method. The end-to-end infrastructure (control
-//! plane, harness, suite, bench, demo, image builder) lives in the `ckpt-e2e` crate; xtask
-//! dispatches to it.
+//! on one (`--self-hosted`: a self-hosted control plane through a power cut); `e2e-env`
+//! builds, starts and stops that control plane by hand; `image` builds the agent's OCI image
+//! archive; `render` and `deploy` install the agent. One module per subcommand; each is a
+//! struct with a `run` method. The end-to-end infrastructure (control plane, harness, suite,
+//! bench, demo, image builder) lives in the `ckpt-e2e` crate; xtask dispatches to it.
 
+mod demo;
 mod deploy;
 mod e2e;
 mod render;
 mod standalone;
 mod test;
 
-use ckpt_e2e::{bench, demo, e2e_env, image};
+use ckpt_e2e::{bench, e2e_env, image};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -32,7 +33,8 @@ enum Task {
     /// Build the control plane and the agent, then run the end-to-end suite against them.
     E2e(e2e::E2e),
     /// A narrated run of the agent on a local control plane: checkpoint, API server down,
-    /// activation, recovery, deactivation, garbage collection.
+    /// activation, recovery, deactivation, garbage collection; with --self-hosted, a
+    /// self-hosted control plane on a real node through a power cut.
     Demo(demo::Demo),
     /// The real kube-apiserver, etcd and hollow kubelet for the end-to-end tests.
     E2eEnv(e2e_env::E2eEnv),
@@ -61,5 +63,17 @@ fn main() -> anyhow::Result<()> {
         Task::Render(cmd) => cmd.run(),
         Task::Deploy(cmd) => cmd.run(),
         Task::Image(cmd) => cmd.run(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap checks its own definition (unique names, valid conflicts) only when parsing:
+    /// check every subcommand here instead of on a user's first run.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
     }
 }

@@ -108,7 +108,9 @@ impl Test {
             );
             return Ok(());
         }
-        phase("end-to-end", || crate::e2e::run_suite(&[], true, self.long))?;
+        phase("end-to-end", || {
+            crate::e2e::run_suite(&[], true, crate::e2e::Mode::of(self.long))
+        })?;
         eprintln!("xtask test: all green in {}", human_duration(started.elapsed()));
         Ok(())
     }

@@ -139,6 +139,15 @@ pub(crate) fn long_mode() -> bool {
     std::env::var(LONG_ENV).is_ok_and(|v| v == "1")
 }
 
+/// Set to `1` by `cargo xtask demo --self-hosted`: the self-hosted scenario runs one plain
+/// power cut and narrates it.
+const DEMO_ENV: &str = "E2E_DEMO";
+
+/// Whether this run is the self-hosted demo.
+pub(crate) fn demo_mode() -> bool {
+    std::env::var(DEMO_ENV).is_ok_and(|v| v == "1")
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--list") {

@@ -65,17 +65,85 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     )?;
     progress.say(&format!("checkpoints: {}", report.summary()));
 
-    // CI: the variants, folded into two cuts; the longer mode adds a series of plain ones.
-    let plain = if crate::long_mode() { LONG_PLAIN_CUTS } else { 0 };
-    let kinds = std::iter::repeat_n(Cut::Plain, plain).chain([Cut::UpgradedAndRevoked, Cut::DuringRecovery]);
+    // CI: the variants, folded into two cuts; the longer mode adds a series of plain ones;
+    // the demo shows one plain cut.
+    let kinds: Vec<Cut> = if crate::demo_mode() {
+        vec![Cut::Plain]
+    } else {
+        let plain = if crate::long_mode() { LONG_PLAIN_CUTS } else { 0 };
+        std::iter::repeat_n(Cut::Plain, plain)
+            .chain([Cut::UpgradedAndRevoked, Cut::DuringRecovery])
+            .collect()
+    };
     let mut cuts = Vec::new();
-    for (n, kind) in kinds.enumerate() {
+    for (n, kind) in kinds.into_iter().enumerate() {
         cuts.push(power_cut_once(run, &self_hosted, n + 1, kind)?);
     }
-    report_cuts(run, &cuts)
+    report_cuts(run, &cuts)?;
+    if crate::demo_mode() {
+        for cut in &cuts {
+            narrate(cut);
+        }
+    }
+    Ok(())
 }
 
-/// Plain cuts in the longer mode (`E2E_LONG=1`); CI runs one.
+/// The demo's account of one cut: each milestone, from the cut, with what it means.
+fn narrate(cut: &CutTimeline) {
+    let h = |d: Duration| human_duration(d);
+    let mut lines = vec![
+        format!(
+            "{:>8}  containerd and the kubelet are up again (the harness starts them, as systemd would at boot)",
+            h(cut.kubelet_up)
+        ),
+        format!(
+            "{:>8}  the kubelet has started pod-checkpointer's static copy from its own checkpoint, and it holds the node's lock",
+            h(cut.c2_locked)
+        ),
+    ];
+    if let Some(active) = cut.checkpoints_active {
+        lines.push(format!(
+            "{:>8}  it has written kube-apiserver's, kube-controller-manager's and kube-scheduler's checkpoints into the kubelet's manifest dir{}",
+            h(active),
+            cut.agent_share
+                .map(|s| format!(" ({} after its process started)", h(s)))
+                .unwrap_or_default()
+        ));
+    }
+    lines.extend([
+        format!(
+            "{:>8}  the checkpointed kube-apiserver answers /readyz: the cluster has an API again",
+            h(cut.api_ready)
+        ),
+        format!(
+            "{:>8}  a ConfigMap written before the cut is read back through it",
+            h(cut.marker_read)
+        ),
+        format!(
+            "{:>8}  the DaemonSet's and Deployments' own pods run again, and the agent has retired every checkpoint",
+            h(cut.retired)
+        ),
+        format!(
+            "{:>8}  the DaemonSet's kube-apiserver serves, for good",
+            h(cut.api_back)
+        ),
+    ]);
+    eprintln!(
+        "
+demo: the power cut, timed from the moment every process of the node was killed:"
+    );
+    for line in lines {
+        eprintln!("  {line}");
+    }
+    eprintln!(
+        "demo: during the handoff from the checkpoint to the real pod the API was unavailable for {} at most;          two kube-apiserver containers ran at once for {} (both bind :6443 with --permit-port-sharing).          BENCHMARKS.md has the series (`cargo xtask e2e --long real_node_self_hosted`).\n",
+        h(cut.api_gap),
+        h(cut.two_apiservers)
+    );
+}
+
+/// Plain cuts in the longer mode (`E2E_LONG=1`); CI runs none (its two cuts are variants),
+/// the demo one.
 const LONG_PLAIN_CUTS: usize = 10;
 
 /// What comes before the timed cut.
