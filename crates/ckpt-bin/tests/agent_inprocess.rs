@@ -1422,3 +1422,45 @@ async fn gc_timers_advance_while_the_journal_cannot_be_saved() {
     .await;
     agent.stop().await.expect("SIGTERM exits 0");
 }
+
+/// The node's kubelet is v1.20 (read from its Node): a parent whose sidecar init container
+/// (`restartPolicy: Always`, known to kubelets from 1.28 on) that kubelet would drop is
+/// not checkpointed; the refusal is an Event naming the field and the kubelet, counted
+/// once; the other parents are checkpointed as always.
+#[tokio::test]
+async fn a_checkpoint_the_nodes_kubelet_would_not_run_is_not_written() {
+    const SIDECAR: &str = "kube-proxy-abc";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    world.api.set_get(
+        &format!("/api/v1/nodes/{NODE}"),
+        200,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+            "status": {"nodeInfo": {"kubeletVersion": "v1.20.2", "kubeProxyVersion": "v1.20.2",
+                "architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "containerd://1.6.20",
+                "kernelVersion": "6.1.0", "machineID": "m", "operatingSystem": "linux",
+                "osImage": "Debian GNU/Linux 12", "systemUUID": "u"}}}),
+    );
+    let mut sidecar = parent(SIDECAR, "kube-proxy", "kube-proxy:v1.20.2", json!([]));
+    sidecar["spec"]["initContainers"] =
+        json!([{"name": "wait", "image": "busybox:1.35", "restartPolicy": "Always"}]);
+    world.api.apply("pods", NS, sidecar);
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    eventually("the refusal Event", || async {
+        !events_created(&world, SIDECAR, "CheckpointRefused").is_empty()
+    })
+    .await;
+    let note = events_created(&world, SIDECAR, "CheckpointRefused")[0]["note"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        note.contains("the kubelet of node-1 (v1.20)")
+            && note.contains("spec.initContainers[0].restartPolicy: needs a kubelet ≥v1.28"),
+        "{note}"
+    );
+    world.looked_twice("settled").await;
+    world.assert_files("still not written", &checkpointed(AGENT));
+    agent.expect_count("refused_total", 2.0).await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}

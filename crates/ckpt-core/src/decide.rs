@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::admission::{Inadmissible, KubeletVersion, admit};
 use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent};
@@ -513,16 +514,27 @@ fn sanitize_parents(
             report.waiting_for_access.insert(id.clone(), message);
             continue;
         }
-        match sanitize(pod, &view.select(&required), &options) {
+        let sanitized = sanitize(pod, &view.select(&required), &options).map_err(|e| e.to_string());
+        // Never write what the kubelet would not run: the checkpoint on disk, if any, stays.
+        let admitted = sanitized.and_then(|sanitized| {
+            admit(
+                &sanitized.checkpoint.manifest,
+                &config.me.node,
+                observation.kubelet,
+            )
+            .map(|()| sanitized)
+            .map_err(|problems| inadmissible_message(&config.me.node, observation.kubelet, &problems))
+        });
+        match admitted {
             Ok(sanitized) => {
                 if !sanitized.warnings.is_empty() {
                     report.warnings.insert(id.clone(), sanitized.warnings);
                 }
                 out.insert(id.clone(), sanitized.checkpoint);
             }
-            Err(e) => {
+            Err(message) => {
                 let refusal = Refusal {
-                    message: e.to_string(),
+                    message,
                     uid: pod.metadata.uid.clone(),
                 };
                 report.refusals.insert(id.clone(), refusal);
@@ -530,6 +542,19 @@ fn sanitize_parents(
         }
     }
     out
+}
+
+/// A refusal's message for a checkpoint the kubelet would not run, naming every field.
+fn inadmissible_message(node: &str, kubelet: Option<KubeletVersion>, problems: &[Inadmissible]) -> String {
+    let kubelet = kubelet.map_or_else(
+        || "version not read yet: the strictest rules".to_owned(),
+        |v| v.to_string(),
+    );
+    let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    format!(
+        "the kubelet of {node} ({kubelet}) would not run the checkpoint as a static pod: {}",
+        problems.join("; ")
+    )
 }
 
 /// What the objects of every parent in `pods` need, by allowed namespace (each allowed

@@ -4,6 +4,8 @@
 //!   itself ([`SelfIdentity`], and [`LockIdentity`] as the lock holder) and a controller
 //!   owner ([`ControllerOwner`]); what a Kubernetes name may be ([`is_dns_label`],
 //!   [`is_dns_subdomain`]).
+//! - [`admission`](mod@admission): whether the node's kubelet would run a checkpoint as a
+//!   static pod ([`admit`], for a [`KubeletVersion`]), checked before it is written.
 //! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
 //!   [`MaterializedDir`]s it mounts.
 //! - [`observation`]: what the agent observed for a pass ([`Observation`]), produced by
@@ -47,6 +49,7 @@
 //! assert!(decision.is_noop());
 //! ```
 
+pub mod admission;
 pub mod checkpoint;
 pub mod decide;
 mod error;
@@ -59,6 +62,8 @@ pub mod sanitize;
 pub mod scheduling;
 pub mod time;
 
+#[doc(inline)]
+pub use admission::{Inadmissible, KubeletVersion, admit};
 #[doc(inline)]
 pub use checkpoint::{
     Checkpoint, CheckpointMeta, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, manifest_bytes,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use crate::admission::KubeletVersion;
 use crate::identity::{ControllerOwner, PodId};
 use crate::plan::LocalView;
 use crate::references::RequiredObjects;
@@ -245,6 +246,9 @@ pub struct Observation {
     pub own_daemon_set: Fetched<DaemonSet>,
     /// This node (fetched with the DaemonSet).
     pub node: Fetched<Node>,
+    /// This node's kubelet version, from its Node (`None` until read): what checkpoints
+    /// are admitted against (see [`crate::admit`]).
+    pub kubelet: Option<KubeletVersion>,
 }
 
 impl Observation {
@@ -259,6 +263,7 @@ impl Observation {
             owners: BTreeMap::new(),
             own_daemon_set: Fetched::NotFetched,
             node: Fetched::NotFetched,
+            kubelet: None,
         }
     }
 

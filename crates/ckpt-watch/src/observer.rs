@@ -5,15 +5,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ckpt_core::{
-    ControllerOwner, DiskCheckpoint, Fetched, LocalView, NamespaceAllowList, Observation, OwnerStatus, PodId,
-    SelfIdentity, orphan_owners, required_by_namespace, scheduling_lookup,
+    ControllerOwner, DiskCheckpoint, Fetched, KubeletVersion, LocalView, NamespaceAllowList, Observation,
+    OwnerStatus, PodId, SelfIdentity, orphan_owners, required_by_namespace, scheduling_lookup,
 };
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use tokio::sync::watch;
-use tracing::debug;
+use tokio::time::Instant;
+use tracing::{debug, warn};
 
 use crate::api::{ApiSnapshot, ApiState, ApiWatch, ApiWatchConfig};
 use crate::error::error_chain;
@@ -22,6 +23,10 @@ use crate::owner::{OwnerLookup, OwnerPresence};
 
 /// Owner lookups in flight at once, at most.
 const CONCURRENT_LOOKUPS: usize = 8;
+/// How often this node's kubelet version is read again from its Node (a kubelet upgrade
+/// changes it); a failed read is retried after [`KUBELET_VERSION_RETRY`].
+const KUBELET_VERSION_EVERY: Duration = Duration::from_secs(600);
+const KUBELET_VERSION_RETRY: Duration = Duration::from_secs(60);
 
 /// Everything the agent watches on the API server: the pods of this node
 /// ([`ApiWatch`]), the Secrets and ConfigMaps the parents among them mount
@@ -38,6 +43,14 @@ pub struct Observer {
     client: kube::Client,
     node: String,
     request_timeout: Duration,
+    kubelet: std::sync::Mutex<KubeletVersionRead>,
+}
+
+/// The kubelet version last read from the Node, and when to read it again.
+#[derive(Debug, Default)]
+struct KubeletVersionRead {
+    version: Option<KubeletVersion>,
+    next: Option<Instant>,
 }
 
 impl std::fmt::Debug for Observer {
@@ -68,6 +81,7 @@ impl Observer {
             client,
             node,
             request_timeout,
+            kubelet: Default::default(),
         }
     }
 
@@ -151,7 +165,8 @@ impl Observer {
                 None => (Fetched::NotFetched, Fetched::NotFetched),
             }
         };
-        let (owners, (own_daemon_set, node)) = futures::join!(lookups, scheduling);
+        let (owners, (own_daemon_set, node), kubelet) =
+            futures::join!(lookups, scheduling, self.kubelet_version(synced));
         Observation {
             api: snapshot.state,
             api_error: snapshot.last_error,
@@ -161,7 +176,57 @@ impl Observer {
             owners,
             own_daemon_set,
             node,
+            kubelet,
         }
+    }
+
+    /// This node's kubelet version (`status.nodeInfo.kubeletVersion`), read on a synced
+    /// view every [`KUBELET_VERSION_EVERY`]; the last one read meanwhile, `None` before
+    /// the first read succeeded.
+    async fn kubelet_version(&self, synced: bool) -> Option<KubeletVersion> {
+        let (cached, due) = {
+            let read = self
+                .kubelet
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            (read.version, read.next.is_none_or(|next| Instant::now() >= next))
+        };
+        if !(synced && due) {
+            return cached;
+        }
+        let nodes = Api::<Node>::all(self.client.clone());
+        let what = format!("node {}", self.node);
+        let read = match self.fetch(&what, nodes.get_opt(&self.node)).await {
+            Fetched::Found(node) => {
+                let text = (node.status.as_ref())
+                    .and_then(|s| s.node_info.as_ref())
+                    .map(|i| i.kubelet_version.as_str())
+                    .unwrap_or_default();
+                text.parse::<KubeletVersion>().map_err(|e| format!("{what}: {e}"))
+            }
+            Fetched::NotFound => Err(format!("{what} not found")),
+            Fetched::Failed(e) => Err(e),
+            Fetched::NotFetched => Err(format!("{what} not fetched")),
+        };
+        let mut state = self
+            .kubelet
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match read {
+            Ok(version) => {
+                if state.version != Some(version) {
+                    debug!(kubelet = %version, "read this node's kubelet version");
+                }
+                state.version = Some(version);
+                state.next = Some(Instant::now() + KUBELET_VERSION_EVERY);
+            }
+            Err(why) => {
+                // Checkpoints are then admitted by the strictest rules (see ckpt_core::admit).
+                warn!(error = %why, kept = ?state.version, "cannot read this node's kubelet version");
+                state.next = Some(Instant::now() + KUBELET_VERSION_RETRY);
+            }
+        }
+        state.version
     }
 
     /// One `GET` with the request timeout.

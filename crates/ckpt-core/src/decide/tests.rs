@@ -33,7 +33,8 @@ fn owner(name: &str) -> ControllerOwner {
 }
 
 /// A pod on this node: `annotated` opts it in; `ds` names its DaemonSet; `mounts` a
-/// secret volume; `pvc` makes it unrepresentable; `ended` gives its phase and restart
+/// secret volume; `pvc` makes it unrepresentable; `sidecar` adds an init container that
+/// keeps running (a field kubelets before 1.28 drop); `ended` gives its phase and restart
 /// policy.
 #[derive(Clone, Copy, Default)]
 struct PodSpec<'a> {
@@ -42,6 +43,7 @@ struct PodSpec<'a> {
     ds: Option<&'a str>,
     mounts: Option<&'a str>,
     pvc: bool,
+    sidecar: bool,
     ended: Option<(&'a str, &'a str)>,
 }
 
@@ -62,13 +64,17 @@ fn pod(name: &str, spec: PodSpec<'_>) -> (PodId, Arc<Pod>) {
     } else {
         json!({})
     };
-    let value = json!({
+    let mut value = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"),
                      "annotations": annotations, "ownerReferences": owners},
         "spec": {"nodeName": "node-1", "volumes": volumes,
                  "containers": [{"name": "c", "image": "registry.example/c:1"}]},
     });
+    if spec.sidecar {
+        value["spec"]["initContainers"] =
+            json!([{"name": "proxy", "image": "registry.example/proxy:1", "restartPolicy": "Always"}]);
+    }
     let mut pod: Pod = serde_json::from_value(value).expect("a valid pod");
     if let Some((phase, policy)) = spec.ended {
         pod.status.get_or_insert_default().phase = Some(phase.into());
@@ -156,6 +162,7 @@ impl World {
                 owners: BTreeMap::new(),
                 own_daemon_set: Fetched::NotFetched,
                 node: Fetched::NotFetched,
+                kubelet: None,
             },
             disk: BTreeMap::new(),
             verdicts: BTreeMap::new(),
@@ -166,6 +173,11 @@ impl World {
                 grace: std::time::Duration::ZERO,
             },
         }
+    }
+
+    fn kubelet(mut self, major: u32, minor: u32) -> Self {
+        self.observation.kubelet = Some(crate::KubeletVersion::new(major, minor));
+        self
     }
 
     fn allow(mut self, namespace: &str) -> Self {
@@ -323,6 +335,38 @@ fn which_pods_are_checkpointed() {
             .disk(&[("a", "h1")]),
             Expect {
                 refused: list(&["a"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "a checkpoint the node's kubelet would not run is refused, its old checkpoint kept",
+            World::synced(&[(
+                "a",
+                PodSpec {
+                    sidecar: true,
+                    ..parent("a")
+                },
+            )])
+            .kubelet(1, 20)
+            .disk(&[("a", "h1")]),
+            Expect {
+                refused: list(&["a"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "the same parent is written for a kubelet that knows the field",
+            World::synced(&[(
+                "a",
+                PodSpec {
+                    sidecar: true,
+                    ..parent("a")
+                },
+            )])
+            .kubelet(1, 28)
+            .disk(&[("a", "h1")]),
+            Expect {
+                writes: list(&["a"]),
                 ..Expect::default()
             },
         ),
@@ -777,4 +821,20 @@ fn the_daemon_set_is_looked_up_only_without_the_agents_pod() {
         lookup(&forged_world, ApiState::Synced).as_deref(),
         Some("pod-checkpointer")
     );
+}
+
+#[test]
+fn an_inadmissible_checkpoint_is_refused_naming_the_field_and_the_kubelet() {
+    let sidecar = PodSpec {
+        sidecar: true,
+        ..parent("a")
+    };
+    let d = World::synced(&[("a", sidecar)]).kubelet(1, 20).decide();
+    let refusal = &d.report.refusals[&id("a")];
+    assert_eq!(
+        refusal.message,
+        "the kubelet of node-1 (v1.20) would not run the checkpoint as a static pod: \
+         spec.initContainers[0].restartPolicy: needs a kubelet ≥v1.28; v1.20 drops it"
+    );
+    assert_eq!(refusal.uid.as_deref(), Some("uid-a"));
 }

@@ -22,6 +22,7 @@
 //! scenarios whose name contains it. Nothing is ever skipped: a missing binary or a plane that
 //! cannot start fails the run.
 
+mod admission;
 mod credentials;
 mod gc;
 mod install;
@@ -89,6 +90,11 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         "rbac_missing_permission_is_a_clear_error",
         "rbac",
         rbac::missing_permission,
+    ),
+    (
+        "admission_agrees_with_the_api_servers_validation",
+        "admission",
+        admission::agrees_with_the_api_server,
     ),
     (
         "install_render_applies_to_the_api_server",

@@ -136,7 +136,9 @@ demo: the power cut, timed from the moment every process of the node was killed:
         eprintln!("  {line}");
     }
     eprintln!(
-        "demo: during the handoff from the checkpoint to the real pod the API was unavailable for {} at most;          two kube-apiserver containers ran at once for {} (both bind :6443 with --permit-port-sharing).          BENCHMARKS.md has the series (`cargo xtask e2e --long real_node_self_hosted`).\n",
+        "demo: during the handoff from the checkpoint to the real pod the API was unavailable for {} at most; \
+         two kube-apiserver containers ran at once for {} (both bind :6443 with --permit-port-sharing). \
+         BENCHMARKS.md has a series of cuts (`cargo xtask e2e --long real_node_self_hosted`).\n",
         h(cut.api_gap),
         h(cut.two_apiservers)
     );
@@ -182,6 +184,10 @@ fn report_cuts(run: &NodeRun, cuts: &[CutTimeline]) -> anyhow::Result<()> {
         cuts.len(),
         path.display()
     ));
+    if crate::demo_mode() {
+        // One cut: the demo narrates it instead.
+        return Ok(());
+    }
     for (name, of) in CutTimeline::MILESTONES {
         let samples: Vec<f64> = cuts.iter().filter_map(|c| Some(of(c)?.as_secs_f64())).collect();
         if let Some(s) = ckpt_e2e::bench::stats::summarize(&samples) {
