@@ -1,56 +1,137 @@
 //! The local admission check (`ckpt_core::admit`) against its reference, the real v1.20
 //! API server's validation: the kubelet validates a static pod as the API server validates
-//! a pod create. Each case is a sanitized manifest with one rule broken (or none), named as
-//! the kubelet names it (`<name>-<node>`) and created with `dryRun`; `admit` for a v1.20
-//! kubelet must give the same verdict, and a refusal must name a field the API server's
-//! message names too.
+//! a pod create. Two parents, as the API server stores them (a `dryRun` create, with its
+//! defaults and admission), are sanitized as the agent does; their checkpoints must be
+//! admitted and accepted. Then each case breaks one rule of the first checkpoint (or
+//! none). Every manifest is created with `dryRun` as the kubelet names it (`<name>-<node>`):
+//! `admit` for a v1.20 kubelet must give the API server's verdict, and a refusal must name a
+//! field the API server's message names too.
 
-use ckpt_core::{KubeletVersion, admit};
+use anyhow::Context;
+use ckpt_core::{ApiObjects, KubeletVersion, SanitizeOptions, Timestamp, admit, sanitize};
 use ckpt_e2e::e2e_env::NODE_NAME;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use serde_json::{Value, json};
 
 use crate::suite::Scenario;
 
-/// A sanitized host-network API server, as the agent writes it.
-fn base(ns: &str) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "kube-apiserver-x7k2p",
-            "namespace": ns,
-            "labels": { "k8s-app": "kube-apiserver", "tier": "control-plane" },
-            "annotations": { "checkpointer.alpha.coreos.com/checkpoint-of": "kube-apiserver-x7k2p" },
-            "ownerReferences": [{
-                "apiVersion": "v1", "kind": "Pod", "name": "kube-apiserver-x7k2p",
-                "uid": "4c0d6a1e-5b4a-4d8e-9d3a-2f1c0b9e8a7d", "controller": true
-            }]
-        },
-        "spec": {
-            "hostNetwork": true,
-            "containers": [{
-                "name": "kube-apiserver",
-                "image": "localhost/kube-control-plane:v1.20.2",
-                "env": [{ "name": "ETCD_SERVERS", "value": "https://127.0.0.1:2379" }],
-                "ports": [{ "name": "https", "containerPort": 6443 }],
-                "livenessProbe": { "httpGet": { "path": "/livez", "port": 6443, "scheme": "HTTPS" } },
-                "volumeMounts": [{ "name": "certs", "mountPath": "/etc/kubernetes/secrets", "readOnly": true }]
-            }],
-            "volumes": [{
-                "name": "certs",
-                "hostPath": { "path": "/etc/kubernetes/checkpoint-secrets/kube-system/kube-apiserver-x7k2p/certs" }
-            }],
-            "restartPolicy": "Always"
-        }
-    })
+/// The Secret and ConfigMap the parents use.
+fn api_objects(ns: &str) -> anyhow::Result<ApiObjects> {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "admission-certs", "namespace": ns },
+        "data": { "tls.crt": "Y2VydA==", "tls.key": "a2V5" }
+    }))?;
+    let config: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": "admission-config", "namespace": ns },
+        "data": { "etcd-servers": "https://127.0.0.1:2379", "log-level": "2" }
+    }))?;
+    let mut objects = ApiObjects::default();
+    objects.secrets.insert("admission-certs".into(), secret);
+    objects.config_maps.insert("admission-config".into(), config);
+    Ok(objects)
+}
+
+/// A host-network API server and a pod-network scheduler, with what sanitization rewrites:
+/// Secret and projected volumes, env from a ConfigMap, named ports in probes.
+fn parents(ns: &str) -> [Value; 2] {
+    let checkpointed = json!({ "checkpointer.alpha.coreos.com/checkpoint": "true" });
+    [
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "kube-apiserver-x7k2p",
+                "namespace": ns,
+                "labels": { "k8s-app": "kube-apiserver", "tier": "control-plane" },
+                "annotations": checkpointed
+            },
+            "spec": {
+                "nodeName": NODE_NAME,
+                "hostNetwork": true,
+                "containers": [{
+                    "name": "kube-apiserver",
+                    "image": "localhost/kube-control-plane:v1.20.2",
+                    "command": ["kube-apiserver", "--secure-port=6443"],
+                    "env": [
+                        { "name": "ETCD_SERVERS", "valueFrom": { "configMapKeyRef": { "name": "admission-config", "key": "etcd-servers" } } },
+                        { "name": "POD_IP", "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } }
+                    ],
+                    "envFrom": [{ "configMapRef": { "name": "admission-config" }, "prefix": "CFG_" }],
+                    "ports": [{ "name": "https", "containerPort": 6443 }],
+                    "livenessProbe": { "httpGet": { "path": "/livez", "port": "https", "scheme": "HTTPS" } },
+                    "volumeMounts": [
+                        { "name": "certs", "mountPath": "/etc/kubernetes/secrets" },
+                        { "name": "bundle", "mountPath": "/etc/kubernetes/bundle" }
+                    ]
+                }],
+                "volumes": [
+                    { "name": "certs", "secret": { "secretName": "admission-certs" } },
+                    { "name": "bundle", "projected": { "sources": [
+                        { "secret": { "name": "admission-certs", "items": [{ "key": "tls.crt", "path": "tls.crt" }] } },
+                        { "configMap": { "name": "admission-config" } },
+                        { "downwardAPI": { "items": [{ "path": "labels", "fieldRef": { "fieldPath": "metadata.labels" } }] } }
+                    ] } }
+                ]
+            }
+        }),
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "kube-scheduler-5d8f9",
+                "namespace": ns,
+                "labels": { "k8s-app": "kube-scheduler" },
+                "annotations": checkpointed
+            },
+            "spec": {
+                "nodeName": NODE_NAME,
+                "containers": [{
+                    "name": "kube-scheduler",
+                    "image": "localhost/kube-control-plane:v1.20.2",
+                    "ports": [{ "name": "metrics", "containerPort": 10259 }],
+                    "readinessProbe": { "tcpSocket": { "port": "metrics" } },
+                    "volumeMounts": [
+                        { "name": "kubeconfig", "mountPath": "/etc/kubernetes/kubeconfig" },
+                        { "name": "tmp", "mountPath": "/tmp" }
+                    ]
+                }],
+                "volumes": [
+                    { "name": "kubeconfig", "secret": { "secretName": "admission-certs", "defaultMode": 0o400 } },
+                    { "name": "tmp", "emptyDir": {} }
+                ]
+            }
+        }),
+    ]
+}
+
+/// Each parent as the API server would store it (a `dryRun` create), sanitized.
+fn sanitized_parents(ctx: &Scenario<'_>) -> anyhow::Result<Vec<(String, Value)>> {
+    let objects = api_objects(&ctx.ns)?;
+    let options = SanitizeOptions {
+        checkpoint_dir: "/etc/kubernetes/checkpoint".into(),
+        checkpointed_at: Timestamp::now(),
+    };
+    parents(&ctx.ns)
+        .into_iter()
+        .map(|parent| {
+            let stored = ctx.suite.kubectl.run(
+                &["create", "--dry-run=server", "-f", "-", "-o", "json"],
+                Some(&parent.to_string()),
+            )?;
+            let pod: Pod = serde_json::from_str(&stored).context("the stored pod")?;
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let sanitized = sanitize(&pod, &objects, &options)
+                .with_context(|| format!("sanitizing {name} as the API server stores it"))?;
+            Ok((name, serde_json::to_value(&sanitized.checkpoint.manifest)?))
+        })
+        .collect()
 }
 
 type Edit = fn(&mut Value);
 
-/// One rule broken per case (the first: none).
+/// One rule of the API server's checkpoint broken per case (or none, where the API's
+/// defaults make a manifest valid).
 const CASES: &[(&str, Edit)] = &[
-    ("valid", |_| {}),
     ("name too long once the node's is appended", |p| {
         p["metadata"]["name"] = json!("a".repeat(254 - NODE_NAME.len() - 1));
     }),
@@ -93,7 +174,7 @@ const CASES: &[(&str, Edit)] = &[
         p["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] = json!("");
     }),
     ("one mountPath twice", |p| {
-        let mount = json!({ "name": "certs", "mountPath": "/etc/kubernetes/secrets" });
+        let mount = p["spec"]["containers"][0]["volumeMounts"][0].clone();
         if let Some(mounts) = p["spec"]["containers"][0]["volumeMounts"].as_array_mut() {
             mounts.push(mount);
         }
@@ -109,25 +190,25 @@ const CASES: &[(&str, Edit)] = &[
     }),
     ("no image", |p| p["spec"]["containers"][0]["image"] = json!("")),
     ("containerPort 0", |p| {
-        p["spec"]["containers"][0]["ports"][0]["containerPort"] = json!(0);
+        p["spec"]["containers"][0]["ports"] = json!([{ "containerPort": 0 }]);
     }),
     ("hostPort unlike containerPort on the host network", |p| {
-        p["spec"]["containers"][0]["ports"][0]["hostPort"] = json!(443);
+        p["spec"]["containers"][0]["ports"] = json!([{ "containerPort": 6443, "hostPort": 443 }]);
     }),
     ("hostPort equal to containerPort", |p| {
-        p["spec"]["containers"][0]["ports"][0]["hostPort"] = json!(6443);
+        p["spec"]["containers"][0]["ports"] = json!([{ "containerPort": 6443, "hostPort": 6443 }]);
     }),
     ("port name longer than 15", |p| {
-        p["spec"]["containers"][0]["ports"][0]["name"] = json!("kube-apiserver-https");
+        let port = json!({ "name": "kube-apiserver-https", "containerPort": 6443 });
+        p["spec"]["containers"][0]["ports"] = json!([port]);
     }),
     ("two ports of one name", |p| {
-        let port = json!({ "name": "https", "containerPort": 8443 });
-        if let Some(ports) = p["spec"]["containers"][0]["ports"].as_array_mut() {
-            ports.push(port);
-        }
+        let ports =
+            json!([{ "name": "https", "containerPort": 6443 }, { "name": "https", "containerPort": 8443 }]);
+        p["spec"]["containers"][0]["ports"] = ports;
     }),
     ("unknown protocol", |p| {
-        p["spec"]["containers"][0]["ports"][0]["protocol"] = json!("HTTP");
+        p["spec"]["containers"][0]["ports"] = json!([{ "containerPort": 6443, "protocol": "HTTP" }]);
     }),
     ("env name starting with a digit", |p| {
         p["spec"]["containers"][0]["env"][0]["name"] = json!("1ST");
@@ -160,23 +241,32 @@ const CASES: &[(&str, Edit)] = &[
 ];
 
 pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
+    ctx.step("sanitize two parents as the API server stores them");
+    let sanitized = sanitized_parents(ctx)?;
+    let base = sanitized[0].1.clone();
+    let manifests: Vec<(String, Value)> = (sanitized.into_iter())
+        .map(|(name, manifest)| (format!("the checkpoint of {name}"), manifest))
+        .chain(CASES.iter().map(|(what, edit)| {
+            let mut manifest = base.clone();
+            edit(&mut manifest);
+            ((*what).to_owned(), manifest)
+        }))
+        .collect();
     ctx.step(&format!(
         "{} manifests: admit (kubelet v1.20) against the v1.20 API server's dry-run create",
-        CASES.len()
+        manifests.len()
     ));
     let kubelet = Some(KubeletVersion::new(1, 20));
     let mut refused = 0;
     let mut disagreements = Vec::new();
-    for (what, edit) in CASES {
-        let mut manifest = base(&ctx.ns);
-        edit(&mut manifest);
+    for (what, manifest) in &manifests {
         let pod: Pod = serde_json::from_value(manifest.clone())?;
         let verdict = admit(&pod, NODE_NAME, kubelet);
 
         // What the kubelet hands to validation: the pod under its name for it, bound to the
         // node; marked as a mirror pod, so that admission plugins (service accounts) leave
         // it alone.
-        let mut as_kubelet_names_it = manifest;
+        let mut as_kubelet_names_it = manifest.clone();
         let name = as_kubelet_names_it["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
@@ -196,6 +286,9 @@ pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Resu
             ],
             Some(&as_kubelet_names_it.to_string()),
         );
+        if what.starts_with("the checkpoint of ") && verdict.is_err() {
+            disagreements.push(format!("{what} as sanitized must run: {verdict:?}"));
+        }
         let agreed = match (&verdict, &api) {
             (Ok(()), Ok(_)) => true,
             (Err(problems), Err(message)) => {
@@ -221,7 +314,7 @@ pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Resu
             }
         };
         eprintln!(
-            "    {:<48} {:<8} {}",
+            "    {:<52} {:<8} {}",
             what,
             if verdict.is_ok() { "admitted" } else { "refused" },
             if agreed { "= API server" } else { "≠ API server" }
@@ -234,7 +327,7 @@ pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Resu
     );
     ctx.step(&format!(
         "admit agrees with the API server on all {} manifests ({refused} refused)",
-        CASES.len()
+        manifests.len()
     ));
     Ok(())
 }
