@@ -5,13 +5,15 @@
 //! plane; `bench` measures the release agent against one; `demo` narrates the agent at work
 //! on one (`--self-hosted`: a self-hosted control plane through a power cut); `e2e-env`
 //! builds, starts and stops that control plane by hand; `image` builds the agent's OCI image
-//! archive; `render` and `deploy` install the agent. One module per subcommand; each is a
-//! struct with a `run` method. The end-to-end infrastructure (control plane, harness, suite,
-//! bench, demo, image builder) lives in the `ckpt-e2e` crate; xtask dispatches to it.
+//! archive; `fuzz` runs the fuzz targets; `render` and `deploy` install the agent. One
+//! module per subcommand; each is a struct with a `run` method. The end-to-end
+//! infrastructure (control plane, harness, suite, bench, demo, image builder) lives in the
+//! `ckpt-e2e` crate; xtask dispatches to it.
 
 mod demo;
 mod deploy;
 mod e2e;
+mod fuzz;
 mod render;
 mod standalone;
 mod test;
@@ -47,6 +49,9 @@ enum Task {
     /// Install or update pod-checkpointer in a cluster (server-side apply) and wait for
     /// the rollout.
     Deploy(deploy::Deploy),
+    /// Run the coverage-guided fuzz targets of fuzz/ (cargo-fuzz, nightly) for a while each:
+    /// the long part of the fuzzing CI does as a bounded property run.
+    Fuzz(fuzz::Fuzz),
     /// Build the agent's OCI image archive (static binary, minimal image) without a
     /// container engine; prints its path and digest.
     Image(image::Image),
@@ -63,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         Task::Render(cmd) => cmd.run(),
         Task::Deploy(cmd) => cmd.run(),
         Task::Image(cmd) => cmd.run(),
+        Task::Fuzz(cmd) => cmd.run(),
     }
 }
 

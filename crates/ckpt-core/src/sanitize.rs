@@ -21,7 +21,7 @@ use crate::checkpoint::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, Mate
 use crate::error::{Error, Result};
 use crate::identity::{
     ANNOTATION_CHECKPOINT_OF, ANNOTATION_CHECKPOINTED_AT, ANNOTATION_OWNER, ANNOTATION_PARENT_UID,
-    ANNOTATION_SPEC_HASH, ControllerOwner, PodId,
+    ANNOTATION_SPEC_HASH, ControllerOwner, PodId, is_dns_label, is_dns_subdomain,
 };
 use crate::references::references_api_objects;
 use crate::time::Timestamp;
@@ -65,6 +65,25 @@ pub struct Sanitized {
 /// pod; never returns a half-working checkpoint.
 pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> Result<Sanitized> {
     let id = PodId::of(pod).ok_or(Error::MissingName)?;
+    // The API server guarantees these; they become path components of the checkpoint's
+    // data, so a pod from anywhere else is checked here too (found by the fuzz run).
+    for (field, what, value, valid) in [
+        (
+            "metadata.namespace",
+            "namespace",
+            &*id.namespace,
+            is_dns_label(&id.namespace),
+        ),
+        ("metadata.name", "pod name", &*id.name, is_dns_subdomain(&id.name)),
+    ] {
+        if !valid {
+            return Err(Error::Invalid {
+                field: field.into(),
+                what,
+                value: value.to_owned(),
+            });
+        }
+    }
     let mut spec = pod.spec.clone().ok_or_else(|| Error::Unrepresentable {
         field: "spec".into(),
         reason: "the pod has no spec".into(),
@@ -444,6 +463,14 @@ impl<'a> Sanitizer<'a> {
 
     fn volume(&mut self, i: usize, volume: &mut Volume) -> Result<()> {
         let field = format!("spec.volumes[{i}] ({})", volume.name);
+        // A volume's name names its data dir.
+        if !is_dns_label(&volume.name) {
+            return Err(Error::Invalid {
+                field: format!("spec.volumes[{i}].name"),
+                what: "volume name",
+                value: volume.name.clone(),
+            });
+        }
         let refuse = |reason: &str| {
             Err(Error::Unrepresentable {
                 field: field.clone(),
@@ -671,6 +698,16 @@ impl<'a> Sanitizer<'a> {
         volume: &str,
         mut files: Vec<DataFile>,
     ) -> Result<DataDir> {
+        // The API server checks a referenced name only for being non-empty, and an optional
+        // object that does not exist still gets its (empty) dir: its name must be safe as
+        // a path component (found by the fuzz run: `secretName: /etc/passwd`, optional).
+        if !is_dns_subdomain(object) {
+            return Err(Error::Invalid {
+                field: field.to_owned(),
+                what: "object name",
+                value: object.to_owned(),
+            });
+        }
         if self.group_read {
             // The kubelet's SetVolumeOwnership on a read-only volume: group fsGroup, and
             // read for owner and group added to every file.
@@ -1406,6 +1443,21 @@ mod tests {
                 json!({"containers": [c.clone()], "resourceClaims": [{"name": "gpu"}]}),
                 "spec.resourceClaims: cannot be checkpointed: resource claims need the API server",
             ),
+            // Names that become path components (the fuzz run's findings): the API server
+            // checks a referenced name only for being non-empty, and an optional object
+            // that does not exist still gets its empty dir.
+            (
+                json!({"containers": [c.clone()], "volumes": [{"name": "v", "secret": {"secretName": "/etc/passwd", "optional": true}}]}),
+                "spec.volumes[0] (v): invalid object name: \"/etc/passwd\"",
+            ),
+            (
+                json!({"containers": [c.clone()], "volumes": [{"name": "v", "configMap": {"name": "..", "optional": true}}]}),
+                "spec.volumes[0] (v): invalid object name: \"..\"",
+            ),
+            (
+                json!({"containers": [c.clone()], "volumes": [{"name": "../v", "emptyDir": {}}]}),
+                "spec.volumes[0].name: invalid volume name: \"../v\"",
+            ),
         ];
         for (spec, expected) in cases {
             check_err(spec, expected);
@@ -1414,6 +1466,16 @@ mod tests {
             sanitize(&Pod::default(), &objects(), &options()),
             Err(Error::MissingName)
         );
+        for (namespace, name, expected) in [
+            ("/", "p", "metadata.namespace: invalid namespace: \"/\""),
+            ("kube-system", "../p", "metadata.name: invalid pod name: \"../p\""),
+        ] {
+            let mut odd = pod(json!({"containers": [c.clone()]}));
+            odd.metadata.namespace = Some(namespace.into());
+            odd.metadata.name = Some(name.into());
+            let refused = sanitize(&odd, &objects(), &options()).map(drop);
+            assert_eq!(refused.map_err(|e| e.to_string()), Err(expected.to_owned()));
+        }
     }
 
     #[test]
