@@ -24,8 +24,11 @@ use crate::owner::{OwnerLookup, OwnerPresence};
 /// Owner lookups in flight at once, at most.
 const CONCURRENT_LOOKUPS: usize = 8;
 /// How often this node's kubelet version is read again from its Node (a kubelet upgrade
-/// changes it); a failed read is retried after [`KUBELET_VERSION_RETRY`].
-const KUBELET_VERSION_EVERY: Duration = Duration::from_secs(600);
+/// changes it); a failed read is retried after [`KUBELET_VERSION_RETRY`]. Hourly: a stale
+/// version errs on the strict side (newer kubelets know more fields and accept more env
+/// names; what the ≥1.34 rule refuses, sanitization never writes), and an idle agent makes
+/// no request besides its watches and probes for an hour at a time.
+const KUBELET_VERSION_EVERY: Duration = Duration::from_secs(3600);
 const KUBELET_VERSION_RETRY: Duration = Duration::from_secs(60);
 
 /// Everything the agent watches on the API server: the pods of this node

@@ -426,7 +426,7 @@ fn idle_markdown(idle: &Idle) -> String {
         (
             "API requests besides watches and probes (audit log)".into(),
             format!("{}{verbs}", rate(idle.api.resource_requests())),
-            "0",
+            "the Node GET (hourly)",
             "14 / min (12 pod LISTs + Secret/ConfigMap GETs)",
         ),
         (
