@@ -71,8 +71,7 @@ impl Fuzz {
             let output = fs::read_to_string(&log_path).unwrap_or_default();
             let done = output
                 .lines()
-                .rev()
-                .find(|l| l.starts_with("Done ") || l.starts_with("stat::number_of_executed_units"))
+                .find(|l| l.starts_with("Done "))
                 .unwrap_or("no run count in the log");
             if !status.success() {
                 let tail: Vec<&str> = output.lines().rev().take(30).collect();

@@ -61,4 +61,20 @@ mod tests {
             "invalid duration \"5x\" (use e.g. 500ms, 2s, 5m, 1h30m)"
         );
     }
+
+    proptest::proptest! {
+        /// Any text: an answer, never a panic (overflow included).
+        #[test]
+        fn any_text_parses_or_is_refused(text in "\\PC{0,24}|[0-9hms ]{0,24}") {
+            let _ = parse_duration(&text);
+        }
+
+        /// What an operator writes is the sum of its parts.
+        #[test]
+        fn sums_of_units_are_summed(h in 0u64..1000, m in 0u64..1000, s in 0u64..100_000, ms in 0u64..100_000) {
+            let text = format!("{h}h{m}m{s}s{ms}ms");
+            let expected = Duration::from_millis(((h * 60 + m) * 60 + s) * 1000 + ms);
+            proptest::prop_assert_eq!(parse_duration(&text), Ok(expected));
+        }
+    }
 }

@@ -416,4 +416,43 @@ mod tests {
         assert_eq!(fs::read_to_string(&path).unwrap(), record.to_file_content());
         assert_eq!(read_holder_from(&file).unwrap(), Some(record));
     }
+
+    proptest::proptest! {
+        /// Any lock file content (another tool's, garbage, a record with text appended):
+        /// no panic; a record that parses, written back, reads as itself (its text made
+        /// one line, as writing does).
+        #[test]
+        fn any_content_parses_or_not_and_records_read_back(content in proptest::prop_oneof![
+            "\\PC{0,60}",
+            "(pid=[0-9]{0,11}|identity=[ -~]{0,20}|acquired_at=[0-9]{0,21}|status=[ -~\\t\\r]{0,12}|#[ -~]{0,8}|[a-z=]{0,8})(\n(pid=[0-9]{0,11}|identity=[ -~]{0,20}|acquired_at=[0-9]{0,21}|status=.{0,12})){0,4}",
+        ]) {
+            if let Some(holder) = LockHolder::parse(&content) {
+                let again = LockHolder::parse(&holder.to_file_content());
+                let expected = LockHolder {
+                    identity: one_line(&holder.identity).trim().to_owned(),
+                    status: holder.status.as_deref().map(|s| one_line(s).trim().to_owned()),
+                    ..holder.clone()
+                };
+                proptest::prop_assert_eq!(again, Some(expected), "{:?}", content);
+            }
+        }
+
+        /// Whatever a holder is, its own record reads back with its pid and time.
+        #[test]
+        fn every_record_reads_back(
+            pid in 1u32..,
+            identity in "\\PC{0,80}",
+            secs in proptest::option::of(0u64..4_000_000_000),
+            status in proptest::option::of("\\PC{0,20}"),
+        ) {
+            let holder = LockHolder {
+                pid,
+                identity,
+                acquired_at: secs.map(|secs| UNIX_EPOCH + Duration::from_secs(secs)),
+                status,
+            };
+            let read = LockHolder::parse(&holder.to_file_content());
+            proptest::prop_assert_eq!(read.as_ref().map(|h| (h.pid, h.acquired_at)), Some((pid, holder.acquired_at)));
+        }
+    }
 }
