@@ -1423,13 +1423,14 @@ async fn gc_timers_advance_while_the_journal_cannot_be_saved() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
-/// The node's kubelet is v1.20 (read from its Node): a parent whose sidecar init container
-/// (`restartPolicy: Always`, known to kubelets from 1.28 on) that kubelet would drop is
-/// not checkpointed; the refusal is an Event naming the field and the kubelet, counted
-/// once; the other parents are checkpointed as always.
+/// The node's kubelet is v1.20 (read from its Node), the API server newer: a parent with
+/// an env var named `1ST` runs (a kubelet trusts the API server's pods), but that kubelet
+/// would refuse its checkpoint as a static pod (env names were C-like before 1.32). It is
+/// not written; the refusal is an Event naming the field and the kubelet, counted once;
+/// the other parents are checkpointed as always.
 #[tokio::test]
 async fn a_checkpoint_the_nodes_kubelet_would_not_run_is_not_written() {
-    const SIDECAR: &str = "kube-proxy-abc";
+    const ODD: &str = "kube-proxy-abc";
     let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
     world.api.set_get(
         &format!("/api/v1/nodes/{NODE}"),
@@ -1440,23 +1441,21 @@ async fn a_checkpoint_the_nodes_kubelet_would_not_run_is_not_written() {
                 "kernelVersion": "6.1.0", "machineID": "m", "operatingSystem": "linux",
                 "osImage": "Debian GNU/Linux 12", "systemUUID": "u"}}}),
     );
-    let mut sidecar = parent(SIDECAR, "kube-proxy", "kube-proxy:v1.20.2", json!([]));
-    sidecar["spec"]["initContainers"] =
-        json!([{"name": "wait", "image": "busybox:1.35", "restartPolicy": "Always"}]);
-    world.api.apply("pods", NS, sidecar);
+    let mut odd = parent(ODD, "kube-proxy", "kube-proxy:v1.20.2", json!([]));
+    odd["spec"]["containers"][0]["env"] = json!([{"name": "1ST", "value": "x"}]);
+    world.api.apply("pods", NS, odd);
     let agent = world.start_agent(AGENT, &[]);
     world.expect_files("checkpointed", &checkpointed(AGENT)).await;
     eventually("the refusal Event", || async {
-        !events_created(&world, SIDECAR, "CheckpointRefused").is_empty()
+        !events_created(&world, ODD, "CheckpointRefused").is_empty()
     })
     .await;
-    let note = events_created(&world, SIDECAR, "CheckpointRefused")[0]["note"]
+    let note = events_created(&world, ODD, "CheckpointRefused")[0]["note"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
     assert!(
-        note.contains("the kubelet of node-1 (v1.20)")
-            && note.contains("spec.initContainers[0].restartPolicy: needs a kubelet ≥v1.28"),
+        note.contains("the kubelet of node-1 (v1.20)") && note.contains("spec.containers[0].env[0].name"),
         "{note}"
     );
     world.looked_twice("settled").await;

@@ -1,15 +1,21 @@
 //! Local admission: whether this node's kubelet would run a checkpoint's manifest as a
 //! static pod, checked before the manifest is written.
 //!
-//! A kubelet reads a static-pod file, names the pod `<name>-<node>`, applies the API's
-//! defaults and validates it as the API server validates a pod create
-//! (`ValidatePodCreate`); a pod that fails is logged by the kubelet and never runs. Since
-//! 1.34 it also refuses static pods that reference API objects. Sanitization rewrites the
-//! parent (volumes, env, metadata), so a valid parent can give an invalid checkpoint: a
-//! name too long once the node's name is appended, a mount left without its volume, an
-//! owner reference without a UID. [`admit`] checks the rules a checkpoint can break, and
-//! the fields a kubelet of the node's version does not know (it would drop them silently
-//! and run another pod than the parent's spec says).
+//! A kubelet trusts the pods it gets from the API server, but it validates a static-pod
+//! file: it names the pod `<name>-<node>`, applies the API's defaults and validates it as
+//! the API server validates a pod create (`ValidatePodCreate`, with its own version's
+//! rules); a pod that fails is logged by the kubelet and never runs. Since 1.34 it also
+//! refuses static pods that reference API objects. Sanitization rewrites the parent
+//! (volumes, env, metadata), and the API server may be newer than the kubelet, so a parent
+//! that runs can give a checkpoint the kubelet refuses: a name too long once the node's
+//! name is appended, an env name the newer API server accepts and the kubelet does not, a
+//! mount left without its volume, an owner reference without a UID. [`admit`] checks
+//! those rules.
+//!
+//! [`dropped_fields`] names the fields a kubelet older than the field drops when it reads
+//! the pod. It drops them from the parent too (the same kubelet runs it), so the checkpoint
+//! still does what the parent does: a warning, not a refusal, which would take the node's
+//! protection away for nothing.
 //!
 //! The reference for the version-independent rules is the real v1.20 API server: the
 //! end-to-end suite creates sanitized pods with `dryRun` and compares its verdict with
@@ -88,9 +94,9 @@ impl fmt::Display for Inadmissible {
 }
 
 /// The fields of a pod a kubelet older than the version that introduced them drops when
-/// it decodes a static-pod file (`[]` stands for every item of a list). Fields known to
-/// every kubelet the project supports (≥1.20) are not listed; neither are those added
-/// after the API level the agent is built for (it never reads them, so never writes them).
+/// it decodes a pod (`[]` stands for every item of a list). Fields known to every kubelet
+/// the project supports (≥1.20) are not listed; neither are those added after the API
+/// level the agent is built for (it never reads them, so never writes them).
 const NEWER_FIELDS: &[(&str, KubeletVersion)] = &[
     ("spec.os", KubeletVersion::new(1, 23)),
     ("spec.hostUsers", KubeletVersion::new(1, 25)),
@@ -191,7 +197,7 @@ const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 /// `kubelet`) accepts as a static pod; every rule it breaks, in field order. With the
 /// version unknown (the Node not read yet), the version-independent rules and the
 /// strictest version rules apply (references to API objects are refused, env var names
-/// must be C-like), and the fields a kubelet may not know are not checked.
+/// must be C-like).
 ///
 /// ```
 /// use ckpt_core::admission::{KubeletVersion, admit};
@@ -199,13 +205,17 @@ const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 /// let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
 ///     "metadata": { "name": "kube-apiserver", "namespace": "kube-system" },
 ///     "spec": {
-///         "containers": [{ "name": "apiserver", "image": "kube-apiserver:v1.20.2" }],
-///         "initContainers": [{ "name": "wait", "image": "busybox", "restartPolicy": "Always" }]
+///         "containers": [{
+///             "name": "apiserver",
+///             "image": "kube-apiserver:v1.20.2",
+///             "env": [{ "name": "1ST", "value": "x" }]
+///         }]
 ///     }
 /// })).unwrap();
-/// assert_eq!(admit(&pod, "node-1", Some(KubeletVersion::new(1, 29))), Ok(()));
+/// // An env name newer API servers accept (and older kubelets refuse in a static pod).
+/// assert_eq!(admit(&pod, "node-1", Some(KubeletVersion::new(1, 32))), Ok(()));
 /// let refused = admit(&pod, "node-1", Some(KubeletVersion::new(1, 20))).unwrap_err();
-/// assert_eq!(refused[0].field, "spec.initContainers[0].restartPolicy");
+/// assert_eq!(refused[0].field, "spec.containers[0].env[0].name");
 /// ```
 pub fn admit(pod: &Pod, node: &str, kubelet: Option<KubeletVersion>) -> Result<(), Vec<Inadmissible>> {
     let mut found = Findings::default();
@@ -267,15 +277,39 @@ pub fn admit(pod: &Pod, node: &str, kubelet: Option<KubeletVersion>) -> Result<(
             );
         }
     }
-    if let Some(kubelet) = kubelet {
-        let json = serde_json::to_value(pod).unwrap_or(Value::Null);
-        for (path, since) in NEWER_FIELDS.iter().filter(|(_, since)| kubelet < *since) {
-            for field in present(&json, path) {
-                found.add(field, format!("needs a kubelet ≥{since}; {kubelet} drops it"));
-            }
+    found.finish()
+}
+
+/// The fields of `pod` that a kubelet of version `kubelet` does not know and drops when it
+/// reads the pod, as it does for the parent (see the module doc); none when the version is
+/// unknown.
+///
+/// ```
+/// use ckpt_core::admission::{KubeletVersion, dropped_fields};
+///
+/// let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+///     "metadata": { "name": "kube-proxy", "namespace": "kube-system" },
+///     "spec": {
+///         "containers": [{ "name": "proxy", "image": "kube-proxy:v1.29.0" }],
+///         "initContainers": [{ "name": "wait", "image": "busybox", "restartPolicy": "Always" }]
+///     }
+/// })).unwrap();
+/// assert!(dropped_fields(&pod, Some(KubeletVersion::new(1, 28))).is_empty());
+/// let dropped = dropped_fields(&pod, Some(KubeletVersion::new(1, 27)));
+/// assert_eq!(dropped[0].field, "spec.initContainers[0].restartPolicy");
+/// ```
+pub fn dropped_fields(pod: &Pod, kubelet: Option<KubeletVersion>) -> Vec<Inadmissible> {
+    let Some(kubelet) = kubelet else {
+        return Vec::new();
+    };
+    let json = serde_json::to_value(pod).unwrap_or(Value::Null);
+    let mut found = Findings::default();
+    for (path, since) in NEWER_FIELDS.iter().filter(|(_, since)| kubelet < *since) {
+        for field in present(&json, path) {
+            found.add(field, format!("needs a kubelet ≥{since}; {kubelet} drops it"));
         }
     }
-    found.finish()
+    found.0
 }
 
 #[derive(Default)]

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::admission::{Inadmissible, KubeletVersion, admit};
+use crate::admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
 use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent};
@@ -526,7 +526,13 @@ fn sanitize_parents(
             .map_err(|problems| inadmissible_message(&config.me.node, observation.kubelet, &problems))
         });
         match admitted {
-            Ok(sanitized) => {
+            Ok(mut sanitized) => {
+                // Dropped from the parent by the same kubelet too: worth a line, no more.
+                for dropped in dropped_fields(&sanitized.checkpoint.manifest, observation.kubelet) {
+                    sanitized
+                        .warnings
+                        .push(format!("{dropped} (from the parent too)"));
+                }
                 if !sanitized.warnings.is_empty() {
                     report.warnings.insert(id.clone(), sanitized.warnings);
                 }

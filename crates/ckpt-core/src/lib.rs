@@ -5,7 +5,8 @@
 //!   owner ([`ControllerOwner`]); what a Kubernetes name may be ([`is_dns_label`],
 //!   [`is_dns_subdomain`]).
 //! - [`admission`](mod@admission): whether the node's kubelet would run a checkpoint as a
-//!   static pod ([`admit`], for a [`KubeletVersion`]), checked before it is written.
+//!   static pod ([`admit`], for a [`KubeletVersion`]), checked before it is written, and
+//!   the fields that kubelet drops ([`dropped_fields`]).
 //! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
 //!   [`MaterializedDir`]s it mounts.
 //! - [`observation`]: what the agent observed for a pass ([`Observation`]), produced by
@@ -63,7 +64,7 @@ pub mod scheduling;
 pub mod time;
 
 #[doc(inline)]
-pub use admission::{Inadmissible, KubeletVersion, admit};
+pub use admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
 #[doc(inline)]
 pub use checkpoint::{
     Checkpoint, CheckpointMeta, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, manifest_bytes,

@@ -300,6 +300,20 @@ fn api_object_references_are_refused_from_1_34_and_when_unknown() {
     );
 }
 
+/// The fields a kubelet drops: named, for a warning, never refused.
+fn check_dropped(pod: Pod, kubelet: Option<KubeletVersion>, expected: &[&str]) {
+    let fields: Vec<String> = dropped_fields(&pod, kubelet)
+        .into_iter()
+        .map(|f| f.field)
+        .collect();
+    assert_eq!(fields, expected, "kubelet {kubelet:?}");
+    assert_eq!(
+        admit(&pod, "node-1", kubelet),
+        Ok(()),
+        "a dropped field is not a refusal"
+    );
+}
+
 #[test]
 fn fields_the_kubelet_does_not_know() {
     let sidecar = || {
@@ -309,22 +323,22 @@ fn fields_the_kubelet_does_not_know() {
             p["spec"]["os"] = json!({ "name": "linux" });
         })
     };
-    check(
+    check_dropped(
         sidecar(),
         V1_20,
         &["spec.os", "spec.initContainers[0].restartPolicy"],
     );
-    check(
+    check_dropped(
         sidecar(),
         Some(KubeletVersion::new(1, 23)),
         &["spec.initContainers[0].restartPolicy"],
     );
-    check(sidecar(), Some(KubeletVersion::new(1, 28)), &[]);
-    // Unknown version: not checked.
-    check(sidecar(), None, &[]);
+    check_dropped(sidecar(), Some(KubeletVersion::new(1, 28)), &[]);
+    // Unknown version: nothing to say.
+    check_dropped(sidecar(), None, &[]);
     // Empty lists are unset fields.
-    check(pod(|p| p["spec"]["schedulingGates"] = json!([])), V1_20, &[]);
-    check(
+    check_dropped(pod(|p| p["spec"]["schedulingGates"] = json!([])), V1_20, &[]);
+    check_dropped(
         pod(|p| p["spec"]["containers"][0]["volumeMounts"][0]["recursiveReadOnly"] = json!("Disabled")),
         Some(KubeletVersion::new(1, 29)),
         &["spec.containers[0].volumeMounts[0].recursiveReadOnly"],

@@ -34,8 +34,9 @@ fn owner(name: &str) -> ControllerOwner {
 
 /// A pod on this node: `annotated` opts it in; `ds` names its DaemonSet; `mounts` a
 /// secret volume; `pvc` makes it unrepresentable; `sidecar` adds an init container that
-/// keeps running (a field kubelets before 1.28 drop); `ended` gives its phase and restart
-/// policy.
+/// keeps running (a field kubelets before 1.28 drop); `digit_env` an env var whose name
+/// starts with a digit (kubelets before 1.32 refuse it in a static pod); `ended` gives its
+/// phase and restart policy.
 #[derive(Clone, Copy, Default)]
 struct PodSpec<'a> {
     ns: &'a str,
@@ -44,6 +45,7 @@ struct PodSpec<'a> {
     mounts: Option<&'a str>,
     pvc: bool,
     sidecar: bool,
+    digit_env: bool,
     ended: Option<(&'a str, &'a str)>,
 }
 
@@ -71,6 +73,9 @@ fn pod(name: &str, spec: PodSpec<'_>) -> (PodId, Arc<Pod>) {
         "spec": {"nodeName": "node-1", "volumes": volumes,
                  "containers": [{"name": "c", "image": "registry.example/c:1"}]},
     });
+    if spec.digit_env {
+        value["spec"]["containers"][0]["env"] = json!([{"name": "1ST", "value": "x"}]);
+    }
     if spec.sidecar {
         value["spec"]["initContainers"] =
             json!([{"name": "proxy", "image": "registry.example/proxy:1", "restartPolicy": "Always"}]);
@@ -343,7 +348,7 @@ fn which_pods_are_checkpointed() {
             World::synced(&[(
                 "a",
                 PodSpec {
-                    sidecar: true,
+                    digit_env: true,
                     ..parent("a")
                 },
             )])
@@ -355,7 +360,23 @@ fn which_pods_are_checkpointed() {
             },
         ),
         (
-            "the same parent is written for a kubelet that knows the field",
+            "the same parent is written for a kubelet that accepts it",
+            World::synced(&[(
+                "a",
+                PodSpec {
+                    digit_env: true,
+                    ..parent("a")
+                },
+            )])
+            .kubelet(1, 32)
+            .disk(&[("a", "h1")]),
+            Expect {
+                writes: list(&["a"]),
+                ..Expect::default()
+            },
+        ),
+        (
+            "a field the kubelet drops (from the parent too) is no refusal",
             World::synced(&[(
                 "a",
                 PodSpec {
@@ -363,7 +384,7 @@ fn which_pods_are_checkpointed() {
                     ..parent("a")
                 },
             )])
-            .kubelet(1, 28)
+            .kubelet(1, 20)
             .disk(&[("a", "h1")]),
             Expect {
                 writes: list(&["a"]),
@@ -825,16 +846,31 @@ fn the_daemon_set_is_looked_up_only_without_the_agents_pod() {
 
 #[test]
 fn an_inadmissible_checkpoint_is_refused_naming_the_field_and_the_kubelet() {
+    let odd = PodSpec {
+        digit_env: true,
+        ..parent("a")
+    };
+    let d = World::synced(&[("a", odd)]).kubelet(1, 20).decide();
+    let refusal = &d.report.refusals[&id("a")];
+    assert_eq!(
+        refusal.message,
+        "the kubelet of node-1 (v1.20) would not run the checkpoint as a static pod: \
+         spec.containers[0].env[0].name: Invalid value: \"1ST\": not a valid environment variable name"
+    );
+    assert_eq!(refusal.uid.as_deref(), Some("uid-a"));
+}
+
+#[test]
+fn a_field_the_kubelet_drops_is_a_warning() {
     let sidecar = PodSpec {
         sidecar: true,
         ..parent("a")
     };
     let d = World::synced(&[("a", sidecar)]).kubelet(1, 20).decide();
-    let refusal = &d.report.refusals[&id("a")];
     assert_eq!(
-        refusal.message,
-        "the kubelet of node-1 (v1.20) would not run the checkpoint as a static pod: \
-         spec.initContainers[0].restartPolicy: needs a kubelet ≥v1.28; v1.20 drops it"
+        d.report.warnings[&id("a")],
+        [
+            "spec.initContainers[0].restartPolicy: needs a kubelet ≥v1.28; v1.20 drops it (from the parent too)"
+        ]
     );
-    assert_eq!(refusal.uid.as_deref(), Some("uid-a"));
 }
