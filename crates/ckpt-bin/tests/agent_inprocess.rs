@@ -1463,3 +1463,62 @@ async fn a_checkpoint_the_nodes_kubelet_would_not_run_is_not_written() {
     agent.expect_count("refused_total", 2.0).await;
     agent.stop().await.expect("SIGTERM exits 0");
 }
+
+/// A failing disk: every fsync under this node's dirs returns EIO while the agent rewrites
+/// a checkpoint (its parent upgraded) and, in an outage, tries to activate another. Nothing
+/// half-written appears: the inactive copy keeps its old version, whole; no temporary file
+/// is left; nothing reaches the kubelet's dir. Every failure is counted, the agent stays
+/// healthy and retries; once the disk works again, the activation and the new version
+/// follow without a restart.
+#[tokio::test]
+async fn a_disk_failing_with_eio_loses_nothing_and_is_retried() {
+    use ckpt_store::failpoint::{self, Action};
+
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+    let before = world.read(&inactive(APISERVER));
+
+    failpoint::set("fsops.fsync", world.root.path(), Action::Error(5));
+    let mut upgraded = apiserver_pod();
+    upgraded["spec"]["containers"][0]["image"] = json!("kube-apiserver:v1.20.3");
+    world.api.apply("pods", NS, upgraded);
+    eventually("a failed write", || async {
+        agent.metric("write_errors_total").await >= 1.0
+    })
+    .await;
+    world.looked_twice("while the disk fails").await;
+    world.assert_files("nothing half-written", &checkpointed(AGENT));
+    assert_eq!(world.read(&inactive(APISERVER)), before, "the old version, whole");
+
+    // An outage: the crash-looping parent's checkpoint cannot be activated either, and the
+    // failed activation is retried (soon, not at the next resync 30 s later).
+    let failed = agent.metric("write_errors_total").await;
+    world.api.set_outage(Reply::Refuse);
+    agent.expect_api("unreachable").await;
+    eventually(
+        "the activation failing, and failing again when retried",
+        || async { agent.metric("write_errors_total").await >= failed + 2.0 },
+    )
+    .await;
+    world.looked_twice("while the disk fails, in the outage").await;
+    world.assert_files("nothing reaches the kubelet's dir", &checkpointed(AGENT));
+    let (health, _) = agent.get("/healthz").await.expect("/healthz answers");
+    assert_eq!(health, 200, "the agent stays healthy");
+
+    failpoint::clear("fsops.fsync", world.root.path());
+    world
+        .expect_files(
+            "the activation once the disk works",
+            &with(checkpointed(AGENT), &[active(NETWORK)]),
+        )
+        .await;
+    world.api.end_outage();
+    agent.expect_api("synced").await;
+    eventually("the new version written", || async {
+        world.read(&inactive(APISERVER)).contains("v1.20.3")
+    })
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}

@@ -39,6 +39,10 @@ const LOCAL_POLL: Duration = Duration::from_secs(1);
 const MAX_FOLLOW_UPS: u32 = 3;
 /// A full pass at least this often, whatever else happens.
 const RESYNC: Duration = Duration::from_secs(30);
+/// After a pass in which a step failed (a failing or full disk), the first retry comes
+/// this soon, then twice as late each time, up to [`RESYNC`]: a transient error must not
+/// hold an activation back for a resync, nor a lasting one retry in a tight loop.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// Events arriving within this window after a trigger are folded into the same pass.
 const COALESCE: Duration = Duration::from_millis(20);
 /// Timeout for every request the agent makes itself.
@@ -292,6 +296,7 @@ impl Agent {
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut local = self.local.observe().await;
         let mut follow_ups = 0;
+        let mut retry_after: Option<Duration> = None;
         loop {
             let started = Instant::now();
             let result = self.pass(local).await?;
@@ -302,7 +307,14 @@ impl Agent {
                     local = self.local.observe().await;
                     continue;
                 }
-                PassResult::Changed | PassResult::Settled => follow_ups = 0,
+                PassResult::Changed | PassResult::Settled => {
+                    follow_ups = 0;
+                    retry_after = None;
+                }
+                PassResult::Failed => {
+                    follow_ups = 0;
+                    retry_after = Some(retry_after.map_or(RETRY_FIRST, |after| (after * 2).min(RESYNC)));
+                }
                 PassResult::SelfGcComplete => {
                     // Nothing is left for a static copy to use them on, nor any timer to keep:
                     // an uninstalled node keeps no file of ours.
@@ -325,6 +337,7 @@ impl Agent {
                 let wait = t.since(Timestamp::now());
                 tokio::time::Instant::now() + wait
             });
+            let retry = retry_after.map(|after| tokio::time::Instant::now() + after);
             local = loop {
                 tokio::select! {
                     biased;
@@ -351,6 +364,7 @@ impl Agent {
                         }
                     }
                     () = sleep_until(deadline) => break self.latest_local().await,
+                    () = sleep_until(retry) => break self.latest_local().await,
                     _ = local_tick.tick() => {
                         let observed = self.local.observe().await;
                         if self.last_local.as_ref() != Some(&observed) {
@@ -384,10 +398,10 @@ impl Agent {
         let disk = match read.await {
             Ok(disk) => disk,
             Err(e) => {
-                warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying on the next pass");
+                warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying");
                 self.health.write_error();
                 self.last_local = Some(local);
-                return Ok(PassResult::Settled);
+                return Ok(PassResult::Failed);
             }
         };
         let observation = match &self.link {
@@ -491,7 +505,9 @@ impl Agent {
         {
             link.keep_credentials().await;
         }
-        Ok(if !decision.is_noop() && outcome.failures == 0 {
+        Ok(if outcome.failures > 0 {
+            PassResult::Failed
+        } else if !decision.is_noop() {
             PassResult::Changed
         } else {
             PassResult::Settled
@@ -557,9 +573,10 @@ fn kubelet_client(settings: &RunSettings) -> Result<KubeletClient> {
 }
 
 enum PassResult {
-    /// Nothing changed on disk, or a step failed (retried on the next trigger, not in a
-    /// tight loop): wait for the next reason to look.
+    /// Nothing changed on disk: wait for the next reason to look.
     Settled,
+    /// A step failed: wait for the next reason to look, or the retry (see [`RETRY_FIRST`]).
+    Failed,
     /// The plan changed the disk and every step succeeded: plan again at once. Some
     /// steps wait for an earlier one to be on disk — a rolled pod supersedes the old
     /// checkpoint only once its own is written — and would otherwise wait for the resync.
