@@ -288,3 +288,112 @@ fn symlinked_manifests_are_never_read_through() {
     );
     assert!(fs::symlink_metadata(f.layout.active_manifest_path(&f.id)).is_ok());
 }
+
+/// A local attacker racing the store: while every operation runs again and again, another
+/// thread keeps swapping what is under the store's dirs (a volume dir, its `..data` link, a
+/// file of the current version, the pod dir, a manifest) for symlinks out of the tree, FIFOs
+/// and back. Whatever the interleaving: nothing outside changes, and no operation waits
+/// forever (a FIFO opened for reading would block without `O_NONBLOCK`).
+#[test]
+fn a_racer_swapping_links_and_fifos_touches_nothing_outside_and_blocks_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Duration;
+
+    const ROUNDS: usize = 500;
+    let fixture = Arc::new(Fixture::new());
+    let before = common::snapshot(&fixture.outside);
+    let tls = fixture
+        .layout
+        .pod_data_dir(DataKind::Secret, &fixture.id)
+        .join("tls");
+    let targets = [
+        tls.clone(),
+        tls.join("..data"),
+        tls.join("..data/key"),
+        tls.join("key"),
+        fixture.layout.pod_data_dir(DataKind::ConfigMap, &fixture.id),
+        fixture.layout.inactive_manifest_path(&fixture.id),
+        fixture.layout.active_manifest_path(&fixture.id),
+        fixture.layout.journal_path(),
+    ];
+    let swaps = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let racer = {
+        let (fixture, swaps, stop) = (fixture.clone(), swaps.clone(), stop.clone());
+        std::thread::spawn(move || {
+            // What a plant leaves is all that matters; one that fails (a parent just
+            // removed) is simply a round without it.
+            let plants: [&dyn Fn(&Path); 4] = [
+                &|at| {
+                    let _ = symlink(&fixture.outside, at);
+                },
+                &|at| {
+                    let _ = symlink(fixture.outside.join("victim"), at);
+                },
+                &|at| {
+                    let mode = rustix::fs::Mode::from_raw_mode(0o600);
+                    let _ = rustix::fs::mknodat(rustix::fs::CWD, at, rustix::fs::FileType::Fifo, mode, 0);
+                },
+                &|_| {},
+            ];
+            let root = fixture.outside.parent().expect("a root").to_owned();
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let at = &targets[n % targets.len()];
+                let plant = plants[(n / targets.len()) % plants.len()];
+                n += 1;
+                // The racer itself must not reach outside through a link it planted before.
+                if !reached_without_links(at, &root) {
+                    continue;
+                }
+                // Removes the link, the FIFO or the tree at `at`, never following a link.
+                let _ = fs::remove_file(at).or_else(|_| fs::remove_dir_all(at));
+                plant(at);
+                swaps.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    let worker = {
+        let fixture = fixture.clone();
+        std::thread::spawn(move || {
+            let mut failed = 0;
+            for _ in 0..ROUNDS {
+                failed += fixture.run_everything().len();
+            }
+            failed
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !worker.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an operation blocked: {ROUNDS} rounds did not finish in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let failed = worker.join().expect("the worker did not panic");
+    racer.join().expect("the racer did not panic");
+    eprintln!(
+        "{ROUNDS} rounds of every operation, {failed} failed steps, {} swaps",
+        swaps.load(Ordering::Relaxed)
+    );
+    assert!(swaps.load(Ordering::Relaxed) > 1000, "the racer hardly ran");
+    assert_eq!(common::snapshot(&fixture.outside), before, "the outside changed");
+}
+
+/// Whether every directory between `root` and `at` is a real directory, or a link to a
+/// sibling (the store's `..data`): then `at` names a place inside the tree.
+fn reached_without_links(at: &Path, root: &Path) -> bool {
+    at.ancestors()
+        .skip(1)
+        .take_while(|dir| *dir != root)
+        .all(|dir| match fs::symlink_metadata(dir) {
+            Ok(meta) if meta.is_dir() => true,
+            Ok(meta) if meta.is_symlink() => fs::read_link(dir)
+                .is_ok_and(|target| target.components().count() == 1 && target.is_relative()),
+            _ => false,
+        })
+}
