@@ -28,7 +28,7 @@ use crate::plan::{
     ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal,
     SelfScheduling, orphans, plan,
 };
-use crate::references::{RequiredObjects, required_objects};
+use crate::references::{MAX_OBJECTS_PER_POD, RequiredObjects, required_objects};
 use crate::sanitize::{SanitizeOptions, sanitize};
 use crate::scheduling::daemon_pod_continues_running;
 use crate::time::Timestamp;
@@ -495,6 +495,18 @@ fn sanitize_parents(
     let mut out = BTreeMap::new();
     for (&id, &pod) in parents {
         let required = required_objects(pod);
+        if required.too_many() {
+            let message = format!(
+                "references {} Secrets and ConfigMaps, more than the {MAX_OBJECTS_PER_POD} the agent watches for one pod",
+                required.len()
+            );
+            let refusal = Refusal {
+                message,
+                uid: pod.metadata.uid.clone(),
+            };
+            report.refusals.insert(id.clone(), refusal);
+            continue;
+        }
         let view = observation.objects.get(&*id.namespace).unwrap_or(&none);
         let unresolved = view.unresolved(&required);
         let loading: Vec<String> = (unresolved.iter())
@@ -574,6 +586,10 @@ pub fn required_by_namespace(
         .collect();
     for (id, pod) in pods.iter().filter(|(_, pod)| is_parent(pod, allowed)) {
         let required = required_objects(pod);
+        // Refused in `decide`: nothing of it is watched.
+        if required.too_many() {
+            continue;
+        }
         let ns = out.entry(id.namespace.to_string()).or_default();
         ns.secrets.extend(required.secrets);
         ns.config_maps.extend(required.config_maps);

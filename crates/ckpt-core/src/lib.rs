@@ -94,7 +94,7 @@ pub use plan::{
     Removal, RemovalReason, SelfScheduling, StoredCopy, orphans, plan,
 };
 #[doc(inline)]
-pub use references::{RequiredObjects, references_api_objects, required_objects};
+pub use references::{MAX_OBJECTS_PER_POD, RequiredObjects, references_api_objects, required_objects};
 #[doc(inline)]
 pub use sanitize::{ApiObjects, SanitizeOptions, Sanitized, sanitize};
 #[doc(inline)]

@@ -5,6 +5,11 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, Volume};
 
+/// The most Secrets and ConfigMaps one parent may reference, together: the agent watches
+/// each one (as the kubelet does), so a pod referencing more is refused, with an Event,
+/// before any watch starts. A control-plane pod references a handful.
+pub const MAX_OBJECTS_PER_POD: usize = 64;
+
 /// The Secrets and ConfigMaps (in the pod's namespace) a pod's volumes and env use.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequiredObjects {
@@ -12,6 +17,23 @@ pub struct RequiredObjects {
     pub secrets: BTreeSet<String>,
     /// ConfigMap names.
     pub config_maps: BTreeSet<String>,
+}
+
+impl RequiredObjects {
+    /// How many objects, Secrets and ConfigMaps together.
+    pub fn len(&self) -> usize {
+        self.secrets.len() + self.config_maps.len()
+    }
+
+    /// Whether no object is needed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether this is more than one pod may reference ([`MAX_OBJECTS_PER_POD`]).
+    pub fn too_many(&self) -> bool {
+        self.len() > MAX_OBJECTS_PER_POD
+    }
 }
 
 /// Containers, init containers and ephemeral containers' env, as `(field path, env, envFrom)`.

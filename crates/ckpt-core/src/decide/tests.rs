@@ -699,6 +699,39 @@ fn watches_cover_what_parents_need_in_every_allowed_namespace() {
     assert_eq!(secrets, [("default", vec![]), (NS, vec!["s1"])]);
 }
 
+/// A parent referencing more objects than the agent watches for one pod is refused, and
+/// nothing of it is watched; one at the limit is watched as usual.
+#[test]
+fn a_pod_referencing_too_many_objects_is_refused_and_not_watched() {
+    let many = |n: usize| {
+        let (id, pod) = pod("a", parent("a"));
+        let mut pod = (*pod).clone();
+        let env: Vec<serde_json::Value> = (0..n)
+            .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"secretKeyRef": {"name": format!("s{i}"), "key": "k"}}}))
+            .collect();
+        pod.spec.as_mut().unwrap().containers[0].env = Some(serde_json::from_value(json!(env)).unwrap());
+        (id, Arc::new(pod))
+    };
+    let mut world = World::synced(&[]);
+    let (id, pod) = many(MAX_OBJECTS_PER_POD + 1);
+    world.observation.pods.insert(id.clone(), pod);
+    let d = world.decide();
+    let refusal = &d.report.refusals[&id];
+    assert_eq!(
+        refusal.message,
+        format!(
+            "references 65 Secrets and ConfigMaps, more than the {MAX_OBJECTS_PER_POD} the agent watches for one pod"
+        )
+    );
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    assert!(watched[NS].is_empty(), "{:?}", watched[NS]);
+
+    let (id, pod) = many(MAX_OBJECTS_PER_POD);
+    world.observation.pods.insert(id, pod);
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    assert_eq!(watched[NS].len(), MAX_OBJECTS_PER_POD);
+}
+
 fn daemon_set(uid: &str, node_selector: serde_json::Value) -> Fetched<k8s_openapi::api::apps::v1::DaemonSet> {
     let ds = serde_json::from_value(json!({
         "metadata": {"name": "pod-checkpointer", "namespace": NS, "uid": uid},
