@@ -26,6 +26,7 @@ use crate::harness::interrupt;
 use crate::progress::Progress;
 
 pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
+pub(crate) use control_plane::ApiEndpoint;
 pub use control_plane::{
     AGENT_USER, CONTROLLER_MANAGER_USER, CRI_SOCKET, ControlPlane, NODE_NAME, SCHEDULER_USER, StartOptions,
     render_kubeconfig,

@@ -31,14 +31,15 @@ pub mod objects;
 pub mod timeline;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::Value;
 
 use crate::e2e_env::{
-    BinDir, CONTROLLER_MANAGER_USER, ControlPlane, NODE_NAME, RealNode, SCHEDULER_USER, human_duration,
+    ApiEndpoint, BinDir, CONTROLLER_MANAGER_USER, ControlPlane, NODE_NAME, RealNode, SCHEDULER_USER,
+    human_duration,
 };
 use crate::harness::kubectl::{Kubectl, pod_running};
 use crate::harness::wait::{Probe, wait_for, waiting_on_error};
@@ -57,9 +58,8 @@ const NODE_KUBECONFIG: &str = "kubeconfig-node-1-self-hosted";
 /// The self-hosted control plane after the pivot.
 #[derive(Clone)]
 pub struct SelfHosted {
-    url: String,
-    ca: PathBuf,
-    admin_token: String,
+    /// The node's API server as admin.
+    api: ApiEndpoint,
     kubectl: Kubectl,
 }
 
@@ -97,13 +97,11 @@ impl SelfHosted {
                 &plane.write_kubeconfig(ADMIN_KUBECONFIG, &url, "admin")?,
                 &plane.workdir().join("kubectl-cache-self-hosted"),
             ),
-            url,
-            ca: plane.ca_cert(),
-            admin_token: plane.token("admin")?,
+            api: ApiEndpoint { url, ..plane.api() },
         };
         host.apply(&objects::control_plane_objects(&params(plane, node)?))?;
         wait_running(&host, &[APISERVER, CONTROLLER_MANAGER, SCHEDULER])?;
-        wait_for(&format!("{} /readyz 200", self_hosted.url), TIMEOUT, || {
+        wait_for(&format!("{} /readyz 200", self_hosted.api.url), TIMEOUT, || {
             Ok(match self_hosted.readyz() {
                 200 => Probe::Ready(()),
                 status => Probe::Waiting(format!("HTTP {status}")),
@@ -111,7 +109,7 @@ impl SelfHosted {
         })?;
         PROGRESS.say(&format!(
             "the self-hosted control plane's pods run and its API server serves at {} after {}",
-            self_hosted.url,
+            self_hosted.api.url,
             human_duration(started.elapsed())
         ));
 
@@ -180,7 +178,7 @@ impl SelfHosted {
 
     /// `https://<node>:6443`.
     pub fn url(&self) -> &str {
-        &self.url
+        &self.api.url
     }
 
     /// The HTTP status of `GET /readyz` (0 when unreachable within a second).
@@ -190,21 +188,7 @@ impl SelfHosted {
 
     /// `GET path` as admin within `timeout`: the HTTP status (0 when unreachable) and body.
     pub fn get(&self, path: &str, timeout: Duration) -> (u16, String) {
-        let output = std::process::Command::new("curl")
-            .args(["-s", "-w", "\n%{http_code}", "--max-time"])
-            .arg(format!("{:.3}", timeout.as_secs_f64()))
-            .arg("--cacert")
-            .arg(&self.ca)
-            .args(["-H", &format!("Authorization: Bearer {}", self.admin_token)])
-            .arg(format!("{}{path}", self.url))
-            .stdin(std::process::Stdio::null())
-            .output();
-        let Ok(output) = output else {
-            return (0, String::new());
-        };
-        let text = String::from_utf8_lossy(&output.stdout);
-        let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
-        (status.trim().parse().unwrap_or(0), body.to_owned())
+        self.api.get_within(path, timeout).unwrap_or((0, String::new()))
     }
 }
 
@@ -249,23 +233,10 @@ fn wait_running(kubectl: &Kubectl, apps: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The API pods of one of the control plane's components (not their mirror pods).
+/// The pods of one of the control plane's components (label `k8s-app`), mirror pods of
+/// their checkpoints included.
 pub fn pods_of(kubectl: &Kubectl, app: &str) -> anyhow::Result<Vec<Value>> {
-    let out = kubectl.run(
-        &[
-            "get",
-            "pods",
-            "-n",
-            NAMESPACE,
-            "-l",
-            &format!("k8s-app={app}"),
-            "-o",
-            "json",
-        ],
-        None,
-    )?;
-    let list: Value = serde_json::from_str(&out).context("kubectl get pods printed no JSON")?;
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
+    kubectl.pods(NAMESPACE, &format!("k8s-app={app}"))
 }
 
 /// The holder of a component's leader-election Lease in kube-system, if it has one.

@@ -582,7 +582,8 @@ impl ControlPlane {
         vars
     }
 
-    fn api(&self) -> ApiEndpoint {
+    /// The API server as admin.
+    pub(crate) fn api(&self) -> ApiEndpoint {
         let token = self.token("admin").unwrap_or_default();
         ApiEndpoint {
             url: self.apiserver_url(),
@@ -1166,14 +1167,21 @@ pub(crate) fn http_probe(status: u16) -> Probe<()> {
 }
 
 /// The API server as one identity, reached with curl (installed by the build step).
-struct ApiEndpoint {
-    url: String,
-    ca: PathBuf,
-    token: String,
+#[derive(Clone, Debug)]
+pub(crate) struct ApiEndpoint {
+    pub(crate) url: String,
+    pub(crate) ca: PathBuf,
+    pub(crate) token: String,
 }
 
 impl ApiEndpoint {
     fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        self.get_within(path, CURL_TIMEOUT)
+    }
+
+    /// `GET path` within `timeout`: the HTTP status (0 when it cannot connect or times out)
+    /// and the body.
+    pub(crate) fn get_within(&self, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
         let ca = self.ca.display().to_string();
         let auth = format!("Authorization: Bearer {}", self.token);
         // Not curl's own User-Agent: the API server pretty-prints JSON for curl.
@@ -1185,20 +1193,26 @@ impl ApiEndpoint {
             "-H",
             "User-Agent: pod-checkpointer-xtask",
         ];
-        let output = curl(&format!("{}{path}", self.url), &args)?;
+        let output = curl(&format!("{}{path}", self.url), &args, timeout)?;
         Ok(split_status(&output))
     }
 }
 
+/// How long a curl request may take, unless said otherwise.
+const CURL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The HTTP status of `GET url` (0 when it cannot connect or times out).
 pub(crate) fn http_status(url: &str, args: &[&str]) -> u16 {
-    curl(url, args).map(|out| split_status(&out).0).unwrap_or(0)
+    curl(url, args, CURL_TIMEOUT)
+        .map(|out| split_status(&out).0)
+        .unwrap_or(0)
 }
 
-/// `curl -s URL` with the status code appended on a line of its own.
-fn curl(url: &str, args: &[&str]) -> anyhow::Result<String> {
+/// `curl -s URL` within `timeout`, with the status code appended on a line of its own.
+fn curl(url: &str, args: &[&str], timeout: Duration) -> anyhow::Result<String> {
     let output = Command::new("curl")
-        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}"])
+        .args(["-s", "-w", "\n%{http_code}", "--max-time"])
+        .arg(format!("{:.3}", timeout.as_secs_f64()))
         .args(args)
         .arg(url)
         .stdin(Stdio::null())

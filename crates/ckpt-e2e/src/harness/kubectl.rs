@@ -74,6 +74,16 @@ impl Kubectl {
         self.run(&["apply", "-f", "-"], Some(&list.to_string())).map(drop)
     }
 
+    /// The pods of `namespace` that match the label `selector` (e.g. `app=web`).
+    pub fn pods(&self, namespace: &str, selector: &str) -> anyhow::Result<Vec<Value>> {
+        let out = self.run(
+            &["get", "pods", "-n", namespace, "-l", selector, "-o", "json"],
+            None,
+        )?;
+        let list: Value = serde_json::from_str(&out).context("kubectl get pods printed no JSON")?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
     /// The object, or `None` when it does not exist. `resource` is e.g. `pod`, `daemonset`.
     pub fn get(&self, resource: &str, namespace: &str, name: &str) -> anyhow::Result<Option<Value>> {
         let out = self.run(

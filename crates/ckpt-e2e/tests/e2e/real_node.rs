@@ -503,13 +503,7 @@ fn wait_pod(
 fn wait_api_pod(kubectl: &Kubectl, expected: &str, check: impl Fn(&Value) -> bool) -> anyhow::Result<Value> {
     let (pod, _) = wait_for(expected, TIMEOUT, || {
         waiting_on_error((|| {
-            let selector = format!("app={DAEMON_SET}");
-            let out = kubectl.run(
-                &["get", "pods", "-n", NAMESPACE, "-l", &selector, "-o", "json"],
-                None,
-            )?;
-            let list: Value = serde_json::from_str(&out)?;
-            let pods = list["items"].as_array().cloned().unwrap_or_default();
+            let pods = kubectl.pods(NAMESPACE, &format!("app={DAEMON_SET}"))?;
             Ok(match pods.as_slice() {
                 [pod] if check(pod) => Probe::Ready(pod.clone()),
                 [pod] => Probe::Waiting(format!("status {}", pod["status"])),

@@ -703,11 +703,7 @@ fn workload_objects() -> Vec<Value> {
 }
 
 fn pods(run: &NodeRun, selector: &str) -> anyhow::Result<Vec<Value>> {
-    let out = run
-        .kubectl
-        .run(&["get", "pods", "-n", NS, "-l", selector, "-o", "json"], None)?;
-    let list: Value = serde_json::from_str(&out)?;
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
+    run.kubectl.pods(NS, selector)
 }
 
 fn workload_selector() -> String {

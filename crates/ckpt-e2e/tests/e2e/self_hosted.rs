@@ -247,21 +247,7 @@ fn check_scheduling(run: &NodeRun) -> anyhow::Result<()> {
     })])?;
     wait_for("the probe Deployment's pod running", TIMEOUT, || {
         waiting_on_error((|| {
-            let out = run.kubectl.run(
-                &[
-                    "get",
-                    "pods",
-                    "-n",
-                    NS,
-                    "-l",
-                    &format!("app={name}"),
-                    "-o",
-                    "json",
-                ],
-                None,
-            )?;
-            let list: Value = serde_json::from_str(&out)?;
-            let pods = list["items"].as_array().cloned().unwrap_or_default();
+            let pods = run.kubectl.pods(NS, &format!("app={name}"))?;
             Ok(if pods.iter().any(pod_running) {
                 Probe::Ready(())
             } else {
