@@ -26,6 +26,10 @@ pub(crate) struct CheckpointReport {
     pub(crate) data_files: usize,
     /// When the parent was first seen missing from a synced API view (GC pending).
     pub(crate) parent_absent_since: Option<String>,
+    /// The content on disk is the one its parent proved (Ready for a minute with it).
+    pub(crate) known_good: bool,
+    /// When the parent last proved a content, this one or an earlier one.
+    pub(crate) known_good_since: Option<String>,
     /// The kubelet runs this after a reboot (its manifest is in the manifests dir).
     pub(crate) runs_after_reboot: bool,
 }
@@ -135,6 +139,10 @@ fn checkpoint_report(
         active_manifest: stored.active.as_ref().map(|m| m.path.display().to_string()),
         data_files,
         parent_absent_since: state.absent_since.get(id).map(|t| t.to_rfc3339()),
+        known_good: (state.known_good.get(id))
+            .zip(meta.and_then(|m| m.spec_hash.as_deref()))
+            .is_some_and(|(proven, on_disk)| proven.spec_hash == on_disk),
+        known_good_since: state.known_good.get(id).map(|k| k.since.to_rfc3339()),
         runs_after_reboot: stored.active.is_some(),
     }
 }
@@ -162,12 +170,13 @@ pub(crate) fn render(report: &InspectReport, format: OutputFormat) -> String {
 }
 
 fn render_table(report: &InspectReport) -> String {
-    let mut rows: Vec<[String; 7]> = vec![[
+    let mut rows: Vec<[String; 8]> = vec![[
         "CHECKPOINT".into(),
         "STATE".into(),
         "OWNER".into(),
         "AGE".into(),
         "FILES".into(),
+        "KNOWN-GOOD".into(),
         "PARENT ABSENT SINCE".into(),
         "RUNS AFTER REBOOT".into(),
     ]];
@@ -178,11 +187,12 @@ fn render_table(report: &InspectReport) -> String {
             c.owner.clone().unwrap_or_else(|| "-".into()),
             c.age_seconds.map(age).unwrap_or_else(|| "-".into()),
             c.data_files.to_string(),
+            if c.known_good { "yes" } else { "no" }.into(),
             c.parent_absent_since.clone().unwrap_or_else(|| "-".into()),
             if c.runs_after_reboot { "yes" } else { "no" }.into(),
         ]);
     }
-    let widths: Vec<usize> = (0..7)
+    let widths: Vec<usize> = (0..8)
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();

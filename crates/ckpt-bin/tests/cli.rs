@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ckpt_core::{ApiObjects, SanitizeOptions, Timestamp, sanitize};
+use ckpt_core::{ApiObjects, PodId, SanitizeOptions, Timestamp, sanitize};
 use ckpt_store::{Layout, Store};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -61,8 +61,8 @@ fn states_of(report: &serde_json::Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Writes a real checkpoint (sanitized from a pod) and activates it.
-fn seed_checkpoint(dir: &Path, name: &str, active: bool) {
+/// Writes a real checkpoint (sanitized from a pod) and activates it; returns its spec hash.
+fn seed_checkpoint(dir: &Path, name: &str, active: bool) -> String {
     let store = Store::open(Layout::new(dir.join("ck"), dir.join("manifests"))).expect("store");
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "namespace": "kube-system", "uid": format!("uid-{name}"),
@@ -81,6 +81,7 @@ fn seed_checkpoint(dir: &Path, name: &str, active: bool) {
     if active {
         store.activate(&checkpoint.parent).expect("activated");
     }
+    checkpoint.spec_hash
 }
 
 #[test]
@@ -278,6 +279,61 @@ fn inspect_reports_states_and_what_runs_after_a_reboot() {
         table.contains("Static copy's API credentials: none kept"),
         "{table}"
     );
+}
+
+/// `inspect` says whether the content on disk is the one its parent proved (the journal's
+/// known-good record), and since when the parent has a proof.
+#[test]
+fn inspect_reports_which_checkpoints_are_known_good() {
+    use ckpt_core::known_good::SpecSince;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proven = seed_checkpoint(dir.path(), "kube-apiserver-abc", false);
+    seed_checkpoint(dir.path(), "kube-scheduler-abc", false);
+    seed_checkpoint(dir.path(), "kube-proxy-abc", false);
+    let since = Timestamp(1_764_892_800_000);
+    let record = |hash: &str| SpecSince {
+        spec_hash: hash.to_owned(),
+        since,
+    };
+    let state = ckpt_core::PersistentState {
+        known_good: [
+            (PodId::new("kube-system", "kube-apiserver-abc"), record(&proven)),
+            // An earlier content was proven; the one on disk now is not.
+            (
+                PodId::new("kube-system", "kube-scheduler-abc"),
+                record("an-older-hash"),
+            ),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    let store = Store::open(Layout::new(dir.path().join("ck"), dir.path().join("manifests"))).expect("store");
+    store.write_journal(&state).expect("journal");
+
+    let report = inspect_json(dir.path());
+    let known: Vec<(String, bool, Option<String>)> = (report["checkpoints"].as_array().expect("list").iter())
+        .map(|c| {
+            (
+                c["pod"].as_str().unwrap_or("").to_owned(),
+                c["known_good"].as_bool().expect("known_good"),
+                c["known_good_since"].as_str().map(str::to_owned),
+            )
+        })
+        .collect();
+    let at = Some(since.to_rfc3339());
+    assert_eq!(
+        known,
+        [
+            ("kube-system/kube-apiserver-abc".to_owned(), true, at.clone()),
+            ("kube-system/kube-proxy-abc".to_owned(), false, None),
+            ("kube-system/kube-scheduler-abc".to_owned(), false, at),
+        ]
+    );
+    let mut args = vec!["inspect".to_owned()];
+    args.extend(disk_args(dir.path()));
+    let table = text(&bin().args(&args).output().expect("runs").stdout);
+    assert!(table.contains("KNOWN-GOOD"), "{table}");
 }
 
 #[test]

@@ -85,6 +85,7 @@ fn base64(text: &str) -> String {
 fn journal(absent: &[&str]) -> PersistentState {
     PersistentState {
         absent_since: absent.iter().map(|n| (id(n), Timestamp(1_000))).collect(),
+        ..PersistentState::default()
     }
 }
 

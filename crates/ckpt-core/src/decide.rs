@@ -23,6 +23,7 @@ use crate::admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
 use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent};
+use crate::known_good;
 use crate::observation::{ApiState, Fetched, Observation, OwnerKey};
 use crate::plan::{
     ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal,
@@ -146,6 +147,8 @@ pub struct Assessment<'a> {
     local: &'a crate::plan::LocalView,
     checkpoints: BTreeMap<PodId, Checkpoint>,
     desired: BTreeMap<PodId, String>,
+    /// The parents whose API pod is Ready (synced views only).
+    ready: BTreeSet<PodId>,
     orphans: Vec<Orphan>,
     report: Report,
 }
@@ -177,14 +180,33 @@ impl Assessment<'_> {
             grace: self.grace,
             allowed: &self.allowed,
         };
-        let planned = plan(&inputs, self.now);
+        let mut planned = plan(&inputs, self.now);
         let now = self.now;
+        let removed: BTreeSet<&PodId> = planned.removes.iter().map(|r| &r.id).collect();
+        let kept: BTreeSet<PodId> = (self.disk.keys())
+            .chain(planned.writes.iter())
+            .filter(|id| !removed.contains(id))
+            .cloned()
+            .collect();
+        let synced = matches!(self.api, ApiView::Synced { .. });
+        let tracked = known_good::track(
+            &self.state.known_good,
+            &self.state.ready_since,
+            &self.desired,
+            &self.ready,
+            &kept,
+            synced,
+            now,
+        );
+        planned.state.known_good = tracked.known_good;
+        planned.state.ready_since = tracked.ready_since;
         self.report.next_deadline = (verdicts.values())
             .filter_map(|v| match v.verdict {
                 GcVerdict::RemoveAt(t) => Some(t),
                 _ => None,
             })
             .chain(planned.self_gc_at)
+            .chain(tracked.next)
             .filter(|t| *t > now)
             .min();
         for (id, state) in &planned.states {
@@ -294,6 +316,10 @@ pub fn assess<'a>(
     let desired: BTreeMap<PodId, String> = (checkpoints.iter())
         .map(|(id, c)| (id.clone(), c.spec_hash.clone()))
         .collect();
+    let ready: BTreeSet<PodId> = (parents.iter())
+        .filter(|(_, pod)| synced && known_good::is_ready(pod))
+        .map(|(id, _)| (*id).clone())
+        .collect();
     report.parent_uids = (disk.iter())
         .filter_map(|(id, d)| Some((id.clone(), d.meta()?.parent_uid.clone()?)))
         .chain(
@@ -368,6 +394,7 @@ pub fn assess<'a>(
         local: &observation.local,
         checkpoints,
         desired,
+        ready,
         orphans: found,
         report,
     }

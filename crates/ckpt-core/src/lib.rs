@@ -7,6 +7,8 @@
 //! - [`admission`](mod@admission): whether the node's kubelet would run a checkpoint as a
 //!   static pod ([`admit`], for a [`KubeletVersion`]), checked before it is written, and
 //!   the fields that kubelet drops ([`dropped_fields`]).
+//! - [`known_good`](mod@known_good): which content each parent has proven (Ready for a
+//!   minute with it), kept in the journal.
 //! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
 //!   [`MaterializedDir`]s it mounts.
 //! - [`observation`]: what the agent observed for a pass ([`Observation`]), produced by
@@ -56,6 +58,7 @@ pub mod decide;
 mod error;
 pub mod gc;
 pub mod identity;
+pub mod known_good;
 pub mod observation;
 pub mod plan;
 pub mod references;

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::CheckpointMeta;
 use crate::gc::{GcDecision, GcVerdict, Orphan};
 use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity};
+use crate::known_good::SpecSince;
 use crate::observation::OwnerStatus;
 use crate::time::Timestamp;
 
@@ -104,6 +105,12 @@ pub struct PersistentState {
     /// Since when each checkpoint's parent has been absent from synced API views.
     #[serde(with = "pod_id_map")]
     pub absent_since: BTreeMap<PodId, Timestamp>,
+    /// The known-good content of each parent (see [`crate::known_good`]).
+    #[serde(default, with = "spec_since_map")]
+    pub known_good: BTreeMap<PodId, SpecSince>,
+    /// Since when each parent has been Ready with content not proven yet.
+    #[serde(default, with = "spec_since_map")]
+    pub ready_since: BTreeMap<PodId, SpecSince>,
 }
 
 /// Whether the agent's own DaemonSet still targets this node: what decides self-GC
@@ -487,6 +494,9 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
                 .iter()
                 .filter_map(|row| absent_since(row, synced, now).map(|t| (row.id.clone(), t)))
                 .collect(),
+            // Tracked by `decide` once the plan is made (it needs the pods' readiness).
+            known_good: inputs.state.known_good.clone(),
+            ready_since: inputs.state.ready_since.clone(),
         },
         ..Plan::default()
     };
@@ -741,6 +751,57 @@ mod pod_id_map {
         Ok(entries
             .into_iter()
             .map(|e| (PodId::new(e.namespace, e.name), e.since))
+            .collect())
+    }
+}
+
+/// A map of [`SpecSince`] by pod, stored as a list of entries like [`pod_id_map`].
+mod spec_since_map {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::identity::PodId;
+    use crate::known_good::SpecSince;
+    use crate::time::Timestamp;
+
+    #[derive(Serialize, Deserialize)]
+    struct Entry {
+        namespace: String,
+        name: String,
+        spec_hash: String,
+        since: Timestamp,
+    }
+
+    pub(super) fn serialize<S: Serializer>(
+        map: &BTreeMap<PodId, SpecSince>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let entries: Vec<Entry> = map
+            .iter()
+            .map(|(id, v)| Entry {
+                namespace: id.namespace.to_string(),
+                name: id.name.to_string(),
+                spec_hash: v.spec_hash.clone(),
+                since: v.since,
+            })
+            .collect();
+        entries.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<PodId, SpecSince>, D::Error> {
+        let entries = Vec::<Entry>::deserialize(d)?;
+        Ok(entries
+            .into_iter()
+            .map(|e| {
+                let value = SpecSince {
+                    spec_hash: e.spec_hash,
+                    since: e.since,
+                };
+                (PodId::new(e.namespace, e.name), value)
+            })
             .collect())
     }
 }

@@ -907,3 +907,69 @@ fn a_field_the_kubelet_drops_is_a_warning() {
         ]
     );
 }
+
+/// A parent Ready on a synced view: its content becomes known-good after a minute, the
+/// pass asks to look again then, and the journal's state carries the proof, through an
+/// outage too.
+#[test]
+fn a_ready_parents_content_becomes_known_good_after_a_minute() {
+    let mut world = World::synced(&[("a", parent("a"))]).disk(&[("a", "h1")]);
+    let (id_a, pod) = pod("a", parent("a"));
+    let mut ready = (*pod).clone();
+    ready.status = Some(
+        serde_json::from_value(
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
+        )
+        .expect("a status"),
+    );
+    world.observation.pods.insert(id_a.clone(), Arc::new(ready));
+    let hash = world.hash_of("a");
+
+    let first = decide(
+        &world.observation,
+        &world.disk,
+        &PersistentState::default(),
+        &world.verdicts,
+        &world.config,
+        NOW,
+    );
+    assert_eq!(first.state.ready_since[&id_a].spec_hash, hash);
+    assert!(first.state.known_good.is_empty());
+    let due = NOW.saturating_add(crate::known_good::KNOWN_GOOD_AFTER);
+    assert_eq!(first.report.next_deadline, Some(due));
+
+    let second = decide(
+        &world.observation,
+        &world.disk,
+        &first.state,
+        &world.verdicts,
+        &world.config,
+        due,
+    );
+    assert_eq!(second.state.known_good[&id_a].spec_hash, hash);
+    assert!(second.state.ready_since.is_empty());
+
+    // The API unreachable: the proof stays.
+    world.observation.api = ApiState::Unreachable;
+    let offline = decide(
+        &world.observation,
+        &world.disk,
+        &second.state,
+        &world.verdicts,
+        &world.config,
+        due,
+    );
+    assert_eq!(offline.state.known_good, second.state.known_good);
+}
+
+/// The journal of an agent from before known-good tracking still reads.
+#[test]
+fn an_older_journal_reads_with_nothing_known_good() {
+    let old = r#"{"absent_since":[{"namespace":"kube-system","name":"a","since":1000}]}"#;
+    let state: PersistentState = serde_json::from_str(old).expect("an older journal");
+    assert_eq!(state.absent_since.len(), 1);
+    assert!(state.known_good.is_empty() && state.ready_since.is_empty());
+    let round_trip: PersistentState =
+        serde_json::from_str(&serde_json::to_string(&state).unwrap()).expect("reads back");
+    assert_eq!(round_trip, state);
+}
