@@ -356,6 +356,8 @@ pub struct CheckpointInfo {
     pub owner: Option<String>,
     /// Set while a GC deadline runs (the parent is absent from a synced API view).
     pub parent_absent_since: Option<String>,
+    /// The content on disk is the one its parent proved (Ready for a minute with it).
+    pub known_good: bool,
 }
 
 impl Inspect {
@@ -375,6 +377,7 @@ impl Inspect {
                     parent_uid: text(&c["parent_uid"]),
                     owner: text(&c["owner"]),
                     parent_absent_since: text(&c["parent_absent_since"]),
+                    known_good: c["known_good"].as_bool().unwrap_or(false),
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

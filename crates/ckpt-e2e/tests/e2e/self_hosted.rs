@@ -6,7 +6,8 @@
 //! loses power (every process of the node SIGKILLed, the disk kept; etcd is an external
 //! host process and is not cut) and is timed on its way back: the static copy of the agent,
 //! the checkpoints active, the API serving, a marker written before the cut read back, the
-//! parents running and every checkpoint retired.
+//! parents running and every checkpoint retired. After the cuts, every parent proves its
+//! checkpoint's content (Ready for a minute: known-good in `inspect`).
 //!
 //! Runs last among the real-node scenarios: after the pivot the plane's own API server is
 //! gone for good, and every other scenario needs it.
@@ -79,12 +80,36 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     for (n, kind) in kinds.into_iter().enumerate() {
         cuts.push(power_cut_once(run, &self_hosted, n + 1, kind)?);
     }
+    // Each parent ran Ready for a minute with the content on disk, after the cuts (each cut
+    // breaks the streak; the demo does not wait for it).
+    if !crate::demo_mode() {
+        expect_known_good(run, &parents)?;
+    }
     report_cuts(run, &cuts)?;
     if crate::demo_mode() {
         for cut in &cuts {
             narrate(cut);
         }
     }
+    Ok(())
+}
+
+/// Waits until every parent's checkpoint is known-good (`inspect`).
+fn expect_known_good(run: &NodeRun, parents: &[String]) -> anyhow::Result<()> {
+    let report = wait_inspect(run, "the control plane's checkpoints known-good", |i| {
+        parents
+            .iter()
+            .all(|p| i.get(&format!("{NS}/{p}")).is_some_and(|c| c.known_good))
+    })?;
+    run.progress.say(&format!(
+        "known-good: {}",
+        parents
+            .iter()
+            .map(|p| format!("{NS}/{p}"))
+            .filter(|p| report.get(p).is_some_and(|c| c.known_good))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     Ok(())
 }
 
