@@ -1464,14 +1464,23 @@ async fn a_checkpoint_the_nodes_kubelet_would_not_run_is_not_written() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
-/// A failing disk: every fsync under this node's dirs returns EIO while the agent rewrites
-/// a checkpoint (its parent upgraded) and, in an outage, tries to activate another. Nothing
-/// half-written appears: the inactive copy keeps its old version, whole; no temporary file
-/// is left; nothing reaches the kubelet's dir. Every failure is counted, the agent stays
-/// healthy and retries; once the disk works again, the activation and the new version
-/// follow without a restart.
+/// A failing disk: every fsync (then every rename) under this node's dirs returns EIO
+/// while the agent rewrites a checkpoint (its parent upgraded) and, in an outage, tries to
+/// activate another. Nothing half-written appears: the inactive copy keeps its old
+/// version, whole; no temporary file is left; nothing reaches the kubelet's dir. Every
+/// failure is counted, the agent stays healthy and retries; once the disk works again,
+/// the activation and the new version follow without a restart.
 #[tokio::test]
-async fn a_disk_failing_with_eio_loses_nothing_and_is_retried() {
+async fn a_disk_failing_with_eio_on_fsync_loses_nothing_and_is_retried() {
+    disk_failing_with_eio_at("fsops.fsync").await;
+}
+
+#[tokio::test]
+async fn a_disk_failing_with_eio_on_rename_loses_nothing_and_is_retried() {
+    disk_failing_with_eio_at("fsops.rename").await;
+}
+
+async fn disk_failing_with_eio_at(point: &str) {
     use ckpt_store::failpoint::{self, Action};
 
     let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
@@ -1480,7 +1489,7 @@ async fn a_disk_failing_with_eio_loses_nothing_and_is_retried() {
     agent.expect_api("synced").await;
     let before = world.read(&inactive(APISERVER));
 
-    failpoint::set("fsops.fsync", world.root.path(), Action::Error(5));
+    failpoint::set(point, world.root.path(), Action::Error(5));
     let mut upgraded = apiserver_pod();
     upgraded["spec"]["containers"][0]["image"] = json!("kube-apiserver:v1.20.3");
     world.api.apply("pods", NS, upgraded);
@@ -1507,7 +1516,7 @@ async fn a_disk_failing_with_eio_loses_nothing_and_is_retried() {
     let (health, _) = agent.get("/healthz").await.expect("/healthz answers");
     assert_eq!(health, 200, "the agent stays healthy");
 
-    failpoint::clear("fsops.fsync", world.root.path());
+    failpoint::clear(point, world.root.path());
     world
         .expect_files(
             "the activation once the disk works",
