@@ -103,13 +103,13 @@ impl DiskCheckpoint {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PersistentState {
     /// Since when each checkpoint's parent has been absent from synced API views.
-    #[serde(with = "pod_id_map")]
+    #[serde(with = "absent_since_map")]
     pub absent_since: BTreeMap<PodId, Timestamp>,
     /// The known-good content of each parent (see [`crate::known_good`]).
-    #[serde(default, with = "spec_since_map")]
+    #[serde(default, with = "pod_id_map")]
     pub known_good: BTreeMap<PodId, SpecSince>,
     /// Since when each parent has been Ready with content not proven yet.
-    #[serde(default, with = "spec_since_map")]
+    #[serde(default, with = "pod_id_map")]
     pub ready_since: BTreeMap<PodId, SpecSince>,
 }
 
@@ -713,8 +713,57 @@ fn due(verdict: Option<&GcDecision>, now: Timestamp) -> bool {
     }
 }
 
-/// JSON object keys must be strings: store the map as a list of entries.
+/// JSON object keys must be strings: a map by pod is stored as a list of entries, each the
+/// pod's `namespace` and `name` beside the fields of its value.
 mod pod_id_map {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::identity::PodId;
+
+    #[derive(Serialize)]
+    struct EntryRef<'a, V> {
+        namespace: &'a str,
+        name: &'a str,
+        #[serde(flatten)]
+        value: &'a V,
+    }
+
+    #[derive(Deserialize)]
+    struct Entry<V> {
+        namespace: String,
+        name: String,
+        #[serde(flatten)]
+        value: V,
+    }
+
+    pub(super) fn serialize<S: Serializer, V: Serialize>(
+        map: &BTreeMap<PodId, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let entries: Vec<EntryRef<'_, V>> = (map.iter())
+            .map(|(id, value)| EntryRef {
+                namespace: &id.namespace,
+                name: &id.name,
+                value,
+            })
+            .collect();
+        entries.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, V: Deserialize<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<PodId, V>, D::Error> {
+        let entries = Vec::<Entry<V>>::deserialize(d)?;
+        Ok((entries.into_iter())
+            .map(|e| (PodId::new(e.namespace, e.name), e.value))
+            .collect())
+    }
+}
+
+/// `absent_since` through [`pod_id_map`]: each entry's time is its `since` field.
+mod absent_since_map {
     use std::collections::BTreeMap;
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -723,9 +772,7 @@ mod pod_id_map {
     use crate::time::Timestamp;
 
     #[derive(Serialize, Deserialize)]
-    struct Entry {
-        namespace: String,
-        name: String,
+    struct Since {
         since: Timestamp,
     }
 
@@ -733,76 +780,17 @@ mod pod_id_map {
         map: &BTreeMap<PodId, Timestamp>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
-        let entries: Vec<Entry> = map
-            .iter()
-            .map(|(id, since)| Entry {
-                namespace: id.namespace.to_string(),
-                name: id.name.to_string(),
-                since: *since,
-            })
+        let wrapped: BTreeMap<PodId, Since> = (map.iter())
+            .map(|(id, since)| (id.clone(), Since { since: *since }))
             .collect();
-        entries.serialize(s)
+        super::pod_id_map::serialize(&wrapped, s)
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<BTreeMap<PodId, Timestamp>, D::Error> {
-        let entries = Vec::<Entry>::deserialize(d)?;
-        Ok(entries
-            .into_iter()
-            .map(|e| (PodId::new(e.namespace, e.name), e.since))
-            .collect())
-    }
-}
-
-/// A map of [`SpecSince`] by pod, stored as a list of entries like [`pod_id_map`].
-mod spec_since_map {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    use crate::identity::PodId;
-    use crate::known_good::SpecSince;
-    use crate::time::Timestamp;
-
-    #[derive(Serialize, Deserialize)]
-    struct Entry {
-        namespace: String,
-        name: String,
-        spec_hash: String,
-        since: Timestamp,
-    }
-
-    pub(super) fn serialize<S: Serializer>(
-        map: &BTreeMap<PodId, SpecSince>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        let entries: Vec<Entry> = map
-            .iter()
-            .map(|(id, v)| Entry {
-                namespace: id.namespace.to_string(),
-                name: id.name.to_string(),
-                spec_hash: v.spec_hash.clone(),
-                since: v.since,
-            })
-            .collect();
-        entries.serialize(s)
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<BTreeMap<PodId, SpecSince>, D::Error> {
-        let entries = Vec::<Entry>::deserialize(d)?;
-        Ok(entries
-            .into_iter()
-            .map(|e| {
-                let value = SpecSince {
-                    spec_hash: e.spec_hash,
-                    since: e.since,
-                };
-                (PodId::new(e.namespace, e.name), value)
-            })
-            .collect())
+        let wrapped: BTreeMap<PodId, Since> = super::pod_id_map::deserialize(d)?;
+        Ok(wrapped.into_iter().map(|(id, s)| (id, s.since)).collect())
     }
 }
 

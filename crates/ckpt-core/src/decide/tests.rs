@@ -969,7 +969,12 @@ fn an_older_journal_reads_with_nothing_known_good() {
     let state: PersistentState = serde_json::from_str(old).expect("an older journal");
     assert_eq!(state.absent_since.len(), 1);
     assert!(state.known_good.is_empty() && state.ready_since.is_empty());
-    let round_trip: PersistentState =
-        serde_json::from_str(&serde_json::to_string(&state).unwrap()).expect("reads back");
+    let written = serde_json::to_string(&state).unwrap();
+    assert_eq!(
+        written,
+        r#"{"absent_since":[{"namespace":"kube-system","name":"a","since":1000}],"known_good":[],"ready_since":[]}"#,
+        "the entries keep their fields"
+    );
+    let round_trip: PersistentState = serde_json::from_str(&written).expect("reads back");
     assert_eq!(round_trip, state);
 }
