@@ -334,6 +334,8 @@ fn fields_the_kubelet_does_not_know() {
         &["spec.initContainers[0].restartPolicy"],
     );
     check_dropped(sidecar(), Some(KubeletVersion::new(1, 28)), &[]);
+    // A kubelet that knows every listed field.
+    check_dropped(sidecar(), V1_33, &[]);
     // Unknown version: nothing to say.
     check_dropped(sidecar(), None, &[]);
     // Empty lists are unset fields.
