@@ -168,8 +168,9 @@ impl Observer {
                 None => (Fetched::NotFetched, Fetched::NotFetched),
             }
         };
-        let (owners, (own_daemon_set, node), kubelet) =
-            futures::join!(lookups, scheduling, self.kubelet_version(synced));
+        let (owners, (own_daemon_set, node)) = futures::join!(lookups, scheduling);
+        // After the scheduling lookup: a Node it fetched is not fetched twice.
+        let kubelet = self.kubelet_version(synced, &node).await;
         Observation {
             api: snapshot.state,
             api_error: snapshot.last_error,
@@ -184,9 +185,9 @@ impl Observer {
     }
 
     /// This node's kubelet version (`status.nodeInfo.kubeletVersion`), read on a synced
-    /// view every [`KUBELET_VERSION_EVERY`]; the last one read meanwhile, `None` before
-    /// the first read succeeded.
-    async fn kubelet_version(&self, synced: bool) -> Option<KubeletVersion> {
+    /// view every [`KUBELET_VERSION_EVERY`] (from `fetched` when this pass has the Node
+    /// already); the last one read meanwhile, `None` before the first read succeeded.
+    async fn kubelet_version(&self, synced: bool, fetched: &Fetched<Node>) -> Option<KubeletVersion> {
         let (cached, due) = {
             let read = self
                 .kubelet
@@ -197,9 +198,15 @@ impl Observer {
         if !(synced && due) {
             return cached;
         }
-        let nodes = Api::<Node>::all(self.client.clone());
         let what = format!("node {}", self.node);
-        let read = match self.fetch(&what, nodes.get_opt(&self.node)).await {
+        let node = match fetched {
+            Fetched::Found(node) => Fetched::Found(node.clone()),
+            _ => {
+                let nodes = Api::<Node>::all(self.client.clone());
+                self.fetch(&what, nodes.get_opt(&self.node)).await
+            }
+        };
+        let read = match node {
             Fetched::Found(node) => {
                 let text = (node.status.as_ref())
                     .and_then(|s| s.node_info.as_ref())
