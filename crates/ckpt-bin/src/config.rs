@@ -130,6 +130,14 @@ pub(crate) struct RunArgs {
     /// How long a parent must be gone before its checkpoint is removed, e.g. 2s, 5m [default: 1m]
     #[arg(long, value_name = "DURATION")]
     pub(crate) checkpoint_grace_period: Option<String>,
+    /// Checkpoints kept per DaemonSet on this node: the newest and known-good ones, which an
+    /// activation prefers; 1 keeps only the newest, as the original [default: 2]
+    #[arg(long, value_name = "N")]
+    pub(crate) revisions: Option<usize>,
+    /// How long a parent with unproven content has to become Ready once the known-good
+    /// checkpoint stepped aside for it, before that checkpoint returns [default: 2m]
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) handoff_timeout: Option<String>,
     /// Namespaces whose pods may be checkpointed [default: the pod's own namespace]
     #[arg(long, value_name = "NS[,NS…]", value_delimiter = ',')]
     pub(crate) namespaces: Option<Vec<String>>,
@@ -217,6 +225,8 @@ pub(crate) struct FileConfig {
     lock_file: Option<PathBuf>,
     gc_strategy: Option<String>,
     checkpoint_grace_period: Option<String>,
+    revisions: Option<usize>,
+    handoff_timeout: Option<String>,
     namespaces: Option<Namespaces>,
     metrics_addr: Option<String>,
     metrics_listen: Option<String>,
@@ -231,6 +241,17 @@ impl FileConfig {
     /// `health-socket:`, what `pod-checkpointer health` asks when not told.
     pub(crate) fn health_socket(&self) -> Option<PathBuf> {
         self.health_socket.clone()
+    }
+
+    /// `revisions:`, what `inspect` reports the revisions by (0 counts as 1).
+    pub(crate) fn revision_settings(&self) -> ckpt_core::revisions::RevisionSettings {
+        ckpt_core::revisions::RevisionSettings {
+            keep: self
+                .revisions
+                .unwrap_or(ckpt_core::revisions::DEFAULT_KEEP)
+                .max(1),
+            ..Default::default()
+        }
     }
 }
 
@@ -273,6 +294,8 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
         kubelet_insecure: false,
         gc_strategy: None,
         checkpoint_grace_period: None,
+        revisions: None,
+        handoff_timeout: None,
         namespaces: None,
         metrics_addr: None,
         metrics_listen: None,
@@ -395,6 +418,7 @@ pub(crate) struct RunSettings {
     pub(crate) kubelet_trust: KubeletTrust,
     pub(crate) gc_strategy: String,
     pub(crate) grace_period: Duration,
+    pub(crate) revisions: ckpt_core::revisions::RevisionSettings,
     pub(crate) gc_section: serde_json::Value,
     pub(crate) namespaces: Vec<String>,
     pub(crate) metrics_addr: Option<String>,
@@ -512,6 +536,24 @@ impl RunSettings {
             Some(text) => parse_duration(&text).map_err(|e| Error::usage("--checkpoint-grace-period", e))?,
             None => ckpt_gc::DEFAULT_GRACE_PERIOD,
         };
+        let keep = args
+            .revisions
+            .or(file.revisions)
+            .unwrap_or(ckpt_core::revisions::DEFAULT_KEEP);
+        if keep == 0 {
+            return Err(Error::usage(
+                "--revisions",
+                "0 would keep no checkpoint: 1 keeps only the newest",
+            ));
+        }
+        let handoff_timeout = match args.handoff_timeout.or(file.handoff_timeout) {
+            Some(text) => parse_duration(&text).map_err(|e| Error::usage("--handoff-timeout", e))?,
+            None => ckpt_core::revisions::DEFAULT_HANDOFF_TIMEOUT,
+        };
+        let revisions = ckpt_core::revisions::RevisionSettings {
+            keep,
+            handoff_timeout,
+        };
         let gc_section = match file.gc {
             Some(map) => serde_json::Value::Object(map.into_iter().collect()),
             None => serde_json::Value::Null,
@@ -622,6 +664,7 @@ impl RunSettings {
             kubelet_trust,
             gc_strategy,
             grace_period,
+            revisions,
             gc_section,
             namespaces,
             metrics_addr,

@@ -58,6 +58,9 @@ pub(crate) enum EventKind {
     Deactivated,
     Removed,
     Refused,
+    HandoffStarted,
+    HandoffReady,
+    HandoffFailed,
 }
 
 impl EventKind {
@@ -68,6 +71,9 @@ impl EventKind {
             EventKind::Deactivated => ("Normal", "CheckpointDeactivated", "Deactivate"),
             EventKind::Removed => ("Normal", "CheckpointRemoved", "Remove"),
             EventKind::Refused => ("Warning", "CheckpointRefused", "Checkpoint"),
+            EventKind::HandoffStarted => ("Normal", "HandoffStarted", "Handoff"),
+            EventKind::HandoffReady => ("Normal", "HandoffReady", "Handoff"),
+            EventKind::HandoffFailed => ("Warning", "HandoffFailed", "Handoff"),
         }
     }
 }

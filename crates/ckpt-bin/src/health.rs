@@ -85,6 +85,8 @@ struct Counters {
     removals: BTreeMap<(String, &'static str), u64>,
     write_errors: u64,
     refused: u64,
+    /// Handoffs from a known-good checkpoint to a parent, by step (started, ready, failed).
+    handoffs: [u64; 3],
     handovers: u64,
     passes: u64,
     pass_buckets: [u64; BUCKETS.len()],
@@ -257,6 +259,17 @@ impl Health {
         self.with(|c| c.refused += 1);
     }
 
+    /// A handoff step ([`ckpt_core::revisions::Handoff`]).
+    pub(crate) fn handoff(&self, step: ckpt_core::revisions::Handoff) {
+        use ckpt_core::revisions::Handoff;
+        let i = match step {
+            Handoff::Started => 0,
+            Handoff::Ready => 1,
+            Handoff::Failed => 2,
+        };
+        self.with(|c| c.handoffs[i] += 1);
+    }
+
     /// The lock was handed over: the API server kept rejecting this copy's credentials.
     pub(crate) fn handover(&self) {
         self.with(|c| c.handovers += 1);
@@ -322,6 +335,14 @@ impl Health {
                 "counter",
                 "Parents refused as not representable as static pods.",
                 vec![(String::new(), c.refused.to_string())],
+            );
+            metric(
+                "handoffs_total",
+                "counter",
+                "Handoffs from a known-good checkpoint to a parent with unproven content, by step: started (the checkpoint stepped aside), ready (the parent became Ready in time), failed (it did not: the checkpoint is back).",
+                (["started", "ready", "failed"].iter().zip(c.handoffs))
+                    .map(|(step, n)| (format!("{{step=\"{step}\"}}"), n.to_string()))
+                    .collect(),
             );
             metric(
                 "lock_handovers_total",

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use ckpt_core::revisions::RevisionSettings;
 use ckpt_core::{DataKind, PersistentState, PodId, Timestamp};
 use ckpt_store::{Store, StoredCheckpoint};
 use serde::Serialize;
@@ -32,6 +33,19 @@ pub(crate) struct CheckpointReport {
     pub(crate) known_good_since: Option<String>,
     /// The kubelet runs this after a reboot (its manifest is in the manifests dir).
     pub(crate) runs_after_reboot: bool,
+    /// Its place among the revisions of its DaemonSet on this node, when there are several.
+    pub(crate) revision: Option<RevisionReport>,
+}
+
+/// A checkpoint that is one of several revisions (`--revisions`).
+#[derive(Debug, Serialize)]
+pub(crate) struct RevisionReport {
+    /// How many revisions its DaemonSet has here.
+    pub(crate) of: usize,
+    /// It is the newest (its parent's current content).
+    pub(crate) newest: bool,
+    /// An activation runs this one: the newest known-good revision, else the newest.
+    pub(crate) runs_if_api_lost: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -55,7 +69,11 @@ pub(crate) struct CredentialsReport {
     pub(crate) token_expired: Option<bool>,
 }
 
-pub(crate) fn report(disk: &DiskSettings, now: Timestamp) -> Result<InspectReport> {
+pub(crate) fn report(
+    disk: &DiskSettings,
+    revisions: &RevisionSettings,
+    now: Timestamp,
+) -> Result<InspectReport> {
     let store = Store::open_read_only(disk.layout())
         .map_err(|e| Error::runtime(format!("cannot read {}", disk.checkpoint_dir.display()), e))?;
     let all = store
@@ -66,9 +84,21 @@ pub(crate) fn report(disk: &DiskSettings, now: Timestamp) -> Result<InspectRepor
         .ok()
         .flatten()
         .map(|h| h.to_string());
+    let on_disk = (all.iter())
+        .map(|(id, stored)| (id.clone(), stored.disk_checkpoint()))
+        .collect();
+    let roles = ckpt_core::revisions::roles(&on_disk, &state.known_good, revisions);
     let checkpoints: Vec<CheckpointReport> = all
         .iter()
-        .map(|(id, stored)| checkpoint_report(&store, id, stored, &state, now))
+        .map(|(id, stored)| {
+            let mut report = checkpoint_report(&store, id, stored, &state, now);
+            report.revision = roles.get(id).map(|role| RevisionReport {
+                of: role.of,
+                newest: role.newest,
+                runs_if_api_lost: role.runs,
+            });
+            report
+        })
         .collect();
     let runs_after_reboot = checkpoints
         .iter()
@@ -144,7 +174,19 @@ fn checkpoint_report(
             .is_some_and(|(proven, on_disk)| proven.spec_hash == on_disk),
         known_good_since: state.known_good.get(id).map(|k| k.since.to_rfc3339()),
         runs_after_reboot: stored.active.is_some(),
+        revision: None,
     }
+}
+
+/// `newest`/`older` of N, and `runs if the API is lost` for the one an activation runs.
+fn revision(r: &RevisionReport) -> String {
+    let which = if r.newest { "newest" } else { "older" };
+    let runs = if r.runs_if_api_lost {
+        ", runs if the API is lost"
+    } else {
+        ""
+    };
+    format!("{which} of {}{runs}", r.of)
 }
 
 fn count_files(dir: &Path) -> usize {
@@ -170,7 +212,7 @@ pub(crate) fn render(report: &InspectReport, format: OutputFormat) -> String {
 }
 
 fn render_table(report: &InspectReport) -> String {
-    let mut rows: Vec<[String; 8]> = vec![[
+    let mut rows: Vec<[String; 9]> = vec![[
         "CHECKPOINT".into(),
         "STATE".into(),
         "OWNER".into(),
@@ -179,6 +221,7 @@ fn render_table(report: &InspectReport) -> String {
         "KNOWN-GOOD".into(),
         "PARENT ABSENT SINCE".into(),
         "RUNS AFTER REBOOT".into(),
+        "REVISION".into(),
     ]];
     for c in &report.checkpoints {
         rows.push([
@@ -190,9 +233,10 @@ fn render_table(report: &InspectReport) -> String {
             if c.known_good { "yes" } else { "no" }.into(),
             c.parent_absent_since.clone().unwrap_or_else(|| "-".into()),
             if c.runs_after_reboot { "yes" } else { "no" }.into(),
+            c.revision.as_ref().map_or_else(|| "-".into(), revision),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
+    let widths: Vec<usize> = (0..9)
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -207,6 +251,20 @@ fn render_table(report: &InspectReport) -> String {
     }
     if report.checkpoints.is_empty() {
         out.push_str("(no checkpoints)\n");
+    }
+    let fallbacks: Vec<&str> = (report.checkpoints.iter())
+        .filter(|c| {
+            c.revision
+                .as_ref()
+                .is_some_and(|r| r.runs_if_api_lost && !r.newest)
+        })
+        .map(|c| c.pod.as_str())
+        .collect();
+    if !fallbacks.is_empty() {
+        out.push_str(&format!(
+            "\nNot proven yet, so losing the API would run the known-good revision instead: {}\n",
+            fallbacks.join(", ")
+        ));
     }
     out.push_str(&format!(
         "\nAfter a reboot right now the kubelet would start: {}\n",

@@ -81,7 +81,8 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             );
             let file = read_file_config(args.disk.config.as_deref())?;
             let disk = DiskSettings::resolve(&args.disk, &file);
-            let report = inspect::report(&disk, ckpt_core::Timestamp::now())?;
+            let revisions = file.revision_settings();
+            let report = inspect::report(&disk, &revisions, ckpt_core::Timestamp::now())?;
             print(&inspect::render(&report, args.output));
             Ok(())
         }

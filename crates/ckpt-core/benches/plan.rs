@@ -100,6 +100,8 @@ fn bench_plan(c: &mut Criterion) {
     for n in [10, 100, 1_000, 5_000] {
         let w = world(n);
         let allowed = NamespaceAllowList::new(["kube-system"]);
+        let ready = std::collections::BTreeSet::new();
+        let revisions = ckpt_core::revisions::RevisionSettings::default();
         let inputs = PlanInputs {
             api: &w.api,
             local: &w.local,
@@ -111,6 +113,8 @@ fn bench_plan(c: &mut Criterion) {
             scheduling: &SelfScheduling::Targeted,
             grace: std::time::Duration::from_secs(60),
             allowed: &allowed,
+            ready: &ready,
+            revisions: &revisions,
         };
         group.bench_with_input(BenchmarkId::from_parameter(n), &inputs, |b, inputs| {
             b.iter(|| {

@@ -30,6 +30,7 @@ use crate::plan::{
     SelfScheduling, orphans, plan,
 };
 use crate::references::{MAX_OBJECTS_PER_POD, RequiredObjects, required_objects};
+use crate::revisions::{Handoff, RevisionSettings};
 use crate::sanitize::{SanitizeOptions, sanitize};
 use crate::scheduling::daemon_pod_continues_running;
 use crate::time::Timestamp;
@@ -47,6 +48,8 @@ pub struct DecideConfig {
     /// `--checkpoint-grace-period`: self-GC never comes sooner after the agent's own pod
     /// left, unless its DaemonSet no longer targets this node.
     pub grace: Duration,
+    /// `--revisions` and `--handoff-timeout`.
+    pub revisions: RevisionSettings,
 }
 
 /// What one pass does, in execution order (writes → stops → starts → removes), with the
@@ -117,6 +120,9 @@ pub struct Report {
     ///
     /// [`Plan::at_stake`]: crate::plan::Plan::at_stake
     pub at_stake: bool,
+    /// Handoff steps in this pass: (the known-good checkpoint, the newest revision whose
+    /// parent took or failed to take over, the step).
+    pub handoffs: Vec<(PodId, PodId, Handoff)>,
 }
 
 impl Report {
@@ -142,6 +148,7 @@ pub struct Assessment<'a> {
     me: SelfIdentity,
     scheduling: SelfScheduling,
     grace: Duration,
+    revisions: RevisionSettings,
     allowed: NamespaceAllowList,
     api: ApiView,
     local: &'a crate::plan::LocalView,
@@ -179,6 +186,8 @@ impl Assessment<'_> {
             scheduling: &self.scheduling,
             grace: self.grace,
             allowed: &self.allowed,
+            ready: &self.ready,
+            revisions: &self.revisions,
         };
         let mut planned = plan(&inputs, self.now);
         let now = self.now;
@@ -206,6 +215,7 @@ impl Assessment<'_> {
                 _ => None,
             })
             .chain(planned.self_gc_at)
+            .chain(planned.handoff_at)
             .chain(tracked.next)
             .filter(|t| *t > now)
             .min();
@@ -220,6 +230,7 @@ impl Assessment<'_> {
         }
         self.report.states = planned.states;
         self.report.at_stake = planned.at_stake;
+        self.report.handoffs = planned.handoffs;
         let writes = (planned.writes.iter())
             .filter_map(|id| self.checkpoints.remove(id))
             .collect();
@@ -356,6 +367,8 @@ pub fn assess<'a>(
         scheduling: &scheduling,
         grace: config.grace,
         allowed: &config.allowed,
+        ready: &BTreeSet::new(),
+        revisions: &config.revisions,
     };
     let mut found = orphans(&inputs, now);
     for orphan in &mut found {
@@ -389,6 +402,7 @@ pub fn assess<'a>(
         me,
         scheduling,
         grace: config.grace,
+        revisions: config.revisions,
         allowed: config.allowed.clone(),
         api,
         local: &observation.local,

@@ -40,6 +40,7 @@
 //!     me: SelfIdentity::new("kube-system", "pod-checkpointer-x7k2p", "node-1"),
 //!     checkpoint_dir: "/etc/kubernetes".into(),
 //!     grace: std::time::Duration::from_secs(60),
+//!     revisions: Default::default(),
 //! };
 //! let decision = decide(
 //!     &observation,
@@ -62,6 +63,7 @@ pub mod known_good;
 pub mod observation;
 pub mod plan;
 pub mod references;
+pub mod revisions;
 pub mod sanitize;
 pub mod scheduling;
 pub mod time;

@@ -29,6 +29,9 @@ use crate::gc::{GcDecision, GcVerdict, Orphan};
 use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity};
 use crate::known_good::SpecSince;
 use crate::observation::OwnerStatus;
+use crate::revisions::{
+    Handoff, HandoffInput, Lineage, LineagePlan, Revision, RevisionSettings, Serving, handoff, plan_lineages,
+};
 use crate::time::Timestamp;
 
 /// What the API server tells us, in the three states that matter.
@@ -111,6 +114,13 @@ pub struct PersistentState {
     /// Since when each parent has been Ready with content not proven yet.
     #[serde(default, with = "pod_id_map")]
     pub ready_since: BTreeMap<PodId, SpecSince>,
+    /// Handoffs under way from a known-good checkpoint to the newest revision of its
+    /// lineage, by the newest revision, since when (see [`crate::revisions::handoff`]).
+    #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub handoffs: BTreeMap<PodId, SpecSince>,
+    /// Newest revisions whose handoff failed, with the content that failed.
+    #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub rejected: BTreeMap<PodId, SpecSince>,
 }
 
 /// Whether the agent's own DaemonSet still targets this node: what decides self-GC
@@ -156,6 +166,10 @@ pub struct PlanInputs<'a> {
     pub grace: std::time::Duration,
     /// `--namespaces`: checkpoints outside it are only wound down.
     pub allowed: &'a NamespaceAllowList,
+    /// The parents Ready on a synced view (empty otherwise): what ends a handoff.
+    pub ready: &'a BTreeSet<PodId>,
+    /// `--revisions` and `--handoff-timeout`.
+    pub revisions: &'a RevisionSettings,
 }
 
 /// Why a checkpoint is removed.
@@ -268,6 +282,11 @@ pub struct Plan {
     /// its parent. While nothing is at stake a hung API server changes nothing here, so
     /// the API may be probed rarely.
     pub at_stake: bool,
+    /// Handoff steps taken in this pass: (the known-good checkpoint, the newest revision
+    /// its parent runs, the step).
+    pub handoffs: Vec<(PodId, PodId, Handoff)>,
+    /// When a handoff under way ends if its parent does not become Ready: look again then.
+    pub handoff_at: Option<Timestamp>,
 }
 
 impl Plan {
@@ -497,6 +516,9 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             // Tracked by `decide` once the plan is made (it needs the pods' readiness).
             known_good: inputs.state.known_good.clone(),
             ready_since: inputs.state.ready_since.clone(),
+            // Set below, per lineage.
+            handoffs: BTreeMap::new(),
+            rejected: BTreeMap::new(),
         },
         ..Plan::default()
     };
@@ -518,6 +540,8 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         .filter(|(_, w)| **w)
         .map(|(row, _)| row.id.clone())
         .collect();
+
+    let (lineages, members) = lineages(inputs, &rows, &written, now, &mut out);
 
     // Self-GC: the agent's own pod is gone from a synced view, no rolled pod replaces it,
     // and its DaemonSet no longer runs it here.
@@ -547,6 +571,8 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             out.writes.clear();
             out.self_gc = true;
             out.state.absent_since.clear();
+            out.state.handoffs.clear();
+            out.state.rejected.clear();
             return out;
         }
         out.self_gc_at = due_at;
@@ -560,10 +586,12 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
     let mut self_removes = Vec::new();
     // Pushed in id order, so building the map at the end is linear.
     let mut states = Vec::new();
-    for (row, written) in rows.iter().zip(written) {
+    for ((row, written), lineage) in rows.iter().zip(written).zip(&members) {
         if row.disk.is_none() && !written {
             continue;
         }
+        // Of a lineage of several revisions (ARCHITECTURE.md, Revisions).
+        let lineage = lineage.as_ref().and_then(|l| lineages.get(l));
         let id = row.id;
         let has_inactive = row.has_inactive() || written;
         let has_active = row.disk.is_some_and(|d| d.active.is_some());
@@ -637,7 +665,11 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         } else {
             None
         };
-        if due(verdict, now) {
+        // A revision kept past its verdict: its lineage lives on (the newest is not
+        // going) and it is one of the newest known-good ones.
+        let kept_revision =
+            lineage.is_some_and(|l| !l.newest_due && l.plan.newest != *id && l.plan.kept.contains(id));
+        if due(verdict, now) && !kept_revision {
             let reason = verdict.map(|v| v.reason.clone()).unwrap_or_default();
             out.removes.push(Removal {
                 id: id.clone(),
@@ -648,25 +680,40 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             continue;
         }
 
-        let active_after = match (row.runs, inputs.api) {
+        // Only the revision an activation runs is ever active; the others wait, inactive.
+        if lineage.is_some_and(|l| l.plan.runs != *id) {
+            if has_active {
+                out.stops.push(id.clone());
+            }
+            states.push((id.clone(), CheckpointState::Inactive));
+            continue;
+        }
+        // A parent of the lineage runs (any revision's: the newest after a rollout).
+        let runs = lineage.map_or(row.runs, |l| l.runs);
+        let serving = lineage.map_or(Serving::AsUsual, |l| l.serving);
+        let active_after = match (serving, runs, inputs.api) {
+            // The new parent has the node until its handoff deadline.
+            (Serving::Standby, ..) => false,
+            // The new parent failed its handoff: the known-good checkpoint serves.
+            (Serving::Serve, ..) => has_inactive || has_active,
             // The parent runs: the checkpoint steps aside.
-            (Some(true), _) => false,
+            (Serving::AsUsual, Some(true), _) => false,
             // Not running (or unknown) and no API: availability first.
-            (_, ApiView::Unreachable) => has_inactive || has_active,
+            (Serving::AsUsual, _, ApiView::Unreachable) => has_inactive || has_active,
             // Not running, API back: an active checkpoint stays; nothing new starts.
-            (Some(false), _) => has_active,
+            (Serving::AsUsual, Some(false), _) => has_active,
             // Unknown runtime with a reachable API: change nothing.
-            (None, _) => has_active,
+            (Serving::AsUsual, None, _) => has_active,
         };
         if has_active && !active_after {
             out.stops.push(id.clone());
         }
-        out.at_stake |= active_after || row.runs != Some(true);
+        out.at_stake |= active_after || runs != Some(true) || serving != Serving::AsUsual;
         if !has_active && active_after && has_inactive {
             out.starts.push(id.clone());
         }
         let deadline = match verdict.map(|v| v.verdict) {
-            Some(GcVerdict::RemoveAt(t)) => Some(t),
+            Some(GcVerdict::RemoveAt(t)) if !kept_revision => Some(t),
             _ => None,
         };
         let state = match (active_after && (has_active || has_inactive), deadline) {
@@ -685,6 +732,135 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         out.state.absent_since.remove(&removal.id);
     }
     out
+}
+
+/// A lineage of several revisions, as one pass sees it.
+struct LineagePass {
+    plan: LineagePlan,
+    /// A parent of the lineage runs here (`None`: the runtime is unknown).
+    runs: Option<bool>,
+    /// The newest revision goes in this pass (its verdict is due): the lineage ends and
+    /// keeps nothing past its verdicts.
+    newest_due: bool,
+    /// How the revision it runs serves (a handoff under way, or failed).
+    serving: Serving,
+}
+
+/// The lineages of several revisions ([`crate::revisions`]), and each row's lineage if it
+/// is one of those. Records the handoffs' steps and journal entries in `out`.
+fn lineages(
+    inputs: &PlanInputs<'_>,
+    rows: &[Row<'_>],
+    written: &[bool],
+    now: Timestamp,
+    out: &mut Plan,
+) -> (BTreeMap<Lineage, LineagePass>, Vec<Option<Lineage>>) {
+    let synced = matches!(inputs.api, ApiView::Synced { .. });
+    // Only a DaemonSet's pods share a lineage; every other pod is one of its own.
+    let members: Vec<Option<Lineage>> = (rows.iter().zip(written))
+        .map(|(row, written)| {
+            let revision = (row.disk.is_some() || *written)
+                && !row.is_self
+                && row.allowed
+                && !row.parent.is_some_and(|p| p.completed);
+            let owner = (row.parent.and_then(|p| p.owner.as_ref())).or_else(|| {
+                row.disk
+                    .and_then(DiskCheckpoint::meta)
+                    .and_then(|m| m.owner.as_ref())
+            });
+            revision
+                .then(|| Lineage::of(row.id, owner))
+                .filter(|l| matches!(l, Lineage::DaemonSet { .. }))
+        })
+        .collect();
+    let mut groups: BTreeMap<&Lineage, Vec<usize>> = BTreeMap::new();
+    for (i, lineage) in members.iter().enumerate() {
+        if let Some(lineage) = lineage {
+            groups.entry(lineage).or_default().push(i);
+        }
+    }
+    groups.retain(|_, indices| indices.len() >= 2);
+    let revisions = (groups.iter()).flat_map(|(lineage, indices)| {
+        indices.iter().map(|&i| {
+            let (row, written) = (&rows[i], written[i]);
+            let checkpointed_at = if written {
+                Some(now)
+            } else {
+                row.disk
+                    .and_then(DiskCheckpoint::meta)
+                    .and_then(|m| m.checkpointed_at)
+            };
+            let proven = (content(row, written))
+                .zip(inputs.state.known_good.get(row.id))
+                .is_some_and(|(content, proof)| proof.spec_hash == content);
+            let revision = Revision {
+                id: row.id,
+                checkpointed_at,
+                proven,
+            };
+            ((*lineage).clone(), revision)
+        })
+    });
+    let index = |id: &PodId| rows.binary_search_by(|row| row.id.cmp(id)).ok();
+    let mut passes = BTreeMap::new();
+    for (lineage, plan) in plan_lineages(revisions, inputs.revisions) {
+        let Some(indices) = groups.get(&lineage) else {
+            continue;
+        };
+        let (Some(newest), Some(runner)) = (index(&plan.newest), index(&plan.runs)) else {
+            continue;
+        };
+        let runs = if indices.iter().any(|&i| rows[i].runs == Some(true)) {
+            Some(true)
+        } else {
+            rows[newest].runs
+        };
+        let newest_row = &rows[newest];
+        let newest_due = synced && newest_row.parent.is_none() && due(newest_row.verdict, now);
+        let mut serving = Serving::AsUsual;
+        if newest != runner
+            && let Some(hash) = content(newest_row, written[newest])
+        {
+            let input = HandoffInput {
+                newest_hash: hash,
+                newest_runs: newest_row.runs,
+                newest_ready: inputs.ready.contains(newest_row.id),
+                active: rows[runner].disk.is_some_and(|d| d.active.is_some()),
+                handoff: inputs.state.handoffs.get(newest_row.id),
+                rejected: inputs.state.rejected.get(newest_row.id),
+                timeout: inputs.revisions.handoff_timeout,
+            };
+            let outcome = handoff(&input, now);
+            serving = outcome.serving;
+            if let Some(step) = outcome.step {
+                out.handoffs.push((plan.runs.clone(), plan.newest.clone(), step));
+            }
+            if let Some(h) = outcome.handoff {
+                out.state.handoffs.insert(plan.newest.clone(), h);
+            }
+            if let Some(r) = outcome.rejected {
+                out.state.rejected.insert(plan.newest.clone(), r);
+            }
+            out.handoff_at = outcome.deadline.into_iter().chain(out.handoff_at).min();
+        }
+        let pass = LineagePass {
+            plan,
+            runs,
+            newest_due,
+            serving,
+        };
+        passes.insert(lineage, pass);
+    }
+    (passes, members)
+}
+
+/// The content a row's checkpoint holds once the pass is done.
+fn content<'a>(row: &Row<'a>, written: bool) -> Option<&'a str> {
+    if written {
+        row.desired.map(String::as_str)
+    } else {
+        (row.disk.and_then(|d| d.inactive.as_ref())).and_then(|c| c.meta.spec_hash.as_deref())
+    }
 }
 
 /// When the agent's own checkpoint `row` (its pod absent from a synced view) makes this

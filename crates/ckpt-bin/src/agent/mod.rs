@@ -259,6 +259,7 @@ impl Agent {
             me: SelfIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name),
             checkpoint_dir: settings.disk.checkpoint_dir.display().to_string(),
             grace: settings.grace_period,
+            revisions: settings.revisions,
         };
         Ok(Self {
             settings,

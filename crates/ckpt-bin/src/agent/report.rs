@@ -73,6 +73,38 @@ impl Reporter {
                 }
             }
         }
+        for (known_good, newest, step) in &report.handoffs {
+            use ckpt_core::revisions::Handoff;
+            health.handoff(*step);
+            let (kind, note) = match step {
+                Handoff::Started => {
+                    let note = format!(
+                        "{newest} runs with content never proven here: the known-good checkpoint of {known_good} \
+                         stepped aside for it; it must become Ready in time or that checkpoint returns"
+                    );
+                    info!(pod = %newest, known_good = %known_good, "handoff started: {note}");
+                    (EventKind::HandoffStarted, note)
+                }
+                Handoff::Ready => {
+                    let note = format!("{newest} became Ready: it keeps the node");
+                    info!(pod = %newest, known_good = %known_good, "handoff done: {note}");
+                    (EventKind::HandoffReady, note)
+                }
+                Handoff::Failed => {
+                    let note = format!(
+                        "{newest} did not become Ready in time: the known-good checkpoint of {known_good} is back, \
+                         and stays while {newest} keeps this content"
+                    );
+                    warn!(pod = %newest, known_good = %known_good, "handoff failed: {note}");
+                    (EventKind::HandoffFailed, note)
+                }
+            };
+            if let Some(events) = events {
+                let api = report.api.unwrap_or(ApiState::Unreachable);
+                let uid = report.parent_uids.get(newest).map(String::as_str);
+                events.publish(api, newest, uid, kind, note);
+            }
+        }
         // Only a synced pass sanitizes: in the others, what was said still holds.
         if report.api == Some(ApiState::Synced) {
             self.refusals.clone_from(&report.refusals);
@@ -88,17 +120,20 @@ impl Reporter {
         }
         match &report.scheduling {
             Some(SelfScheduling::Targeted) => info!(
-                "the agent's own pod is absent but its DaemonSet still targets this node                  (a rollout, an eviction or a controller outage): keeping every checkpoint"
+                "the agent's own pod is absent but its DaemonSet still targets this node \
+                 (a rollout, an eviction or a controller outage): keeping every checkpoint"
             ),
             Some(SelfScheduling::Deleted) => warn!(
-                "the agent's DaemonSet is deleted: every checkpoint goes after the grace period                  unless a DaemonSet of the same name takes its place"
+                "the agent's DaemonSet is deleted: every checkpoint goes after the grace period \
+                 unless a DaemonSet of the same name takes its place"
             ),
             Some(SelfScheduling::Descheduled(why)) => {
                 warn!(%why, "the agent is descheduled from this node: self-GC")
             }
             Some(SelfScheduling::Unknown(why)) => warn!(
                 %why,
-                "cannot tell whether the agent's DaemonSet still targets this node: the GC strategy decides                  self-GC, never sooner than the grace period"
+                "cannot tell whether the agent's DaemonSet still targets this node: the GC strategy decides \
+                 self-GC, never sooner than the grace period"
             ),
             None => {}
         }

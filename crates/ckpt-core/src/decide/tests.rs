@@ -176,6 +176,7 @@ impl World {
                 me: SelfIdentity::new(NS, "pc-abc", "node-1"),
                 checkpoint_dir: "/etc/kubernetes".into(),
                 grace: std::time::Duration::ZERO,
+                revisions: Default::default(),
             },
         }
     }

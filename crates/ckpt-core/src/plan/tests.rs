@@ -43,7 +43,7 @@ fn copy(name: &str, hash: &str, owner: Option<ControllerOwner>) -> StoredCopy {
 /// A disk entry from a short code: `I` inactive, `A` active, `IA` both (same content),
 /// `IA*` both with different content.
 fn on_disk(name: &str, code: &str) -> (PodId, DiskCheckpoint) {
-    let owner = name.starts_with("pc-").then(|| ds_owner("pod-checkpointer"));
+    let owner = owner_of(name);
     let inactive = code.contains('I').then(|| copy(name, "h1", owner.clone()));
     let active_hash = if code.ends_with('*') { "h0" } else { "h1" };
     let active = code.contains('A').then(|| copy(name, active_hash, owner));
@@ -64,6 +64,22 @@ struct World {
     scheduling: SelfScheduling,
     grace: Duration,
     allowed: NamespaceAllowList,
+    ready: BTreeSet<PodId>,
+    revisions: RevisionSettings,
+    /// When [`World::apply`] says a write happened.
+    clock: Timestamp,
+}
+
+/// The owner the test gives a pod, by its name: the agent's own DaemonSet for `pc-*`, a
+/// `kube-apiserver` DaemonSet for `api-*`, none for the others.
+fn owner_of(name: &str) -> Option<ControllerOwner> {
+    if name.starts_with("pc-") {
+        Some(ds_owner("pod-checkpointer"))
+    } else if name.starts_with("api-") {
+        Some(ds_owner("kube-apiserver"))
+    } else {
+        None
+    }
 }
 
 impl World {
@@ -82,6 +98,9 @@ impl World {
             scheduling: SelfScheduling::Unknown("not looked up".into()),
             grace: Duration::ZERO,
             allowed: NamespaceAllowList::new([NS]),
+            ready: BTreeSet::new(),
+            revisions: RevisionSettings::default(),
+            clock: NOW,
         }
     }
 
@@ -109,7 +128,7 @@ impl World {
         let parents = parents
             .iter()
             .map(|n| {
-                let owner = n.starts_with("pc-").then(|| ds_owner("pod-checkpointer"));
+                let owner = owner_of(n);
                 (
                     id(n),
                     ApiParent {
@@ -164,6 +183,8 @@ impl World {
             scheduling: &self.scheduling,
             grace: self.grace,
             allowed: &self.allowed,
+            ready: &self.ready,
+            revisions: &self.revisions,
         }
     }
 
@@ -183,7 +204,9 @@ impl World {
                 inactive: None,
                 active: None,
             });
-            entry.inactive = Some(copy(&w.name, hash, owner));
+            let mut written = copy(&w.name, hash, owner);
+            written.meta.checkpointed_at = Some(self.clock);
+            entry.inactive = Some(written);
         }
         for s in &p.stops {
             if let Some(d) = self.disk.get_mut(s) {
@@ -1195,4 +1218,139 @@ fn removal_codes_are_distinct_and_listed() {
     assert_eq!(codes, RemovalReason::CODES);
     let distinct: std::collections::BTreeSet<&str> = codes.iter().copied().collect();
     assert_eq!(distinct.len(), codes.len());
+}
+
+/// Plans at `secs` after [`NOW`], checks the plan and its handoff steps, and applies it.
+fn step(world: &mut World, secs: u64, expected: Expect<'_>, handoffs: &[Handoff]) -> Plan {
+    let now = NOW.saturating_add(Duration::from_secs(secs));
+    world.clock = now;
+    let p = world.plan(now);
+    let removes: Vec<PodId> = p.removes.iter().map(|r| r.id.clone()).collect();
+    let got = Expect {
+        writes: names(&p.writes),
+        stops: names(&p.stops),
+        starts: names(&p.starts),
+        removes: names(&removes),
+        self_gc: p.self_gc,
+    };
+    assert_eq!(got, expected, "at +{secs}s, world: {world:#?}");
+    let steps: Vec<Handoff> = p.handoffs.iter().map(|h| h.2).collect();
+    assert_eq!(steps, handoffs, "handoff steps at +{secs}s");
+    world.apply(&p);
+    p
+}
+
+fn proven(world: &mut World, name: &str, hash: &str) {
+    let proof = SpecSince {
+        spec_hash: hash.into(),
+        since: NOW,
+    };
+    world.state.known_good.insert(id(name), proof);
+}
+
+/// The owner-reference strategy's verdict for a superseded revision: remove it now.
+fn superseded(world: World, name: &str) -> World {
+    world.verdict(name, GcVerdict::RemoveNow)
+}
+
+/// Issue 21's scenario in the planner: a self-hosted kube-apiserver (a DaemonSet) is
+/// upgraded to a spec that crash-loops; the known-good revision keeps serving through the
+/// failed handoff and a power cut; a rollback hands over to the parent.
+#[test]
+fn a_bad_upgrade_is_served_by_the_known_good_revision_until_a_rollback() {
+    use Handoff::{Failed, Ready, Started};
+    let mut w = World::new(&[("api-1", "I")]);
+    proven(&mut w, "api-1", "h1");
+    // The rollout deletes the proven pod: the API is gone, its checkpoint starts.
+    step(&mut w, 0, expect(&[], &[], &["api-1"], &[]), &[]);
+    // Served by the checkpoint, the API lists the new pod: checkpointed beside the
+    // known-good revision, which the strategy's verdict does not remove.
+    w = superseded(w.synced(&["api-2"]).desired(&[("api-2", "h2")]), "api-1");
+    let p = step(&mut w, 10, expect(&["api-2"], &[], &[], &[]), &[]);
+    assert_eq!(p.states[&id("api-1")], Active, "the known-good revision serves");
+    assert_eq!(p.states[&id("api-2")], Inactive);
+    // The new pod's container runs: it gets the node.
+    w = w.running(&["api-2"]);
+    let p = step(&mut w, 20, expect(&[], &["api-1"], &[], &[]), &[Started]);
+    assert_eq!(p.handoff_at, Some(NOW.saturating_add(Duration::from_secs(140))));
+    assert!(p.at_stake);
+    // It crashes; the API is gone: the checkpoint waits for the deadline.
+    w = w.api(ApiView::Unreachable).running(&[]);
+    let p = step(&mut w, 60, expect(&[], &[], &[], &[]), &[]);
+    assert_eq!(p.states[&id("api-1")], Inactive);
+    // Deadline passed without a Ready parent: the known-good revision returns.
+    let p = step(&mut w, 140, expect(&[], &[], &["api-1"], &[]), &[Failed]);
+    assert!(p.state.rejected.contains_key(&id("api-2")));
+    // It stays while the rejected parent crash-loops, API or not, and across a power cut.
+    w = superseded(w.synced(&["api-2"]).running(&["api-2"]), "api-1");
+    step(&mut w, 150, expect(&[], &[], &[], &[]), &[]);
+    w = w.api(ApiView::Unreachable).running(&[]);
+    step(&mut w, 900, expect(&[], &[], &[], &[]), &[]);
+    w = w.running(&["api-2"]);
+    step(&mut w, 905, expect(&[], &[], &[], &[]), &[]);
+    // The rollback: a third pod with the old spec. The failed revision goes, the
+    // known-good one stays and serves until the new pod runs.
+    w = w.synced(&["api-3"]).running(&[]).desired(&[("api-3", "h3")]);
+    w = superseded(superseded(w, "api-1"), "api-2");
+    let p = step(&mut w, 1000, expect(&["api-3"], &[], &[], &["api-2"]), &[]);
+    assert!(
+        p.state.rejected.is_empty(),
+        "the rejected revision's entry goes with it"
+    );
+    w = w.running(&["api-3"]);
+    step(&mut w, 1010, expect(&[], &["api-1"], &[], &[]), &[Started]);
+    // Ready before its deadline: it keeps the node.
+    w.ready.insert(id("api-3"));
+    let p = step(&mut w, 1030, expect(&[], &[], &[], &[]), &[Ready]);
+    assert!(p.state.handoffs.is_empty());
+    // A minute later it is known-good (`known_good::track`): the revision an outage runs.
+    proven(&mut w, "api-3", "h3");
+    w = w.api(ApiView::Unreachable).running(&[]);
+    let p = step(&mut w, 1100, expect(&[], &[], &["api-3"], &[]), &[]);
+    assert_eq!(
+        p.states[&id("api-1")],
+        Inactive,
+        "kept: the previous known-good revision"
+    );
+}
+
+#[test]
+fn revisions_off_run_the_newest_as_the_original_did() {
+    let mut w = World::new(&[("api-1", "I")]);
+    w.revisions.keep = 1;
+    proven(&mut w, "api-1", "h1");
+    w = superseded(w.synced(&["api-2"]).desired(&[("api-2", "h2")]), "api-1");
+    step(&mut w, 10, expect(&["api-2"], &[], &[], &["api-1"]), &[]);
+    w = w.api(ApiView::Unreachable);
+    step(&mut w, 20, expect(&[], &[], &["api-2"], &[]), &[]);
+}
+
+#[test]
+fn an_unproven_lineage_runs_its_newest_revision() {
+    // Neither revision was ever Ready for a minute: the newest runs, the older one goes by
+    // its verdict.
+    let mut w = World::new(&[("api-1", "I")]);
+    w = superseded(w.synced(&["api-2"]).desired(&[("api-2", "h2")]), "api-1");
+    step(&mut w, 10, expect(&["api-2"], &[], &[], &["api-1"]), &[]);
+    w = w.api(ApiView::Unreachable);
+    step(&mut w, 20, expect(&[], &[], &["api-2"], &[]), &[]);
+}
+
+#[test]
+fn a_deleted_daemon_set_takes_its_revisions_along() {
+    // Nothing of the lineage is listed any more: every revision goes by its verdict.
+    let mut w = World::new(&[("api-1", "I"), ("api-2", "I")]);
+    proven(&mut w, "api-1", "h1");
+    w = superseded(superseded(w.synced(&[]), "api-1"), "api-2");
+    step(&mut w, 10, expect(&[], &[], &[], &["api-1", "api-2"]), &[]);
+}
+
+#[test]
+fn a_parent_of_the_lineage_running_retires_the_known_good_revision_it_proved() {
+    // The known-good revision's own parent runs again (the newest is unproven but it is
+    // not the one running): the checkpoint steps aside as usual.
+    let mut w = World::new(&[("api-1", "IA"), ("api-2", "I")]);
+    proven(&mut w, "api-1", "h1");
+    w = w.running(&["api-1"]);
+    step(&mut w, 10, expect(&[], &["api-1"], &[], &[]), &[]);
 }

@@ -1,0 +1,377 @@
+//! Last-known-good revisions and the health-gated handoff (issue 21), as pure functions
+//! the planner calls.
+//!
+//! **Revisions.** A DaemonSet has one pod per node, and a rollout replaces it with a pod of
+//! a new name: the checkpoints of a DaemonSet's pods on this node are the *revisions* of one
+//! [`Lineage`], each with its own manifest and the data it mounted when its pod was last
+//! listed. Any other pod is a lineage of its own. [`plan_lineages`] chooses, per lineage:
+//! - the **newest** revision (the one checkpointed last: the current pod's);
+//! - the one an activation **runs**: the newest *known-good* revision (its parent was Ready
+//!   for a minute with exactly that content, [`crate::known_good`]), else the newest (what
+//!   the original always ran);
+//! - the ones **kept** past the GC strategy's verdicts while the lineage lives: the newest,
+//!   then known-good ones, newest first, `keep` in all.
+//!
+//! An older revision keeps the data it had when its pod was last listed: what was proven is
+//! a spec together with its data, and restoring an old spec with newer data (a certificate
+//! issued for new flags, a CA the old spec does not name) is a combination nothing ever ran.
+//! A renewed certificate is issued well before the old one expires, so the known-good
+//! revision's older one still serves for the time a bad upgrade waits for a reboot.
+//!
+//! **Handoff.** When the newest revision is not proven and the known-good one is active,
+//! [`handoff`] decides, pass by pass, per the table in its docs: the new parent gets the
+//! node (the checkpoint stops) once it runs, and a bounded time to become Ready on a synced
+//! view; if it does not, the known-good checkpoint returns and stays while that parent
+//! keeps that content. Readiness is the API's: while the API is unreachable nothing proves
+//! a parent Ready, so a parent that cannot bring the API back is rejected at the deadline.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use ckpt_core::revisions::{Handoff, HandoffInput, Serving, handoff};
+//! use ckpt_core::Timestamp;
+//!
+//! // The new parent runs while the known-good checkpoint serves: it gets the node.
+//! let input = HandoffInput {
+//!     newest_hash: "new",
+//!     newest_runs: Some(true),
+//!     newest_ready: false,
+//!     active: true,
+//!     handoff: None,
+//!     rejected: None,
+//!     timeout: Duration::from_secs(120),
+//! };
+//! let now = Timestamp(1_000);
+//! let started = handoff(&input, now);
+//! assert_eq!((started.serving, started.step), (Serving::Standby, Some(Handoff::Started)));
+//! // Two minutes later it is still not Ready: the known-good checkpoint returns.
+//! let later = HandoffInput { active: false, handoff: started.handoff.as_ref(), ..input };
+//! let failed = handoff(&later, now.saturating_add(Duration::from_secs(120)));
+//! assert_eq!((failed.serving, failed.step), (Serving::Serve, Some(Handoff::Failed)));
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::identity::{ControllerOwner, PodId};
+use crate::known_good::SpecSince;
+use crate::time::Timestamp;
+
+/// Revisions kept per lineage by default: the newest and one known-good.
+pub const DEFAULT_KEEP: usize = 2;
+/// How long a parent with unproven content has to become Ready once it took over.
+pub const DEFAULT_HANDOFF_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `--revisions` and `--handoff-timeout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RevisionSettings {
+    /// Revisions kept per lineage (≥ 1). 1 turns revisions off: the newest checkpoint is
+    /// the only one, activated and retired as the original did.
+    pub keep: usize,
+    /// How long a parent with unproven content has to become Ready once it took over.
+    pub handoff_timeout: Duration,
+}
+
+impl Default for RevisionSettings {
+    fn default() -> Self {
+        Self {
+            keep: DEFAULT_KEEP,
+            handoff_timeout: DEFAULT_HANDOFF_TIMEOUT,
+        }
+    }
+}
+
+impl RevisionSettings {
+    /// Revisions are on: older known-good revisions are kept and preferred.
+    pub fn enabled(&self) -> bool {
+        self.keep >= 2
+    }
+}
+
+/// The checkpoints that are revisions of one another.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Lineage {
+    /// The pods of one DaemonSet on this node (one at a time, a new name per rollout).
+    DaemonSet {
+        /// The namespace.
+        namespace: String,
+        /// The DaemonSet's UID (kept across rollouts, new when it is re-created).
+        uid: String,
+    },
+    /// Any other pod: a lineage of its own.
+    Pod(PodId),
+}
+
+impl Lineage {
+    /// The lineage of a pod with this controller owner.
+    pub fn of(id: &PodId, owner: Option<&ControllerOwner>) -> Self {
+        match owner {
+            Some(owner) if owner.kind == "DaemonSet" && !owner.uid.is_empty() => Lineage::DaemonSet {
+                namespace: id.namespace.to_string(),
+                uid: owner.uid.clone(),
+            },
+            _ => Lineage::Pod(id.clone()),
+        }
+    }
+}
+
+/// One revision, as [`plan_lineages`] weighs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Revision<'a> {
+    /// Its checkpoint.
+    pub id: &'a PodId,
+    /// When its content was checkpointed (`None`: not recorded, a bootkube file: oldest).
+    pub checkpointed_at: Option<Timestamp>,
+    /// Its parent proved exactly this content (known-good).
+    pub proven: bool,
+}
+
+/// What [`plan_lineages`] chose for one lineage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineagePlan {
+    /// The revision checkpointed last.
+    pub newest: PodId,
+    /// The revision an activation runs.
+    pub runs: PodId,
+    /// The revisions kept past GC verdicts while the newest is kept.
+    pub kept: BTreeSet<PodId>,
+}
+
+/// Chooses, per lineage, the newest revision, the one to run and the ones to keep.
+pub fn plan_lineages<'a>(
+    revisions: impl IntoIterator<Item = (Lineage, Revision<'a>)>,
+    settings: &RevisionSettings,
+) -> BTreeMap<Lineage, LineagePlan> {
+    let mut grouped: BTreeMap<Lineage, Vec<Revision<'a>>> = BTreeMap::new();
+    for (lineage, revision) in revisions {
+        grouped.entry(lineage).or_default().push(revision);
+    }
+    (grouped.into_iter())
+        .filter_map(|(lineage, mut revisions)| {
+            // Newest first; equal times by name, so the choice never depends on input order.
+            revisions.sort_by(|a, b| (b.checkpointed_at, b.id).cmp(&(a.checkpointed_at, a.id)));
+            let newest = revisions.first()?.id.clone();
+            let runs = if settings.enabled() {
+                revisions
+                    .iter()
+                    .find(|r| r.proven)
+                    .map_or(&newest, |r| r.id)
+                    .clone()
+            } else {
+                newest.clone()
+            };
+            let kept: BTreeSet<PodId> = std::iter::once(newest.clone())
+                .chain(
+                    (revisions.iter().skip(1))
+                        .filter(|r| r.proven)
+                        .map(|r| r.id.clone()),
+                )
+                .take(settings.keep.max(1))
+                .collect();
+            Some((lineage, LineagePlan { newest, runs, kept }))
+        })
+        .collect()
+}
+
+/// A checkpoint's place among its lineage's revisions, from the disk and the journal alone
+/// (`inspect`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RevisionRole {
+    /// How many revisions its lineage has on disk.
+    pub of: usize,
+    /// It is the newest (its parent's current content).
+    pub newest: bool,
+    /// Its content is known-good.
+    pub known_good: bool,
+    /// An activation (the API lost, no parent of the lineage running) runs this one.
+    pub runs: bool,
+}
+
+/// The roles of the checkpoints on disk that share a lineage with another one; a
+/// checkpoint alone in its lineage has none (it is what any activation of it runs).
+pub fn roles(
+    disk: &BTreeMap<PodId, crate::plan::DiskCheckpoint>,
+    known_good: &BTreeMap<PodId, SpecSince>,
+    settings: &RevisionSettings,
+) -> BTreeMap<PodId, RevisionRole> {
+    let proven = |id: &PodId, d: &crate::plan::DiskCheckpoint| {
+        let content = d.inactive.as_ref().and_then(|c| c.meta.spec_hash.as_deref());
+        (content.zip(known_good.get(id))).is_some_and(|(content, proof)| proof.spec_hash == content)
+    };
+    let revisions = (disk.iter()).filter_map(|(id, d)| {
+        let meta = d.meta()?;
+        let lineage = Lineage::of(id, meta.owner.as_ref());
+        let revision = Revision {
+            id,
+            checkpointed_at: meta.checkpointed_at,
+            proven: proven(id, d),
+        };
+        Some((lineage, revision))
+    });
+    let revisions: Vec<(Lineage, Revision<'_>)> = revisions.collect();
+    let mut counts: BTreeMap<&Lineage, usize> = BTreeMap::new();
+    for (lineage, _) in &revisions {
+        *counts.entry(lineage).or_default() += 1;
+    }
+    let counts: BTreeMap<Lineage, usize> = counts.into_iter().map(|(l, n)| (l.clone(), n)).collect();
+    let proven_ids: BTreeSet<&PodId> = revisions
+        .iter()
+        .filter(|(_, r)| r.proven)
+        .map(|(_, r)| r.id)
+        .collect();
+    let mut out = BTreeMap::new();
+    for (lineage, plan) in plan_lineages(revisions.iter().cloned(), settings) {
+        let of = counts.get(&lineage).copied().unwrap_or(0);
+        if of < 2 {
+            continue;
+        }
+        let members = (revisions.iter())
+            .filter(|(l, _)| *l == lineage)
+            .map(|(_, r)| r.id);
+        for id in members {
+            let role = RevisionRole {
+                of,
+                newest: *id == plan.newest,
+                known_good: proven_ids.contains(id),
+                runs: *id == plan.runs,
+            };
+            out.insert(id.clone(), role);
+        }
+    }
+    out
+}
+
+/// How the known-good revision serves while the newest revision is unproven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// As any checkpoint: activated when the API is unreachable and no parent of the
+    /// lineage runs, retired once one runs.
+    AsUsual,
+    /// Stopped and not started: the new parent has the node until its deadline.
+    Standby,
+    /// Active whatever the API and the parent do: the new parent failed its handoff.
+    Serve,
+}
+
+/// A handoff's step, reported once (an Event and a metric).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handoff {
+    /// The new parent runs: the known-good checkpoint stopped for it.
+    Started,
+    /// The new parent became Ready: it keeps the node.
+    Ready,
+    /// The new parent did not become Ready in time: the known-good checkpoint is back.
+    Failed,
+}
+
+impl Handoff {
+    /// The metric label.
+    pub fn code(self) -> &'static str {
+        match self {
+            Handoff::Started => "started",
+            Handoff::Ready => "ready",
+            Handoff::Failed => "failed",
+        }
+    }
+}
+
+/// What [`handoff`] looks at, for one lineage whose newest revision is not the known-good
+/// one it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct HandoffInput<'a> {
+    /// The newest revision's content hash.
+    pub newest_hash: &'a str,
+    /// Its parent runs here (`None`: the runtime is unknown).
+    pub newest_runs: Option<bool>,
+    /// Its parent is Ready on a synced view.
+    pub newest_ready: bool,
+    /// The known-good checkpoint is active.
+    pub active: bool,
+    /// The handoff in progress to the newest revision, from the journal.
+    pub handoff: Option<&'a SpecSince>,
+    /// The newest revision's failed handoff, from the journal.
+    pub rejected: Option<&'a SpecSince>,
+    /// `--handoff-timeout`.
+    pub timeout: Duration,
+}
+
+/// What [`handoff`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandoffOutcome {
+    /// How the known-good checkpoint serves.
+    pub serving: Serving,
+    /// The handoff in progress, to journal.
+    pub handoff: Option<SpecSince>,
+    /// The failed handoff, to journal.
+    pub rejected: Option<SpecSince>,
+    /// What happened in this pass.
+    pub step: Option<Handoff>,
+    /// When to look again.
+    pub deadline: Option<Timestamp>,
+}
+
+/// One pass of the handoff from the known-good checkpoint to a parent with unproven
+/// content. In order, the first row that applies:
+///
+/// | the new parent | journal | serving | journal after | step |
+/// |---|---|---|---|---|
+/// | Ready (synced view) | any | as usual | nothing | `Ready` if a handoff was under way |
+/// | any | rejected, this content | serve | rejected | — |
+/// | any | handoff, this content, deadline passed | serve | rejected (now) | `Failed` |
+/// | any | handoff, this content | standby | handoff | — |
+/// | runs, checkpoint active | nothing | standby | handoff (now) | `Started` |
+/// | otherwise | — | as usual | nothing | — |
+///
+/// At most one handoff per content: a rejected parent gets the node again only with new
+/// content (a rollback or a fix is a new revision) or once it is seen Ready.
+pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
+    let this = |s: Option<&SpecSince>| s.filter(|s| s.spec_hash == input.newest_hash).cloned();
+    let (handoff, rejected) = (this(input.handoff), this(input.rejected));
+    let outcome = |serving, handoff, rejected, step, deadline| HandoffOutcome {
+        serving,
+        handoff,
+        rejected,
+        step,
+        deadline,
+    };
+    if input.newest_ready {
+        let step = handoff.is_some().then_some(Handoff::Ready);
+        return outcome(Serving::AsUsual, None, None, step, None);
+    }
+    if rejected.is_some() {
+        return outcome(Serving::Serve, None, rejected, None, None);
+    }
+    if let Some(started) = handoff {
+        // A time recorded before the clock went back counts from now: the deadline moves
+        // later, never earlier.
+        let since = started.since.min(now);
+        let deadline = since.saturating_add(input.timeout);
+        if now >= deadline {
+            let failed = SpecSince {
+                spec_hash: input.newest_hash.to_owned(),
+                since: now,
+            };
+            return outcome(Serving::Serve, None, Some(failed), Some(Handoff::Failed), None);
+        }
+        let kept = SpecSince { since, ..started };
+        return outcome(Serving::Standby, Some(kept), None, None, Some(deadline));
+    }
+    if input.newest_runs == Some(true) && input.active {
+        let started = SpecSince {
+            spec_hash: input.newest_hash.to_owned(),
+            since: now,
+        };
+        let deadline = now.saturating_add(input.timeout);
+        return outcome(
+            Serving::Standby,
+            Some(started),
+            None,
+            Some(Handoff::Started),
+            Some(deadline),
+        );
+    }
+    outcome(Serving::AsUsual, None, None, None, None)
+}
+
+#[cfg(test)]
+mod tests;

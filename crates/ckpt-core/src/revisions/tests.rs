@@ -1,0 +1,320 @@
+use super::*;
+
+fn t(secs: i64) -> Timestamp {
+    Timestamp(secs * 1000)
+}
+
+fn id(name: &str) -> PodId {
+    PodId::new("kube-system", name)
+}
+
+fn ds(uid: &str) -> Lineage {
+    Lineage::DaemonSet {
+        namespace: "kube-system".into(),
+        uid: uid.into(),
+    }
+}
+
+/// Revisions as `(lineage uid, name, checkpointed at, proven)`; the expected plans as
+/// `(lineage uid, newest, runs, kept)`.
+#[allow(clippy::type_complexity)]
+fn check_lineages(
+    what: &str,
+    keep: usize,
+    revisions: &[(&str, &str, Option<i64>, bool)],
+    expected: &[(&str, &str, &str, &[&str])],
+) {
+    let ids: Vec<PodId> = revisions.iter().map(|r| id(r.1)).collect();
+    let input = (revisions.iter().zip(&ids)).map(|(r, id)| {
+        let revision = Revision {
+            id,
+            checkpointed_at: r.2.map(t),
+            proven: r.3,
+        };
+        (ds(r.0), revision)
+    });
+    let settings = RevisionSettings {
+        keep,
+        ..RevisionSettings::default()
+    };
+    let got = plan_lineages(input, &settings);
+    let want: BTreeMap<Lineage, LineagePlan> = (expected.iter())
+        .map(|(uid, newest, runs, kept)| {
+            let plan = LineagePlan {
+                newest: id(newest),
+                runs: id(runs),
+                kept: kept.iter().map(|n| id(n)).collect(),
+            };
+            (ds(uid), plan)
+        })
+        .collect();
+    assert_eq!(got, want, "{what}");
+}
+
+#[test]
+fn lineages() {
+    check_lineages(
+        "one revision, unproven: it runs",
+        2,
+        &[("a", "api-1", Some(10), false)],
+        &[("a", "api-1", "api-1", &["api-1"])],
+    );
+    check_lineages(
+        "a bad upgrade: the known-good one runs, both are kept",
+        2,
+        &[("a", "api-1", Some(10), true), ("a", "api-2", Some(20), false)],
+        &[("a", "api-2", "api-1", &["api-2", "api-1"])],
+    );
+    check_lineages(
+        "the upgrade proved itself: it runs; the previous known-good one is kept",
+        2,
+        &[("a", "api-1", Some(10), true), ("a", "api-2", Some(20), true)],
+        &[("a", "api-2", "api-2", &["api-2", "api-1"])],
+    );
+    check_lineages(
+        "two bad upgrades in a row: the unproven middle one is not kept",
+        2,
+        &[
+            ("a", "api-1", Some(10), true),
+            ("a", "api-2", Some(20), false),
+            ("a", "api-3", Some(30), false),
+        ],
+        &[("a", "api-3", "api-1", &["api-3", "api-1"])],
+    );
+    check_lineages(
+        "three kept: the two newest known-good ones beside the newest",
+        3,
+        &[
+            ("a", "api-1", Some(10), true),
+            ("a", "api-2", Some(20), true),
+            ("a", "api-3", Some(30), true),
+            ("a", "api-4", Some(40), false),
+        ],
+        &[("a", "api-4", "api-3", &["api-4", "api-3", "api-2"])],
+    );
+    check_lineages(
+        "revisions off: the newest runs and is the only one kept",
+        1,
+        &[("a", "api-1", Some(10), true), ("a", "api-2", Some(20), false)],
+        &[("a", "api-2", "api-2", &["api-2"])],
+    );
+    check_lineages(
+        "a bootkube checkpoint (no time) is the oldest",
+        2,
+        &[("a", "api-1", None, false), ("a", "api-2", Some(5), false)],
+        &[("a", "api-2", "api-2", &["api-2"])],
+    );
+    check_lineages(
+        "equal times: by name, whatever the input order",
+        2,
+        &[("a", "api-b", Some(5), false), ("a", "api-a", Some(5), false)],
+        &[("a", "api-b", "api-b", &["api-b"])],
+    );
+    check_lineages(
+        "lineages apart",
+        2,
+        &[
+            ("a", "api-1", Some(10), true),
+            ("b", "proxy-1", Some(20), false),
+            ("a", "api-2", Some(30), false),
+        ],
+        &[
+            ("a", "api-2", "api-1", &["api-2", "api-1"]),
+            ("b", "proxy-1", "proxy-1", &["proxy-1"]),
+        ],
+    );
+}
+
+#[test]
+fn a_lineage_is_a_daemon_sets_pods_or_one_pod() {
+    let owner = |kind: &str, uid: &str| ControllerOwner {
+        api_version: "apps/v1".into(),
+        kind: kind.into(),
+        name: "x".into(),
+        uid: uid.into(),
+    };
+    let pod = id("api-1");
+    assert_eq!(Lineage::of(&pod, Some(&owner("DaemonSet", "u1"))), ds("u1"));
+    assert_eq!(
+        Lineage::of(&pod, Some(&owner("DaemonSet", ""))),
+        Lineage::Pod(pod.clone())
+    );
+    assert_eq!(
+        Lineage::of(&pod, Some(&owner("ReplicaSet", "u1"))),
+        Lineage::Pod(pod.clone())
+    );
+    assert_eq!(Lineage::of(&pod, None), Lineage::Pod(pod));
+}
+
+/// One pass: what the journal holds and what is seen.
+struct Pass {
+    runs: Option<bool>,
+    ready: bool,
+    active: bool,
+    /// `(hash, since)`.
+    handoff: Option<(&'static str, i64)>,
+    rejected: Option<(&'static str, i64)>,
+    now: i64,
+}
+
+const QUIET: Pass = Pass {
+    runs: Some(false),
+    ready: false,
+    active: false,
+    handoff: None,
+    rejected: None,
+    now: 1000,
+};
+
+/// The outcome: serving, journal after, step, deadline.
+#[allow(clippy::type_complexity)]
+fn check_handoff(
+    what: &str,
+    pass: Pass,
+    expected: (
+        Serving,
+        Option<(&str, i64)>,
+        Option<(&str, i64)>,
+        Option<Handoff>,
+        Option<i64>,
+    ),
+) {
+    let since = |e: Option<(&str, i64)>| {
+        e.map(|(h, s)| SpecSince {
+            spec_hash: h.to_owned(),
+            since: t(s),
+        })
+    };
+    let (handoff_in, rejected_in) = (since(pass.handoff), since(pass.rejected));
+    let input = HandoffInput {
+        newest_hash: "new",
+        newest_runs: pass.runs,
+        newest_ready: pass.ready,
+        active: pass.active,
+        handoff: handoff_in.as_ref(),
+        rejected: rejected_in.as_ref(),
+        timeout: Duration::from_secs(120),
+    };
+    let got = handoff(&input, t(pass.now));
+    let want = HandoffOutcome {
+        serving: expected.0,
+        handoff: since(expected.1),
+        rejected: since(expected.2),
+        step: expected.3,
+        deadline: expected.4.map(t),
+    };
+    assert_eq!(got, want, "{what}");
+}
+
+#[test]
+fn handoffs() {
+    use Serving::*;
+    check_handoff(
+        "nothing runs, nothing journaled: as usual",
+        QUIET,
+        (AsUsual, None, None, None, None),
+    );
+    check_handoff(
+        "the new parent runs beside an inactive checkpoint: nothing to hand over",
+        Pass {
+            runs: Some(true),
+            ..QUIET
+        },
+        (AsUsual, None, None, None, None),
+    );
+    check_handoff(
+        "the new parent runs while the known-good checkpoint serves: it gets the node",
+        Pass {
+            runs: Some(true),
+            active: true,
+            ..QUIET
+        },
+        (
+            Standby,
+            Some(("new", 1000)),
+            None,
+            Some(Handoff::Started),
+            Some(1120),
+        ),
+    );
+    check_handoff(
+        "an unknown runtime starts no handoff",
+        Pass {
+            runs: None,
+            active: true,
+            ..QUIET
+        },
+        (AsUsual, None, None, None, None),
+    );
+    check_handoff(
+        "under way, the parent crashed: the checkpoint waits for the deadline",
+        Pass {
+            handoff: Some(("new", 950)),
+            ..QUIET
+        },
+        (Standby, Some(("new", 950)), None, None, Some(1070)),
+    );
+    check_handoff(
+        "deadline passed, not Ready: the known-good checkpoint returns",
+        Pass {
+            runs: Some(true),
+            handoff: Some(("new", 880)),
+            ..QUIET
+        },
+        (Serve, None, Some(("new", 1000)), Some(Handoff::Failed), None),
+    );
+    check_handoff(
+        "Ready on a synced view: the parent keeps the node",
+        Pass {
+            runs: Some(true),
+            ready: true,
+            handoff: Some(("new", 990)),
+            ..QUIET
+        },
+        (AsUsual, None, None, Some(Handoff::Ready), None),
+    );
+    check_handoff(
+        "rejected: the known-good checkpoint serves while the parent runs",
+        Pass {
+            runs: Some(true),
+            rejected: Some(("new", 500)),
+            ..QUIET
+        },
+        (Serve, None, Some(("new", 500)), None, None),
+    );
+    check_handoff(
+        "rejected, then seen Ready after all: forgotten",
+        Pass {
+            runs: Some(true),
+            ready: true,
+            rejected: Some(("new", 500)),
+            ..QUIET
+        },
+        (AsUsual, None, None, None, None),
+    );
+    check_handoff(
+        "a journal entry for other content (a rollback) is not this parent's",
+        Pass {
+            runs: Some(true),
+            active: true,
+            handoff: Some(("old", 900)),
+            rejected: Some(("old", 500)),
+            ..QUIET
+        },
+        (
+            Standby,
+            Some(("new", 1000)),
+            None,
+            Some(Handoff::Started),
+            Some(1120),
+        ),
+    );
+    check_handoff(
+        "a start recorded in the future (the clock went back): counted from now",
+        Pass {
+            handoff: Some(("new", 5000)),
+            ..QUIET
+        },
+        (Standby, Some(("new", 1000)), None, None, Some(1120)),
+    );
+}
