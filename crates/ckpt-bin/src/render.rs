@@ -48,6 +48,8 @@ pub const DEFAULT_IMAGE: &str = concat!(
     env!("CARGO_PKG_VERSION")
 );
 pub const DEFAULT_GRACE_PERIOD: &str = "1m";
+/// Default `--handoff-timeout` (the agent's own default).
+pub const DEFAULT_HANDOFF_TIMEOUT: &str = "2m";
 pub const DEFAULT_RUNTIME_ENDPOINT: &str = crate::config::DEFAULT_RUNTIME_ENDPOINT;
 pub const DEFAULT_MANIFESTS_DIR: &str = crate::config::DEFAULT_MANIFESTS_DIR;
 /// Health and metrics on loopback: nothing off the node reaches them, and the port is one
@@ -132,6 +134,14 @@ pub struct ManifestArgs {
     /// How long a parent must be gone before its checkpoint is removed, e.g. 30s, 5m
     #[arg(long, alias = "checkpoint-grace-period", value_name = "DURATION", default_value = DEFAULT_GRACE_PERIOD)]
     pub grace_period: String,
+    /// Checkpoints kept per DaemonSet on a node: the newest and known-good ones, which an
+    /// activation prefers; 1 keeps only the newest
+    #[arg(long, value_name = "N", default_value_t = ckpt_core::revisions::DEFAULT_KEEP)]
+    pub revisions: usize,
+    /// How long a parent with unproven content has to become Ready once the known-good
+    /// checkpoint stepped aside for it, e.g. 90s, 5m
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_HANDOFF_TIMEOUT)]
+    pub handoff_timeout: String,
     /// Namespaces whose pods may be checkpointed; the install namespace is always included
     #[arg(long, value_name = "NS[,NS…]", value_delimiter = ',')]
     pub namespaces: Vec<String>,
@@ -196,6 +206,8 @@ impl Default for ManifestArgs {
         Self {
             gc_strategy: ckpt_gc::DEFAULT_STRATEGY.to_owned(),
             grace_period: DEFAULT_GRACE_PERIOD.to_owned(),
+            revisions: ckpt_core::revisions::DEFAULT_KEEP,
+            handoff_timeout: DEFAULT_HANDOFF_TIMEOUT.to_owned(),
             namespaces: Vec::new(),
             namespace: DEFAULT_NAMESPACE.to_owned(),
             image: DEFAULT_IMAGE.to_owned(),
@@ -244,6 +256,8 @@ pub enum KubeletTrust {
 pub struct ManifestOptions {
     pub gc_strategy: String,
     pub grace_period: String,
+    pub revisions: usize,
+    pub handoff_timeout: String,
     /// Sorted, deduplicated, with the install namespace.
     pub namespaces: Vec<String>,
     pub namespace: String,
@@ -327,6 +341,8 @@ impl ManifestArgs {
         let options = ManifestOptions {
             gc_strategy: self.gc_strategy.clone(),
             grace_period: self.grace_period.trim().to_owned(),
+            revisions: self.revisions,
+            handoff_timeout: self.handoff_timeout.trim().to_owned(),
             namespaces,
             namespace: self.namespace.clone(),
             image: self.image.trim().to_owned(),
@@ -595,6 +611,8 @@ impl ManifestOptions {
         struct AgentConfig<'a> {
             gc_strategy: &'a str,
             checkpoint_grace_period: &'a str,
+            revisions: usize,
+            handoff_timeout: &'a str,
             namespaces: &'a [String],
             checkpoint_dir: &'a str,
             manifests_dir: &'a str,
@@ -612,6 +630,8 @@ impl ManifestOptions {
         let config = AgentConfig {
             gc_strategy: &self.gc_strategy,
             checkpoint_grace_period: &self.grace_period,
+            revisions: self.revisions,
+            handoff_timeout: &self.handoff_timeout,
             namespaces: &self.namespaces,
             checkpoint_dir: objects::CHECKPOINT_DIR,
             manifests_dir: &self.manifests_dir,

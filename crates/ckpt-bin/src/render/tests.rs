@@ -192,6 +192,8 @@ fn the_config_names_strategy_grace_period_namespaces_paths_and_metrics() {
         serde_json::json!({
             "gc-strategy": "immediate",
             "checkpoint-grace-period": "90s",
+            "revisions": 2,
+            "handoff-timeout": "2m",
             "namespaces": ["a", "b", "kube-system"],
             "checkpoint-dir": "/etc/kubernetes",
             "manifests-dir": "/etc/kubernetes/manifests",
@@ -300,6 +302,14 @@ fn flags_the_agent_would_refuse_are_rejected_before_rendering() {
 fn the_default_grace_period_is_the_agents() {
     assert_eq!(ckpt_gc::DEFAULT_GRACE_PERIOD, Duration::from_secs(60));
     assert_eq!(DEFAULT_GRACE_PERIOD, "1m");
+}
+
+#[test]
+fn the_default_handoff_timeout_is_the_agents() {
+    assert_eq!(
+        crate::duration::parse_duration(DEFAULT_HANDOFF_TIMEOUT),
+        Ok(ckpt_core::revisions::DEFAULT_HANDOFF_TIMEOUT)
+    );
 }
 
 #[test]

@@ -358,6 +358,10 @@ pub struct CheckpointInfo {
     pub parent_absent_since: Option<String>,
     /// The content on disk is the one its parent proved (Ready for a minute with it).
     pub known_good: bool,
+    /// One of several revisions of a DaemonSet's pod: whether it is the newest.
+    pub newest_revision: Option<bool>,
+    /// One of several revisions: whether losing the API would run this one.
+    pub runs_if_api_lost: Option<bool>,
 }
 
 impl Inspect {
@@ -378,6 +382,8 @@ impl Inspect {
                     owner: text(&c["owner"]),
                     parent_absent_since: text(&c["parent_absent_since"]),
                     known_good: c["known_good"].as_bool().unwrap_or(false),
+                    newest_revision: c["revision"]["newest"].as_bool(),
+                    runs_if_api_lost: c["revision"]["runs_if_api_lost"].as_bool(),
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

@@ -812,6 +812,12 @@ pub(crate) fn wait_health(run: &NodeRun, pod: &str, expected: &str) -> anyhow::R
     Ok(())
 }
 
+/// Whether a pod's `Ready` condition is `True`.
+pub(crate) fn is_ready(pod: &Value) -> bool {
+    (pod["status"]["conditions"].as_array().into_iter().flatten())
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
 pub(crate) fn is_mirror(pod: &Value) -> bool {
     pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
 }

@@ -53,7 +53,13 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     check_scheduling(run)?;
     progress.say("a new Deployment's pod is scheduled and started by the self-hosted plane");
 
-    deploy_with(run, self_hosted.kubeconfig(), "grace-period", &[])?;
+    let handoff = format!("{}s", HANDOFF_TIMEOUT.as_secs());
+    deploy_with(
+        run,
+        self_hosted.kubeconfig(),
+        "grace-period",
+        &["--handoff-timeout", &handoff],
+    )?;
     let (c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
     let parents = running_parents(run)?;
     let report = wait_inspect(
@@ -84,6 +90,7 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     // breaks the streak; the demo does not wait for it).
     if !crate::demo_mode() {
         expect_known_good(run, &parents)?;
+        bad_upgrade_then_power_cut(run, &self_hosted)?;
     }
     report_cuts(run, &cuts)?;
     if crate::demo_mode() {
@@ -91,6 +98,232 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
             narrate(cut);
         }
     }
+    Ok(())
+}
+
+/// `--handoff-timeout`: how long a kube-apiserver with an unproven spec has to become Ready
+/// (short: the bad upgrade waits it out at most twice).
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(30);
+/// The flag the bad upgrade adds: kube-apiserver exits at once on an unknown flag.
+const BAD_FLAG: &str = "--no-such-flag=true";
+
+/// Issue 21: kube-apiserver's DaemonSet is upgraded to a spec that crash-loops; the known-
+/// good checkpoint keeps the API serving, through a power cut; rolling the DaemonSet back
+/// hands the node over to the new parent once it is Ready, with the API gap measured.
+fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> anyhow::Result<()> {
+    let progress = run.progress;
+    let good = running_parents(run)?[0].clone();
+    let ds = run
+        .kubectl
+        .get("daemonset", NS, APISERVER)?
+        .context("no kube-apiserver DaemonSet")?;
+    let args = ds["spec"]["template"]["spec"]["containers"][0]["command"]
+        .as_array()
+        .map_or(0, Vec::len);
+    progress.say(&format!(
+        "kube-apiserver's DaemonSet upgraded with {BAD_FLAG}: its new pod crash-loops"
+    ));
+    let patch = json!([{
+        "op": "add",
+        "path": "/spec/template/spec/containers/0/command/-",
+        "value": BAD_FLAG,
+    }]);
+    run.kubectl.run(
+        &[
+            "patch",
+            "daemonset",
+            APISERVER,
+            "-n",
+            NS,
+            "--type",
+            "json",
+            "-p",
+            &patch.to_string(),
+        ],
+        None,
+    )?;
+    let good_id = format!("{NS}/{good}");
+    let (bad, _) = wait_for(
+        "the bad pod checkpointed beside the known-good one, which serves",
+        TIMEOUT,
+        || {
+            waiting_on_error((|| {
+                let report = crate::real_node_seed::inspect_node(run)?;
+                let known_good = report.get(&good_id);
+                let newest =
+                    (report.checkpoints.iter()).find(|c| c.pod != good_id && c.newest_revision == Some(true));
+                let serving =
+                    known_good.is_some_and(|c| c.state == "active" && c.runs_if_api_lost == Some(true));
+                Ok(match newest {
+                    Some(newest) if serving && self_hosted.readyz() == 200 => {
+                        Probe::Ready(newest.pod.clone())
+                    }
+                    _ => Probe::Waiting(report.summary()),
+                })
+            })())
+        },
+    )?;
+    let bad = bad.strip_prefix(&format!("{NS}/")).unwrap_or(&bad).to_owned();
+    progress.say(&format!(
+        "{bad} crash-loops; the known-good checkpoint of {good} serves the API"
+    ));
+    // The agent may have caught the bad pod running and handed over to it: it then has
+    // the handoff timeout to become Ready, and the checkpoint comes back.
+    wait_api(self_hosted, "the API served by the known-good checkpoint")?;
+
+    progress.say("power cut with the bad pod crash-looping");
+    let cut = Instant::now();
+    run.node.reboot()?;
+    wait_api(self_hosted, "the API back after the cut")?;
+    let api_ready = cut.elapsed();
+    // A handoff to the bad pod may be under way (caught running after the boot): it ends
+    // at its deadline with the known-good checkpoint back.
+    wait_for("the known-good checkpoint active and serving", TIMEOUT, || {
+        waiting_on_error((|| {
+            let report = crate::real_node_seed::inspect_node(run)?;
+            let active = report.get(&good_id).is_some_and(|c| c.state == "active");
+            Ok(if active && self_hosted.readyz() == 200 {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(report.summary())
+            })
+        })())
+    })?;
+    let bad_pod = run.kubectl.get("pod", NS, &bad)?;
+    anyhow::ensure!(
+        bad_pod
+            .as_ref()
+            .is_none_or(|p| !crate::real_node_seed::is_ready(p)),
+        "the bad pod {bad} is Ready: the upgrade was not bad"
+    );
+    progress.say(&format!(
+        "the known-good kube-apiserver serves {} after the cut",
+        human_duration(api_ready)
+    ));
+
+    progress.say("the DaemonSet rolled back: the node is handed over to its new pod");
+    let readyz = {
+        let self_hosted = self_hosted.clone();
+        Sampler::start(SAMPLE_EVERY, move || self_hosted.readyz())
+    };
+    let rollback = Instant::now();
+    let patch = json!([
+        { "op": "test", "path": format!("/spec/template/spec/containers/0/command/{args}"), "value": BAD_FLAG },
+        { "op": "remove", "path": format!("/spec/template/spec/containers/0/command/{args}") },
+    ]);
+    run.kubectl.run(
+        &[
+            "patch",
+            "daemonset",
+            APISERVER,
+            "-n",
+            NS,
+            "--type",
+            "json",
+            "-p",
+            &patch.to_string(),
+        ],
+        None,
+    )?;
+    let (fixed, _) = wait_for("the rolled-back pod Ready", TIMEOUT, || {
+        waiting_on_error((|| {
+            let pods = pods_of(&run.kubectl, APISERVER)?;
+            let ready = (pods.iter())
+                .filter(|p| !is_mirror(p) && name_of(p) != good && name_of(p) != bad)
+                .find(|p| crate::real_node_seed::is_ready(p));
+            Ok(match ready {
+                Some(pod) => Probe::Ready(name_of(pod)),
+                None => Probe::Waiting(format!("{} pod(s)", pods.len())),
+            })
+        })())
+    })?;
+    let fixed_id = format!("{NS}/{fixed}");
+    wait_inspect(run, "the known-good checkpoint retired", |i| {
+        i.get(&good_id).is_some_and(|c| c.state == "inactive")
+    })?;
+    wait_api_settled(self_hosted)?;
+    let settled = Instant::now();
+    let samples = readyz.stop();
+    let gap = longest_lapse(&samples, rollback, settled, |s| *s == 200);
+    let handed_over = rollback.elapsed();
+    // The handoff ended by readiness, not by its deadline: the Event says so.
+    wait_for("the HandoffReady Event of the rolled-back pod", TIMEOUT, || {
+        let events = run
+            .kubectl
+            .run(&["get", "events", "-n", NS, "-o", "json"], None)?;
+        let events: Value = serde_json::from_str(&events)?;
+        let reasons: Vec<String> = (events["items"].as_array().into_iter().flatten())
+            .filter(|e| e["involvedObject"]["name"] == fixed.as_str())
+            .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+            .collect();
+        anyhow::ensure!(
+            !reasons.iter().any(|r| r == "HandoffFailed"),
+            "the handoff to {fixed} failed: {reasons:?}"
+        );
+        Ok(if reasons.iter().any(|r| r == "HandoffReady") {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(format!("{fixed_id}'s Events: {reasons:?}"))
+        })
+    })?;
+    progress.say(&format!(
+        "handed over to {fixed} {} after the rollback; the API's longest gap: {}",
+        human_duration(handed_over),
+        human_duration(gap)
+    ));
+    let line = json!({
+        "scenario": "bad upgrade, power cut, rollback",
+        "API ready after the cut": api_ready.as_secs_f64(),
+        "handed over after the rollback": handed_over.as_secs_f64(),
+        "API gap in the handoff": gap.as_secs_f64(),
+    });
+    append_line("self-hosted-handoffs.jsonl", &line)
+}
+
+/// Waits for `/readyz` 200.
+fn wait_api(self_hosted: &SelfHosted, what: &str) -> anyhow::Result<()> {
+    wait_for(what, TIMEOUT, || {
+        Ok(match self_hosted.readyz() {
+            200 => Probe::Ready(()),
+            status => Probe::Waiting(format!("HTTP {status}")),
+        })
+    })
+    .map(drop)
+}
+
+/// Waits for `/readyz` 200 [`SETTLED`] in a row.
+fn wait_api_settled(self_hosted: &SelfHosted) -> anyhow::Result<()> {
+    let mut serving_since: Option<Instant> = None;
+    wait_for(
+        &format!("the API serving for {} in a row", human_duration(SETTLED)),
+        TIMEOUT,
+        || {
+            Ok(match (self_hosted.readyz(), serving_since) {
+                (200, Some(since)) if since.elapsed() >= SETTLED => Probe::Ready(()),
+                (200, since) => {
+                    serving_since = since.or(Some(Instant::now()));
+                    Probe::Waiting("serving, not for long yet".into())
+                }
+                (status, _) => {
+                    serving_since = None;
+                    Probe::Waiting(format!("HTTP {status}"))
+                }
+            })
+        },
+    )
+    .map(drop)
+}
+
+/// Appends a JSON line to `<target>/e2e/<file>`.
+fn append_line(file: &str, line: &Value) -> anyhow::Result<()> {
+    use std::io::Write;
+    let dir = ckpt_e2e::image::target_dir().join("e2e");
+    std::fs::create_dir_all(&dir)?;
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(file))?;
+    writeln!(out, "{line}")?;
     Ok(())
 }
 
