@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ckpt_bin::ApiSource;
 use ckpt_bin::config::Cli;
@@ -1528,6 +1528,112 @@ async fn disk_failing_with_eio_at(point: &str) {
     eventually("the new version written", || async {
         world.read(&inactive(APISERVER)).contains("v1.20.3")
     })
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// Issue 21 with fakes: the API server's DaemonSet rolls it to a pod whose content was
+/// never proven while the known-good checkpoint serves. The new pod gets the node (the
+/// checkpoint stops), is not Ready within `--handoff-timeout`, and the known-good
+/// checkpoint comes back and stays; each step is an Event on the new pod and a count.
+#[tokio::test]
+async fn a_parent_that_never_becomes_ready_hands_the_node_back() {
+    const NEW: &str = "kube-apiserver-new";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let args = ["--gc-strategy", "owner-reference", "--handoff-timeout", "3s"];
+    let agent = world.start_agent(AGENT, &args);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.stop().await.expect("SIGTERM exits 0");
+    // The parent proved this content (a minute Ready, what `known_good::track` records).
+    let manifest: Value = serde_json::from_str(&world.read(&inactive(APISERVER))).expect("JSON");
+    let hash = manifest["metadata"]["annotations"]["checkpointer.alpha.coreos.com/spec-hash"].clone();
+    let journal = json!({"version": 1, "state": {
+        "absent_since": [],
+        "known_good": [{"namespace": NS, "name": APISERVER, "spec_hash": hash, "since": 0}],
+    }});
+    let journal_path = world.path(JOURNAL);
+    let agent_dir = journal_path.parent().expect("the agent's dir");
+    std::fs::create_dir_all(agent_dir).expect("the agent's dir");
+    std::fs::set_permissions(agent_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("0700");
+    std::fs::write(&journal_path, journal.to_string()).expect("journal written");
+    std::fs::set_permissions(&journal_path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("0600");
+
+    let agent = world.start_agent(AGENT, &args);
+    agent.expect_api("synced").await;
+    // The rollout deletes the proven pod, and the API server with it: the checkpoint serves.
+    assert!(world.api.delete("pods", NS, APISERVER));
+    world.kill(APISERVER);
+    world.api.set_outage(Reply::Refuse);
+    eventually("the known-good checkpoint active", || async {
+        world.path(&active(APISERVER)).exists()
+    })
+    .await;
+    // Back through the checkpoint, the API lists the new pod, which crash-loops: caught
+    // running, it gets the node.
+    let mut rolled_pod = apiserver_pod();
+    rolled_pod["metadata"]["name"] = json!(NEW);
+    rolled_pod["metadata"]["uid"] = json!(format!("uid-{NEW}"));
+    rolled_pod["spec"]["containers"][0]["image"] = json!("kube-apiserver:bad");
+    world.api.apply("pods", NS, rolled_pod);
+    world.api.end_outage();
+    eventually("the new pod checkpointed beside the known-good one", || async {
+        world.path(&inactive(NEW)).exists()
+    })
+    .await;
+    world.looked_twice("the new pod checkpointed").await;
+    assert!(
+        world.path(&active(APISERVER)).exists() && world.path(&inactive(APISERVER)).exists(),
+        "the known-good revision outlives the strategy's verdict and keeps serving"
+    );
+    assert!(
+        !world.path(&active(NEW)).exists(),
+        "the unproven revision never starts"
+    );
+    world
+        .cri
+        .add_pod(NS, NEW, proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+    eventually("the known-good checkpoint steps aside", || async {
+        !world.path(&active(APISERVER)).exists()
+    })
+    .await;
+    let stepped_aside = Instant::now();
+    world.cri.remove_pod(NS, NEW);
+    world.api.set_outage(Reply::Refuse);
+    // Not Ready by the deadline (the API is gone with the checkpoint): it comes back.
+    eventually("the known-good checkpoint back", || async {
+        world.path(&active(APISERVER)).exists()
+    })
+    .await;
+    assert!(
+        stepped_aside.elapsed() >= Duration::from_millis(2500),
+        "back only at the deadline, after {:?}",
+        stepped_aside.elapsed()
+    );
+    // The rejected pod runs again: the checkpoint stays.
+    world.api.end_outage();
+    world
+        .cri
+        .add_pod(NS, NEW, proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+    world.looked_twice("the rejected pod running").await;
+    assert!(
+        world.path(&active(APISERVER)).exists(),
+        "stays while the rejected pod runs"
+    );
+    let handoffs = |step: &str| format!("handoffs_total{{step=\"{step}\"}}");
+    agent.expect_count(&handoffs("started"), 1.0).await;
+    agent.expect_count(&handoffs("failed"), 1.0).await;
+    agent.expect_count(&handoffs("ready"), 0.0).await;
+    eventually(
+        "the HandoffStarted and HandoffFailed Events on the new pod",
+        || async {
+            let reasons: Vec<String> = (world.api.event_writes().into_iter())
+                .filter(|(_, e)| e["regarding"]["name"] == NEW)
+                .filter_map(|(_, e)| e["reason"].as_str().map(str::to_owned))
+                .collect();
+            reasons.contains(&"HandoffStarted".to_owned()) && reasons.contains(&"HandoffFailed".to_owned())
+        },
+    )
     .await;
     agent.stop().await.expect("SIGTERM exits 0");
 }

@@ -9,7 +9,7 @@
 //!    and finds the [`Orphan`]s (checkpoints whose parent is absent from a synced view),
 //!    each with the facts a strategy needs (siblings, owner status);
 //! 2. the agent asks its strategy about each orphan;
-//! 3. [`Assessment::decide`]: plans with the verdicts ([`crate::plan`]).
+//! 3. [`Assessment::decide`]: plans with the verdicts ([`crate::plan`](mod@crate::plan)).
 //!
 //! [`decide`](decide()) does 1 and 3 in one call, for verdicts known in advance.
 

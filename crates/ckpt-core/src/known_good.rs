@@ -7,8 +7,9 @@
 //! proof.
 //!
 //! Only a synced view proves anything or breaks a streak of readiness; while the API is
-//! not synced, nothing changes. What uses the proof (activating the newest known-good
-//! revision, the health-gated handoff) builds on this.
+//! not synced, nothing changes. [`crate::revisions`] uses the proof: an activation runs the
+//! newest known-good revision, and a parent with unproven content takes over through the
+//! health-gated handoff.
 //!
 //! ```
 //! use std::collections::{BTreeMap, BTreeSet};

@@ -9,6 +9,9 @@
 //!   the fields that kubelet drops ([`dropped_fields`]).
 //! - [`known_good`](mod@known_good): which content each parent has proven (Ready for a
 //!   minute with it), kept in the journal.
+//! - [`revisions`]: a DaemonSet's checkpoints on this node as revisions of one lineage,
+//!   which one an activation runs, which ones are kept, and the health-gated handoff from a
+//!   known-good checkpoint to a parent with unproven content.
 //! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
 //!   [`MaterializedDir`]s it mounts.
 //! - [`observation`]: what the agent observed for a pass ([`Observation`]), produced by

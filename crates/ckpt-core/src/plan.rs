@@ -19,6 +19,11 @@
 //! - **Completed parents** are not checkpointed; their checkpoints go on a synced view.
 //! - **Self** is always active, never stopped, follows its newest parent, is superseded
 //!   by a rolled pod of its own DaemonSet, and is removed last, on a self-GC plan only.
+//! - **Revisions** ([`crate::revisions`]): a DaemonSet's checkpoints on this node are one
+//!   lineage; only the revision an activation runs (the newest known-good, else the
+//!   newest) is ever active, "the parent runs" means a pod of the lineage runs, the newest
+//!   and known-good revisions outlive their GC verdicts, and a parent with unproven content
+//!   takes over through the health-gated handoff.
 
 use std::collections::{BTreeMap, BTreeSet};
 
