@@ -133,20 +133,7 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         "path": "/spec/template/spec/containers/0/command/-",
         "value": BAD_FLAG,
     }]);
-    run.kubectl.run(
-        &[
-            "patch",
-            "daemonset",
-            APISERVER,
-            "-n",
-            NS,
-            "--type",
-            "json",
-            "-p",
-            &patch.to_string(),
-        ],
-        None,
-    )?;
+    patch_apiserver(run, &patch)?;
     let good_id = format!("{NS}/{good}");
     let (bad, _) = wait_for(
         "the bad pod checkpointed beside the known-good one, which serves",
@@ -216,20 +203,7 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         { "op": "test", "path": format!("/spec/template/spec/containers/0/command/{args}"), "value": BAD_FLAG },
         { "op": "remove", "path": format!("/spec/template/spec/containers/0/command/{args}") },
     ]);
-    run.kubectl.run(
-        &[
-            "patch",
-            "daemonset",
-            APISERVER,
-            "-n",
-            NS,
-            "--type",
-            "json",
-            "-p",
-            &patch.to_string(),
-        ],
-        None,
-    )?;
+    patch_apiserver(run, &patch)?;
     let (fixed, _) = wait_for("the rolled-back pod Ready", TIMEOUT, || {
         waiting_on_error((|| {
             let pods = pods_of(&run.kubectl, APISERVER)?;
@@ -246,7 +220,7 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
     wait_inspect(run, "the known-good checkpoint retired", |i| {
         i.get(&good_id).is_some_and(|c| c.state == "inactive")
     })?;
-    wait_api_settled(self_hosted)?;
+    wait_api_settled(self_hosted, "the API")?;
     let settled = Instant::now();
     let samples = readyz.stop();
     let gap = longest_lapse(&samples, rollback, settled, |s| *s == 200);
@@ -282,7 +256,24 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         "handed over after the rollback": handed_over.as_secs_f64(),
         "API gap in the handoff": gap.as_secs_f64(),
     });
-    append_line("self-hosted-handoffs.jsonl", &line)
+    append_lines("self-hosted-handoffs.jsonl", &[line]).map(drop)
+}
+
+/// Applies a JSON patch to kube-apiserver's DaemonSet.
+fn patch_apiserver(run: &NodeRun, patch: &Value) -> anyhow::Result<()> {
+    let patch = patch.to_string();
+    let args = [
+        "patch",
+        "daemonset",
+        APISERVER,
+        "-n",
+        NS,
+        "--type",
+        "json",
+        "-p",
+        &patch,
+    ];
+    run.kubectl.run(&args, None).map(drop)
 }
 
 /// Waits for `/readyz` 200.
@@ -296,11 +287,11 @@ fn wait_api(self_hosted: &SelfHosted, what: &str) -> anyhow::Result<()> {
     .map(drop)
 }
 
-/// Waits for `/readyz` 200 [`SETTLED`] in a row.
-fn wait_api_settled(self_hosted: &SelfHosted) -> anyhow::Result<()> {
+/// Waits for `/readyz` 200 [`SETTLED`] in a row from `server`.
+fn wait_api_settled(self_hosted: &SelfHosted, server: &str) -> anyhow::Result<()> {
     let mut serving_since: Option<Instant> = None;
     wait_for(
-        &format!("the API serving for {} in a row", human_duration(SETTLED)),
+        &format!("{server} serving for {} in a row", human_duration(SETTLED)),
         TIMEOUT,
         || {
             Ok(match (self_hosted.readyz(), serving_since) {
@@ -319,17 +310,20 @@ fn wait_api_settled(self_hosted: &SelfHosted) -> anyhow::Result<()> {
     .map(drop)
 }
 
-/// Appends a JSON line to `<target>/e2e/<file>`.
-fn append_line(file: &str, line: &Value) -> anyhow::Result<()> {
+/// Appends JSON lines to `<target>/e2e/<file>`, and says where.
+fn append_lines(file: &str, lines: &[Value]) -> anyhow::Result<std::path::PathBuf> {
     use std::io::Write;
     let dir = ckpt_e2e::image::target_dir().join("e2e");
     std::fs::create_dir_all(&dir)?;
+    let path = dir.join(file);
     let mut out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(dir.join(file))?;
-    writeln!(out, "{line}")?;
-    Ok(())
+        .open(&path)?;
+    for line in lines {
+        writeln!(out, "{line}")?;
+    }
+    Ok(path)
 }
 
 /// Waits until every parent's checkpoint is known-good (`inspect`).
@@ -429,17 +423,8 @@ enum Cut {
 /// Each cut's line, then min / median / max of each milestone over the cuts; the lines are
 /// appended to `<target>/e2e/self-hosted-cuts.jsonl` too.
 fn report_cuts(run: &NodeRun, cuts: &[CutTimeline]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let dir = ckpt_e2e::image::target_dir().join("e2e");
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join("self-hosted-cuts.jsonl");
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)?;
-    for cut in cuts {
-        writeln!(file, "{}", cut.to_json())?;
-    }
+    let lines: Vec<Value> = cuts.iter().map(CutTimeline::to_json).collect();
+    let path = append_lines("self-hosted-cuts.jsonl", &lines)?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     run.progress.say(&format!(
@@ -630,12 +615,7 @@ fn power_cut_once(
         wait_inspect(run, "every control-plane checkpoint active", |i| {
             parents.iter().all(|p| state_of(i, p) == Some("active"))
         })?;
-        wait_for("the checkpointed API server's /readyz 200", TIMEOUT, || {
-            Ok(match self_hosted.readyz() {
-                200 => Probe::Ready(()),
-                status => Probe::Waiting(format!("HTTP {status}")),
-            })
-        })?;
+        wait_api(self_hosted, "the checkpointed API server's /readyz 200")?;
     } else {
         progress.say(&format!("cut {n}: power off with {} running", parents.join(", ")));
     }
@@ -676,12 +656,7 @@ fn power_cut_once(
         }
         Cut::DuringRecovery => (None, None),
     };
-    wait_for("the API server's /readyz 200", TIMEOUT, || {
-        Ok(match self_hosted.readyz() {
-            200 => Probe::Ready(()),
-            status => Probe::Waiting(format!("HTTP {status}")),
-        })
-    })?;
+    wait_api(self_hosted, "the API server's /readyz 200")?;
     let api_ready = cut.elapsed();
     let path = format!("/api/v1/namespaces/{NS}/configmaps/{marker}");
     wait_for("the marker read back", TIMEOUT, || {
@@ -721,27 +696,7 @@ fn power_cut_once(
     )?;
     let retired = cut.elapsed();
     // The parent API server takes the port over only now: until it serves, the API is down.
-    let mut serving_since: Option<Instant> = None;
-    wait_for(
-        &format!(
-            "the parent API server serving for {} in a row",
-            human_duration(SETTLED)
-        ),
-        TIMEOUT,
-        || {
-            Ok(match (self_hosted.readyz(), serving_since) {
-                (200, Some(since)) if since.elapsed() >= SETTLED => Probe::Ready(()),
-                (200, since) => {
-                    serving_since = since.or(Some(Instant::now()));
-                    Probe::Waiting("serving, not for long yet".into())
-                }
-                (status, _) => {
-                    serving_since = None;
-                    Probe::Waiting(format!("HTTP {status}"))
-                }
-            })
-        },
-    )?;
+    wait_api_settled(self_hosted, "the parent API server")?;
     let settled = Instant::now();
     let api_back = cut.elapsed() - SETTLED;
     let readyz = readyz.stop();
