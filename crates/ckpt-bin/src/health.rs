@@ -85,7 +85,7 @@ struct Counters {
     removals: BTreeMap<(String, &'static str), u64>,
     write_errors: u64,
     refused: u64,
-    /// Handoffs from a known-good checkpoint to a parent, by step (started, ready, failed).
+    /// Handoffs from a known-good checkpoint to a parent, by step, in `Handoff::ALL`'s order.
     handoffs: [u64; 3],
     handovers: u64,
     passes: u64,
@@ -262,11 +262,7 @@ impl Health {
     /// A handoff step ([`ckpt_core::revisions::Handoff`]).
     pub(crate) fn handoff(&self, step: ckpt_core::revisions::Handoff) {
         use ckpt_core::revisions::Handoff;
-        let i = match step {
-            Handoff::Started => 0,
-            Handoff::Ready => 1,
-            Handoff::Failed => 2,
-        };
+        let i = Handoff::ALL.iter().position(|s| *s == step).unwrap_or_default();
         self.with(|c| c.handoffs[i] += 1);
     }
 
@@ -340,8 +336,8 @@ impl Health {
                 "handoffs_total",
                 "counter",
                 "Handoffs from a known-good checkpoint to a parent with unproven content, by step: started (the checkpoint stepped aside), ready (the parent became Ready in time), failed (it did not: the checkpoint is back).",
-                (["started", "ready", "failed"].iter().zip(c.handoffs))
-                    .map(|(step, n)| (format!("{{step=\"{step}\"}}"), n.to_string()))
+                (ckpt_core::revisions::Handoff::ALL.iter().zip(c.handoffs))
+                    .map(|(step, n)| (format!("{{step=\"{}\"}}", step.code()), n.to_string()))
                     .collect(),
             );
             metric(

@@ -265,6 +265,9 @@ pub enum Handoff {
 }
 
 impl Handoff {
+    /// Every step, in the order a handoff takes them (the metric's order).
+    pub const ALL: [Handoff; 3] = [Handoff::Started, Handoff::Ready, Handoff::Failed];
+
     /// The metric label.
     pub fn code(self) -> &'static str {
         match self {

@@ -239,8 +239,8 @@ fn names(ids: &[PodId]) -> Vec<&str> {
     ids.iter().map(|i| &*i.name).collect()
 }
 
-fn check(world: &World, expected: Expect<'_>, states: &[(&str, CheckpointState)]) -> Plan {
-    let p = world.plan(NOW);
+/// Asserts that a plan does what `expected` says, with `context` on failure.
+fn expect_plan(p: &Plan, expected: &Expect<'_>, context: impl Fn() -> String) {
     let removes: Vec<PodId> = p.removes.iter().map(|r| r.id.clone()).collect();
     let got = Expect {
         writes: names(&p.writes),
@@ -249,7 +249,12 @@ fn check(world: &World, expected: Expect<'_>, states: &[(&str, CheckpointState)]
         removes: names(&removes),
         self_gc: p.self_gc,
     };
-    assert_eq!(got, expected, "world: {world:#?}");
+    assert_eq!(&got, expected, "{}", context());
+}
+
+fn check(world: &World, expected: Expect<'_>, states: &[(&str, CheckpointState)]) -> Plan {
+    let p = world.plan(NOW);
+    expect_plan(&p, &expected, || format!("world: {world:#?}"));
     for (name, state) in states {
         assert_eq!(p.states.get(&id(name)), Some(state), "state of {name}");
     }
@@ -479,15 +484,7 @@ fn transitions_of_an_ordinary_checkpoint() {
     ];
     for (what, world, expected, state) in cases {
         let p = world.plan(NOW);
-        let removes: Vec<PodId> = p.removes.iter().map(|r| r.id.clone()).collect();
-        let got = Expect {
-            writes: names(&p.writes),
-            stops: names(&p.stops),
-            starts: names(&p.starts),
-            removes: names(&removes),
-            self_gc: p.self_gc,
-        };
-        assert_eq!(got, expected, "{what}");
+        expect_plan(&p, &expected, || what.to_owned());
         if !p.writes.is_empty() || !world.disk.is_empty() {
             assert_eq!(p.states.get(&id("p")), Some(&state), "{what}");
         }
@@ -1225,15 +1222,7 @@ fn step(world: &mut World, secs: u64, expected: Expect<'_>, handoffs: &[Handoff]
     let now = NOW.saturating_add(Duration::from_secs(secs));
     world.clock = now;
     let p = world.plan(now);
-    let removes: Vec<PodId> = p.removes.iter().map(|r| r.id.clone()).collect();
-    let got = Expect {
-        writes: names(&p.writes),
-        stops: names(&p.stops),
-        starts: names(&p.starts),
-        removes: names(&removes),
-        self_gc: p.self_gc,
-    };
-    assert_eq!(got, expected, "at +{secs}s, world: {world:#?}");
+    expect_plan(&p, &expected, || format!("at +{secs}s, world: {world:#?}"));
     let steps: Vec<Handoff> = p.handoffs.iter().map(|h| h.2).collect();
     assert_eq!(steps, handoffs, "handoff steps at +{secs}s");
     world.apply(&p);
