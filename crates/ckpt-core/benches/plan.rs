@@ -102,6 +102,7 @@ fn bench_plan(c: &mut Criterion) {
         let allowed = NamespaceAllowList::new(["kube-system"]);
         let ready = std::collections::BTreeSet::new();
         let revisions = ckpt_core::revisions::RevisionSettings::default();
+        let live = std::collections::BTreeSet::new();
         let inputs = PlanInputs {
             api: &w.api,
             local: &w.local,
@@ -115,6 +116,7 @@ fn bench_plan(c: &mut Criterion) {
             allowed: &allowed,
             ready: &ready,
             revisions: &revisions,
+            live: &live,
         };
         group.bench_with_input(BenchmarkId::from_parameter(n), &inputs, |b, inputs| {
             b.iter(|| {

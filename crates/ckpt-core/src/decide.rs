@@ -22,7 +22,9 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
 use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
-use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent};
+use crate::identity::{
+    ANNOTATION_CHECKPOINT, ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent,
+};
 use crate::known_good;
 use crate::observation::{ApiState, Fetched, Observation, OwnerKey};
 use crate::plan::{
@@ -30,7 +32,7 @@ use crate::plan::{
     SelfScheduling, orphans, plan,
 };
 use crate::references::{MAX_OBJECTS_PER_POD, RequiredObjects, required_objects};
-use crate::revisions::{Handoff, RevisionSettings};
+use crate::revisions::{Handoff, Lineage, RevisionSettings};
 use crate::sanitize::{SanitizeOptions, sanitize};
 use crate::scheduling::daemon_pod_continues_running;
 use crate::time::Timestamp;
@@ -156,6 +158,8 @@ pub struct Assessment<'a> {
     desired: BTreeMap<PodId, String>,
     /// The parents whose API pod is Ready (synced views only).
     ready: BTreeSet<PodId>,
+    /// DaemonSet lineages whose DaemonSet still targets this node (synced views only).
+    live: BTreeSet<Lineage>,
     orphans: Vec<Orphan>,
     report: Report,
 }
@@ -188,6 +192,7 @@ impl Assessment<'_> {
             allowed: &self.allowed,
             ready: &self.ready,
             revisions: &self.revisions,
+            live: &self.live,
         };
         let mut planned = plan(&inputs, self.now);
         let now = self.now;
@@ -297,7 +302,7 @@ pub fn assess<'a>(
     me.owner.clone_from(&own_owner);
     let own_pod_present = (parents.iter()).any(|(id, pod)| me.is_self(id, ControllerOwner::of(pod).as_ref()));
     let scheduling = if synced && !own_pod_present {
-        let (scheduling, replacement) = self_scheduling(observation, own_owner.as_ref());
+        let (scheduling, replacement) = self_scheduling(observation, &me.namespace, own_owner.as_ref());
         // A DaemonSet of the same name that targets this node took the place of ours
         // (deleted and re-created, `replace --force`): its pods are the agent's own now.
         own_owner = replacement.or(own_owner);
@@ -369,6 +374,7 @@ pub fn assess<'a>(
         allowed: &config.allowed,
         ready: &BTreeSet::new(),
         revisions: &config.revisions,
+        live: &BTreeSet::new(),
     };
     let mut found = orphans(&inputs, now);
     for orphan in &mut found {
@@ -409,6 +415,11 @@ pub fn assess<'a>(
         checkpoints,
         desired,
         ready,
+        live: if synced {
+            live_lineages(observation)
+        } else {
+            BTreeSet::new()
+        },
         orphans: found,
         report,
     }
@@ -466,10 +477,63 @@ pub fn scheduling_lookup(
     (owner.kind == "DaemonSet" && !own_pod && own_checkpoint).then(|| OwnerKey::new(&me.namespace, owner))
 }
 
+/// The DaemonSets to fetch by name before deciding (`ckpt-watch` fetches them and this
+/// node): the agent's own while its own pod is gone ([`scheduling_lookup`]), and the
+/// DaemonSets of checkpoints whose pods are gone from a synced view, whatever the GC
+/// strategy: whether such a DaemonSet still targets this node tells a rollout, an eviction
+/// or a controller outage from the end of the workload here (see [`live_lineages`]).
+/// Empty unless synced, and, on a node whose parents all run, empty.
+pub fn daemon_set_lookups(
+    api: ApiState,
+    pods: &BTreeMap<PodId, Arc<Pod>>,
+    disk: &BTreeMap<PodId, DiskCheckpoint>,
+    me: &SelfIdentity,
+    allowed: &NamespaceAllowList,
+) -> BTreeSet<OwnerKey> {
+    let mut keys = orphan_owners(api, pods, disk, allowed);
+    keys.retain(|key| key.kind == "DaemonSet");
+    keys.extend(scheduling_lookup(api, pods, disk, me));
+    keys
+}
+
+/// The DaemonSet lineages ([`Lineage::DaemonSet`]) whose DaemonSet, as fetched in this
+/// pass, still targets this node (the DaemonSet controller's rules,
+/// [`daemon_pod_continues_running`]) and still asks for its pods to be checkpointed. A pod
+/// of theirs absent from a synced view is a rollout, an eviction or a controller-manager
+/// outage, not the end of the workload here: the planner keeps their revisions whatever
+/// the GC strategy says, as it never self-GCs for the agent's own pod being gone.
+///
+/// Matched by UID: a DaemonSet deleted and re-created under the same name is a new
+/// lineage, and the old one's checkpoints are left to the strategy. Anything not known (a
+/// failed fetch, an unreadable node) keeps nothing past the strategy either: the strategy
+/// already never removes early on a failed lookup.
+fn live_lineages(observation: &Observation) -> BTreeSet<Lineage> {
+    let Fetched::Found(node) = &observation.node else {
+        return BTreeSet::new();
+    };
+    (observation.daemon_sets.iter())
+        .filter_map(|(key, fetched)| {
+            let Fetched::Found(ds) = fetched else { return None };
+            let uid = ds.metadata.uid.as_deref().filter(|uid| !uid.is_empty())?;
+            let template = &ds.spec.as_ref()?.template;
+            let annotated = (template.metadata.as_ref())
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(ANNOTATION_CHECKPOINT))
+                .is_some_and(|v| v == "true");
+            let targets = daemon_pod_continues_running(template.spec.as_ref()?, node).is_ok();
+            (annotated && targets).then(|| Lineage::DaemonSet {
+                namespace: key.namespace.clone(),
+                uid: uid.to_owned(),
+            })
+        })
+        .collect()
+}
+
 /// Whether the agent's own DaemonSet targets this node, from the observation; and a
 /// same-named DaemonSet that replaced it and targets the node (its owner reference).
 fn self_scheduling(
     observation: &Observation,
+    namespace: &str,
     owner: Option<&ControllerOwner>,
 ) -> (SelfScheduling, Option<ControllerOwner>) {
     let unknown = |why: &str| (SelfScheduling::Unknown(why.to_owned()), None);
@@ -482,7 +546,7 @@ fn self_scheduling(
             owner.kind
         ));
     }
-    let daemon_set = match &observation.own_daemon_set {
+    let daemon_set = match observation.daemon_set(&OwnerKey::new(namespace, owner)) {
         Fetched::NotFound => return (SelfScheduling::Deleted, None),
         Fetched::Found(ds) => ds,
         Fetched::NotFetched => return unknown("the agent's DaemonSet was not looked up"),

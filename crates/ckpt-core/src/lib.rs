@@ -80,8 +80,8 @@ pub use checkpoint::{
 };
 #[doc(inline)]
 pub use decide::{
-    Assessment, DecideConfig, Decision, Refusal, Report, assess, decide, has_completed, orphan_owners,
-    required_by_namespace, scheduling_lookup,
+    Assessment, DecideConfig, Decision, Refusal, Report, assess, daemon_set_lookups, decide, has_completed,
+    orphan_owners, required_by_namespace, scheduling_lookup,
 };
 #[doc(inline)]
 pub use error::{Error, Result, error_chain};

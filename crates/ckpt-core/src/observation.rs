@@ -241,10 +241,11 @@ pub struct Observation {
     /// Whether the controller owners of orphan candidates exist (looked up only when the
     /// GC strategy uses it; a missing entry is [`OwnerStatus::Unknown`]).
     pub owners: BTreeMap<OwnerKey, OwnerStatus>,
-    /// The agent's own DaemonSet, by name (fetched only on a synced view without the
-    /// agent's own pod, see [`crate::scheduling_lookup`]).
-    pub own_daemon_set: Fetched<DaemonSet>,
-    /// This node (fetched with the DaemonSet).
+    /// DaemonSets fetched by name for this pass (see [`crate::daemon_set_lookups`]): the
+    /// agent's own while its own pod is gone, and those of checkpoints whose pods are gone
+    /// from a synced view. A missing entry is [`Fetched::NotFetched`].
+    pub daemon_sets: BTreeMap<OwnerKey, Fetched<DaemonSet>>,
+    /// This node (fetched with the DaemonSets).
     pub node: Fetched<Node>,
     /// This node's kubelet version, from its Node (`None` until read): what checkpoints
     /// are admitted against (see [`crate::admit`]).
@@ -261,7 +262,7 @@ impl Observation {
             objects: BTreeMap::new(),
             local,
             owners: BTreeMap::new(),
-            own_daemon_set: Fetched::NotFetched,
+            daemon_sets: BTreeMap::new(),
             node: Fetched::NotFetched,
             kubelet: None,
         }
@@ -270,5 +271,12 @@ impl Observation {
     /// The status of `owner` in `namespace`; [`OwnerStatus::Unknown`] when not looked up.
     pub fn owner_status(&self, namespace: &str, owner: &ControllerOwner) -> OwnerStatus {
         (self.owners.get(&OwnerKey::new(namespace, owner)).copied()).unwrap_or(OwnerStatus::Unknown)
+    }
+
+    /// The DaemonSet `key` as fetched for this pass ([`Fetched::NotFetched`] when it was
+    /// not asked for).
+    pub fn daemon_set(&self, key: &OwnerKey) -> &Fetched<DaemonSet> {
+        static NOT_FETCHED: Fetched<DaemonSet> = Fetched::NotFetched;
+        self.daemon_sets.get(key).unwrap_or(&NOT_FETCHED)
     }
 }

@@ -175,6 +175,11 @@ pub struct PlanInputs<'a> {
     pub ready: &'a BTreeSet<PodId>,
     /// `--revisions` and `--handoff-timeout`.
     pub revisions: &'a RevisionSettings,
+    /// DaemonSet lineages whose DaemonSet (same UID) still targets this node and
+    /// checkpoints its pods, on a synced view: a pod of theirs being absent is a rollout,
+    /// an eviction or a controller outage, so the revisions they keep stay whatever the GC
+    /// strategy says (as the agent's own checkpoint does while its DaemonSet targets it).
+    pub live: &'a BTreeSet<Lineage>,
 }
 
 /// Why a checkpoint is removed.
@@ -591,12 +596,13 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
     let mut self_removes = Vec::new();
     // Pushed in id order, so building the map at the end is linear.
     let mut states = Vec::new();
-    for ((row, written), lineage) in rows.iter().zip(written).zip(&members) {
+    for ((row, written), member) in rows.iter().zip(written).zip(&members) {
         if row.disk.is_none() && !written {
             continue;
         }
         // Of a lineage of several revisions (ARCHITECTURE.md, Revisions).
-        let lineage = lineage.as_ref().and_then(|l| lineages.get(l));
+        let member = member.as_ref();
+        let lineage = member.and_then(|l| lineages.get(l));
         let id = row.id;
         let has_inactive = row.has_inactive() || written;
         let has_active = row.disk.is_some_and(|d| d.active.is_some());
@@ -670,10 +676,16 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         } else {
             None
         };
-        // A revision kept past its verdict: its lineage lives on (the newest is not
-        // going) and it is one of the newest known-good ones.
-        let kept_revision =
-            lineage.is_some_and(|l| !l.newest_due && l.plan.newest != *id && l.plan.kept.contains(id));
+        // A revision kept past its verdict: its lineage lives on and it is one the lineage
+        // keeps. A lineage lives while its newest revision is not going, or while its
+        // DaemonSet targets the node: then even its newest (or only) revision stays, or a
+        // rollout that deletes the old pod before creating the new one would take the
+        // checkpoint serving the API server along with it.
+        let live = member.is_some_and(|m| inputs.live.contains(m));
+        let kept_revision = match lineage {
+            Some(l) => (live || (!l.newest_due && l.plan.newest != *id)) && l.plan.kept.contains(id),
+            None => live,
+        };
         if due(verdict, now) && !kept_revision {
             let reason = verdict.map(|v| v.reason.clone()).unwrap_or_default();
             out.removes.push(Removal {
@@ -744,8 +756,8 @@ struct LineagePass {
     plan: LineagePlan,
     /// A parent of the lineage runs here (`None`: the runtime is unknown).
     runs: Option<bool>,
-    /// The newest revision goes in this pass (its verdict is due): the lineage ends and
-    /// keeps nothing past its verdicts.
+    /// The newest revision goes in this pass (its verdict is due and its DaemonSet does
+    /// not target the node): the lineage ends and keeps nothing past its verdicts.
     newest_due: bool,
     /// How the revision it runs serves (a handoff under way, or failed).
     serving: Serving,
@@ -821,7 +833,10 @@ fn lineages(
             rows[newest].runs
         };
         let newest_row = &rows[newest];
-        let newest_due = synced && newest_row.parent.is_none() && due(newest_row.verdict, now);
+        let newest_due = synced
+            && newest_row.parent.is_none()
+            && due(newest_row.verdict, now)
+            && !inputs.live.contains(&lineage);
         let mut serving = Serving::AsUsual;
         if newest != runner
             && let Some(hash) = content(newest_row, written[newest])

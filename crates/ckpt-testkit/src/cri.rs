@@ -1,6 +1,5 @@
 //! The fake CRI runtime: `ckpt-cri`'s messages served over a unix socket.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -26,6 +25,24 @@ pub struct CriState {
     pub calls: Vec<String>,
     /// Each call is answered this late (a slow runtime); `None`: at once.
     pub delay: Option<std::time::Duration>,
+    /// Connections accepted so far.
+    pub accepted: usize,
+    /// How each call fails, after `delay`; `None`: it is answered.
+    pub fault: Option<CriFault>,
+}
+
+/// A misbehaving runtime: how the fake fails a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CriFault {
+    /// Never answers (the call waits forever).
+    Hang,
+    /// The stream is reset (HTTP/2 `RST_STREAM`), as a runtime crashing mid-answer does.
+    Reset,
+    /// `Unimplemented` for the list calls (`Version` is answered): a runtime that dropped
+    /// or never had them.
+    Unimplemented,
+    /// `Internal` for every call.
+    Internal,
 }
 
 /// A CRI runtime on a unix socket in a temp dir.
@@ -58,6 +75,7 @@ impl FakeCri {
         }));
         let listener = tokio::net::UnixListener::bind(&socket).expect("bind unix socket");
         let shared = Arc::clone(&state);
+        let shared_accepted = Arc::clone(&state);
         let connections: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let conns = Arc::clone(&connections);
         let task = tokio::spawn(async move {
@@ -66,13 +84,20 @@ impl FakeCri {
                 let conn = tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                         let shared = Arc::clone(&shared);
-                        async move { Ok::<_, Infallible>(cri_handle(shared, req).await) }
+                        async move {
+                            // An error from the service resets the stream.
+                            match cri_handle(shared, req).await {
+                                Some(response) => Ok(response),
+                                None => Err(StreamReset),
+                            }
+                        }
                     });
                     let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                         .await;
                 });
                 lock(&conns).push(conn.abort_handle());
+                lock(&shared_accepted).accepted += 1;
             }
         });
         FakeCri {
@@ -197,23 +222,56 @@ where
     }
 }
 
+/// The error that makes the fake reset a stream ([`CriFault::Reset`]).
+#[derive(Debug)]
+struct StreamReset;
+
+impl std::fmt::Display for StreamReset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stream reset by the fake runtime")
+    }
+}
+
+impl std::error::Error for StreamReset {}
+
+/// The answer to one call; `None` resets its stream.
 async fn cri_handle(
     state: Arc<Mutex<CriState>>,
     req: Request<hyper::body::Incoming>,
-) -> Response<tonic::body::Body> {
+) -> Option<Response<tonic::body::Body>> {
     let path = req.uri().path().to_owned();
-    let (serve_v1, serve_v1alpha2, delay) = {
+    let (serve_v1, serve_v1alpha2, delay, fault) = {
         let mut st = lock(&state);
         st.calls.push(path.clone());
-        (st.serve_v1, st.serve_v1alpha2, st.delay)
+        (st.serve_v1, st.serve_v1alpha2, st.delay, st.fault)
     };
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
     }
     // Unknown paths and versions not served get what a real gRPC server sends.
     let Some((api, method)) = Method::parse(&path) else {
-        return tonic::Status::unimplemented(format!("unknown method {path}")).into_http();
+        return Some(tonic::Status::unimplemented(format!("unknown method {path}")).into_http());
     };
+    match fault {
+        Some(CriFault::Hang) => std::future::pending::<()>().await,
+        Some(CriFault::Reset) => return None,
+        Some(CriFault::Internal) => return Some(tonic::Status::internal("the runtime failed").into_http()),
+        Some(CriFault::Unimplemented) if method != Method::Version => {
+            return Some(tonic::Status::unimplemented(format!("unknown method {path}")).into_http());
+        }
+        Some(CriFault::Unimplemented) | None => {}
+    }
+    Some(cri_answer(state, req, api, method, serve_v1, serve_v1alpha2).await)
+}
+
+async fn cri_answer(
+    state: Arc<Mutex<CriState>>,
+    req: Request<hyper::body::Incoming>,
+    api: ApiVersion,
+    method: Method,
+    serve_v1: bool,
+    serve_v1alpha2: bool,
+) -> Response<tonic::body::Body> {
     let served = match api {
         ApiVersion::V1 => serve_v1,
         ApiVersion::V1alpha2 => serve_v1alpha2,

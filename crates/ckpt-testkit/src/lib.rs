@@ -7,7 +7,9 @@
 //!   ([`FakeApi::set_outage`] with [`Reply::Hang`] or [`Reply::Refuse`],
 //!   [`FakeApi::end_outage`]).
 //! - [`FakeCri`]: a CRI runtime (`runtime.v1` and/or `runtime.v1alpha2`) on a unix socket,
-//!   speaking `ckpt-cri`'s messages; add, remove and clear pods, stop it.
+//!   speaking `ckpt-cri`'s messages; add, remove and clear pods, slow it down, make it
+//!   misbehave ([`CriFault`]: hang, reset streams, answer `Unimplemented` or `Internal`),
+//!   stop it.
 //! - [`FakeKubelet`]: `/pods/` on 127.0.0.1, plain HTTP or TLS with a certificate signed by
 //!   [`TEST_CA_PEM`]; set its status, stop it.
 //!
@@ -44,7 +46,7 @@ mod cri;
 mod kubelet;
 
 pub use api::{FakeApi, Reply, Seen, pod_json, status_body};
-pub use cri::{CriState, FakeCri};
+pub use cri::{CriFault, CriState, FakeCri};
 pub use kubelet::{FakeKubelet, KubeletState, TEST_CA_PEM};
 
 /// Fails the test if `fut` does not finish within `secs` seconds.

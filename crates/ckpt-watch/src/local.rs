@@ -383,4 +383,78 @@ mod tests {
         let took = started.elapsed();
         assert!(took < Duration::from_secs(3), "one look took {took:?}");
     }
+
+    /// A misbehaving runtime, fault by fault: every look ends within its bound as
+    /// "unknown" (never "nothing runs"), the next look after the fault clears sees what
+    /// runs again without a restart, and no look leaves connections behind.
+    #[tokio::test]
+    async fn a_misbehaving_runtime_is_unknown_within_the_bound_and_recovers() {
+        use crate::testkit::CriFault;
+
+        let bound = Duration::from_secs(1);
+        // (what, the fault, or a delay past the client's timeout)
+        let faults = [
+            ("hangs", Some(CriFault::Hang), None),
+            ("resets the stream", Some(CriFault::Reset), None),
+            (
+                "answers Unimplemented to the lists",
+                Some(CriFault::Unimplemented),
+                None,
+            ),
+            ("answers Internal", Some(CriFault::Internal), None),
+            (
+                "answers past the client's timeout",
+                None,
+                Some(Duration::from_secs(3)),
+            ),
+        ];
+        for (what, fault, delay) in faults {
+            let cri = FakeCri::start(true, false);
+            cri.add_pod(
+                "kube-system",
+                "api",
+                proto::SANDBOX_READY,
+                &[proto::CONTAINER_RUNNING],
+            );
+            let client = CriClient::new(&cri.endpoint(), Duration::from_millis(500)).unwrap();
+            let observer = LocalObserver::new(Some(client), None, allowed()).with_bound(bound);
+            let running = LocalView::Known {
+                running: ids(&["api"]),
+                kubelet_parents: BTreeSet::new(),
+            };
+            assert_eq!(observer.observe().await, running, "{what}: before");
+            {
+                let mut state = lock(&cri.state);
+                state.fault = fault;
+                state.delay = delay;
+            }
+            for look in 0..3 {
+                let started = std::time::Instant::now();
+                assert_eq!(
+                    observer.observe().await,
+                    LocalView::Unknown,
+                    "{what}: look {look}"
+                );
+                // The bound, with room for a loaded machine.
+                let took = started.elapsed();
+                assert!(took < bound * 3, "{what}: look {look} took {took:?}");
+            }
+            {
+                let mut state = lock(&cri.state);
+                state.fault = None;
+                state.delay = None;
+            }
+            let recovered = crate::testkit::within(10, "the runtime's answer again", async {
+                loop {
+                    if observer.observe().await == running {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+            recovered.await;
+            let accepted = lock(&cri.state).accepted;
+            assert!(accepted <= 5, "{what}: {accepted} connections for 5 looks");
+        }
+    }
 }

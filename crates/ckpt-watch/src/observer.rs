@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ckpt_core::{
     ControllerOwner, DiskCheckpoint, Fetched, KubeletVersion, LocalView, NamespaceAllowList, Observation,
-    OwnerStatus, PodId, SelfIdentity, orphan_owners, required_by_namespace, scheduling_lookup,
+    OwnerStatus, PodId, SelfIdentity, daemon_set_lookups, orphan_owners, required_by_namespace,
 };
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -107,9 +107,10 @@ impl Observer {
 
     /// One observation. On a synced view the object watches are first made to cover
     /// exactly what the parents need; with `owner_status`, the controller owners of the
-    /// checkpoints in `disk` whose parents are absent are looked up (one `GET` each); when
-    /// the agent (`me`) has a checkpoint but no pod, its DaemonSet and this node are
-    /// fetched (`get` on both), to tell a rollout from a descheduling.
+    /// checkpoints in `disk` whose parents are absent are looked up (one `GET` each); the
+    /// DaemonSets of such checkpoints, and the agent's own when it (`me`) has a checkpoint
+    /// but no pod, are fetched with this node (`get` on both), to tell a rollout from a
+    /// descheduling ([`daemon_set_lookups`]).
     pub async fn observe(
         &self,
         local: LocalView,
@@ -127,12 +128,16 @@ impl Observer {
             .map(|ns| (ns.to_owned(), self.objects.objects(ns)))
             .collect();
         // The lookups run side by side, a few at a time: one after another, a slow API
-        // server would hold the pass for a request timeout per owner.
-        let keys = if owner_status {
+        // server would hold the pass for a request timeout per owner. DaemonSets are
+        // fetched whole (whether they still target this node matters, whatever the
+        // strategy); other owners only for whether they exist.
+        let daemon_set_keys = daemon_set_lookups(snapshot.state, &snapshot.pods, disk, me, &self.allowed);
+        let mut keys = if owner_status {
             orphan_owners(snapshot.state, &snapshot.pods, disk, &self.allowed)
         } else {
             Default::default()
         };
+        keys.retain(|key| !daemon_set_keys.contains(key));
         let lookups = futures::stream::iter(keys)
             .map(|key| async move {
                 let owner = ControllerOwner {
@@ -153,22 +158,37 @@ impl Observer {
             })
             .buffer_unordered(CONCURRENT_LOOKUPS)
             .collect::<BTreeMap<_, _>>();
-        let scheduling = async {
-            match scheduling_lookup(snapshot.state, &snapshot.pods, disk, me) {
-                Some(ds) => {
-                    let daemon_sets = Api::<DaemonSet>::namespaced(self.client.clone(), &ds.namespace);
-                    let nodes = Api::<Node>::all(self.client.clone());
-                    let what = format!("daemonset {}/{}", ds.namespace, ds.name);
-                    let node_what = format!("node {}", self.node);
-                    futures::join!(
-                        self.fetch(&what, daemon_sets.get_opt(&ds.name)),
-                        self.fetch(&node_what, nodes.get_opt(&self.node)),
-                    )
-                }
-                None => (Fetched::NotFetched, Fetched::NotFetched),
+        let need_node = !daemon_set_keys.is_empty();
+        let daemon_sets = futures::stream::iter(daemon_set_keys)
+            .map(|key| async move {
+                let daemon_sets = Api::<DaemonSet>::namespaced(self.client.clone(), &key.namespace);
+                let what = format!("daemonset {}/{}", key.namespace, key.name);
+                let fetched = self.fetch(&what, daemon_sets.get_opt(&key.name)).await;
+                (key, fetched)
+            })
+            .buffer_unordered(CONCURRENT_LOOKUPS)
+            .collect::<BTreeMap<_, _>>();
+        let node = async {
+            if need_node {
+                let nodes = Api::<Node>::all(self.client.clone());
+                self.fetch(&format!("node {}", self.node), nodes.get_opt(&self.node))
+                    .await
+            } else {
+                Fetched::NotFetched
             }
         };
-        let (owners, (own_daemon_set, node)) = futures::join!(lookups, scheduling);
+        let (mut owners, daemon_sets, node) = futures::join!(lookups, daemon_sets, node);
+        if owner_status {
+            // A DaemonSet fetched whole answers whether it exists too: no second GET.
+            for (key, fetched) in &daemon_sets {
+                let status = match fetched {
+                    Fetched::Found(_) => OwnerStatus::Present,
+                    Fetched::NotFound => OwnerStatus::Absent,
+                    Fetched::NotFetched | Fetched::Failed(_) => OwnerStatus::Unknown,
+                };
+                owners.insert(key.clone(), status);
+            }
+        }
         // After the scheduling lookup: a Node it fetched is not fetched twice.
         let kubelet = self.kubelet_version(synced, &node).await;
         Observation {
@@ -178,7 +198,7 @@ impl Observer {
             objects,
             local,
             owners,
-            own_daemon_set,
+            daemon_sets,
             node,
             kubelet,
         }

@@ -166,7 +166,7 @@ pub(super) fn why(rule: &PolicyRule) -> Option<&'static str> {
     let first = resources.first().map(String::as_str)?;
     Some(match first {
         "nodes" => {
-            "its own node, read while its own pod is gone, tells a rollout (keep everything) from a descheduling (self-GC); a ClusterRole cannot name the node"
+            "its own node: its kubelet's version, and whether a DaemonSet whose pod is gone still targets it (a rollout keeps its checkpoints; the agent's own descheduled means self-GC); a ClusterRole cannot name the node"
         }
         "nodes/pods" | "nodes/proxy" => {
             "GET /pods on the kubelet (--runtime-endpoint \"\"): which pods run; the kubelet authorizes it as nodes/pods from 1.33 on, as nodes/proxy before"
@@ -179,7 +179,7 @@ pub(super) fn why(rule: &PolicyRule) -> Option<&'static str> {
             "Events on the parent pods (activated, deactivated, removed, refused): created, then patched when repeated"
         }
         "daemonsets" => {
-            "a parent's controller owner (owner-reference strategy: deleted or moved?) and its own DaemonSet while its own pod is gone"
+            "a parent's controller owner (owner-reference strategy: deleted or moved?), and the DaemonSet of a checkpoint whose pod is gone (its own included): does it still target the node?"
         }
         "jobs" => "a parent's controller owner when it is a Job (owner-reference strategy)",
         "replicationcontrollers" => {

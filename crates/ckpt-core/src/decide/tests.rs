@@ -165,7 +165,7 @@ impl World {
                     kubelet_parents: BTreeSet::new(),
                 },
                 owners: BTreeMap::new(),
-                own_daemon_set: Fetched::NotFetched,
+                daemon_sets: BTreeMap::new(),
                 node: Fetched::NotFetched,
                 kubelet: None,
             },
@@ -734,10 +734,22 @@ fn a_pod_referencing_too_many_objects_is_refused_and_not_watched() {
 }
 
 fn daemon_set(uid: &str, node_selector: serde_json::Value) -> Fetched<k8s_openapi::api::apps::v1::DaemonSet> {
+    checkpointed_daemon_set("pod-checkpointer", uid, node_selector, "true")
+}
+
+/// A DaemonSet whose pod template has `node_selector` and this value of the checkpoint
+/// annotation.
+fn checkpointed_daemon_set(
+    name: &str,
+    uid: &str,
+    node_selector: serde_json::Value,
+    checkpoint: &str,
+) -> Fetched<k8s_openapi::api::apps::v1::DaemonSet> {
     let ds = serde_json::from_value(json!({
-        "metadata": {"name": "pod-checkpointer", "namespace": NS, "uid": uid},
-        "spec": {"selector": {}, "template": {"spec": {
-            "nodeSelector": node_selector, "containers": [{"name": "c", "image": "i"}]}}},
+        "metadata": {"name": name, "namespace": NS, "uid": uid},
+        "spec": {"selector": {}, "template": {
+            "metadata": {"annotations": {"checkpointer.alpha.coreos.com/checkpoint": checkpoint}},
+            "spec": {"nodeSelector": node_selector, "containers": [{"name": "c", "image": "i"}]}}},
     }))
     .expect("a valid DaemonSet");
     Fetched::Found(Arc::new(ds))
@@ -758,7 +770,7 @@ fn the_agents_scheduling_comes_from_its_daemon_set_and_the_node() {
     let check =
         |own: Fetched<_>, node: Fetched<_>, on_disk: &str, expected: &str, owner_after: Option<&str>| {
             let mut world = World::synced(&[]).disk(&[(on_disk, "h1")]);
-            world.observation.own_daemon_set = own;
+            (world.observation.daemon_sets).insert(OwnerKey::new(NS, &owner("pod-checkpointer")), own);
             world.observation.node = node;
             let report = world.decide().report;
             let scheduling = match report.scheduling {
@@ -978,4 +990,91 @@ fn an_older_journal_reads_with_nothing_known_good() {
     );
     let round_trip: PersistentState = serde_json::from_str(&written).expect("reads back");
     assert_eq!(round_trip, state);
+}
+
+/// A checkpoint whose pod is gone while its DaemonSet still targets this node and asks
+/// for checkpoints is kept past the strategy's verdict (a rollout, an eviction or a
+/// controller outage); anything less known leaves it to the strategy.
+#[test]
+fn a_checkpoint_stays_while_its_daemon_set_targets_the_node() {
+    let cp = json!({"node-role.kubernetes.io/control-plane": ""});
+    let uid = "uid-kube-apiserver";
+    let api = |uid: &str, selector: serde_json::Value, checkpoint: &str| {
+        checkpointed_daemon_set("kube-apiserver", uid, selector, checkpoint)
+    };
+    // (what, the DaemonSet as fetched, the node as fetched, removed)
+    let cases: Vec<(&str, Fetched<_>, Fetched<_>, bool)> = vec![
+        (
+            "targets the node",
+            api(uid, cp.clone(), "true"),
+            node(cp.clone()),
+            false,
+        ),
+        (
+            "no longer targets the node",
+            api(uid, json!({"other": "x"}), "true"),
+            node(cp.clone()),
+            true,
+        ),
+        (
+            "its pods are no longer checkpointed",
+            api(uid, cp.clone(), "false"),
+            node(cp.clone()),
+            true,
+        ),
+        (
+            "re-created under the same name",
+            api("uid-new", cp.clone(), "true"),
+            node(cp.clone()),
+            true,
+        ),
+        ("deleted", Fetched::NotFound, node(cp.clone()), true),
+        (
+            "unreadable",
+            Fetched::Failed("403".into()),
+            node(cp.clone()),
+            true,
+        ),
+        (
+            "the node unreadable",
+            api(uid, cp.clone(), "true"),
+            Fetched::Failed("403".into()),
+            true,
+        ),
+        ("not looked up", Fetched::NotFetched, node(cp.clone()), true),
+    ];
+    for (what, ds, node, removed) in cases {
+        let mut world = World::synced(&[])
+            .disk(&[("api-old", "h1")])
+            .verdict("api-old", GcVerdict::RemoveNow);
+        (world.observation.daemon_sets).insert(OwnerKey::new(NS, &owner("kube-apiserver")), ds);
+        world.observation.node = node;
+        let decision = world.decide();
+        let expected: &[&str] = if removed { &["api-old"] } else { &[] };
+        assert_eq!(
+            names(decision.removes.iter().map(|r| &r.id)),
+            list(expected),
+            "{what}"
+        );
+        // Not on a view that is not synced, even with the facts at hand.
+        world.observation.api = ApiState::Reachable;
+        assert!(world.decide().removes.is_empty(), "{what}: not synced");
+    }
+}
+
+#[test]
+fn daemon_sets_to_look_up_are_the_agents_and_those_of_absent_parents() {
+    let world = World::synced(&[("api-new", parent("api-new"))]).disk(&[
+        ("api-old", "h1"),
+        ("pc-abc", "h1"),
+        ("b", "h1"),
+    ]);
+    let check = |api: ApiState, expected: &[&str]| {
+        let (pods, disk, me) = (&world.observation.pods, &world.disk, &world.config.me);
+        let wanted = daemon_set_lookups(api, pods, disk, me, &world.config.allowed);
+        let actual: Vec<&str> = wanted.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(actual, expected, "{api:?}");
+    };
+    check(ApiState::Synced, &["kube-apiserver", "pod-checkpointer"]);
+    check(ApiState::Reachable, &[]);
 }

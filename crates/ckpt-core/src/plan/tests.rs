@@ -66,6 +66,7 @@ struct World {
     allowed: NamespaceAllowList,
     ready: BTreeSet<PodId>,
     revisions: RevisionSettings,
+    live: BTreeSet<Lineage>,
     /// When [`World::apply`] says a write happened.
     clock: Timestamp,
 }
@@ -100,6 +101,7 @@ impl World {
             allowed: NamespaceAllowList::new([NS]),
             ready: BTreeSet::new(),
             revisions: RevisionSettings::default(),
+            live: BTreeSet::new(),
             clock: NOW,
         }
     }
@@ -185,6 +187,7 @@ impl World {
             allowed: &self.allowed,
             ready: &self.ready,
             revisions: &self.revisions,
+            live: &self.live,
         }
     }
 
@@ -1342,4 +1345,95 @@ fn a_parent_of_the_lineage_running_retires_the_known_good_revision_it_proved() {
     proven(&mut w, "api-1", "h1");
     w = w.running(&["api-1"]);
     step(&mut w, 10, expect(&[], &["api-1"], &[], &[]), &[]);
+}
+
+/// The `kube-apiserver` DaemonSet's lineage (the owner [`owner_of`] gives `api-*` pods).
+fn api_lineage(uid: &str) -> Lineage {
+    Lineage::DaemonSet {
+        namespace: NS.into(),
+        uid: uid.into(),
+    }
+}
+
+#[test]
+fn a_lineage_stays_while_its_daemon_set_targets_the_node() {
+    // Nothing of the lineage is listed, and the strategy says remove every revision now.
+    let live = Some("uid-kube-apiserver");
+    /// (what, disk, live lineage's UID, revisions kept, removed, the state of api-1 after)
+    type Case<'a> = (
+        &'a str,
+        &'a [(&'a str, &'a str)],
+        Option<&'a str>,
+        usize,
+        &'a [&'a str],
+        CheckpointState,
+    );
+    let cases: [Case<'_>; 6] = [
+        (
+            "a rollout deleted the pod before creating the next: the serving checkpoint stays",
+            &[("api-1", "IA")],
+            live,
+            2,
+            &[],
+            Active,
+        ),
+        (
+            "the DaemonSet no longer targets the node (or is gone): the strategy decides",
+            &[("api-1", "IA")],
+            None,
+            2,
+            &["api-1"],
+            Removed,
+        ),
+        (
+            "a re-created DaemonSet of the same name is another lineage",
+            &[("api-1", "IA")],
+            Some("uid-other"),
+            2,
+            &["api-1"],
+            Removed,
+        ),
+        (
+            "a rollback deleted the rejected pod: the known-good revision keeps serving",
+            &[("api-1", "IA"), ("api-2", "I")],
+            live,
+            2,
+            &[],
+            Active,
+        ),
+        (
+            "revisions off: the newest is kept, the older one goes",
+            &[("api-1", "IA"), ("api-2", "I")],
+            live,
+            1,
+            &["api-1"],
+            Removed,
+        ),
+        (
+            "revisions past the ones kept go by their verdicts",
+            &[("api-0", "I"), ("api-1", "IA"), ("api-2", "I")],
+            live,
+            2,
+            &["api-0"],
+            Active,
+        ),
+    ];
+    for (what, disk, uid, keep, removed, state) in cases {
+        let mut w = World::new(disk).synced(&[]).running(&[]);
+        w.revisions.keep = keep;
+        proven(&mut w, "api-1", "h1");
+        for (name, _) in disk {
+            w = w.verdict(name, GcVerdict::RemoveNow);
+        }
+        w.live.extend(uid.map(api_lineage));
+        // Newer names were checkpointed later.
+        for (n, (_, d)) in w.disk.iter_mut().enumerate() {
+            for c in d.inactive.iter_mut().chain(d.active.iter_mut()) {
+                c.meta.checkpointed_at = Some(Timestamp(n as i64 * 1_000));
+            }
+        }
+        let p = w.plan(NOW);
+        expect_plan(&p, &expect(&[], &[], &[], removed), || what.to_owned());
+        assert_eq!(p.states[&id("api-1")], state, "{what}");
+    }
 }

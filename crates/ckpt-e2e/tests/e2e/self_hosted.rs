@@ -90,12 +90,7 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     // breaks the streak; the demo does not wait for it).
     if !crate::demo_mode() {
         expect_known_good(run, &parents)?;
-        // Longer mode only until its CI failure is fixed: the known-good checkpoint was
-        // removed by the grace period while no kube-apiserver pod was listed (session 14's
-        // note).
-        if crate::long_mode() {
-            bad_upgrade_then_power_cut(run, &self_hosted)?;
-        }
+        bad_upgrade_then_power_cut(run, &self_hosted)?;
     }
     report_cuts(run, &cuts)?;
     if crate::demo_mode() {
