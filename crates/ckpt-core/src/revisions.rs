@@ -21,8 +21,8 @@
 //! **Handoff.** When the newest revision is not proven and the known-good one is active,
 //! [`handoff`] decides, pass by pass, per the table in its docs: the new parent gets the
 //! node (the checkpoint stops) once it runs, and a bounded time to become Ready on a synced
-//! view; if it does not, the known-good checkpoint returns and stays while that parent
-//! keeps that content. Readiness is the API's: while the API is unreachable nothing proves
+//! view; if it does not, the known-good checkpoint returns and stays while that pod
+//! exists (or until it is seen Ready). Readiness is the API's: while the API is unreachable nothing proves
 //! a parent Ready, so a parent that cannot bring the API back is rejected at the deadline.
 //!
 //! ```
@@ -316,20 +316,26 @@ pub struct HandoffOutcome {
 /// One pass of the handoff from the known-good checkpoint to a parent with unproven
 /// content. In order, the first row that applies:
 ///
-/// | the new parent | journal | serving | journal after | step |
+/// | the new parent | journal (this pod) | serving | journal after | step |
 /// |---|---|---|---|---|
 /// | Ready (synced view) | any | as usual | nothing | `Ready` if a handoff was under way |
-/// | any | rejected, this content | serve | rejected | — |
-/// | any | handoff, this content, deadline passed | serve | rejected (now) | `Failed` |
-/// | any | handoff, this content | standby | handoff | — |
+/// | any | rejected | serve | rejected | — |
+/// | any | handoff, deadline passed | serve | rejected (now) | `Failed` |
+/// | any | handoff | standby | handoff | — |
 /// | runs, checkpoint active | nothing | standby | handoff (now) | `Started` |
 /// | otherwise | — | as usual | nothing | — |
 ///
-/// At most one handoff per content: a rejected parent gets the node again only with new
-/// content (a rollback or a fix is a new revision) or once it is seen Ready.
+/// At most one handoff per revision (per pod): a rejected parent gets the node again only
+/// as a new pod (a rollback or a fix of the spec is one) or once it is seen Ready (with
+/// `--permit-port-sharing` it can bind and prove itself beside the checkpoint, after a fix
+/// of the data it mounts, say).
 pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
-    let this = |s: Option<&SpecSince>| s.filter(|s| s.spec_hash == input.newest_hash).cloned();
-    let (handoff, rejected) = (this(input.handoff), this(input.rejected));
+    // The journal is keyed by the newest revision's pod: its entries hold for that pod
+    // whatever its content became since (a Secret it mounts rewritten; a real-node run saw
+    // the checkpoint of a rejected pod rewritten with another hash after a reboot). Keyed
+    // by content, such a change would hand the node again to a pod already rejected: a
+    // second outage of a whole handoff timeout.
+    let (handoff, rejected) = (input.handoff.cloned(), input.rejected.cloned());
     let outcome = |serving, handoff, rejected, step, deadline| HandoffOutcome {
         serving,
         handoff,

@@ -93,7 +93,7 @@ impl Reporter {
                 Handoff::Failed => {
                     let note = format!(
                         "{newest} did not become Ready in time: the known-good checkpoint of {known_good} is back, \
-                         and stays while {newest} keeps this content"
+                         and stays while {newest} exists, unless it is seen Ready"
                     );
                     warn!(pod = %newest, known_good = %known_good, "handoff failed: {note}");
                     (EventKind::HandoffFailed, note)

@@ -293,21 +293,24 @@ fn handoffs() {
         (AsUsual, None, None, None, None),
     );
     check_handoff(
-        "a journal entry for other content (a rollback) is not this parent's",
+        "rejected with other content (a Secret it mounts rewritten since): still rejected, \
+         at most one handoff per pod",
         Pass {
             runs: Some(true),
             active: true,
-            handoff: Some(("old", 900)),
             rejected: Some(("old", 500)),
             ..QUIET
         },
-        (
-            Standby,
-            Some(("new", 1000)),
-            None,
-            Some(Handoff::Started),
-            Some(1120),
-        ),
+        (Serve, None, Some(("old", 500)), None, None),
+    );
+    check_handoff(
+        "under way with other content: the same handoff, the same deadline",
+        Pass {
+            runs: Some(true),
+            handoff: Some(("old", 950)),
+            ..QUIET
+        },
+        (Standby, Some(("old", 950)), None, None, Some(1070)),
     );
     check_handoff(
         "a start recorded in the future (the clock went back): counted from now",

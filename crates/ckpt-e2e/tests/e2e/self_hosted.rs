@@ -240,8 +240,22 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
             Probe::Waiting(format!("{fixed_id}'s Events: {reasons:?}"))
         })
     })?;
+    // At most one handoff per pod: the bad pod, however often caught running (before the
+    // cut, after it, by either copy of the agent), had the node once at most.
+    let events = run
+        .kubectl
+        .run(&["get", "events", "-n", NS, "-o", "json"], None)?;
+    let events: Value = serde_json::from_str(&events)?;
+    let started: u64 = (events["items"].as_array().into_iter().flatten())
+        .filter(|e| e["involvedObject"]["name"] == bad.as_str() && e["reason"] == "HandoffStarted")
+        .map(|e| e["count"].as_u64().unwrap_or(1).max(1))
+        .sum();
+    anyhow::ensure!(
+        started <= 1,
+        "the bad pod {bad} was handed the node {started} times"
+    );
     progress.say(&format!(
-        "handed over to {fixed} {} after the rollback; the API's longest gap: {}",
+        "handed over to {fixed} {} after the rollback; the API's longest gap: {}; the bad pod had the node {started} time(s)",
         human_duration(handed_over),
         human_duration(gap)
     ));
@@ -777,11 +791,14 @@ const STATIC_ACCOUNT: &str = "pod-checkpointer-static";
 fn upgrade_and_revoke(run: &NodeRun, self_hosted: &SelfHosted) -> anyhow::Result<()> {
     let (old_c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
     let image = upgrade_image();
+    // An operator's upgrade keeps their settings: without the handoff timeout the
+    // ConfigMap went back to the default (2m), which the bad-upgrade step then waited out.
+    let handoff = format!("{}s", HANDOFF_TIMEOUT.as_secs());
     deploy_with(
         run,
         self_hosted.kubeconfig(),
         "grace-period",
-        &["--image", &image],
+        &["--image", &image, "--handoff-timeout", &handoff],
     )?;
     let (_, _) = wait_for("C1 on the new tag, beside its static copy", TIMEOUT, || {
         waiting_on_error((|| {
