@@ -170,9 +170,7 @@ impl Observer {
             .collect::<BTreeMap<_, _>>();
         let node = async {
             if need_node {
-                let nodes = Api::<Node>::all(self.client.clone());
-                self.fetch(&format!("node {}", self.node), nodes.get_opt(&self.node))
-                    .await
+                self.fetch_node().await
             } else {
                 Fetched::NotFetched
             }
@@ -221,10 +219,7 @@ impl Observer {
         let what = format!("node {}", self.node);
         let node = match fetched {
             Fetched::Found(node) => Fetched::Found(node.clone()),
-            _ => {
-                let nodes = Api::<Node>::all(self.client.clone());
-                self.fetch(&what, nodes.get_opt(&self.node)).await
-            }
+            _ => self.fetch_node().await,
         };
         let read = match node {
             Fetched::Found(node) => {
@@ -257,6 +252,13 @@ impl Observer {
             }
         }
         state.version
+    }
+
+    /// This node's Node object, with the request timeout.
+    async fn fetch_node(&self) -> Fetched<Node> {
+        let nodes = Api::<Node>::all(self.client.clone());
+        self.fetch(&format!("node {}", self.node), nodes.get_opt(&self.node))
+            .await
     }
 
     /// One `GET` with the request timeout.

@@ -53,12 +53,11 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     check_scheduling(run)?;
     progress.say("a new Deployment's pod is scheduled and started by the self-hosted plane");
 
-    let handoff = format!("{}s", HANDOFF_TIMEOUT.as_secs());
     deploy_with(
         run,
         self_hosted.kubeconfig(),
         "grace-period",
-        &["--handoff-timeout", &handoff],
+        &["--handoff-timeout", HANDOFF_TIMEOUT],
     )?;
     let (c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
     let parents = running_parents(run)?;
@@ -101,9 +100,9 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--handoff-timeout`: how long a kube-apiserver with an unproven spec has to become Ready
-/// (short: the bad upgrade waits it out at most twice).
-const HANDOFF_TIMEOUT: Duration = Duration::from_secs(30);
+/// `--handoff-timeout` of every deploy here: how long a kube-apiserver with an unproven spec
+/// has to become Ready (short: the bad upgrade waits it out at most twice).
+const HANDOFF_TIMEOUT: &str = "30s";
 /// The flag the bad upgrade adds: kube-apiserver exits at once on an unknown flag.
 const BAD_FLAG: &str = "--no-such-flag=true";
 
@@ -222,12 +221,7 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
     let handed_over = rollback.elapsed();
     // The handoff ended by readiness, not by its deadline: the Event says so.
     wait_for("the HandoffReady Event of the rolled-back pod", TIMEOUT, || {
-        let events = run
-            .kubectl
-            .run(&["get", "events", "-n", NS, "-o", "json"], None)?;
-        let events: Value = serde_json::from_str(&events)?;
-        let reasons: Vec<String> = (events["items"].as_array().into_iter().flatten())
-            .filter(|e| e["involvedObject"]["name"] == fixed.as_str())
+        let reasons: Vec<String> = (events_of(run, &fixed)?.iter())
             .filter_map(|e| e["reason"].as_str().map(str::to_owned))
             .collect();
         anyhow::ensure!(
@@ -242,12 +236,8 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
     })?;
     // At most one handoff per pod: the bad pod, however often caught running (before the
     // cut, after it, by either copy of the agent), had the node once at most.
-    let events = run
-        .kubectl
-        .run(&["get", "events", "-n", NS, "-o", "json"], None)?;
-    let events: Value = serde_json::from_str(&events)?;
-    let started: u64 = (events["items"].as_array().into_iter().flatten())
-        .filter(|e| e["involvedObject"]["name"] == bad.as_str() && e["reason"] == "HandoffStarted")
+    let started: u64 = (events_of(run, &bad)?.iter())
+        .filter(|e| e["reason"] == "HandoffStarted")
         .map(|e| e["count"].as_u64().unwrap_or(1).max(1))
         .sum();
     anyhow::ensure!(
@@ -266,6 +256,22 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         "API gap in the handoff": gap.as_secs_f64(),
     });
     append_lines("self-hosted-handoffs.jsonl", &[line]).map(drop)
+}
+
+/// The Events in the namespace about the pod `name`.
+fn events_of(run: &NodeRun, name: &str) -> anyhow::Result<Vec<Value>> {
+    let events = run
+        .kubectl
+        .run(&["get", "events", "-n", NS, "-o", "json"], None)?;
+    let mut events: Value = serde_json::from_str(&events)?;
+    let items = events["items"]
+        .as_array_mut()
+        .map(std::mem::take)
+        .unwrap_or_default();
+    Ok(items
+        .into_iter()
+        .filter(|e| e["involvedObject"]["name"] == name)
+        .collect())
 }
 
 /// Applies a JSON patch to kube-apiserver's DaemonSet.
@@ -793,12 +799,11 @@ fn upgrade_and_revoke(run: &NodeRun, self_hosted: &SelfHosted) -> anyhow::Result
     let image = upgrade_image();
     // An operator's upgrade keeps their settings: without the handoff timeout the
     // ConfigMap went back to the default (2m), which the bad-upgrade step then waited out.
-    let handoff = format!("{}s", HANDOFF_TIMEOUT.as_secs());
     deploy_with(
         run,
         self_hosted.kubeconfig(),
         "grace-period",
-        &["--image", &image, "--handoff-timeout", &handoff],
+        &["--image", &image, "--handoff-timeout", HANDOFF_TIMEOUT],
     )?;
     let (_, _) = wait_for("C1 on the new tag, beside its static copy", TIMEOUT, || {
         waiting_on_error((|| {
