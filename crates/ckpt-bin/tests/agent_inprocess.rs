@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use ckpt_bin::ApiSource;
 use ckpt_bin::config::Cli;
-use ckpt_testkit::{FakeApi, FakeCri, FakeKubelet, Reply};
+use ckpt_testkit::{FakeApi, FakeCri, FakeKubelet, FaultProxy, NetFault, Reply};
 use ckpt_watch::cri::proto;
 use clap::Parser;
 use serde_json::{Value, json};
@@ -171,8 +171,21 @@ struct World {
     cri: FakeCri,
     kubelet: FakeKubelet,
     local: Local,
+    /// Between the agent and the fake API server, in the worlds made by
+    /// [`World::behind_proxy`].
+    proxy: Option<FaultProxy>,
     logs: Logs,
     _log_guard: tracing::subscriber::DefaultGuard,
+}
+
+/// How the API server is down in a scenario.
+#[derive(Clone, Debug)]
+enum Down {
+    /// The fake answers so (refuses connections, hangs).
+    Api(Reply),
+    /// The network between the agent and the fake does so (the fake over TCP, behind a
+    /// [`FaultProxy`]).
+    Net(NetFault),
 }
 
 impl Drop for World {
@@ -190,6 +203,28 @@ impl World {
     /// every given pod running locally. Logs of this test's thread are captured (the
     /// tests run on a current-thread runtime, so the agents' tasks log here too).
     async fn new(local: Local, running: &[&str]) -> World {
+        let (client, api, _task) = FakeApi::start();
+        World::with_api(local, running, client, api, None).await
+    }
+
+    /// The same world with the fake API server on a real socket and a [`FaultProxy`]
+    /// between it and the agent.
+    async fn behind_proxy(local: Local, running: &[&str]) -> World {
+        let (addr, api, _task) = FakeApi::serve().await;
+        let proxy = FaultProxy::start(addr).await;
+        let url = proxy.url().parse().expect("the proxy's URL");
+        let client = kube::Client::try_from(kube::Config::new(url)).expect("a client of the proxy");
+        World::with_api(local, running, client, api, Some(proxy)).await
+    }
+
+    /// The world for a world constructor's API server.
+    async fn with_api(
+        local: Local,
+        running: &[&str],
+        client: kube::Client,
+        api: FakeApi,
+        proxy: Option<FaultProxy>,
+    ) -> World {
         let logs = Logs::default();
         let writer = logs.clone();
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -209,7 +244,6 @@ impl World {
         // The kubelet's own static pod: never ours to touch.
         std::fs::write(root.path().join("manifests/etcd.yaml"), "kind: Pod\n").expect("etcd manifest");
 
-        let (client, api, _task) = FakeApi::start();
         api.set_objects(
             "pods",
             NS,
@@ -250,6 +284,7 @@ impl World {
             cri: FakeCri::start(true, false),
             kubelet: FakeKubelet::start(false).await,
             local,
+            proxy,
             logs,
             _log_guard: log_guard,
         };
@@ -257,6 +292,27 @@ impl World {
             world.run(pod);
         }
         world
+    }
+
+    /// The proxy of a world made by [`World::behind_proxy`].
+    fn proxy(&self) -> &FaultProxy {
+        self.proxy.as_ref().expect("a world behind a proxy")
+    }
+
+    /// The API server goes down as `down` says.
+    fn go_down(&self, down: &Down) {
+        match down {
+            Down::Api(reply) => self.api.set_outage(reply.clone()),
+            Down::Net(fault) => self.proxy().set(*fault),
+        }
+    }
+
+    /// The API server is back.
+    fn come_back(&self, down: &Down) {
+        match down {
+            Down::Api(_) => self.api.end_outage(),
+            Down::Net(_) => self.proxy().set(NetFault::Pass),
+        }
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -652,8 +708,12 @@ fn journal_absent(world: &World) -> Vec<String> {
 /// Seed scenarios A → B → C as one node's story: checkpoint; reboot without an API
 /// server (`down`: nothing listens, or the address answers nothing); API back,
 /// descheduling, self-GC.
-async fn seed_scenarios(down: Reply) {
-    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK, SCHEDULER]).await;
+async fn seed_scenarios(down: Down) {
+    let running = [APISERVER, AGENT, NETWORK, SCHEDULER];
+    let world = match down {
+        Down::Api(_) => World::new(Local::Cri, &running).await,
+        Down::Net(_) => World::behind_proxy(Local::Cri, &running).await,
+    };
     let gc = ["--gc-strategy", "grace-period", "--checkpoint-grace-period", "2s"];
 
     // A: the DaemonSet copy, API up: checkpoints the parents and itself, activates itself.
@@ -719,7 +779,8 @@ async fn seed_scenarios(down: Reply) {
         &checkpointed(AGENT),
     );
     world.cri.clear();
-    world.api.set_outage(down);
+    world.go_down(&down);
+    let outage = (Instant::now(), world.proxy.as_ref().map(FaultProxy::accepted));
     let static_copy = world.start_agent(AGENT_STATIC, &gc);
     let booted = with(checkpointed(AGENT), &[active(APISERVER), active(NETWORK)]);
     world.expect_files("B: checkpoints activated", &booted).await;
@@ -743,13 +804,37 @@ async fn seed_scenarios(down: Reply) {
     }
     world.looked_twice("B: static pods running").await;
     world.assert_files("B: static pods do not count as parents", &booted);
+    if let (Some(proxy), (since, Some(accepted))) = (&world.proxy, outage) {
+        // No reconnection storm, no connection leak: the probe (at most 4 a second)
+        // and the retried lists of the Secret and ConfigMap watches, each closed when
+        // it has waited long enough.
+        let secs = since.elapsed().as_secs_f64();
+        let new = proxy.accepted() - accepted;
+        eprintln!(
+            "B ({down:?}): {new} connections in {secs:.1} s, {} open",
+            proxy.open()
+        );
+        assert!(
+            (new as f64) <= 5.0 * secs + 10.0,
+            "B: {new} connections in {secs:.1} s"
+        );
+        assert!(proxy.open() <= 8, "B: {} connections open", proxy.open());
+    }
 
     // C: the API server is back (served by its checkpoint). Its parents do not run yet:
     // the checkpoints stay active (bootkube's duplicate-apiserver bug).
-    world.api.end_outage();
+    world.come_back(&down);
     static_copy.expect_api("synced").await;
     world.looked_twice("C: API back").await;
     world.assert_files("C: API back, parents not running: still active", &booted);
+    // The Secret's watch works again too (it was not stopped by the outage).
+    world
+        .api
+        .apply("secrets", NS, apiserver_secret("c2Vjb25kLWtleQ==")); // "second-key"
+    eventually("C: a Secret rotated after the outage on disk", || async {
+        std::fs::read_to_string(world.path(&key_file)).is_ok_and(|k| k == "second-key")
+    })
+    .await;
     assert_eq!(static_copy.metric("deactivations_total").await, 0.0);
     // The parents start: their checkpoints step aside.
     world.run(APISERVER);
@@ -809,12 +894,22 @@ async fn seed_scenarios(down: Reply) {
 
 #[tokio::test]
 async fn seed_scenarios_with_the_api_server_refusing_connections() {
-    seed_scenarios(Reply::Refuse).await;
+    seed_scenarios(Down::Api(Reply::Refuse)).await;
+}
+
+#[tokio::test]
+async fn seed_scenarios_with_the_network_to_the_api_server_blackholed() {
+    seed_scenarios(Down::Net(NetFault::Blackhole)).await;
+}
+
+#[tokio::test]
+async fn seed_scenarios_with_every_connection_to_the_api_server_reset() {
+    seed_scenarios(Down::Net(NetFault::Reset)).await;
 }
 
 #[tokio::test]
 async fn seed_scenarios_with_the_api_server_hung() {
-    seed_scenarios(Reply::Hang).await;
+    seed_scenarios(Down::Api(Reply::Hang)).await;
 }
 
 /// Which copy of the agent sees a rolling update of its DaemonSet through.
@@ -903,6 +998,48 @@ async fn rolling_update_of_the_agent(strategy: &str, rollout: Rollout) {
     world.looked_twice("the new copy active").await;
     world.assert_files("the new copy changes nothing", &rolled);
     new_daemonset.stop().await.expect("SIGTERM exits 0");
+}
+
+/// A connection that goes silent without closing (a NAT entry or a load balancer's flow
+/// lost) must not leave the agent with a view it takes for current: the watches on such
+/// connections hear nothing more, and kube's own idle timeout notices only after five
+/// minutes. A probe without an answer followed by one with an answer restarts them.
+#[tokio::test]
+async fn a_half_open_connection_to_the_api_server_is_noticed() {
+    // The kube-apiserver parent does not run here, so its checkpoint is at stake and the
+    // probe runs at its fast pace.
+    let world = World::behind_proxy(Local::Cri, &[AGENT, NETWORK, SCHEDULER]).await;
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+    let opened = world.proxy().open();
+
+    world.proxy().half_open();
+    // What only the silenced watches would bring: a rotated Secret, a parent's new image.
+    world
+        .api
+        .apply("secrets", NS, apiserver_secret("cm90YXRlZC1rZXk=")); // "rotated-key"
+    let mut pod = apiserver_pod();
+    pod["spec"]["containers"][0]["image"] = json!("kube-apiserver:v1.20.3");
+    world.api.apply("pods", NS, pod);
+    let key_file = format!("ck/checkpoint-secrets/{NS}/{APISERVER}/apiserver-certs/tls.key");
+    eventually("the rotated key on disk", || async {
+        std::fs::read_to_string(world.path(&key_file)).is_ok_and(|k| k == "rotated-key")
+    })
+    .await;
+    eventually("the new image in the checkpoint", || async {
+        std::fs::read_to_string(world.path(&inactive(APISERVER)))
+            .is_ok_and(|m| m.contains("kube-apiserver:v1.20.3"))
+    })
+    .await;
+    agent.expect_api("synced").await;
+    world.assert_files("nothing else changed", &checkpointed(AGENT));
+    // The silenced connections are closed, not kept beside their replacements.
+    eventually("the silenced connections closed", || async {
+        world.proxy().open() <= opened
+    })
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -9,14 +10,18 @@ use futures::channel::mpsc;
 use http::{Request, Response};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Frame;
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
+use tower::ServiceExt;
 
 use crate::{lock, wait_until};
 
 type MockBody = BoxBody<Bytes, Infallible>;
+type MockService = tower_test::mock::Mock<Request<kube::client::Body>, Response<MockBody>>;
 type Frames = mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>;
 
 /// How the fake answers a kind of request.
@@ -127,6 +132,48 @@ fn query_param(query: &str, key: &str) -> Option<String> {
 impl FakeApi {
     /// A client talking to a new fake.
     pub fn start() -> (kube::Client, FakeApi, JoinHandle<()>) {
+        let (service, fake, task) = FakeApi::answering();
+        (kube::Client::new(service, "default"), fake, task)
+    }
+
+    /// A new fake served over plain HTTP/1.1 on `127.0.0.1:<random port>`, for tests
+    /// that need a real connection to break (a [`crate::FaultProxy`] in front of it).
+    /// Requests are answered as by [`FakeApi::start`]'s; [`Reply::Refuse`] closes the
+    /// request's connection. Aborting the task stops listening.
+    pub async fn serve() -> (SocketAddr, FakeApi, JoinHandle<()>) {
+        let (service, fake, answers) = FakeApi::answering();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local address");
+        let task = tokio::spawn(async move {
+            // The connections end with the listener (a killed server's do).
+            let mut connections = JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = service.clone();
+                connections.spawn(async move {
+                    let answer = hyper::service::service_fn(move |request: Request<Incoming>| {
+                        let service = service.clone();
+                        // A failed request (a refusal) closes the connection.
+                        async move {
+                            let (parts, body) = request.into_parts();
+                            let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+                            let request = Request::from_parts(parts, kube::client::Body::from(body));
+                            service.oneshot(request).await.map_err(|e| e.to_string())
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), answer)
+                        .await;
+                });
+                // Reap the finished ones as we go.
+                while connections.try_join_next().is_some() {}
+            }
+            answers.abort();
+        });
+        (addr, fake, task)
+    }
+
+    /// A new fake and the service its answering task takes requests from.
+    fn answering() -> (MockService, FakeApi, JoinHandle<()>) {
         let (service, mut handle) =
             tower_test::mock::pair::<Request<kube::client::Body>, Response<MockBody>>();
         let (requests, _) = watch::channel(0);
@@ -142,7 +189,7 @@ impl FakeApi {
                 server.handle(&parts, &body, send);
             }
         });
-        (kube::Client::new(service, "default"), fake, task)
+        (service, fake, task)
     }
 
     fn handle(

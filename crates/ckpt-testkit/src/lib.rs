@@ -12,6 +12,10 @@
 //!   stop it.
 //! - [`FakeKubelet`]: `/pods/` on 127.0.0.1, plain HTTP or TLS with a certificate signed by
 //!   [`TEST_CA_PEM`]; set its status, stop it.
+//! - [`FaultProxy`]: a TCP proxy that breaks the network on demand ([`NetFault`]: a
+//!   blackhole, resets, a slow body; [`FaultProxy::half_open`] silences the open
+//!   connections) and counts connections; in front of [`FakeApi::serve`], the fake API
+//!   over a real socket.
 //!
 //! `ckpt-watch`'s unit tests and `ckpt-bin`'s in-process agent tests
 //! (`tests/agent_inprocess.rs`) run against them; `ckpt-cri`'s client tests run against
@@ -44,10 +48,12 @@ use tokio::sync::watch;
 mod api;
 mod cri;
 mod kubelet;
+mod proxy;
 
 pub use api::{FakeApi, Reply, Seen, pod_json, status_body};
 pub use cri::{CriFault, CriState, FakeCri};
 pub use kubelet::{FakeKubelet, KubeletState, TEST_CA_PEM};
+pub use proxy::{FaultProxy, NetFault};
 
 /// Fails the test if `fut` does not finish within `secs` seconds.
 pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {

@@ -116,6 +116,9 @@ struct Inner {
     gate: watch::Sender<bool>,
     /// Whether something is at stake: the probe's pace.
     at_stake: watch::Sender<bool>,
+    /// Bumped when the watches should start over: a probe got an answer after one that
+    /// got none, so connections to the server may have gone silent.
+    relist: watch::Sender<u64>,
 }
 
 impl Inner {
@@ -259,6 +262,7 @@ impl ApiWatch {
         let (gate, gate_rx) = watch::channel(true);
         // At stake until the agent says otherwise: it knows nothing yet.
         let (at_stake, _) = watch::channel(true);
+        let (relist, _) = watch::channel(0);
         let inner = Arc::new(Inner {
             slots,
             status: Mutex::new(Status {
@@ -273,6 +277,7 @@ impl ApiWatch {
             notify,
             gate,
             at_stake,
+            relist,
         });
         let mut tasks = Vec::new();
         let field_selector = format!("spec.nodeName={}", config.node);
@@ -292,6 +297,7 @@ impl ApiWatch {
                 request_timeout: config.request_timeout,
                 gate: Some(gate_rx.clone()),
                 gate_check: Some(gate_rx.clone()),
+                relist: Some(inner.relist.subscribe()),
                 what: format!("pods in namespace {ns}"),
                 rbac_hint: format!("list and watch on pods in namespace {ns}"),
                 modify: |pod: &mut Pod| pod.metadata.managed_fields = None,
@@ -330,6 +336,14 @@ impl ApiWatch {
     /// `changed()` on it and run a pass.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.notify.subscribe()
+    }
+
+    /// Bumped when a probe gets an answer after one that got none (no answer in time,
+    /// a connection error): the watches' connections may have gone silent without
+    /// closing, as a lost NAT entry or load-balancer flow leaves them, and they restart.
+    /// [`crate::ObjectWatch::with_relists`] takes it.
+    pub fn relists(&self) -> watch::Receiver<u64> {
+        self.inner.relist.subscribe()
     }
 
     /// The sender behind [`ApiWatch::subscribe`], to let other sources (e.g.
@@ -390,20 +404,39 @@ pub(crate) async fn within_runnable_time<T>(timeout: Duration, work: impl Future
     None
 }
 
+/// Why a probe failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ProbeFailure {
+    problem: String,
+    /// No answer came (a timeout, a connection error), so the connection may be dead; a
+    /// 5xx is an answer.
+    unanswered: bool,
+}
+
 /// One probe: `GET /readyz`, answer and body within `timeout` of runnable time
 /// ([`within_runnable_time`]). `Err` describes why the server does not count as answering.
-async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered, String> {
+async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered, ProbeFailure> {
+    let unanswered = |problem| ProbeFailure {
+        problem,
+        unanswered: true,
+    };
     let request = http::Request::get("/readyz")
         .body(kube::client::Body::from(Vec::new()))
-        .map_err(|e| format!("cannot build the probe request: {e}"))?;
+        .map_err(|e| unanswered(format!("cannot build the probe request: {e}")))?;
     let attempt = async {
-        let response = client.send(request).await.map_err(|e| error_chain(&e))?;
+        let response = client
+            .send(request)
+            .await
+            .map_err(|e| unanswered(error_chain(&e)))?;
         let status = response.status();
         // Read the (tiny) body so the connection goes back to the pool instead of a new
         // TCP+TLS handshake every second.
         let _ = response.into_body().collect().await;
         if status.is_server_error() {
-            return Err(format!("GET /readyz answered {status}"));
+            return Err(ProbeFailure {
+                problem: format!("GET /readyz answered {status}"),
+                unanswered: false,
+            });
         }
         Ok(if status == http::StatusCode::UNAUTHORIZED {
             Answered::Unauthorized
@@ -411,15 +444,19 @@ async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered
             Answered::Alive
         })
     };
-    within_runnable_time(timeout, attempt)
-        .await
-        .unwrap_or_else(|| Err(format!("GET /readyz got no answer within {timeout:?}")))
+    within_runnable_time(timeout, attempt).await.unwrap_or_else(|| {
+        Err(unanswered(format!(
+            "GET /readyz got no answer within {timeout:?}"
+        )))
+    })
 }
 
 async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inner>) {
     let threshold = config.unreachable_after.max(1);
     let mut at_stake = inner.at_stake.subscribe();
     let mut last_probe: Option<tokio::time::Instant> = None;
+    // A probe got no answer since the last one that did.
+    let mut unanswered = false;
     loop {
         let fast = *at_stake.borrow_and_update() || {
             let st = lock(&inner.status);
@@ -444,6 +481,17 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
         }
         last_probe = Some(tokio::time::Instant::now());
         let result = probe_once(&client, config.probe_timeout).await;
+        match &result {
+            Err(failure) => unanswered |= failure.unanswered,
+            Ok(_) if std::mem::take(&mut unanswered) => {
+                // The server answers on a new connection; the watches' may be as silent
+                // as the probe's was (a lost NAT entry, a load balancer's flow): they
+                // start over, or kube's idle timeout would notice only after minutes.
+                info!("API server answers again after a probe got no answer: restarting the watches");
+                inner.relist.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            Ok(_) => {}
+        }
         inner.update(|st| match &result {
             Ok(answered) => {
                 if st.consecutive_failures > 0 {
@@ -456,7 +504,7 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
                     "GET /readyz answered 401 Unauthorized: the API server rejects the agent's credentials".to_owned()
                 });
             }
-            Err(problem) => {
+            Err(ProbeFailure { problem, .. }) => {
                 st.consecutive_failures = st.consecutive_failures.saturating_add(1);
                 if st.probe_error.as_ref() != Some(problem) {
                     debug!(%problem, failures = st.consecutive_failures, "API probe failed");

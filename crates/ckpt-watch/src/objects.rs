@@ -40,6 +40,7 @@ pub struct ObjectWatch {
     client: kube::Client,
     notify: watch::Sender<u64>,
     request_timeout: Duration,
+    relist: Option<watch::Receiver<u64>>,
     entries: Mutex<BTreeMap<(String, ObjectRef), Entry>>,
 }
 
@@ -60,6 +61,7 @@ impl ObjectWatch {
             client,
             notify,
             request_timeout: Duration::from_secs(10),
+            relist: None,
             entries: Mutex::new(BTreeMap::new()),
         }
     }
@@ -67,6 +69,13 @@ impl ObjectWatch {
     /// Sets the deadline of each initial list.
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Restarts every watch (a fresh list on a new connection) when `relist` is bumped,
+    /// e.g. by [`crate::ApiWatch::relists`].
+    pub fn with_relists(mut self, relist: watch::Receiver<u64>) -> Self {
+        self.relist = Some(relist);
         self
     }
 
@@ -179,6 +188,7 @@ impl ObjectWatch {
                     request_timeout: self.request_timeout,
                     gate: None,
                     gate_check: None,
+                    relist: self.relist.clone(),
                     what,
                     rbac_hint,
                     modify: |s: &mut Secret| s.metadata.managed_fields = None,
@@ -198,6 +208,7 @@ impl ObjectWatch {
                     request_timeout: self.request_timeout,
                     gate: None,
                     gate_check: None,
+                    relist: self.relist.clone(),
                     what,
                     rbac_hint,
                     modify: |c: &mut ConfigMap| c.metadata.managed_fields = None,

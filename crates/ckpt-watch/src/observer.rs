@@ -77,7 +77,7 @@ impl Observer {
         let node = config.node.clone();
         let api = ApiWatch::spawn(client.clone(), config);
         Self {
-            objects: ObjectWatch::new(client.clone(), api.notifier()),
+            objects: ObjectWatch::new(client.clone(), api.notifier()).with_relists(api.relists()),
             owners: OwnerLookup::new(client.clone(), request_timeout),
             api,
             allowed,

@@ -10,7 +10,10 @@
 //! - the initial list has a deadline (`request_timeout`): kube ≥ 4 has no global read
 //!   timeout, and a LIST that hangs must not hold the watch forever;
 //! - an optional gate (the API health probe) stops the watch while the API server is
-//!   unreachable; it restarts with a fresh LIST when the probe succeeds again.
+//!   unreachable; it restarts with a fresh LIST when the probe succeeds again;
+//! - an optional relist signal (also the probe's: an answer after a probe that got none)
+//!   restarts it at once: its connection may have gone silent without closing, and
+//!   kube's watcher would notice only after its five-minute idle timeout.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -106,6 +109,8 @@ pub(crate) struct Driver<K: Resource> {
     pub(crate) gate: Option<watch::Receiver<bool>>,
     /// A second receiver of the same gate, read under the slot lock at `InitDone`.
     pub(crate) gate_check: Option<watch::Receiver<bool>>,
+    /// Bumped when the watch should start over (a fresh LIST on a new connection).
+    pub(crate) relist: Option<watch::Receiver<u64>>,
     /// For messages: `pods in namespace kube-system`.
     pub(crate) what: String,
     /// The RBAC rule a 403 means is missing: `list and watch on pods in namespace x`.
@@ -123,6 +128,26 @@ async fn gate_down(gate: &mut Option<watch::Receiver<bool>>) -> bool {
     }
 }
 
+/// Waits for the next relist signal; forever without one, or once its sender is gone.
+async fn relist_due(relist: &mut Option<watch::Receiver<u64>>) {
+    if let Some(r) = relist
+        && r.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+/// Why a watch stopped.
+enum Stop {
+    /// The API server is unreachable: wait for the gate.
+    GateDown,
+    /// Told to start over: at once, without a backoff.
+    Relist,
+    /// A problem: start over after a backoff.
+    Failed(String),
+}
+
 impl<K> Driver<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -132,11 +157,16 @@ where
     pub(crate) async fn run(mut self) {
         let mut backoff = Backoff::new();
         let mut gate = self.gate.take();
+        let mut relist = self.relist.take();
         loop {
             if let Some(g) = &mut gate
                 && g.wait_for(|up| *up).await.is_err()
             {
                 return;
+            }
+            // This start is the relist any earlier signal asked for.
+            if let Some(r) = &mut relist {
+                r.borrow_and_update();
             }
             let mut stream = watcher(self.api.clone(), self.config.clone()).boxed();
             let mut deadline = Some(Instant::now() + self.request_timeout);
@@ -146,15 +176,16 @@ where
                         if !alive {
                             return;
                         }
-                        break None;
+                        break Stop::GateDown;
                     }
+                    () = relist_due(&mut relist) => break Stop::Relist,
                     () = async {
                         match deadline {
                             Some(d) => tokio::time::sleep_until(d).await,
                             None => std::future::pending().await,
                         }
                     } => {
-                        break Some(format!(
+                        break Stop::Failed(format!(
                             "the list of {} did not complete within {:?}",
                             self.what, self.request_timeout
                         ));
@@ -166,18 +197,22 @@ where
                                 backoff.reset();
                             }
                         }
-                        Some(Err(err)) => break Some(self.describe(&err)),
-                        None => break Some(format!("the watch of {} ended", self.what)),
+                        Some(Err(err)) => break Stop::Failed(self.describe(&err)),
+                        None => break Stop::Failed(format!("the watch of {} ended", self.what)),
                     },
                 }
             };
             drop(stream);
             match failure {
-                None => {
+                Stop::GateDown => {
                     debug!(what = %self.what, "API server unreachable: watch stopped until it answers again");
                     self.set_problem(None);
                 }
-                Some(message) => {
+                Stop::Relist => {
+                    debug!(what = %self.what, "watch restarted: its connection may have gone silent");
+                    self.set_problem(None);
+                }
+                Stop::Failed(message) => {
                     self.set_problem(Some(message));
                     let delay = backoff.next_delay();
                     tokio::select! {
