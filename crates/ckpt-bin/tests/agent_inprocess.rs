@@ -380,9 +380,14 @@ impl World {
 
     /// Waits until the files are exactly `expected`.
     async fn expect_files(&self, what: &str, expected: &[String]) {
+        self.expect_files_within(WAIT, what, expected).await;
+    }
+
+    /// Waits up to `secs` until the files are exactly `expected`.
+    async fn expect_files_within(&self, secs: u64, what: &str, expected: &[String]) {
         let mut expected = expected.to_vec();
         expected.sort();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(WAIT);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         loop {
             let files = self.files();
             if files == expected {
@@ -898,6 +903,11 @@ async fn seed_scenarios_with_the_api_server_refusing_connections() {
 }
 
 #[tokio::test]
+async fn seed_scenarios_with_the_api_server_answering_503() {
+    seed_scenarios(Down::Api(Reply::Status(503))).await;
+}
+
+#[tokio::test]
 async fn seed_scenarios_with_the_network_to_the_api_server_blackholed() {
     seed_scenarios(Down::Net(NetFault::Blackhole)).await;
 }
@@ -1040,6 +1050,127 @@ async fn a_half_open_connection_to_the_api_server_is_noticed() {
     })
     .await;
     agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// A slow network (a busy node's pod list at 1 KiB/s takes longer than the 10 s a list
+/// may take at first) must not keep the agent from ever seeing its pods: each list that
+/// runs out of time gets twice as long the next time.
+#[tokio::test]
+async fn a_slow_api_server_is_synced_in_the_end() {
+    let world = World::behind_proxy(Local::Cri, &[APISERVER, AGENT, NETWORK, SCHEDULER]).await;
+    // A busy node: 30 more pods, not checkpointed.
+    let mut listed = vec![
+        apiserver_pod(),
+        agent_pod(AGENT, "pod-checkpointer:v1"),
+        network_pod(),
+        scheduler_pod(),
+        backup_pod(),
+    ];
+    for i in 0..30 {
+        let mut pod = scheduler_pod();
+        pod["metadata"]["name"] = json!(format!("workload-{i}"));
+        pod["metadata"]["labels"] = json!({"app": "workload", "tier": "batch", "index": i.to_string()});
+        listed.push(pod);
+    }
+    let list_bytes: usize = listed.iter().map(|p| p.to_string().len()).sum();
+    world.api.set_objects("pods", NS, listed);
+    world.proxy().set(NetFault::Slow(1024));
+    eprintln!("the pod list: {list_bytes} bytes");
+    assert!(list_bytes > 12 * 1024, "the list must take longer than 10 s");
+
+    let agent = world.start_agent(AGENT, &[]);
+    // 10 s for the first try, 20 s for the second, which brings the list in ~18 s.
+    world
+        .expect_files_within(
+            120,
+            "the checkpoints, over the slow network",
+            &checkpointed(AGENT),
+        )
+        .await;
+    agent.expect_api("synced").await;
+    assert_eq!(
+        agent.metric("activations_total").await,
+        1.0,
+        "only self activated: a slow server is not an outage"
+    );
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// A reachable API server answering every list and watch with an error (403 after an
+/// RBAC change, 429 when overloaded, 5xx) while `/readyz` answers: the watches retry with
+/// a backoff (no request storm), nothing is removed or activated on such a view, and a
+/// change made after the storm is followed.
+async fn error_storm_from_a_reachable_api_server(code: u16) {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK, SCHEDULER]).await;
+    let agent = world.start_agent(
+        AGENT,
+        &["--gc-strategy", "grace-period", "--checkpoint-grace-period", "1s"],
+    );
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    let watched = ["pods", "secrets", "configmaps"];
+    for resource in watched {
+        world.api.set_list(resource, NS, Reply::Status(code));
+        world.api.set_watch(resource, NS, Reply::Status(code));
+    }
+    let before = world.api.count(|s| s.method == "GET" && s.path != "/readyz");
+    let since = Instant::now();
+    world.api.close_watches();
+    // The parents are gone in the API's view, but no list says so: nothing is removed.
+    for pod in [APISERVER, NETWORK] {
+        world.api.delete("pods", NS, pod);
+    }
+    agent.expect_api("reachable").await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    world.assert_files(&format!("{code}: a storm changes nothing"), &checkpointed(AGENT));
+    let secs = since.elapsed().as_secs_f64();
+    let requests = world.api.count(|s| s.method == "GET" && s.path != "/readyz") - before;
+    eprintln!("{code}: {requests} requests in {secs:.1} s");
+    // The watches back off from 250 ms doubling to 10 s: about 6 tries each in 8 s;
+    // a retry without a backoff would make hundreds.
+    assert!(
+        requests as f64 <= watched.len() as f64 * (4.0 + secs),
+        "{code}: {requests} requests in {secs:.1} s"
+    );
+
+    for resource in watched {
+        world.api.set_list(resource, NS, Reply::Normal);
+        world.api.set_watch(resource, NS, Reply::Normal);
+    }
+    agent.expect_api("synced").await;
+    world.kill(APISERVER);
+    world.kill(NETWORK);
+    world
+        .expect_files(
+            &format!("{code}: after the storm, the deleted parents' checkpoints go"),
+            &with(
+                vec![inactive(AGENT), active(AGENT), ETCD.to_owned()],
+                &[JOURNAL.to_owned()],
+            ),
+        )
+        .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+#[tokio::test]
+async fn a_403_storm_from_a_reachable_api_server() {
+    error_storm_from_a_reachable_api_server(403).await;
+}
+
+#[tokio::test]
+async fn a_429_storm_from_a_reachable_api_server() {
+    error_storm_from_a_reachable_api_server(429).await;
+}
+
+#[tokio::test]
+async fn a_500_storm_from_a_reachable_api_server() {
+    error_storm_from_a_reachable_api_server(500).await;
+}
+
+#[tokio::test]
+async fn a_503_storm_from_a_reachable_api_server() {
+    error_storm_from_a_reachable_api_server(503).await;
 }
 
 #[tokio::test]

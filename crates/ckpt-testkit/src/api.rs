@@ -340,6 +340,12 @@ impl FakeApi {
         st.outage = Some(reply);
     }
 
+    /// Ends every open watch stream, as a restarting server or a proxy's timeout does:
+    /// the clients watch again (or list again).
+    pub fn close_watches(&self) {
+        lock(&self.state).streams.clear();
+    }
+
     /// Ends an outage: requests are answered again; those that hung fail (the resumed
     /// server's connections were reset), so clients retry.
     pub fn end_outage(&self) {

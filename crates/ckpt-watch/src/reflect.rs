@@ -8,7 +8,9 @@
 //!   after a backoff: kube's watcher would otherwise resume from its resourceVersion
 //!   without relisting, and "synced" means "a complete list since the last problem";
 //! - the initial list has a deadline (`request_timeout`): kube ≥ 4 has no global read
-//!   timeout, and a LIST that hangs must not hold the watch forever;
+//!   timeout, and a LIST that hangs must not hold the watch forever; a list that runs
+//!   out of time gets twice as long the next time (up to 16 times `request_timeout`),
+//!   so a slow network still brings a large list in the end;
 //! - an optional gate (the API health probe) stops the watch while the API server is
 //!   unreachable; it restarts with a fresh LIST when the probe succeeds again;
 //! - an optional relist signal (also the probe's: an answer after a probe that got none)
@@ -93,6 +95,9 @@ impl Backoff {
     }
 }
 
+/// How much longer than `request_timeout` a list may take in the end.
+const LIST_TIMEOUT_GROWTH: u32 = 16;
+
 /// Everything one watch task needs.
 pub(crate) struct Driver<K: Resource> {
     /// The API to watch.
@@ -103,7 +108,7 @@ pub(crate) struct Driver<K: Resource> {
     pub(crate) slot: SharedSlot<K>,
     /// Called after every change of the slot (outside its lock).
     pub(crate) on_change: Arc<dyn Fn() + Send + Sync>,
-    /// Deadline for the initial list.
+    /// Deadline for the initial list (doubled after each list that runs out of it).
     pub(crate) request_timeout: Duration,
     /// `true` while the API server is reachable; `None` = always run.
     pub(crate) gate: Option<watch::Receiver<bool>>,
@@ -158,6 +163,7 @@ where
         let mut backoff = Backoff::new();
         let mut gate = self.gate.take();
         let mut relist = self.relist.take();
+        let mut list_timeout = self.request_timeout;
         loop {
             if let Some(g) = &mut gate
                 && g.wait_for(|up| *up).await.is_err()
@@ -169,7 +175,7 @@ where
                 r.borrow_and_update();
             }
             let mut stream = watcher(self.api.clone(), self.config.clone()).boxed();
-            let mut deadline = Some(Instant::now() + self.request_timeout);
+            let mut deadline = Some(Instant::now() + list_timeout);
             let failure = loop {
                 tokio::select! {
                     alive = gate_down(&mut gate) => {
@@ -185,15 +191,19 @@ where
                             None => std::future::pending().await,
                         }
                     } => {
-                        break Stop::Failed(format!(
-                            "the list of {} did not complete within {:?}",
-                            self.what, self.request_timeout
-                        ));
+                        let problem = format!(
+                            "the list of {} did not complete within {list_timeout:?}",
+                            self.what
+                        );
+                        // A slow network, not a hung server, gets a longer list next time.
+                        list_timeout = (list_timeout * 2).min(self.request_timeout * LIST_TIMEOUT_GROWTH);
+                        break Stop::Failed(problem);
                     }
                     event = stream.next() => match event {
                         Some(Ok(event)) => {
                             if self.apply(event) {
                                 deadline = None;
+                                list_timeout = self.request_timeout;
                                 backoff.reset();
                             }
                         }

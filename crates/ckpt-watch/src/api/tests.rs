@@ -250,6 +250,35 @@ async fn probe_failures_make_it_unreachable_with_hysteresis_and_recovery_relists
 }
 
 #[tokio::test]
+async fn a_probe_answered_after_one_that_got_none_restarts_the_watches() {
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    let relists = api.relists();
+    wait_state(&api, ApiState::Synced).await;
+    let lists = fake.count(is_list("a"));
+
+    // A 5xx is an answer: the connection works, the watches stay.
+    fake.script_readyz([Reply::Status(503)]);
+    let probes = fake.count(is_probe);
+    fake.wait_requests(probes + 3, "probes past the 503", is_probe)
+        .await;
+    assert!(!relists.has_changed().expect("the sender lives"));
+    assert_eq!(fake.count(is_list("a")), lists, "no relist after a 503");
+
+    // One probe without an answer (not an outage), then one with: the watches' connections
+    // may be as silent as the probe's was, and they start over with a fresh list.
+    fake.script_readyz([Reply::Hang]);
+    wait_until(5, "a fresh list", fake.requests(), || {
+        fake.count(is_list("a")) > lists
+    })
+    .await;
+    assert!(relists.has_changed().expect("the sender lives"));
+    wait_state(&api, ApiState::Synced).await;
+    assert_eq!(api.snapshot().outages, 0, "one lost probe is no outage");
+    assert_eq!(fake.count(is_list("a")), lists + 1, "one relist");
+}
+
+#[tokio::test]
 async fn a_hung_server_is_unreachable_within_a_few_probes() {
     let (client, fake, _server) = FakeApi::start();
     let api = ApiWatch::spawn(client, config(&["a"]));
