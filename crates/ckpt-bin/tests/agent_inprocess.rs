@@ -1740,15 +1740,48 @@ async fn a_checkpoint_the_nodes_kubelet_would_not_run_is_not_written() {
 /// the activation and the new version follow without a restart.
 #[tokio::test]
 async fn a_disk_failing_with_eio_on_fsync_loses_nothing_and_is_retried() {
-    disk_failing_with_eio_at("fsops.fsync").await;
+    disk_failing_with_eio_at(Eio::before_rename("fsops.fsync")).await;
 }
 
 #[tokio::test]
 async fn a_disk_failing_with_eio_on_rename_loses_nothing_and_is_retried() {
-    disk_failing_with_eio_at("fsops.rename").await;
+    disk_failing_with_eio_at(Eio::before_rename("fsops.rename")).await;
 }
 
-async fn disk_failing_with_eio_at(point: &str) {
+#[tokio::test]
+async fn a_disk_failing_with_eio_on_a_directory_sync_loses_nothing_and_is_retried() {
+    disk_failing_with_eio_at(Eio {
+        point: "fsops.dirsync",
+        after_rename: true,
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_disk_failing_with_eio_on_reads_loses_nothing_and_is_retried() {
+    // The rewrite compares with the file on disk, the activation copies the inactive one.
+    disk_failing_with_eio_at(Eio::before_rename("fsops.read")).await;
+}
+
+/// Where EIO strikes a write, and what that leaves.
+struct Eio {
+    /// The failpoint.
+    point: &'static str,
+    /// It strikes after the rename: the new version is in place, whole, and the step
+    /// still counts as failed (a directory sync: the rename may not be durable).
+    after_rename: bool,
+}
+
+impl Eio {
+    fn before_rename(point: &'static str) -> Eio {
+        Eio {
+            point,
+            after_rename: false,
+        }
+    }
+}
+
+async fn disk_failing_with_eio_at(eio: Eio) {
     use ckpt_store::failpoint::{self, Action};
 
     let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
@@ -1757,7 +1790,7 @@ async fn disk_failing_with_eio_at(point: &str) {
     agent.expect_api("synced").await;
     let before = world.read(&inactive(APISERVER));
 
-    failpoint::set(point, world.root.path(), Action::Error(5));
+    failpoint::set(eio.point, world.root.path(), Action::Error(5));
     let mut upgraded = apiserver_pod();
     upgraded["spec"]["containers"][0]["image"] = json!("kube-apiserver:v1.20.3");
     world.api.apply("pods", NS, upgraded);
@@ -1767,29 +1800,41 @@ async fn disk_failing_with_eio_at(point: &str) {
     .await;
     world.looked_twice("while the disk fails").await;
     world.assert_files("nothing half-written", &checkpointed(AGENT));
-    assert_eq!(world.read(&inactive(APISERVER)), before, "the old version, whole");
+    let now = world.read(&inactive(APISERVER));
+    if eio.after_rename {
+        assert!(now.contains("v1.20.3"), "the new version, whole: {now}");
+    } else {
+        assert_eq!(now, before, "the old version, whole");
+    }
+    serde_json::from_str::<Value>(&now).expect("a whole manifest");
 
     // An outage: the crash-looping parent's checkpoint cannot be activated either, and the
     // failed activation is retried (soon, not at the next resync 30 s later).
     let failed = agent.metric("write_errors_total").await;
     world.api.set_outage(Reply::Refuse);
     agent.expect_api("unreachable").await;
-    eventually(
-        "the activation failing, and failing again when retried",
-        || async { agent.metric("write_errors_total").await >= failed + 2.0 },
-    )
-    .await;
-    world.looked_twice("while the disk fails, in the outage").await;
-    world.assert_files("nothing reaches the kubelet's dir", &checkpointed(AGENT));
+    let activated = with(checkpointed(AGENT), &[active(NETWORK)]);
+    if !eio.after_rename {
+        eventually(
+            "the activation failing, and failing again when retried",
+            || async { agent.metric("write_errors_total").await >= failed + 2.0 },
+        )
+        .await;
+        world.looked_twice("while the disk fails, in the outage").await;
+        world.assert_files("nothing reaches the kubelet's dir", &checkpointed(AGENT));
+    } else {
+        // The manifest is in the kubelet's dir, whole, as soon as it is renamed there.
+        world
+            .expect_files("the activation, whatever the disk says after it", &activated)
+            .await;
+        assert_eq!(world.read(&active(NETWORK)), world.read(&inactive(NETWORK)));
+    }
     let (health, _) = agent.get("/healthz").await.expect("/healthz answers");
     assert_eq!(health, 200, "the agent stays healthy");
 
-    failpoint::clear(point, world.root.path());
+    failpoint::clear(eio.point, world.root.path());
     world
-        .expect_files(
-            "the activation once the disk works",
-            &with(checkpointed(AGENT), &[active(NETWORK)]),
-        )
+        .expect_files("the activation once the disk works", &activated)
         .await;
     world.api.end_outage();
     agent.expect_api("synced").await;
@@ -1797,6 +1842,61 @@ async fn disk_failing_with_eio_at(point: &str) {
         world.read(&inactive(APISERVER)).contains("v1.20.3")
     })
     .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// EIO on every unlink: a deactivation and a removal fail and are retried; the
+/// checkpoint stays whole meanwhile (running beside its parent is better than a half
+/// one), and both finish once the disk works.
+#[tokio::test]
+async fn a_disk_failing_with_eio_on_unlink_keeps_checkpoints_whole_and_is_retried() {
+    use ckpt_store::failpoint::{self, Action};
+
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(
+        AGENT,
+        &["--gc-strategy", "grace-period", "--checkpoint-grace-period", "1s"],
+    );
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    world.api.set_outage(Reply::Refuse);
+    world.kill(NETWORK);
+    let activated = with(checkpointed(AGENT), &[active(NETWORK)]);
+    world.expect_files("activated in the outage", &activated).await;
+
+    failpoint::set("fsops.unlink", world.root.path(), Action::Error(5));
+    let failed = agent.metric("write_errors_total").await;
+    // The parent is back: its checkpoint steps aside, but cannot.
+    world.api.end_outage();
+    world.run(NETWORK);
+    agent.expect_api("synced").await;
+    // The kube-apiserver parent is deleted: removed after the grace period, but cannot be.
+    world.api.delete("pods", NS, APISERVER);
+    world.kill(APISERVER);
+    eventually(
+        "the deactivation and the removal failing, and failing again",
+        || async { agent.metric("write_errors_total").await >= failed + 3.0 },
+    )
+    .await;
+    world.looked_twice("while unlink fails").await;
+    for file in [inactive(NETWORK), active(NETWORK), inactive(APISERVER)] {
+        serde_json::from_str::<Value>(&world.read(&file)).expect("a whole manifest");
+    }
+    let left = world.files();
+    assert!(left.contains(&active(NETWORK)), "still active: {left:#?}");
+    assert!(left.contains(&inactive(APISERVER)), "not removed: {left:#?}");
+    let (health, _) = agent.get("/healthz").await.expect("/healthz answers");
+    assert_eq!(health, 200, "the agent stays healthy");
+
+    failpoint::clear("fsops.unlink", world.root.path());
+    world
+        .expect_files(
+            "stepped aside and removed once the disk works",
+            &with(
+                vec![inactive(AGENT), active(AGENT), inactive(NETWORK), ETCD.to_owned()],
+                &[JOURNAL.to_owned()],
+            ),
+        )
+        .await;
     agent.stop().await.expect("SIGTERM exits 0");
 }
 

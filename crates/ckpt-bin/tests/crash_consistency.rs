@@ -179,9 +179,12 @@ fn check(root: &Path, step: u32, what: &str) {
         "{what}: quarantined {:?}",
         files_under(&quarantine)
     );
+    // A tree being removed goes entry by entry: a crash may leave a volume's `..data`
+    // link of `b`, removed in step 8, without its target (not a temporary file).
+    let removing_b = |f: &str| step == 8 && f.contains(&format!("/{NS}/b/")) && f.ends_with("/..data");
     let leftovers: Vec<String> = files_under(root)
         .into_iter()
-        .filter(|f| f.rsplit('/').next().is_some_and(|n| n.starts_with('.')))
+        .filter(|f| f.rsplit('/').next().is_some_and(|n| n.starts_with('.')) && !removing_b(f))
         .collect();
     assert!(
         leftovers.is_empty(),

@@ -79,6 +79,25 @@ impl Decision {
     pub fn is_noop(&self) -> bool {
         self.writes.is_empty() && self.stops.is_empty() && self.starts.is_empty() && self.removes.is_empty()
     }
+
+    /// Drops every step on these checkpoints, whose files could not be read this pass (a
+    /// failing disk): what is on disk for them is unknown, so nothing may replace,
+    /// activate or remove it. A self-GC waits until everything reads again (it removes
+    /// every checkpoint and then the agent exits). The state and the report stay.
+    pub fn leave_alone(&mut self, unreadable: &BTreeSet<PodId>) {
+        if unreadable.is_empty() {
+            return;
+        }
+        self.writes.retain(|c| !unreadable.contains(&c.parent));
+        self.stops.retain(|id| !unreadable.contains(id));
+        self.starts.retain(|id| !unreadable.contains(id));
+        if self.self_gc {
+            self.removes.clear();
+            self.self_gc = false;
+        } else {
+            self.removes.retain(|r| !unreadable.contains(&r.id));
+        }
+    }
 }
 
 /// A parent that cannot be represented as a static pod.

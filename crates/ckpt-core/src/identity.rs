@@ -64,6 +64,13 @@ impl PodId {
         format!("{}_{}.json", self.namespace, self.name)
     }
 
+    /// The pod whose checkpoint manifest this file name is ([`PodId::manifest_file_name`]);
+    /// `None` for any other name (bootkube's legacy names are ambiguous).
+    pub fn from_manifest_file_name(file_name: &str) -> Option<Self> {
+        let (namespace, name) = file_name.strip_suffix(".json")?.split_once('_')?;
+        (!namespace.is_empty() && !name.is_empty() && !name.contains('_')).then(|| Self::new(namespace, name))
+    }
+
     /// The file name the original bootkube checkpointer used (`<namespace>-<name>.json`),
     /// recognised when adopting its checkpoints.
     pub fn legacy_manifest_file_name(&self) -> String {
@@ -354,6 +361,28 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn manifest_file_names_read_back() {
+        let check = |file_name: &str, expected: Option<(&str, &str)>| {
+            let got = PodId::from_manifest_file_name(file_name);
+            assert_eq!(got, expected.map(|(ns, n)| PodId::new(ns, n)), "{file_name}");
+            if let Some(id) = got {
+                assert_eq!(id.manifest_file_name(), file_name);
+            }
+        };
+        check(
+            "kube-system_kube-apiserver-abc.json",
+            Some(("kube-system", "kube-apiserver-abc")),
+        );
+        check("a_b.c.json", Some(("a", "b.c")));
+        check("kube-system-kube-apiserver.json", None);
+        check("kube-system_kube-apiserver", None);
+        check("_name.json", None);
+        check("ns_.json", None);
+        check("a_b_c.json", None);
+        check(".json", None);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! The points, each just before the step it names: `fsops.read` (reading a file),
 //! `fsops.fsync` (a written file's fsync), `fsops.rename` (renaming a written file into
-//! place), `fsops.dirsync` (a directory's fsync) and `fsops.unlink` (removing a file).
+//! place), `fsops.dirsync` (a directory's fsync) and `fsops.unlink` (removing a file, or
+//! each entry of a tree being removed).
 //!
 //! A test sets a point for the paths under one directory with [`set`] (so tests of one
 //! process do not meet each other's faults), or for a whole process with the environment

@@ -549,6 +549,7 @@ impl Dir {
         let name = name.as_ref();
         let path = || self.child_path(name);
         for _ in 0..RACE_RETRIES {
+            failpoint::hit("fsops.unlink", &path()).map_err(|e| Error::io("removing", &path(), e))?;
             let unlinked = rustix::fs::unlinkat(&self.file, name, AtFlags::empty());
             match unlinked {
                 Ok(()) => return Ok(true),
@@ -619,6 +620,7 @@ impl Dir {
     /// whether anything changed.
     fn remove_entry(&self, name: &OsStr, top: &Dir, depth: usize) -> Result<bool> {
         let path = || self.child_path(name);
+        failpoint::hit("fsops.unlink", &path()).map_err(|e| Error::io("removing", &path(), e))?;
         let unlinked = rustix::fs::unlinkat(&self.file, name, AtFlags::empty());
         match unlinked {
             Ok(()) => return Ok(true),

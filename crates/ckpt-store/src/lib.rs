@@ -104,7 +104,7 @@ pub use credentials::KeptCredentials;
 pub use error::{Error, Result};
 pub use journal::JOURNAL_FORMAT_VERSION;
 pub use layout::Layout;
-pub use store::{RemoveSummary, Store, StoredCheckpoint, StoredManifest, WriteSummary};
+pub use store::{ReadBack, RemoveSummary, Store, StoredCheckpoint, StoredManifest, WriteSummary};
 
 /// The README's example, compiled and run with the doctests so it stays true.
 #[cfg(doctest)]

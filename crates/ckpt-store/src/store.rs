@@ -52,6 +52,17 @@ pub struct StoredManifest {
     pub mode: u32,
 }
 
+/// What [`Store::read_back`] found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadBack {
+    /// Every checkpoint read, by pod id (sorted).
+    pub checkpoints: BTreeMap<PodId, StoredCheckpoint>,
+    /// Files that may be checkpoints but could not be read (an I/O error: a failing
+    /// disk), each with the error. Their checkpoints are missing from `checkpoints`: a
+    /// caller must not take them for absent for good, and should read again soon.
+    pub unreadable: Vec<(PathBuf, String)>,
+}
+
 /// Everything on disk for one checkpoint.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StoredCheckpoint {
@@ -152,8 +163,10 @@ enum Loaded {
         reason: String,
         checkpoint: bool,
     },
-    /// Vanished or unreadable this time: skipped.
+    /// Vanished: skipped.
     Skipped,
+    /// Could not be read (an I/O error): skipped this time, with the error.
+    Unreadable(String),
 }
 
 /// One manifest directory read back.
@@ -161,6 +174,8 @@ struct Scanned {
     found: BTreeMap<PodId, StoredManifest>,
     /// Second copies left in place.
     duplicates: Vec<(PodId, PathBuf)>,
+    /// Files that could not be read, with the error.
+    unreadable: Vec<(PathBuf, String)>,
 }
 
 /// What sits at one of the two names a checkpoint file can have.
@@ -394,16 +409,28 @@ impl Store {
     ///   static pods: skipped, never touched. Two active files of one pod are both
     ///   ours: the one under our name is reported, the other in `duplicates`.
     /// - Our stale temporary files are removed (writable store).
+    /// - A file that cannot be read (an I/O error) is skipped; [`Store::read_back`]
+    ///   says which.
     pub fn read_all(&self) -> Result<BTreeMap<PodId, StoredCheckpoint>> {
+        self.read_back().map(|read| read.checkpoints)
+    }
+
+    /// [`Store::read_all`], and the files it could not read.
+    pub fn read_back(&self) -> Result<ReadBack> {
         let mut all: BTreeMap<PodId, StoredCheckpoint> = BTreeMap::new();
+        let mut unreadable = Vec::new();
         let checkpoint_dir = self.existing_checkpoint_dir()?;
         let inactive_dir = match &checkpoint_dir {
             Some(dir) => dir.open_child(Layout::INACTIVE_DIR_NAME)?,
             None => None,
         };
         if let (Some(checkpoint_dir), Some(inactive_dir)) = (&checkpoint_dir, &inactive_dir) {
-            let Scanned { found, duplicates } =
-                self.scan(Some(checkpoint_dir), inactive_dir, Place::Inactive)?;
+            let Scanned {
+                found,
+                duplicates,
+                unreadable: failed,
+            } = self.scan(Some(checkpoint_dir), inactive_dir, Place::Inactive)?;
+            unreadable.extend(failed);
             for (id, manifest) in found {
                 all.entry(id).or_default().inactive = Some(manifest);
             }
@@ -413,7 +440,12 @@ impl Store {
         }
         if let Some(manifests_dir) = self.existing_manifests_dir()? {
             // No quarantine there: files in the kubelet's dir that are not ours stay.
-            let Scanned { found, duplicates } = self.scan(None, &manifests_dir, Place::Active)?;
+            let Scanned {
+                found,
+                duplicates,
+                unreadable: failed,
+            } = self.scan(None, &manifests_dir, Place::Active)?;
+            unreadable.extend(failed);
             for (id, manifest) in found {
                 all.entry(id).or_default().active = Some(manifest);
             }
@@ -421,7 +453,10 @@ impl Store {
                 all.entry(id).or_default().duplicates.push(path);
             }
         }
-        Ok(all)
+        Ok(ReadBack {
+            checkpoints: all,
+            unreadable,
+        })
     }
 
     /// Reads one manifest directory. Returns the checkpoints found and the duplicates
@@ -429,6 +464,7 @@ impl Store {
     fn scan(&self, checkpoint_dir: Option<&Dir>, dir: &Dir, place: Place) -> Result<Scanned> {
         let mut found: BTreeMap<PodId, StoredManifest> = BTreeMap::new();
         let mut duplicates = Vec::new();
+        let mut unreadable = Vec::new();
         if self.writable {
             // Only our own stale temp files; bootkube deleted every dotfile, even
             // foreign ones in the kubelet's dir. Best effort: reading must work on a
@@ -465,6 +501,10 @@ impl Store {
                     continue;
                 }
                 Loaded::Skipped => continue,
+                Loaded::Unreadable(error) => {
+                    unreadable.push((path, error));
+                    continue;
+                }
             };
             let id = manifest.meta.parent.clone();
             let (keep, other) = match found.remove(&id) {
@@ -491,7 +531,11 @@ impl Store {
             }
             found.insert(id, keep);
         }
-        Ok(Scanned { found, duplicates })
+        Ok(Scanned {
+            found,
+            duplicates,
+            unreadable,
+        })
     }
 
     /// Deals with an unusable file: in the inactive dir it is quarantined (writable
@@ -926,8 +970,8 @@ fn load(dir: &Dir, name: &str) -> Loaded {
             };
         }
         Err(error) => {
-            warn!(path = %dir.child_path(name).display(), %error, "skipping an unreadable file");
-            return Loaded::Skipped;
+            debug!(path = %dir.child_path(name).display(), %error, "skipping an unreadable file");
+            return Loaded::Unreadable(error.to_string());
         }
     };
     let ParsedManifest { contents, pod, meta } = parsed;

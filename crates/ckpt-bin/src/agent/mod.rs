@@ -7,7 +7,7 @@
 mod connect;
 mod report;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,8 @@ const MAX_FOLLOW_UPS: u32 = 3;
 /// A full pass at least this often, whatever else happens.
 const RESYNC: Duration = Duration::from_secs(30);
 /// After a pass in which a step failed (a failing or full disk), the first retry comes
-/// this soon, then twice as late each time, up to [`RESYNC`]: a transient error must not
+/// this soon, then twice as late after each failed retry, up to [`RESYNC`] (passes that
+/// events bring meanwhile keep the delay): a transient error must not
 /// hold an activation back for a resync, nor a lasting one retry in a tight loop.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// Events arriving within this window after a trigger are folded into the same pass.
@@ -298,6 +299,8 @@ impl Agent {
         let mut local = self.local.observe().await;
         let mut follow_ups = 0;
         let mut retry_after: Option<Duration> = None;
+        // Whether this pass is the retry of a failed one (not a pass some event brought).
+        let mut retrying = false;
         loop {
             let started = Instant::now();
             let result = self.pass(local).await?;
@@ -314,7 +317,14 @@ impl Agent {
                 }
                 PassResult::Failed => {
                     follow_ups = 0;
-                    retry_after = Some(retry_after.map_or(RETRY_FIRST, |after| (after * 2).min(RESYNC)));
+                    // Only a failed retry backs off further: the passes that events bring
+                    // meanwhile (an outage brings several) would otherwise reach the
+                    // resync's pace within seconds.
+                    retry_after = Some(match retry_after {
+                        Some(after) if retrying => (after * 2).min(RESYNC),
+                        Some(after) => after,
+                        None => RETRY_FIRST,
+                    });
                 }
                 PassResult::SelfGcComplete => {
                     // Nothing is left for a static copy to use them on, nor any timer to keep:
@@ -339,6 +349,7 @@ impl Agent {
                 tokio::time::Instant::now() + wait
             });
             let retry = retry_after.map(|after| tokio::time::Instant::now() + after);
+            retrying = false;
             local = loop {
                 tokio::select! {
                     biased;
@@ -365,7 +376,10 @@ impl Agent {
                         }
                     }
                     () = sleep_until(deadline) => break self.latest_local().await,
-                    () = sleep_until(retry) => break self.latest_local().await,
+                    () = sleep_until(retry) => {
+                        retrying = true;
+                        break self.latest_local().await;
+                    }
                     _ = local_tick.tick() => {
                         let observed = self.local.observe().await;
                         if self.last_local.as_ref() != Some(&observed) {
@@ -390,14 +404,15 @@ impl Agent {
         let started = Instant::now();
         let now = Timestamp::now();
         let read = on_disk(&self.store, |s| {
-            s.read_all().map(|stored| {
-                (stored.iter())
+            s.read_back().map(|read| {
+                let disk = (read.checkpoints.iter())
                     .map(|(id, s)| (id.clone(), s.disk_checkpoint()))
-                    .collect::<BTreeMap<PodId, DiskCheckpoint>>()
+                    .collect::<BTreeMap<PodId, DiskCheckpoint>>();
+                (disk, read.unreadable)
             })
         });
-        let disk = match read.await {
-            Ok(disk) => disk,
+        let (disk, unreadable) = match read.await {
+            Ok(read) => read,
             Err(e) => {
                 warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying");
                 self.health.write_error();
@@ -405,6 +420,21 @@ impl Agent {
                 return Ok(PassResult::Failed);
             }
         };
+        // Files under other names in the kubelet's dir are not ours to read.
+        let unreadable: Vec<_> = (unreadable.into_iter())
+            .filter(|(path, _)| checkpoint_of(path).is_some())
+            .collect();
+        if let Some((path, error)) = unreadable.first() {
+            // Nothing replaces, activates or removes their checkpoints this pass; the
+            // pass counts as failed, so it is retried soon.
+            warn!(
+                files = unreadable.len(),
+                path = %path.display(),
+                %error,
+                "cannot read checkpoint files; leaving their checkpoints alone and retrying"
+            );
+            self.health.write_error();
+        }
         let observation = match &self.link {
             Some(link) => {
                 (link.observer)
@@ -421,7 +451,9 @@ impl Agent {
         for orphan in assessment.orphans() {
             verdicts.insert(orphan.id.clone(), self.policy.decide(orphan, now).await);
         }
-        let decision = Arc::new(assessment.decide(&verdicts));
+        let mut decision = assessment.decide(&verdicts);
+        decision.leave_alone(&unreadable_checkpoints(&unreadable));
+        let decision = Arc::new(decision);
         let report = &decision.report;
         if report.own_owner.is_some() && report.own_owner != self.config.me.owner {
             info!(owner = ?report.own_owner, "recognised the agent's own controller");
@@ -506,7 +538,7 @@ impl Agent {
         {
             link.keep_credentials().await;
         }
-        Ok(if outcome.failures > 0 {
+        Ok(if outcome.failures > 0 || !unreadable.is_empty() {
             PassResult::Failed
         } else if !decision.is_noop() {
             PassResult::Changed
@@ -514,6 +546,19 @@ impl Agent {
             PassResult::Settled
         })
     }
+}
+
+/// The checkpoints of files that could not be read, by their file names.
+fn unreadable_checkpoints(unreadable: &[(std::path::PathBuf, String)]) -> BTreeSet<PodId> {
+    unreadable
+        .iter()
+        .filter_map(|(path, _)| checkpoint_of(path))
+        .collect()
+}
+
+/// The pod whose checkpoint a manifest file is, by its name.
+fn checkpoint_of(path: &std::path::Path) -> Option<PodId> {
+    PodId::from_manifest_file_name(path.file_name()?.to_str()?)
 }
 
 impl Agent {

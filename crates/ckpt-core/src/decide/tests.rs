@@ -12,7 +12,7 @@ use super::*;
 use crate::checkpoint::CheckpointMeta;
 use crate::observation::{Fetched, ObjectRef, ObjectsView, OwnerStatus};
 use crate::plan::SelfScheduling;
-use crate::plan::{LocalView, StoredCopy};
+use crate::plan::{LocalView, Removal, RemovalReason, StoredCopy};
 
 const NS: &str = "kube-system";
 const NOW: Timestamp = Timestamp(1_000_000);
@@ -1077,4 +1077,77 @@ fn daemon_sets_to_look_up_are_the_agents_and_those_of_absent_parents() {
     };
     check(ApiState::Synced, &["kube-apiserver", "pod-checkpointer"]);
     check(ApiState::Reachable, &[]);
+}
+
+#[test]
+fn checkpoints_whose_files_cannot_be_read_are_left_alone() {
+    let check = |what: &str,
+                 mut decision: Decision,
+                 unreadable: &[&str],
+                 expected: (&[&str], &[&str], &[&str], &[&str], bool)| {
+        decision.leave_alone(&unreadable.iter().map(|n| id(n)).collect());
+        let (writes, stops, starts, removes, self_gc) = expected;
+        assert_eq!(
+            names(decision.writes.iter().map(|c| &c.parent)),
+            list(writes),
+            "{what}: writes"
+        );
+        assert_eq!(names(&decision.stops), list(stops), "{what}: stops");
+        assert_eq!(names(&decision.starts), list(starts), "{what}: starts");
+        assert_eq!(
+            names(decision.removes.iter().map(|r| &r.id)),
+            list(removes),
+            "{what}: removes"
+        );
+        assert_eq!(decision.self_gc, self_gc, "{what}: self-GC");
+    };
+    let removal = |name: &str, is_self: bool| Removal {
+        id: id(name),
+        reason: RemovalReason::Completed,
+        is_self,
+    };
+    let steps = || Decision {
+        writes: World::synced(&[("a", parent("a")), ("b", parent("b"))])
+            .decide()
+            .writes,
+        stops: vec![id("a"), id("c")],
+        starts: vec![id("b"), id("d")],
+        removes: vec![removal("e", false), removal("f", false)],
+        ..Decision::default()
+    };
+    check(
+        "nothing unreadable",
+        steps(),
+        &[],
+        (&["a", "b"], &["a", "c"], &["b", "d"], &["e", "f"], false),
+    );
+    check(
+        "a and d",
+        steps(),
+        &["a", "d"],
+        (&["b"], &["c"], &["b"], &["e", "f"], false),
+    );
+    check(
+        "every step of b",
+        steps(),
+        &["b", "e"],
+        (&["a"], &["a", "c"], &["d"], &["f"], false),
+    );
+    let self_gc = Decision {
+        removes: vec![removal("e", false), removal("pc-abc", true)],
+        self_gc: true,
+        ..Decision::default()
+    };
+    check(
+        "a self-GC waits for every checkpoint",
+        self_gc.clone(),
+        &["e"],
+        (&[], &[], &[], &[], false),
+    );
+    check(
+        "a self-GC with everything readable",
+        self_gc,
+        &[],
+        (&[], &[], &[], &["e", "pc-abc"], true),
+    );
 }
