@@ -1173,6 +1173,50 @@ async fn a_503_storm_from_a_reachable_api_server() {
     error_storm_from_a_reachable_api_server(503).await;
 }
 
+/// The lock file deleted while the DaemonSet copy holds it: the holder locks the file at
+/// the path again, so a copy started afterwards waits. Replaced by a file another process
+/// locked first: the holder steps down, so that one copy acts, and takes the lock again
+/// once it is free.
+#[tokio::test]
+async fn a_lock_file_deleted_or_replaced_while_held_leaves_one_copy_active() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK, SCHEDULER]).await;
+    let lock = world.path("run/pod-checkpointer.lock");
+    let daemonset = world.start_agent(AGENT, &[]);
+    daemonset.expect_ready("the DaemonSet copy", 200, "ok").await;
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+
+    std::fs::remove_file(&lock).expect("delete the lock file");
+    eventually("the holder locking the path again", || async { lock.exists() }).await;
+    let static_copy = world.start_agent(AGENT_STATIC, &[]);
+    static_copy
+        .expect_ready("a copy started afterwards waits", 200, "standby")
+        .await;
+    world.looked_twice("two copies").await;
+    daemonset.expect_ready("the holder still acts", 200, "ok").await;
+    static_copy.stop().await.expect("SIGTERM exits 0");
+
+    // Atomically replaced by a file another process holds (a copy that opened the path
+    // while it was missing, bootkube's checkpointer, `flock(1)`).
+    let other_path = world.path("run/other.lock");
+    let other = ckpt_lock::LockFile::new(&other_path, "another copy")
+        .try_acquire()
+        .expect("lock another file")
+        .into_guard()
+        .expect("a new file is free");
+    std::fs::rename(&other_path, &lock).expect("replace the lock file");
+    daemonset
+        .expect_ready("the holder steps down", 200, "standby")
+        .await;
+    assert_eq!(daemonset.metric("lock_held").await, 0.0);
+    drop(other);
+    daemonset
+        .expect_ready("and takes the lock again once it is free", 200, "ok")
+        .await;
+    world.looked_twice("after the lock came back").await;
+    world.assert_files("nothing lost", &checkpointed(AGENT));
+    daemonset.stop().await.expect("SIGTERM exits 0");
+}
+
 #[tokio::test]
 async fn rolling_update_of_the_agent_with_grace_period() {
     rolling_update_of_the_agent("grace-period", Rollout::StaticCopy).await;

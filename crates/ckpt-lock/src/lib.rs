@@ -12,6 +12,9 @@
 //!   [`try_acquire`](LockFile::try_acquire) (returns [`TryAcquire::Busy`] with the holder
 //!   when the lock is taken).
 //! - [`LockGuard`]: holds the lock; dropping it releases the lock.
+//!   [`confirm`](LockGuard::confirm) checks that the path still names the locked file
+//!   ([`Confirmed`]): a lock file deleted or replaced while held is taken again, or given
+//!   up when another process locks its replacement.
 //! - [`LockHolder`] and [`read_holder`]: the holder writes its pid, identity and start time
 //!   into the lock file, so a waiter (or an operator) can tell who is active. This is
 //!   diagnostics only; files without a record (bootkube's lock files are empty) read as
@@ -62,7 +65,7 @@ mod lock;
 
 pub use error::{Error, Result};
 pub use holder::{LockHolder, read_holder};
-pub use lock::{DEFAULT_POLL_INTERVAL, LockFile, LockGuard, TryAcquire};
+pub use lock::{Confirmed, DEFAULT_POLL_INTERVAL, LockFile, LockGuard, TryAcquire};
 
 /// The README's example, compiled and run with the doctests so it stays true.
 #[cfg(doctest)]

@@ -117,6 +117,59 @@ impl LockGuard {
     }
 }
 
+/// What [`LockGuard::confirm`] found at the lock's path.
+#[derive(Debug)]
+pub enum Confirmed {
+    /// The path still names the locked file.
+    Held,
+    /// The locked file had been deleted or replaced; the file now at the path (created
+    /// if none was) is locked by this guard instead.
+    Retaken,
+    /// The locked file had been deleted or replaced, and another holder locks the file
+    /// now at the path: two processes each hold "the" lock. Drop this guard and wait for
+    /// the lock again.
+    Lost {
+        /// What the other holder recorded, if anything.
+        holder: Option<LockHolder>,
+    },
+}
+
+impl LockGuard {
+    /// Checks that the path still names the locked file. A lock file deleted or replaced
+    /// while held (a cleanup of `/run`, an operator's `rm`) is a lock nobody else sees: a
+    /// process opening the path next locks another file and holds "the" lock too. So the
+    /// holder confirms now and then, takes the file now at the path if it is free, and
+    /// gives up if it is not.
+    ///
+    /// # Errors
+    ///
+    /// If the path cannot be checked, or the file now at it cannot be created, opened or
+    /// locked, or is not safe (see [`LockFile`]); the guard is unchanged.
+    pub fn confirm(&mut self) -> Result<Confirmed> {
+        let current = is_file_at_path(&self.file, &self.path).map_err(|source| Error::Lock {
+            path: self.path.clone(),
+            source,
+        })?;
+        if current {
+            return Ok(Confirmed::Held);
+        }
+        let lock = LockFile::new(&self.path, self.holder.identity.clone());
+        match lock.try_acquire()? {
+            TryAcquire::Acquired(retaken) => {
+                let status = self.holder.status.clone();
+                // Dropping the old guard unlocks a file nobody can open any more.
+                drop(std::mem::replace(self, retaken));
+                if let Err(error) = self.set_status(status.as_deref()) {
+                    tracing::debug!(path = %self.path.display(), %error, "cannot write lock holder record");
+                }
+                tracing::warn!(path = %self.path.display(), "the lock file was deleted or replaced while held; locked the file now at its path");
+                Ok(Confirmed::Retaken)
+            }
+            TryAcquire::Busy { holder } => Ok(Confirmed::Lost { holder }),
+        }
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         // Cleared while still locked, so no new holder's record can be wiped: a record in

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ckpt_lock::{LockFile, LockHolder, TryAcquire, read_holder};
+use ckpt_lock::{Confirmed, LockFile, LockHolder, TryAcquire, read_holder};
 use tempfile::TempDir;
 
 /// Bound for anything that must happen "soon"; generous for a loaded 2-core machine.
@@ -262,4 +262,56 @@ async fn waiter_relocks_when_the_lock_file_is_replaced_while_it_waits() {
         .unwrap()
         .unwrap();
     assert_eq!(read_holder(&path).unwrap().as_ref(), Some(guard.holder()));
+}
+
+#[test]
+fn a_holder_confirms_its_lock_file_and_retakes_a_deleted_one() {
+    let (_dir, path) = lock_path();
+    let mut guard = LockFile::new(&path, "holder")
+        .try_acquire()
+        .unwrap()
+        .into_guard()
+        .unwrap();
+    guard.set_status(Some("busy")).unwrap();
+    assert!(matches!(guard.confirm().unwrap(), Confirmed::Held));
+
+    // Deleted while held: nobody else sees that lock any more, so the holder locks the
+    // file now at the path (created again) and keeps its record.
+    fs::remove_file(&path).unwrap();
+    assert!(matches!(guard.confirm().unwrap(), Confirmed::Retaken));
+    assert!(matches!(guard.confirm().unwrap(), Confirmed::Held));
+    assert_eq!(read_holder(&path).unwrap().as_ref(), Some(guard.holder()));
+    assert_eq!(guard.holder().status.as_deref(), Some("busy"));
+    let newcomer = LockFile::new(&path, "newcomer").try_acquire().unwrap();
+    assert_eq!(
+        busy_holder(newcomer).map(|h| h.identity),
+        Some("holder".to_owned()),
+        "a newcomer finds the lock held"
+    );
+}
+
+#[test]
+fn a_holder_whose_lock_file_was_replaced_and_taken_loses_it() {
+    let (_dir, path) = lock_path();
+    let mut guard = LockFile::new(&path, "holder")
+        .try_acquire()
+        .unwrap()
+        .into_guard()
+        .unwrap();
+    fs::remove_file(&path).unwrap();
+    let newcomer = LockFile::new(&path, "newcomer")
+        .try_acquire()
+        .unwrap()
+        .into_guard()
+        .expect("the new file");
+    match guard.confirm().unwrap() {
+        Confirmed::Lost { holder } => assert_eq!(holder.map(|h| h.identity), Some("newcomer".to_owned())),
+        other => panic!("two holders: {other:?}"),
+    }
+    drop(guard);
+    assert_eq!(
+        read_holder(&path).unwrap().as_ref(),
+        Some(newcomer.holder()),
+        "the newcomer's record stays"
+    );
 }

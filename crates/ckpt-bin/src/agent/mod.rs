@@ -16,10 +16,10 @@ use ckpt_core::{
     PodId, SelfIdentity, Timestamp,
 };
 use ckpt_gc::GcPolicy;
-use ckpt_lock::{LockFile, LockGuard};
+use ckpt_lock::{Confirmed, LockFile, LockGuard};
 use ckpt_store::Store;
 use ckpt_watch::{CriClient, KubeletClient, KubeletConfig, LocalObserver};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use connect::ApiSource;
 use connect::{ApiLink, Connect, CredentialKeeper};
@@ -137,30 +137,31 @@ async fn hold_and_run(
             None => connect::reconnect(&settings).await,
         };
         let mut agent = Agent::new(settings.clone(), store, health.clone(), policy, link, guard)?;
-        match agent.run(shutdown.as_mut()).await? {
-            Exit::Done => return Ok(()),
-            Exit::HandOver => {
-                policy = agent.policy;
-                // Releases the lock and stops the watches.
-                drop(agent.guard);
-                drop(agent.link);
-                health.handover();
-                health.set_phase(Phase::Standby);
-                warn!(
-                    after_s = settings.unauthorized_handover.as_secs(),
-                    "the API server keeps rejecting this copy's credentials: handed the lock over to the other copy; checkpoints stay as they are"
-                );
-                tokio::select! {
-                    () = tokio::time::sleep(HANDOVER_PAUSE) => {}
-                    () = &mut shutdown => {
-                        info!("signal received; exiting");
-                        return Ok(());
-                    }
+        let exit = agent.run(shutdown.as_mut()).await?;
+        if exit == Exit::Done {
+            return Ok(());
+        }
+        policy = agent.policy;
+        // Releases the lock and stops the watches.
+        drop(agent.guard);
+        drop(agent.link);
+        health.set_phase(Phase::Standby);
+        if exit == Exit::HandOver {
+            health.handover();
+            warn!(
+                after_s = settings.unauthorized_handover.as_secs(),
+                "the API server keeps rejecting this copy's credentials: handed the lock over to the other copy; checkpoints stay as they are"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(HANDOVER_PAUSE) => {}
+                () = &mut shutdown => {
+                    info!("signal received; exiting");
+                    return Ok(());
                 }
-                // Fresh credentials: the other copy may have renewed the kept ones.
-                connect = Connect::prepare(api.clone(), &settings).await?;
             }
         }
+        // Fresh credentials: the other copy may have renewed the kept ones.
+        connect = Connect::prepare(api.clone(), &settings).await?;
     }
 }
 
@@ -173,12 +174,16 @@ async fn keep_while_waiting(keeper: Option<CredentialKeeper>) {
 }
 
 /// Why [`Agent::run`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Exit {
     /// A signal, or self-GC: the process exits.
     Done,
     /// The API server rejected this copy's credentials for `--unauthorized-handover`: it
     /// releases the lock for the other copy and waits for it again.
     HandOver,
+    /// The lock file was replaced while held and another process locks the new one: this
+    /// copy steps down and waits for the lock again, so that one copy acts.
+    LockLost,
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -214,6 +219,8 @@ struct Agent {
     state: PersistentState,
     /// The journal on disk is behind `state`: the last save failed.
     journal_behind: bool,
+    /// The last check of the lock failed (said once per streak).
+    lock_unconfirmed: bool,
     last_local: Option<LocalView>,
     reporter: Reporter,
     next_deadline: Option<Timestamp>,
@@ -273,6 +280,7 @@ impl Agent {
             local,
             state,
             journal_behind: false,
+            lock_unconfirmed: false,
             last_local: None,
             reporter: Reporter::default(),
             next_deadline: None,
@@ -342,6 +350,7 @@ impl Agent {
                     return Ok(Exit::Done);
                 }
                 PassResult::HandOver => return Ok(Exit::HandOver),
+                PassResult::LockLost => return Ok(Exit::LockLost),
             }
             // Wait for the next reason to look again.
             let deadline = self.next_deadline.map(|t| {
@@ -381,6 +390,9 @@ impl Agent {
                         break self.latest_local().await;
                     }
                     _ = local_tick.tick() => {
+                        if !self.confirm_lock() {
+                            return Ok(Exit::LockLost);
+                        }
                         let observed = self.local.observe().await;
                         if self.last_local.as_ref() != Some(&observed) {
                             break observed;
@@ -401,6 +413,9 @@ impl Agent {
 
     /// One pass: observe, decide (with the strategy's verdicts), apply, report.
     async fn pass(&mut self, local: LocalView) -> Result<PassResult> {
+        if !self.confirm_lock() {
+            return Ok(PassResult::LockLost);
+        }
         let started = Instant::now();
         let now = Timestamp::now();
         let read = on_disk(&self.store, |s| {
@@ -562,6 +577,32 @@ fn checkpoint_of(path: &std::path::Path) -> Option<PodId> {
 }
 
 impl Agent {
+    /// Whether this copy still holds the lock (see [`LockGuard::confirm`]): `false` once
+    /// the lock file was replaced while held and another process locks the new one.
+    fn confirm_lock(&mut self) -> bool {
+        let confirmed = self.guard.confirm();
+        if confirmed.is_ok() && std::mem::take(&mut self.lock_unconfirmed) {
+            info!("the lock can be checked again");
+        }
+        match confirmed {
+            Ok(Confirmed::Held | Confirmed::Retaken) => true,
+            Ok(Confirmed::Lost { holder }) => {
+                error!(
+                    lock = %self.guard.path().display(),
+                    holder = holder.map(|h| h.to_string()).unwrap_or_default(),
+                    "the lock file was replaced while this copy held it, and another process locks the new one: stepping down so that one copy acts"
+                );
+                false
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.lock_unconfirmed, true) {
+                    warn!(error = %error_chain(&e), "cannot check the lock file; going on as its holder");
+                }
+                true
+            }
+        }
+    }
+
     /// Follows how long the API server has rejected this copy's credentials, says so in
     /// the lock's holder record, and returns when to hand the lock over (`None` while
     /// they are accepted).
@@ -631,6 +672,8 @@ enum PassResult {
     SelfGcComplete,
     /// The credentials were rejected for too long: hand the lock over.
     HandOver,
+    /// Another process locks the lock file now at the path: step down.
+    LockLost,
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
