@@ -31,7 +31,7 @@ use crate::plan::{
     ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal,
     SelfScheduling, orphans, plan,
 };
-use crate::references::{MAX_OBJECTS_PER_POD, RequiredObjects, required_objects};
+use crate::references::{RequiredObjects, over_watch_budget, required_objects};
 use crate::revisions::{Handoff, Lineage, RevisionSettings};
 use crate::sanitize::{SanitizeOptions, sanitize};
 use crate::scheduling::daemon_pod_continues_running;
@@ -617,13 +617,9 @@ fn sanitize_parents(
     };
     let none = Default::default();
     let mut out = BTreeMap::new();
+    let mut over_budget = over_watch_budget(parents.iter().map(|(&id, &pod)| (id, pod)));
     for (&id, &pod) in parents {
-        let required = required_objects(pod);
-        if required.too_many() {
-            let message = format!(
-                "references {} Secrets and ConfigMaps, more than the {MAX_OBJECTS_PER_POD} the agent watches for one pod",
-                required.len()
-            );
+        if let Some(message) = over_budget.remove(id) {
             let refusal = Refusal {
                 message,
                 uid: pod.metadata.uid.clone(),
@@ -631,6 +627,7 @@ fn sanitize_parents(
             report.refusals.insert(id.clone(), refusal);
             continue;
         }
+        let required = required_objects(pod);
         let view = observation.objects.get(&*id.namespace).unwrap_or(&none);
         let unresolved = view.unresolved(&required);
         let loading: Vec<String> = (unresolved.iter())
@@ -700,7 +697,8 @@ fn inadmissible_message(node: &str, kubelet: Option<KubeletVersion>, problems: &
 }
 
 /// What the objects of every parent in `pods` need, by allowed namespace (each allowed
-/// namespace present, possibly empty): what the Secret/ConfigMap watches must cover.
+/// namespace present, possibly empty): what the Secret/ConfigMap watches must cover. A
+/// parent past the node's watch budget ([`crate::over_watch_budget`]) is left out.
 pub fn required_by_namespace(
     pods: &BTreeMap<PodId, Arc<Pod>>,
     allowed: &NamespaceAllowList,
@@ -708,12 +706,12 @@ pub fn required_by_namespace(
     let mut out: BTreeMap<String, RequiredObjects> = (allowed.namespaces())
         .map(|ns| (ns.to_owned(), RequiredObjects::default()))
         .collect();
-    for (id, pod) in pods.iter().filter(|(_, pod)| is_parent(pod, allowed)) {
+    // The parents `decide` checkpoints, in its order (a completed one never is).
+    let parents = || (pods.iter()).filter(|(_, pod)| is_parent(pod, allowed) && !has_completed(pod));
+    // Refused in `decide`: nothing of them is watched.
+    let over_budget = over_watch_budget(parents().map(|(id, pod)| (id, &**pod)));
+    for (id, pod) in parents().filter(|(id, _)| !over_budget.contains_key(*id)) {
         let required = required_objects(pod);
-        // Refused in `decide`: nothing of it is watched.
-        if required.too_many() {
-            continue;
-        }
         let ns = out.entry(id.namespace.to_string()).or_default();
         ns.secrets.extend(required.secrets);
         ns.config_maps.extend(required.config_maps);

@@ -102,7 +102,10 @@ pub use plan::{
     Removal, RemovalReason, SelfScheduling, StoredCopy, orphans, plan,
 };
 #[doc(inline)]
-pub use references::{MAX_OBJECTS_PER_POD, RequiredObjects, references_api_objects, required_objects};
+pub use references::{
+    MAX_OBJECTS_PER_POD, MAX_WATCHED_OBJECTS, RequiredObjects, over_watch_budget, references_api_objects,
+    required_objects,
+};
 #[doc(inline)]
 pub use sanitize::{ApiObjects, SanitizeOptions, Sanitized, sanitize};
 #[doc(inline)]

@@ -1,14 +1,60 @@
 //! Which API objects a pod refers to: what must be fetched before sanitizing, and the
 //! kubelet's (≥1.34) rule that a static pod may refer to none.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, Volume};
+
+use crate::identity::PodId;
 
 /// The most Secrets and ConfigMaps one parent may reference, together: the agent watches
 /// each one (as the kubelet does), so a pod referencing more is refused, with an Event,
 /// before any watch starts. A control-plane pod references a handful.
 pub const MAX_OBJECTS_PER_POD: usize = 64;
+
+/// The most Secrets and ConfigMaps the agent watches on a node, for every parent
+/// together (each watch holds a connection to the API server). Parents are taken in
+/// order of namespace and name; one whose objects not watched yet would go past the
+/// bound is refused, with an Event, before any watch of it starts.
+pub const MAX_WATCHED_OBJECTS: usize = 256;
+
+/// The parents, of `parents` in the order given, that reference more Secrets and
+/// ConfigMaps than one pod may, or whose objects not referenced by an earlier parent would
+/// take the node past [`MAX_WATCHED_OBJECTS`]: nothing of them is watched.
+pub fn over_watch_budget<'a, I>(parents: I) -> BTreeMap<PodId, String>
+where
+    I: IntoIterator<Item = (&'a PodId, &'a Pod)>,
+{
+    let mut watched: BTreeSet<(&str, bool, String)> = BTreeSet::new();
+    let mut over = BTreeMap::new();
+    for (id, pod) in parents {
+        let required = required_objects(pod);
+        if required.too_many() {
+            let why = format!(
+                "references {} Secrets and ConfigMaps, more than the {MAX_OBJECTS_PER_POD} the agent watches for one pod",
+                required.len()
+            );
+            over.insert(id.clone(), why);
+            continue;
+        }
+        let ns: &str = &id.namespace;
+        let new: Vec<(&str, bool, String)> = (required.secrets.into_iter().map(|n| (ns, true, n)))
+            .chain(required.config_maps.into_iter().map(|n| (ns, false, n)))
+            .filter(|key| !watched.contains(key))
+            .collect();
+        if watched.len() + new.len() > MAX_WATCHED_OBJECTS {
+            let why = format!(
+                "references {} Secrets and ConfigMaps not watched yet, and the agent already watches {} of the {MAX_WATCHED_OBJECTS} it watches on a node (for parents before it by namespace and name)",
+                new.len(),
+                watched.len()
+            );
+            over.insert(id.clone(), why);
+            continue;
+        }
+        watched.extend(new);
+    }
+    over
+}
 
 /// The Secrets and ConfigMaps (in the pod's namespace) a pod's volumes and env use.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

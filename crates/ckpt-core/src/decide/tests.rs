@@ -13,6 +13,7 @@ use crate::checkpoint::CheckpointMeta;
 use crate::observation::{Fetched, ObjectRef, ObjectsView, OwnerStatus};
 use crate::plan::SelfScheduling;
 use crate::plan::{LocalView, Removal, RemovalReason, StoredCopy};
+use crate::references::{MAX_OBJECTS_PER_POD, MAX_WATCHED_OBJECTS};
 
 const NS: &str = "kube-system";
 const NOW: Timestamp = Timestamp(1_000_000);
@@ -1149,5 +1150,57 @@ fn checkpoints_whose_files_cannot_be_read_are_left_alone() {
         self_gc,
         &[],
         (&[], &[], &[], &["e", "pc-abc"], true),
+    );
+}
+
+/// The node's watch budget: parents in order of namespace and name, objects shared
+/// between parents counted once; one whose new objects would go past the bound is
+/// refused and nothing of it is watched, and a later one that fits is served.
+#[test]
+fn parents_past_the_nodes_watch_budget_are_refused_and_not_watched() {
+    let referencing = |name: &str, secrets: std::ops::Range<usize>| {
+        let (id, pod) = pod(name, parent(name));
+        let mut pod = (*pod).clone();
+        let env: Vec<serde_json::Value> = secrets
+            .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"secretKeyRef": {"name": format!("s{i}"), "key": "k"}}}))
+            .collect();
+        pod.spec.as_mut().unwrap().containers[0].env = Some(serde_json::from_value(json!(env)).unwrap());
+        (id, Arc::new(pod))
+    };
+    let per_pod = MAX_OBJECTS_PER_POD;
+    let fitting = MAX_WATCHED_OBJECTS / per_pod;
+    let mut world = World::synced(&[]);
+    for i in 0..fitting {
+        let (id, pod) = referencing(&format!("a{i}"), i * per_pod..(i + 1) * per_pod);
+        world.observation.pods.insert(id, pod);
+    }
+    // Past the budget with one object of its own; then one that shares every object.
+    let (over, pod) = referencing("b-over", 0..per_pod - 1);
+    let mut pod = (*pod).clone();
+    let env = pod.spec.as_mut().unwrap().containers[0].env.as_mut().unwrap();
+    env.push(
+        serde_json::from_value(
+            json!({"name": "NEW", "valueFrom": {"secretKeyRef": {"name": "new", "key": "k"}}}),
+        )
+        .unwrap(),
+    );
+    world.observation.pods.insert(over.clone(), Arc::new(pod));
+    let (shared, pod) = referencing("c-shared", 0..per_pod);
+    world.observation.pods.insert(shared.clone(), pod);
+
+    let d = world.decide();
+    assert_eq!(names(d.report.refusals.keys()), names([&over]));
+    assert_eq!(
+        d.report.refusals[&over].message,
+        format!(
+            "references 1 Secrets and ConfigMaps not watched yet, and the agent already watches {MAX_WATCHED_OBJECTS} of the {MAX_WATCHED_OBJECTS} it watches on a node (for parents before it by namespace and name)"
+        )
+    );
+    assert!(!d.report.refusals.contains_key(&shared));
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    assert_eq!(watched[NS].len(), MAX_WATCHED_OBJECTS);
+    assert!(
+        !watched[NS].secrets.contains("new"),
+        "nothing of the refused pod is watched"
     );
 }
