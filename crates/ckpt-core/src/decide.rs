@@ -177,6 +177,8 @@ pub struct Assessment<'a> {
     desired: BTreeMap<PodId, String>,
     /// The parents whose API pod is Ready (synced views only).
     ready: BTreeSet<PodId>,
+    /// The parents being deleted (synced views only).
+    terminating: BTreeSet<PodId>,
     /// DaemonSet lineages whose DaemonSet still targets this node (synced views only).
     live: BTreeSet<Lineage>,
     orphans: Vec<Orphan>,
@@ -210,6 +212,7 @@ impl Assessment<'_> {
             grace: self.grace,
             allowed: &self.allowed,
             ready: &self.ready,
+            terminating: &self.terminating,
             revisions: &self.revisions,
             live: &self.live,
         };
@@ -355,6 +358,10 @@ pub fn assess<'a>(
         .filter(|(_, pod)| synced && known_good::is_ready(pod))
         .map(|(id, _)| (*id).clone())
         .collect();
+    let terminating: BTreeSet<PodId> = (parents.iter())
+        .filter(|(_, pod)| synced && pod.metadata.deletion_timestamp.is_some())
+        .map(|(id, _)| (*id).clone())
+        .collect();
     report.parent_uids = (disk.iter())
         .filter_map(|(id, d)| Some((id.clone(), d.meta()?.parent_uid.clone()?)))
         .chain(
@@ -392,6 +399,7 @@ pub fn assess<'a>(
         grace: config.grace,
         allowed: &config.allowed,
         ready: &BTreeSet::new(),
+        terminating: &BTreeSet::new(),
         revisions: &config.revisions,
         live: &BTreeSet::new(),
     };
@@ -434,6 +442,7 @@ pub fn assess<'a>(
         checkpoints,
         desired,
         ready,
+        terminating,
         live: if synced {
             live_lineages(observation)
         } else {

@@ -173,6 +173,8 @@ pub struct PlanInputs<'a> {
     pub allowed: &'a NamespaceAllowList,
     /// The parents Ready on a synced view (empty otherwise): what ends a handoff.
     pub ready: &'a BTreeSet<PodId>,
+    /// The parents being deleted on a synced view (empty otherwise): they get no handoff.
+    pub terminating: &'a BTreeSet<PodId>,
     /// `--revisions` and `--handoff-timeout`.
     pub revisions: &'a RevisionSettings,
     /// DaemonSet lineages whose DaemonSet (same UID) still targets this node and
@@ -845,6 +847,7 @@ fn lineages(
                 newest_hash: hash,
                 newest_runs: newest_row.runs,
                 newest_ready: inputs.ready.contains(newest_row.id),
+                newest_terminating: inputs.terminating.contains(newest_row.id),
                 active: rows[runner].disk.is_some_and(|d| d.active.is_some()),
                 handoff: inputs.state.handoffs.get(newest_row.id),
                 rejected: inputs.state.rejected.get(newest_row.id),

@@ -288,6 +288,8 @@ pub struct HandoffInput<'a> {
     pub newest_runs: Option<bool>,
     /// Its parent is Ready on a synced view.
     pub newest_ready: bool,
+    /// Its parent is being deleted, on a synced view (a rollout or rollback replacing it).
+    pub newest_terminating: bool,
     /// The known-good checkpoint is active.
     pub active: bool,
     /// The handoff in progress to the newest revision, from the journal.
@@ -322,13 +324,16 @@ pub struct HandoffOutcome {
 /// | any | rejected | serve | rejected | — |
 /// | any | handoff, deadline passed | serve | rejected (now) | `Failed` |
 /// | any | handoff | standby | handoff | — |
+/// | being deleted, checkpoint active | nothing | serve | nothing | — |
 /// | runs, checkpoint active | nothing | standby | handoff (now) | `Started` |
 /// | otherwise | — | as usual | nothing | — |
 ///
 /// At most one handoff per revision (per pod): a rejected parent gets the node again only
 /// as a new pod (a rollback or a fix of the spec is one) or once it is seen Ready (with
 /// `--permit-port-sharing` it can bind and prove itself beside the checkpoint, after a fix
-/// of the data it mounts, say).
+/// of the data it mounts, say). A pod being deleted (its DaemonSet replacing it, a
+/// rollback) gets no handoff: the node would go without a server for a pod that is going
+/// anyway; the known-good checkpoint serves until the replacement runs.
 pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
     // The journal is keyed by the newest revision's pod: its entries hold for that pod
     // whatever its content became since (a Secret it mounts rewritten; a real-node run saw
@@ -364,6 +369,9 @@ pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
         }
         let kept = SpecSince { since, ..started };
         return outcome(Serving::Standby, Some(kept), None, None, Some(deadline));
+    }
+    if input.newest_terminating && input.active {
+        return outcome(Serving::Serve, None, None, None, None);
     }
     if input.newest_runs == Some(true) && input.active {
         let started = SpecSince {

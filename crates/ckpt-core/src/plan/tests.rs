@@ -65,6 +65,7 @@ struct World {
     grace: Duration,
     allowed: NamespaceAllowList,
     ready: BTreeSet<PodId>,
+    terminating: BTreeSet<PodId>,
     revisions: RevisionSettings,
     live: BTreeSet<Lineage>,
     /// When [`World::apply`] says a write happened.
@@ -100,6 +101,7 @@ impl World {
             grace: Duration::ZERO,
             allowed: NamespaceAllowList::new([NS]),
             ready: BTreeSet::new(),
+            terminating: BTreeSet::new(),
             revisions: RevisionSettings::default(),
             live: BTreeSet::new(),
             clock: NOW,
@@ -186,6 +188,7 @@ impl World {
             grace: self.grace,
             allowed: &self.allowed,
             ready: &self.ready,
+            terminating: &self.terminating,
             revisions: &self.revisions,
             live: &self.live,
         }
@@ -1304,6 +1307,24 @@ fn a_bad_upgrade_is_served_by_the_known_good_revision_until_a_rollback() {
         Inactive,
         "kept: the previous known-good revision"
     );
+}
+
+#[test]
+fn a_parent_being_deleted_gets_no_handoff() {
+    let mut w = World::new(&[("api-1", "I")]);
+    proven(&mut w, "api-1", "h1");
+    step(&mut w, 0, expect(&[], &[], &["api-1"], &[]), &[]);
+    w = superseded(w.synced(&["api-2"]).desired(&[("api-2", "h2")]), "api-1");
+    step(&mut w, 10, expect(&["api-2"], &[], &[], &[]), &[]);
+    // Its DaemonSet replaces it (a rollback) while its container runs: the known-good
+    // checkpoint keeps the node.
+    w = w.running(&["api-2"]);
+    w.terminating.insert(id("api-2"));
+    let p = step(&mut w, 20, expect(&[], &[], &[], &[]), &[]);
+    assert_eq!(p.states[&id("api-1")], Active);
+    // The same pod, not being deleted, gets it.
+    w.terminating.clear();
+    step(&mut w, 30, expect(&[], &["api-1"], &[], &[]), &[Handoff::Started]);
 }
 
 #[test]

@@ -150,6 +150,7 @@ fn a_lineage_is_a_daemon_sets_pods_or_one_pod() {
 struct Pass {
     runs: Option<bool>,
     ready: bool,
+    terminating: bool,
     active: bool,
     /// `(hash, since)`.
     handoff: Option<(&'static str, i64)>,
@@ -160,6 +161,7 @@ struct Pass {
 const QUIET: Pass = Pass {
     runs: Some(false),
     ready: false,
+    terminating: false,
     active: false,
     handoff: None,
     rejected: None,
@@ -190,6 +192,7 @@ fn check_handoff(
         newest_hash: "new",
         newest_runs: pass.runs,
         newest_ready: pass.ready,
+        newest_terminating: pass.terminating,
         active: pass.active,
         handoff: handoff_in.as_ref(),
         rejected: rejected_in.as_ref(),
@@ -236,6 +239,26 @@ fn handoffs() {
             Some(Handoff::Started),
             Some(1120),
         ),
+    );
+    check_handoff(
+        "a parent being deleted (its DaemonSet replacing it) gets no handoff: the checkpoint \
+         serves on",
+        Pass {
+            runs: Some(true),
+            terminating: true,
+            active: true,
+            ..QUIET
+        },
+        (Serve, None, None, None, None),
+    );
+    check_handoff(
+        "a parent being deleted beside an inactive checkpoint (a rollout): as usual",
+        Pass {
+            runs: Some(true),
+            terminating: true,
+            ..QUIET
+        },
+        (AsUsual, None, None, None, None),
     );
     check_handoff(
         "an unknown runtime starts no handoff",
