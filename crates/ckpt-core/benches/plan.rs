@@ -115,6 +115,7 @@ fn bench_plan(c: &mut Criterion) {
             grace: std::time::Duration::from_secs(60),
             allowed: &allowed,
             ready: &ready,
+            terminating: &ready,
             revisions: &revisions,
             live: &live,
         };
