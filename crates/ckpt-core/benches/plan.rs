@@ -101,6 +101,7 @@ fn bench_plan(c: &mut Criterion) {
         let w = world(n);
         let allowed = NamespaceAllowList::new(["kube-system"]);
         let ready = std::collections::BTreeSet::new();
+        let terminating = std::collections::BTreeSet::new();
         let revisions = ckpt_core::revisions::RevisionSettings::default();
         let live = std::collections::BTreeSet::new();
         let inputs = PlanInputs {
@@ -115,7 +116,7 @@ fn bench_plan(c: &mut Criterion) {
             grace: std::time::Duration::from_secs(60),
             allowed: &allowed,
             ready: &ready,
-            terminating: &ready,
+            terminating: &terminating,
             revisions: &revisions,
             live: &live,
         };
