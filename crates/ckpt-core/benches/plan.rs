@@ -37,6 +37,7 @@ fn world(n: usize) -> World {
             owner: Some(owner.clone()),
             spec_hash: Some(hash.into()),
             checkpointed_at: None,
+            retires_when_ready: false,
         },
         digest: hash.into(),
     };
@@ -60,6 +61,7 @@ fn world(n: usize) -> World {
                     uid: None,
                     owner: Some(owner.clone()),
                     completed: false,
+                    retires_when_ready: false,
                 },
             )
         })

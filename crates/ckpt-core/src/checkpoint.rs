@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 use crate::identity::{
     ANNOTATION_CHECKPOINT_OF, ANNOTATION_CHECKPOINTED_AT, ANNOTATION_OWNER, ANNOTATION_PARENT_UID,
-    ANNOTATION_SPEC_HASH, ControllerOwner, PodId,
+    ANNOTATION_SPEC_HASH, ControllerOwner, PodId, retires_when_ready,
 };
 use crate::time::Timestamp;
 
@@ -152,6 +152,9 @@ pub struct CheckpointMeta {
     pub spec_hash: Option<String>,
     /// When the content was checkpointed, if written by us.
     pub checkpointed_at: Option<Timestamp>,
+    /// Its parent asked for the checkpoint to stay until it is Ready
+    /// ([`crate::identity::HANDOFF_WHEN_READY`]).
+    pub retires_when_ready: bool,
 }
 
 impl CheckpointMeta {
@@ -172,6 +175,7 @@ impl CheckpointMeta {
             owner: get(ANNOTATION_OWNER).and_then(|v| ControllerOwner::from_annotation(&v)),
             spec_hash: get(ANNOTATION_SPEC_HASH),
             checkpointed_at: get(ANNOTATION_CHECKPOINTED_AT).and_then(|v| Timestamp::parse_rfc3339(&v)),
+            retires_when_ready: retires_when_ready(pod),
         })
     }
 }

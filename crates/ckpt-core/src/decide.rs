@@ -24,6 +24,7 @@ use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{
     ANNOTATION_CHECKPOINT, ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent,
+    retires_when_ready,
 };
 use crate::known_good;
 use crate::observation::{ApiState, Fetched, Observation, OwnerKey};
@@ -381,6 +382,7 @@ pub fn assess<'a>(
                         uid: pod.metadata.uid.clone(),
                         owner: ControllerOwner::of(pod),
                         completed: has_completed(pod),
+                        retires_when_ready: retires_when_ready(pod),
                     };
                     ((*id).clone(), parent)
                 })

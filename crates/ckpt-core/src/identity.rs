@@ -9,6 +9,14 @@ use serde::{Deserialize, Serialize};
 
 /// Marks a parent: a pod that asks to be checkpointed (value exactly `"true"`).
 pub const ANNOTATION_CHECKPOINT: &str = "checkpointer.alpha.coreos.com/checkpoint";
+/// On a parent (and copied to its checkpoints): how its checkpoint hands the node back to
+/// it; [`HANDOFF_WHEN_READY`] is the one value (absent: the checkpoint steps aside as soon
+/// as the parent runs).
+pub const ANNOTATION_HANDOFF: &str = "checkpointer.alpha.coreos.com/handoff";
+/// [`ANNOTATION_HANDOFF`]'s value for a parent that binds its ports beside its running
+/// checkpoint (`SO_REUSEPORT`: kube-apiserver's `--permit-port-sharing`): the checkpoint
+/// stays until the parent is Ready instead of stepping aside when it runs.
+pub const HANDOFF_WHEN_READY: &str = "when-ready";
 /// Marks a checkpoint; the value is the parent's name (bootkube's format).
 pub const ANNOTATION_CHECKPOINT_OF: &str = "checkpointer.alpha.coreos.com/checkpoint-of";
 /// Our addition: the parent's UID.
@@ -185,6 +193,12 @@ pub fn is_parent(pod: &Pod, allowed: &NamespaceAllowList) -> bool {
         && !is_static_or_mirror(pod)
         && !is_checkpoint(pod)
         && PodId::of(pod).is_some_and(|id| allowed.allows(&id.namespace))
+}
+
+/// Whether a pod (a parent, or a checkpoint made of one) asks for its checkpoint to stay
+/// until it is Ready ([`HANDOFF_WHEN_READY`]).
+pub fn retires_when_ready(pod: &Pod) -> bool {
+    annotation(pod, ANNOTATION_HANDOFF) == Some(HANDOFF_WHEN_READY)
 }
 
 /// The agent's own identity, valid for both its DaemonSet copy and its static copy.

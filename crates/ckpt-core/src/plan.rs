@@ -64,6 +64,9 @@ pub struct ApiParent {
     /// It has completed (phase `Succeeded` or `Failed` with `restartPolicy` `Never` or
     /// `OnFailure`): it will never run again, and a static copy would run its work again.
     pub completed: bool,
+    /// It asks for its checkpoint to stay until it is Ready
+    /// ([`crate::identity::HANDOFF_WHEN_READY`]).
+    pub retires_when_ready: bool,
 }
 
 /// What runs on this node, from the container runtime (or the kubelet with CRI off).
@@ -328,6 +331,15 @@ struct Row<'a> {
 impl Row<'_> {
     fn has_inactive(&self) -> bool {
         self.disk.is_some_and(|d| d.inactive.is_some())
+    }
+
+    /// Its parent asks for the checkpoint to stay until it is Ready: as the API lists it,
+    /// else as its checkpoint recorded it (which holds while the API is down).
+    fn retires_when_ready(&self) -> bool {
+        match self.parent {
+            Some(parent) => parent.retires_when_ready,
+            None => (self.disk.and_then(DiskCheckpoint::meta)).is_some_and(|m| m.retires_when_ready),
+        }
     }
 }
 
@@ -710,13 +722,16 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         // A parent of the lineage runs (any revision's: the newest after a rollout).
         let runs = lineage.map_or(row.runs, |l| l.runs);
         let serving = lineage.map_or(Serving::AsUsual, |l| l.serving);
+        let ready = lineage.map_or_else(|| inputs.ready.contains(id), |l| l.ready);
+        let when_ready = lineage.map_or_else(|| row.retires_when_ready(), |l| l.retires_when_ready);
         let active_after = match (serving, runs, inputs.api) {
             // The new parent has the node until its handoff deadline.
             (Serving::Standby, ..) => false,
             // The new parent failed its handoff: the known-good checkpoint serves.
             (Serving::Serve, ..) => has_inactive || has_active,
-            // The parent runs: the checkpoint steps aside.
-            (Serving::AsUsual, Some(true), _) => false,
+            // The parent runs: the checkpoint steps aside, or, for a parent that binds
+            // beside it (`when-ready`), stays until the parent is Ready.
+            (Serving::AsUsual, Some(true), _) => has_active && when_ready && !ready,
             // Not running (or unknown) and no API: availability first.
             (Serving::AsUsual, _, ApiView::Unreachable) => has_inactive || has_active,
             // Not running, API back: an active checkpoint stays; nothing new starts.
@@ -763,6 +778,10 @@ struct LineagePass {
     newest_due: bool,
     /// How the revision it runs serves (a handoff under way, or failed).
     serving: Serving,
+    /// A parent of the lineage is Ready on a synced view.
+    ready: bool,
+    /// The newest revision's parent asks for the checkpoint to stay until it is Ready.
+    retires_when_ready: bool,
 }
 
 /// The lineages of several revisions ([`crate::revisions`]), and each row's lineage if it
@@ -848,6 +867,7 @@ fn lineages(
                 newest_runs: newest_row.runs,
                 newest_ready: inputs.ready.contains(newest_row.id),
                 newest_terminating: inputs.terminating.contains(newest_row.id),
+                retires_when_ready: newest_row.retires_when_ready(),
                 active: rows[runner].disk.is_some_and(|d| d.active.is_some()),
                 handoff: inputs.state.handoffs.get(newest_row.id),
                 rejected: inputs.state.rejected.get(newest_row.id),
@@ -871,6 +891,8 @@ fn lineages(
             runs,
             newest_due,
             serving,
+            ready: indices.iter().any(|&i| inputs.ready.contains(rows[i].id)),
+            retires_when_ready: newest_row.retires_when_ready(),
         };
         passes.insert(lineage, pass);
     }

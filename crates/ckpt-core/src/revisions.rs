@@ -290,6 +290,9 @@ pub struct HandoffInput<'a> {
     pub newest_ready: bool,
     /// Its parent is being deleted, on a synced view (a rollout or rollback replacing it).
     pub newest_terminating: bool,
+    /// Its parent binds beside the checkpoint and asks for it to stay until it is Ready
+    /// ([`crate::identity::HANDOFF_WHEN_READY`]).
+    pub retires_when_ready: bool,
     /// The known-good checkpoint is active.
     pub active: bool,
     /// The handoff in progress to the newest revision, from the journal.
@@ -321,6 +324,7 @@ pub struct HandoffOutcome {
 /// | the new parent | journal (this pod) | serving | journal after | step |
 /// |---|---|---|---|---|
 /// | Ready (synced view) | any | as usual | nothing | `Ready` if a handoff was under way |
+/// | binds beside the checkpoint (`when-ready`) | any | serve if active, else as usual | nothing | — |
 /// | any | rejected | serve | rejected | — |
 /// | any | handoff, deadline passed | serve | rejected (now) | `Failed` |
 /// | any | handoff | standby | handoff | — |
@@ -351,6 +355,16 @@ pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
     if input.newest_ready {
         let step = handoff.is_some().then_some(Handoff::Ready);
         return outcome(Serving::AsUsual, None, None, step, None);
+    }
+    if input.retires_when_ready {
+        // No step aside and no deadline: the parent binds beside the running checkpoint,
+        // which stays until the parent is Ready (the row above), however long it takes.
+        let serving = if input.active {
+            Serving::Serve
+        } else {
+            Serving::AsUsual
+        };
+        return outcome(serving, None, None, None, None);
     }
     if rejected.is_some() {
         return outcome(Serving::Serve, None, rejected, None, None);

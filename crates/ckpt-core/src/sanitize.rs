@@ -20,8 +20,9 @@ use serde::Serialize;
 use crate::checkpoint::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, sha256_hex};
 use crate::error::{Error, Result};
 use crate::identity::{
-    ANNOTATION_CHECKPOINT_OF, ANNOTATION_CHECKPOINTED_AT, ANNOTATION_OWNER, ANNOTATION_PARENT_UID,
-    ANNOTATION_SPEC_HASH, ControllerOwner, PodId, is_dns_label, is_dns_subdomain,
+    ANNOTATION_CHECKPOINT_OF, ANNOTATION_CHECKPOINTED_AT, ANNOTATION_HANDOFF, ANNOTATION_OWNER,
+    ANNOTATION_PARENT_UID, ANNOTATION_SPEC_HASH, ControllerOwner, HANDOFF_WHEN_READY, PodId, is_dns_label,
+    is_dns_subdomain, retires_when_ready,
 };
 use crate::references::references_api_objects;
 use crate::time::Timestamp;
@@ -138,6 +139,10 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
     }
     if let Some(owner) = ControllerOwner::of(pod) {
         annotations.insert(ANNOTATION_OWNER.to_owned(), owner.to_annotation());
+    }
+    // Kept with the checkpoint: it decides the handoff while the API server is down too.
+    if retires_when_ready(pod) {
+        annotations.insert(ANNOTATION_HANDOFF.to_owned(), HANDOFF_WHEN_READY.to_owned());
     }
     let mut manifest = Pod {
         metadata: ObjectMeta {
@@ -1172,6 +1177,26 @@ mod tests {
         assert_eq!(bytes.last(), Some(&b'\n'));
         let meta = CheckpointMetaCheck::from(&cp.manifest);
         assert_eq!(meta.0.owner.map(|o| o.name), Some("kube-apiserver".to_owned()));
+    }
+
+    #[test]
+    fn the_handoff_annotation_goes_with_the_checkpoint() {
+        let check = |value: &str, kept: bool| {
+            let mut parent = pod(json!({"containers": [container(json!({}))]}));
+            (parent.metadata.annotations.get_or_insert_default())
+                .insert(ANNOTATION_HANDOFF.to_owned(), value.to_owned());
+            let cp = sanitize(&parent, &objects(), &options()).expect("ok").checkpoint;
+            let annotations = cp.manifest.metadata.annotations.clone().unwrap_or_default();
+            assert_eq!(annotations.contains_key(ANNOTATION_HANDOFF), kept, "{value}");
+            assert_eq!(
+                CheckpointMetaCheck::from(&cp.manifest).0.retires_when_ready,
+                kept,
+                "{value}"
+            );
+        };
+        check(HANDOFF_WHEN_READY, true);
+        check("at-once", false);
+        check("", false);
     }
 
     struct CheckpointMetaCheck(crate::checkpoint::CheckpointMeta);

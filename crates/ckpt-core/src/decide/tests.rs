@@ -126,6 +126,7 @@ fn stored(name: &str, hash: &str) -> (PodId, DiskCheckpoint) {
             owner: ds,
             spec_hash: Some(hash.into()),
             checkpointed_at: None,
+            retires_when_ready: false,
         },
         digest: hash.into(),
     };

@@ -27,6 +27,11 @@ fn me() -> SelfIdentity {
     SelfIdentity::new(NS, "pc-abc", "node-1").with_owner(Some(ds_owner("pod-checkpointer")))
 }
 
+/// A parent whose name starts with `shared-` binds beside its checkpoint (`when-ready`).
+fn when_ready(name: &str) -> bool {
+    name.starts_with("shared-")
+}
+
 fn copy(name: &str, hash: &str, owner: Option<ControllerOwner>) -> StoredCopy {
     StoredCopy {
         meta: CheckpointMeta {
@@ -35,6 +40,7 @@ fn copy(name: &str, hash: &str, owner: Option<ControllerOwner>) -> StoredCopy {
             owner,
             spec_hash: Some(hash.into()),
             checkpointed_at: None,
+            retires_when_ready: when_ready(name),
         },
         digest: hash.into(),
     }
@@ -77,7 +83,7 @@ struct World {
 fn owner_of(name: &str) -> Option<ControllerOwner> {
     if name.starts_with("pc-") {
         Some(ds_owner("pod-checkpointer"))
-    } else if name.starts_with("api-") {
+    } else if name.starts_with("api-") || when_ready(name) {
         Some(ds_owner("kube-apiserver"))
     } else {
         None
@@ -139,6 +145,7 @@ impl World {
                         uid: Some(format!("uid-{n}")),
                         owner,
                         completed: false,
+                        retires_when_ready: when_ready(n),
                     },
                 )
             })
@@ -941,7 +948,7 @@ proptest! {
         let desired: BTreeMap<PodId, String> = desired.iter().map(|n| (id(n), format!("h-{n}"))).collect();
         let parents: Option<BTreeMap<PodId, ApiParent>> = listed.map(|l| {
             l.iter()
-                .map(|n| (id(n), ApiParent { uid: Some(format!("uid-{n}")), owner: None, completed: false }))
+                .map(|n| (id(n), ApiParent { uid: Some(format!("uid-{n}")), owner: None, completed: false, retires_when_ready: false }))
                 .collect()
         });
         let gathered: Vec<Gathered<'_>> = gather(&disk, &desired, parents.as_ref()).collect();
@@ -1307,6 +1314,51 @@ fn a_bad_upgrade_is_served_by_the_known_good_revision_until_a_rollback() {
         Inactive,
         "kept: the previous known-good revision"
     );
+}
+
+/// A parent that binds beside its checkpoint (`when-ready`, e.g. kube-apiserver with
+/// `--permit-port-sharing`): the checkpoint stays while the parent runs and is not Ready,
+/// API or not, and retires once it is Ready; no handoff, no gap.
+#[test]
+fn a_checkpoint_stays_until_a_parent_that_binds_beside_it_is_ready() {
+    // Without revisions: the outage's checkpoint and the parent back.
+    let mut w = World::new(&[("shared-api", "I")]);
+    step(&mut w, 0, expect(&[], &[], &["shared-api"], &[]), &[]);
+    w = w.running(&["shared-api"]);
+    step(&mut w, 10, expect(&[], &[], &[], &[]), &[]);
+    w = w.synced(&["shared-api"]);
+    let p = step(&mut w, 20, expect(&[], &[], &[], &[]), &[]);
+    assert_eq!(
+        p.states[&id("shared-api")],
+        Active,
+        "beside the parent, not Ready yet"
+    );
+    w.ready.insert(id("shared-api"));
+    step(&mut w, 30, expect(&[], &["shared-api"], &[], &[]), &[]);
+
+    // With revisions: a bad upgrade while the known-good revision serves gets no handoff,
+    // and the known-good checkpoint never stops; the rollback's pod takes over once Ready.
+    let mut w = World::new(&[("shared-1", "I")]);
+    proven(&mut w, "shared-1", "h1");
+    step(&mut w, 0, expect(&[], &[], &["shared-1"], &[]), &[]);
+    w = superseded(w.synced(&["shared-2"]).desired(&[("shared-2", "h2")]), "shared-1");
+    step(&mut w, 10, expect(&["shared-2"], &[], &[], &[]), &[]);
+    w = w.running(&["shared-2"]);
+    let p = step(&mut w, 20, expect(&[], &[], &[], &[]), &[]);
+    assert_eq!(p.states[&id("shared-1")], Active);
+    assert_eq!(p.handoff_at, None, "no deadline");
+    step(&mut w, 500, expect(&[], &[], &[], &[]), &[]);
+    w = w.api(ApiView::Unreachable);
+    step(&mut w, 510, expect(&[], &[], &[], &[]), &[]);
+    w = w
+        .synced(&["shared-3"])
+        .running(&["shared-3"])
+        .desired(&[("shared-3", "h3")]);
+    w = superseded(superseded(w, "shared-1"), "shared-2");
+    let p = step(&mut w, 600, expect(&["shared-3"], &[], &[], &["shared-2"]), &[]);
+    assert_eq!(p.states[&id("shared-1")], Active, "until the new pod is Ready");
+    w.ready.insert(id("shared-3"));
+    step(&mut w, 610, expect(&[], &["shared-1"], &[], &[]), &[]);
 }
 
 #[test]

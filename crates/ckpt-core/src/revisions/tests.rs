@@ -151,6 +151,7 @@ struct Pass {
     runs: Option<bool>,
     ready: bool,
     terminating: bool,
+    when_ready: bool,
     active: bool,
     /// `(hash, since)`.
     handoff: Option<(&'static str, i64)>,
@@ -162,6 +163,7 @@ const QUIET: Pass = Pass {
     runs: Some(false),
     ready: false,
     terminating: false,
+    when_ready: false,
     active: false,
     handoff: None,
     rejected: None,
@@ -193,6 +195,7 @@ fn check_handoff(
         newest_runs: pass.runs,
         newest_ready: pass.ready,
         newest_terminating: pass.terminating,
+        retires_when_ready: pass.when_ready,
         active: pass.active,
         handoff: handoff_in.as_ref(),
         rejected: rejected_in.as_ref(),
@@ -256,6 +259,48 @@ fn handoffs() {
         Pass {
             runs: Some(true),
             terminating: true,
+            ..QUIET
+        },
+        (AsUsual, None, None, None, None),
+    );
+    check_handoff(
+        "a parent that binds beside the checkpoint (when-ready): the checkpoint serves on, \
+         no handoff, no deadline",
+        Pass {
+            runs: Some(true),
+            when_ready: true,
+            active: true,
+            ..QUIET
+        },
+        (Serve, None, None, None, None),
+    );
+    check_handoff(
+        "when-ready, and a handoff journaled before: forgotten, the checkpoint serves on",
+        Pass {
+            runs: Some(true),
+            when_ready: true,
+            active: true,
+            handoff: Some(("new", 880)),
+            ..QUIET
+        },
+        (Serve, None, None, None, None),
+    );
+    check_handoff(
+        "when-ready beside an inactive checkpoint: as usual",
+        Pass {
+            runs: Some(true),
+            when_ready: true,
+            ..QUIET
+        },
+        (AsUsual, None, None, None, None),
+    );
+    check_handoff(
+        "when-ready and Ready: the checkpoint retires",
+        Pass {
+            runs: Some(true),
+            when_ready: true,
+            ready: true,
+            active: true,
             ..QUIET
         },
         (AsUsual, None, None, None, None),

@@ -35,6 +35,9 @@ const SECRETS_DIR: &str = "/etc/kubernetes/secrets";
 const KUBECONFIG_DIR: &str = "/etc/kubernetes/kubeconfig";
 /// The annotation that opts a pod into checkpointing.
 const CHECKPOINT_ANNOTATION: &str = "checkpointer.alpha.coreos.com/checkpoint";
+/// kube-apiserver binds beside its checkpoint (`--permit-port-sharing`): the checkpoint
+/// stays until the parent is Ready, so a handoff has no API gap.
+const HANDOFF_ANNOTATION: &str = "checkpointer.alpha.coreos.com/handoff";
 
 /// What the objects carry: the plane's PKI and tokens, and where etcd and the node are.
 #[derive(Clone, Debug)]
@@ -207,6 +210,13 @@ fn apiserver_daemonset() -> Value {
         },
         "volumeMounts": [{ "name": "secrets", "mountPath": SECRETS_DIR, "readOnly": true }],
     });
+    let mut template = pod_template(
+        APISERVER,
+        APISERVER_GRACE_SECONDS,
+        container,
+        json!([secret_volume("secrets", APISERVER)]),
+    );
+    template["metadata"]["annotations"][HANDOFF_ANNOTATION] = json!("when-ready");
     json!({
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -214,12 +224,7 @@ fn apiserver_daemonset() -> Value {
         "spec": {
             "selector": { "matchLabels": { "k8s-app": APISERVER } },
             "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1 } },
-            "template": pod_template(
-                APISERVER,
-                APISERVER_GRACE_SECONDS,
-                container,
-                json!([secret_volume("secrets", APISERVER)]),
-            ),
+            "template": template,
         }
     })
 }
