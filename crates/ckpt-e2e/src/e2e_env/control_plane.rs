@@ -180,6 +180,8 @@ struct CreatedNetwork {
 
 struct HollowNode {
     process: Managed,
+    /// The kubemark binary, to start it again.
+    kubemark: PathBuf,
     kubelet_port: u16,
     kubelet_read_only_port: u16,
     /// `/tmp/hollow-kubelet.NNN`, once read from its log.
@@ -291,8 +293,11 @@ impl ControlPlane {
         let attach = |name, pid, log: &str| Managed::attach(name, pid, &workdir.join(log), workdir);
         // A start that died early may not have recorded the kubelet ports; stopping needs none.
         let port_or_zero = |key: &str| port(key).unwrap_or(0);
+        // kubemark sits beside kube-apiserver in the bin dir.
+        let kubemark = PathBuf::from(get("KUBE_APISERVER_BIN")?).with_file_name("kubemark");
         let hollow = read_pid(HOLLOW_PID_FILE).map(|pid| HollowNode {
             process: attach("hollow node", pid, &hollow_log_name()),
+            kubemark,
             kubelet_port: port_or_zero("KUBELET_PORT"),
             kubelet_read_only_port: port_or_zero("KUBELET_READ_ONLY_PORT"),
             root_dir: state
@@ -851,23 +856,58 @@ impl ControlPlane {
     }
 
     fn start_hollow_node(&mut self, options: &StartOptions) -> anyhow::Result<()> {
+        self.spawn_hollow_node(
+            options.bins.kubemark(),
+            options.kubelet_port,
+            options.kubelet_read_only_port,
+        )
+    }
+
+    /// Whether the hollow node runs (`false` without one).
+    pub fn hollow_node_running(&mut self) -> bool {
+        self.hollow.as_mut().is_some_and(|h| h.process.is_running())
+    }
+
+    /// Starts the hollow node again, with the same ports, after it died (kubemark's fake OS
+    /// is not thread-safe: a run saw it crash with "concurrent map writes"), and waits for
+    /// the Node to be Ready; the static pod link points at its new dir.
+    pub fn restart_hollow_node(&mut self) -> anyhow::Result<()> {
+        let mut old = self.hollow.take().context("no hollow node to restart")?;
+        old.process.terminate("KILL", TERM_GRACE)?;
+        // Kept beside the new one: the new log must name the new root dir alone.
+        let log = self.workdir.join(hollow_log_name());
+        let kept = self.workdir.join(format!("{}.died", hollow_log_name()));
+        fs::rename(&log, &kept).with_context(|| format!("cannot move {} aside", log.display()))?;
+        let link = self.workdir.join("static-pods");
+        match fs::remove_file(&link) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot remove {}", link.display())),
+        }
+        self.spawn_hollow_node(old.kubemark, old.kubelet_port, old.kubelet_read_only_port)
+    }
+
+    fn spawn_hollow_node(
+        &mut self,
+        kubemark: PathBuf,
+        kubelet_port: u16,
+        kubelet_read_only_port: u16,
+    ) -> anyhow::Result<()> {
         let started = Instant::now();
-        let mut command = Command::new(options.bins.kubemark());
+        let mut command = Command::new(&kubemark);
         command
             .args(["--morph=kubelet", &format!("--name={NODE_NAME}")])
             .arg(format!("--kubeconfig={}", self.node_kubeconfig().display()))
-            .arg(format!("--kubelet-port={}", options.kubelet_port))
-            .arg(format!(
-                "--kubelet-read-only-port={}",
-                options.kubelet_read_only_port
-            ));
+            .arg(format!("--kubelet-port={kubelet_port}"))
+            .arg(format!("--kubelet-read-only-port={kubelet_read_only_port}"));
         let log = self.workdir.join(hollow_log_name());
         let process = Managed::spawn("hollow node", &mut command, &log, &self.workdir)?;
         self.write_pid(HOLLOW_PID_FILE, process.pid())?;
         self.hollow = Some(HollowNode {
             process,
-            kubelet_port: options.kubelet_port,
-            kubelet_read_only_port: options.kubelet_read_only_port,
+            kubemark,
+            kubelet_port,
+            kubelet_read_only_port,
             root_dir: None,
         });
         self.write_state()?;

@@ -284,6 +284,21 @@ impl Testbed {
 
     /// After something that may have left it paused or dead (a failed scenario or part):
     /// makes sure the API server answers again.
+    /// Starts the hollow node again if it died (its crash would fail every later scenario
+    /// with pods that never run), saying why from the end of its log.
+    pub fn recover_hollow_node(&mut self) -> anyhow::Result<()> {
+        if self.plane.hollow_node_running() {
+            return Ok(());
+        }
+        let log = self.plane.workdir().join(format!("hollow-{NODE_NAME}.log"));
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let why = (text.lines())
+            .find(|l| l.starts_with("fatal error:") || l.starts_with("panic:"))
+            .unwrap_or("no fatal error in its log");
+        Progress::new("testbed").say(&format!("the hollow node died ({why}); starting it again"));
+        self.plane.restart_hollow_node()
+    }
+
     pub fn recover_apiserver(&mut self) -> anyhow::Result<()> {
         if self.apiserver_paused {
             self.resume_apiserver()?;

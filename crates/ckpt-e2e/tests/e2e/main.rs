@@ -284,6 +284,11 @@ fn run_hollow_node_scenarios(selected: &[&(&'static str, &'static str, ScenarioF
             failed.extend(selected[index + 1..].iter().map(|(n, _, _)| *n));
             break;
         }
+        if let Err(e) = suite.recover_hollow_node() {
+            eprintln!("e2e: the hollow node cannot be brought back ({e:#}); stopping the run");
+            failed.extend(selected[index + 1..].iter().map(|(n, _, _)| *n));
+            break;
+        }
     }
     drop(suite);
     failed
