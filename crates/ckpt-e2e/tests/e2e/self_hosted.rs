@@ -532,8 +532,12 @@ struct CutTimeline {
     api_back: Duration,
     /// The longest stretch without `/readyz` 200 after the first one, until settled.
     api_gap: Duration,
-    /// How long two kube-apiserver containers of the node ran at once.
+    /// How long two kube-apiserver containers of the node ran at once: the checkpoint
+    /// beside its parent until the parent is Ready (`handoff: when-ready`), then while the
+    /// checkpoint's static pod stops.
     two_apiservers: Duration,
+    /// How long they did once the checkpoint's manifest was gone (its static pod stopping).
+    two_after_retired: Duration,
     /// From the static copy's process start to the last needed active manifest written.
     agent_share: Option<Duration>,
 }
@@ -544,7 +548,7 @@ type Milestone = (&'static str, fn(&CutTimeline) -> Option<Duration>);
 impl CutTimeline {
     /// Every duration, by the name the summary shows.
     /// Every duration, by the name the summary shows (`None`: not measured in this cut).
-    const MILESTONES: [Milestone; 10] = [
+    const MILESTONES: [Milestone; 11] = [
         ("kubelet up", |c| Some(c.kubelet_up)),
         ("the agent holds the lock", |c| Some(c.c2_locked)),
         ("checkpoints active", |c| c.checkpoints_active),
@@ -554,6 +558,9 @@ impl CutTimeline {
         ("parent API server serving", |c| Some(c.api_back)),
         ("API gap in the handoff", |c| Some(c.api_gap)),
         ("two API servers at once", |c| Some(c.two_apiservers)),
+        ("two API servers after the retirement", |c| {
+            Some(c.two_after_retired)
+        }),
         ("the agent's share", |c| c.agent_share),
     ];
 
@@ -570,7 +577,7 @@ impl CutTimeline {
         format!(
             "kubelet up {}, the agent holds the lock {}, checkpoints active {}, API ready {}, marker read {}, \
              parents back and checkpoints retired {}, the parent API server serving {}; \
-             API gap during the handoff {}, two API servers at once {}; the agent's share {}",
+             API gap during the handoff {}, two API servers at once {} ({} after the retirement); the agent's share {}",
             h(self.kubelet_up),
             h(self.c2_locked),
             self.checkpoints_active
@@ -581,6 +588,7 @@ impl CutTimeline {
             h(self.api_back),
             h(self.api_gap),
             h(self.two_apiservers),
+            h(self.two_after_retired),
             self.agent_share.map_or_else(|| "unknown".to_owned(), h)
         )
     }
@@ -629,7 +637,10 @@ fn power_cut_once(
     };
     let apiservers = {
         let cri = CriClient::new(&run.node.containerd_socket().to_string_lossy());
-        Sampler::start(SAMPLE_EVERY, move || running_apiservers(&cri))
+        let manifests = run.node.manifests_dir();
+        Sampler::start(SAMPLE_EVERY, move || {
+            (running_apiservers(&cri), apiserver_checkpoint_active(&manifests))
+        })
     };
     let cut = Instant::now();
     let cut_at = ckpt_core::time::Timestamp::now();
@@ -706,14 +717,17 @@ fn power_cut_once(
     let apiservers = apiservers.stop();
     let first_ready = first_at(&readyz, rebooted, |s| *s == 200).context("no /readyz 200 was sampled")?;
     let api_gap = longest_lapse(&readyz, first_ready, settled, |s| *s == 200);
-    let two_apiservers = time_holding(&apiservers, |running| {
-        running.as_ref().is_some_and(|r| r.len() >= 2)
-    });
+    let two = |running: &Option<Vec<String>>| running.as_ref().is_some_and(|r| r.len() >= 2);
+    let two_apiservers = time_holding(&apiservers, |(running, _)| two(running));
+    // Beside its parent the checkpoint stays until the parent is Ready on a synced view
+    // (after the revocation, only once the lock went to the DaemonSet copy); once its
+    // manifest is gone, its static pod must stop within its grace period (no port battle).
+    let two_after_retired = time_holding(&apiservers, |(running, active)| !active && two(running));
     let grace = Duration::from_secs(u64::from(APISERVER_GRACE_SECONDS) + 2);
     anyhow::ensure!(
-        two_apiservers <= grace,
-        "two kube-apiserver containers ran at once for {} (longer than the grace period + 2 s)",
-        human_duration(two_apiservers)
+        two_after_retired <= grace,
+        "two kube-apiserver containers ran at once for {} after the checkpoint was retired (longer than the grace period + 2 s)",
+        human_duration(two_after_retired)
     );
     let (_, _) = wait_agent_pair(run, "C1 running again beside C2")?;
     if kind == Cut::UpgradedAndRevoked {
@@ -756,6 +770,7 @@ fn power_cut_once(
         api_back,
         api_gap,
         two_apiservers,
+        two_after_retired,
         agent_share,
     };
     progress.say(&format!("cut {n} ({kind:?}): {}", timeline.describe()));
@@ -832,6 +847,16 @@ fn upgrade_and_revoke(run: &NodeRun, self_hosted: &SelfHosted) -> anyhow::Result
 
 /// The pods of the kube-apiserver containers the node runs (`None` while the runtime does
 /// not answer, as during the reboot).
+/// Whether a kube-apiserver checkpoint's manifest is in the node's manifests dir.
+fn apiserver_checkpoint_active(manifests: &std::path::Path) -> bool {
+    let prefix = format!("{NS}_{APISERVER}-");
+    std::fs::read_dir(manifests).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+    })
+}
+
 fn running_apiservers(cri: &CriClient) -> Option<Vec<String>> {
     let containers = cri.containers().ok()?;
     Some(
