@@ -884,7 +884,21 @@ impl ControlPlane {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("cannot remove {}", link.display())),
         }
-        self.spawn_hollow_node(old.kubemark, old.kubelet_port, old.kubelet_read_only_port)
+        self.spawn_hollow_node(old.kubemark, old.kubelet_port, old.kubelet_read_only_port)?;
+        // The Node may still read Ready from before the crash: wait for the new kubelet's
+        // own port too.
+        let port = old.kubelet_port;
+        wait_for(
+            "the restarted hollow kubelet's port",
+            Duration::from_secs(30),
+            || {
+                Ok(match std::net::TcpStream::connect(("127.0.0.1", port)) {
+                    Ok(_) => Probe::Ready(()),
+                    Err(e) => Probe::Waiting(e.to_string()),
+                })
+            },
+        )?;
+        Ok(())
     }
 
     fn spawn_hollow_node(
