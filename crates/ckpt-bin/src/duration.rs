@@ -3,7 +3,12 @@
 use std::time::Duration;
 
 /// Parses `500ms`, `2s`, `5m`, `1h`, and sums like `1m30s`. A bare `0` is zero.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+///
+/// # Errors
+///
+/// Anything else, or a sum past [`Duration::MAX`]: the message quotes the text and
+/// shows what is accepted.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let invalid = || format!("invalid duration {text:?} (use e.g. 500ms, 2s, 5m, 1h30m)");
     if text == "0" {

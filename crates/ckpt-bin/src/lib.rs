@@ -4,7 +4,8 @@
 //! - [`main`]: the whole program (a custom agent binary with extra strategies calls it);
 //!   [`run_cli`] executes a parsed [`config::Cli`] (`run`, `inspect`, `drain`,
 //!   `strategies`, `check-config`, `health`, `render`).
-//! - [`config::check_config_file`]: whether a YAML config file is accepted by `run`.
+//! - [`config::check_config_file`]: whether a YAML config file is accepted by `run`;
+//!   [`duration::parse_duration`]: durations as the flags take them (both fuzzed).
 //! - [`render`]: the install manifests (`pod-checkpointer render`, `cargo xtask deploy`).
 //! - [`Error`]: usage errors (exit code 2) and runtime failures (exit code 1).
 //!
@@ -18,7 +19,7 @@ mod agent;
 pub mod config;
 mod credentials;
 mod drain;
-mod duration;
+pub mod duration;
 mod error;
 mod events;
 mod executor;

@@ -70,8 +70,9 @@ impl LockHolder {
         Some(SystemTime::now().duration_since(acquired_at).unwrap_or_default())
     }
 
-    /// Renders the record as the lock file content.
-    pub(crate) fn to_file_content(&self) -> String {
+    /// Renders the record as the lock file content (the identity and status made one
+    /// line each).
+    pub fn to_file_content(&self) -> String {
         let mut content = format!(
             "{HEADER}\npid={}\nidentity={}\n",
             self.pid,
@@ -87,8 +88,8 @@ impl LockHolder {
     }
 
     /// Parses lock file content; `None` for an empty file, garbage, or a record without a
-    /// valid (non-zero) pid. Never panics.
-    pub(crate) fn parse(content: &str) -> Option<Self> {
+    /// valid (non-zero) pid. Never panics. [`read_holder`] reads a lock file with it.
+    pub fn parse(content: &str) -> Option<Self> {
         let trimmed = content.trim();
         if let Ok(pid) = trimmed.parse::<u32>() {
             return (pid != 0).then(|| Self {

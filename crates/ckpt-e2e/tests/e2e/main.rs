@@ -26,6 +26,7 @@ mod admission;
 mod credentials;
 mod gc;
 mod install;
+mod network;
 mod outage;
 mod rbac;
 mod real_node;
@@ -59,6 +60,11 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
         "api_killed_with_the_cri_off_uses_the_kubelet_pods_api",
         "api-killed-kubelet",
         outage::api_killed_kubelet_only,
+    ),
+    (
+        "network_faults_between_the_agent_and_the_api_server",
+        "net-faults",
+        network::faults,
     ),
     ("gc_immediate_removes_at_once", "gc-immediate", gc::immediate),
     (
