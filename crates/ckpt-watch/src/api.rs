@@ -28,7 +28,8 @@ pub struct ApiWatchConfig {
     /// [`ApiWatch::set_at_stake`]), while the API is unreachable and after a failed probe
     /// (default 250 ms). With the defaults a hung server is then unreachable 1.5–1.75 s
     /// after it hung (two probe timeouts after the first probe that follows the hang) and
-    /// a refusing one after 0.25–0.5 s.
+    /// a refusing one after 0.25–0.5 s. Once unreachable, the interval doubles after each
+    /// failed probe, up to 1 s (or this interval if longer).
     pub probe_interval: Duration,
     /// How often `/readyz` is probed while nothing is at stake (default 15 s): a hung
     /// server then changes nothing on the node, so it may be seen late. The first failed
@@ -451,6 +452,26 @@ async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered
     })
 }
 
+/// The most a probe waits for the next while the API is unreachable.
+const MAX_UNREACHABLE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long after the last probe the next one runs: `probe_interval` while `fast` (at
+/// stake, or after a failed probe), doubling after each failed probe past the
+/// unreachable threshold up to [`MAX_UNREACHABLE_PROBE_INTERVAL`] (so a network that
+/// resets every connection costs the server a TLS handshake a second from each node,
+/// not four, and a recovery is still seen within a second); else `idle_probe_interval`.
+fn probe_pace(config: &ApiWatchConfig, fast: bool, failures: u32) -> Duration {
+    if !fast {
+        return config.idle_probe_interval;
+    }
+    let past_threshold = failures.saturating_sub(config.unreachable_after.max(1));
+    let cap = MAX_UNREACHABLE_PROBE_INTERVAL.max(config.probe_interval);
+    config
+        .probe_interval
+        .checked_mul(1 << past_threshold.min(16))
+        .map_or(cap, |pace| pace.min(cap))
+}
+
 async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inner>) {
     let threshold = config.unreachable_after.max(1);
     let mut at_stake = inner.at_stake.subscribe();
@@ -458,15 +479,12 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
     // A probe got no answer since the last one that did.
     let mut unanswered = false;
     loop {
+        let failures = lock(&inner.status).consecutive_failures;
         let fast = *at_stake.borrow_and_update() || {
             let st = lock(&inner.status);
             !st.reachable || st.consecutive_failures > 0
         };
-        let pace = if fast {
-            config.probe_interval
-        } else {
-            config.idle_probe_interval
-        };
+        let pace = probe_pace(&config, fast, failures);
         if let Some(last) = last_probe {
             tokio::select! {
                 () = tokio::time::sleep_until(last + pace) => {}

@@ -341,7 +341,7 @@ async fn an_idle_probe_that_fails_is_confirmed_and_followed_at_the_fast_pace() {
     let api = ApiWatch::spawn(
         client,
         ApiWatchConfig {
-            idle_probe_interval: Duration::from_millis(300),
+            idle_probe_interval: Duration::from_millis(2_000),
             ..config(&["a"])
         },
     );
@@ -349,12 +349,12 @@ async fn an_idle_probe_that_fails_is_confirmed_and_followed_at_the_fast_pace() {
     api.set_at_stake(false);
     fake.set_readyz(Reply::Status(503));
     wait_state(&api, ApiState::Unreachable).await;
-    // While unreachable the fast pace (20 ms) finds the way back quickly: many probes
-    // within a window that the idle pace would give one or two.
+    // While unreachable the fast pace (20 ms, doubling: 40, 80, 160 …) finds the way back
+    // quickly: several probes within a window that the idle pace would give at most one.
     let probes = fake.count(is_probe);
     tokio::time::sleep(Duration::from_millis(600)).await;
     let more = fake.count(is_probe) - probes;
-    assert!(more >= 5, "{more} probes in 600 ms while unreachable");
+    assert!(more >= 3, "{more} probes in 600 ms while unreachable");
     fake.set_readyz(Reply::Normal);
     wait_state(&api, ApiState::Synced).await;
 }
@@ -424,4 +424,32 @@ async fn a_stalled_runtime_does_not_count_against_the_timeout() {
 
     let slow = tokio::time::sleep(Duration::from_millis(300));
     assert_eq!(within_runnable_time(timeout, slow).await, None);
+}
+
+#[test]
+fn the_probe_slows_down_while_the_api_stays_unreachable() {
+    let check = |fast: bool, failures: u32, expected_ms: u64| {
+        let config = ApiWatchConfig::new("node-1", NamespaceAllowList::new(["kube-system"]));
+        assert_eq!(
+            probe_pace(&config, fast, failures),
+            Duration::from_millis(expected_ms),
+            "fast {fast}, {failures} failures"
+        );
+    };
+    // (at stake or failing, consecutive failed probes, next probe after)
+    let cases = [
+        (false, 0, 15_000),
+        (true, 0, 250),
+        (true, 1, 250),
+        // Unreachable from the second: the same pace, then doubling to a second.
+        (true, 2, 250),
+        (true, 3, 500),
+        (true, 4, 1_000),
+        (true, 5, 1_000),
+        (true, 60, 1_000),
+        (true, u32::MAX, 1_000),
+    ];
+    for (fast, failures, expected_ms) in cases {
+        check(fast, failures, expected_ms);
+    }
 }
