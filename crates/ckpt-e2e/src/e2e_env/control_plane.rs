@@ -874,6 +874,11 @@ impl ControlPlane {
     pub fn restart_hollow_node(&mut self) -> anyhow::Result<()> {
         let mut old = self.hollow.take().context("no hollow node to restart")?;
         old.process.terminate("KILL", TERM_GRACE)?;
+        if let Some(root) = &old.root_dir
+            && let Err(e) = remove_hollow_root(root)
+        {
+            PROGRESS.say(&format!("the dead hollow node's dir stays: {e:#}"));
+        }
         // Kept beside the new one: the new log must name the new root dir alone.
         let log = self.workdir.join(hollow_log_name());
         let kept = self.workdir.join(format!("{}.died", hollow_log_name()));
@@ -1011,11 +1016,9 @@ impl ControlPlane {
                         let _ = fs::remove_file(CRI_SOCKET);
                     }
                     if let Some(root) = &hollow.root_dir
-                        && root.to_string_lossy().starts_with(HOLLOW_ROOT_PREFIX)
-                        && let Err(e) = fs::remove_dir_all(root)
-                        && root.exists()
+                        && let Err(e) = remove_hollow_root(root)
                     {
-                        errors.push(anyhow!("cannot remove {}: {e}", root.display()));
+                        errors.push(e);
                     }
                 }
                 Err(e) => errors.push(e),
@@ -1536,6 +1539,70 @@ pub(crate) fn parse_state(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Removes a hollow kubelet's root dir (only one named like kubemark's). The kubelet
+/// bind-mounts it on itself (to make it shared) and may mount pod volumes below: removing
+/// it without unmounting failed with EBUSY and left a mount behind after every run.
+fn remove_hollow_root(root: &Path) -> anyhow::Result<()> {
+    if !root.to_string_lossy().starts_with(HOLLOW_ROOT_PREFIX) {
+        return Ok(());
+    }
+    unmount_below(root)?;
+    match fs::remove_dir_all(root) {
+        Err(e) if root.exists() => Err(anyhow!("cannot remove {}: {e}", root.display())),
+        _ => Ok(()),
+    }
+}
+
+/// Unmounts every mount at `dir` or below it, deepest first (lazily if busy).
+fn unmount_below(dir: &Path) -> anyhow::Result<()> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").context("cannot read /proc/self/mountinfo")?;
+    let mut points = mount_points_below(&mountinfo, dir);
+    points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    for point in points {
+        let plain = Command::new("umount").arg(&point).stderr(Stdio::null()).status();
+        if !plain.is_ok_and(|status| status.success()) {
+            super::process::run_command(Command::new("umount").arg("-l").arg(&point))
+                .with_context(|| format!("cannot unmount {}", point.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The mount points in `mountinfo` (`/proc/self/mountinfo`) at `dir` or below it, as
+/// often as something is mounted there (stacked mounts need as many unmounts).
+fn mount_points_below(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape_mount_field(field)))
+        .filter(|point| point.starts_with(dir))
+        .collect()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
+fn unescape_mount_field(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let code = rest
+            .get(at + 1..at + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(byte) => {
+                out.push(char::from(byte));
+                rest = &rest[at + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The root dir from kubemark's `Using /tmp/hollow-kubelet.NNN as root dir for hollow-kubelet`.
 fn parse_hollow_root(log: &str) -> Option<PathBuf> {
     log.lines().find_map(|line| {
@@ -1563,6 +1630,33 @@ mod tests {
             uid: uid.into(),
             groups: groups.iter().map(|g| (*g).to_owned()).collect(),
         }
+    }
+
+    #[test]
+    fn mounts_below_the_hollow_kubelets_root_are_found() {
+        let mountinfo = "\
+27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+45 27 254:0 /tmp/hollow-kubelet.29 /tmp/hollow-kubelet.29 rw,relatime shared:1 - ext4 /dev/vda rw
+46 27 254:0 /tmp/hollow-kubelet.291 /tmp/hollow-kubelet.291 rw,relatime shared:2 - ext4 /dev/vda rw
+47 45 0:50 / /tmp/hollow-kubelet.29/pods/a\\040b/volumes rw,relatime shared:3 - tmpfs tmpfs rw
+48 45 254:0 /tmp/hollow-kubelet.29 /tmp/hollow-kubelet.29 rw,relatime shared:1 - ext4 /dev/vda rw
+";
+        let check = |dir: &str, expected: &[&str]| {
+            let found = mount_points_below(mountinfo, Path::new(dir));
+            let expected: Vec<PathBuf> = expected.iter().map(PathBuf::from).collect();
+            assert_eq!(found, expected, "{dir}");
+        };
+        check(
+            "/tmp/hollow-kubelet.29",
+            &[
+                "/tmp/hollow-kubelet.29",
+                "/tmp/hollow-kubelet.29/pods/a b/volumes",
+                "/tmp/hollow-kubelet.29",
+            ],
+        );
+        check("/tmp/hollow-kubelet.291", &["/tmp/hollow-kubelet.291"]);
+        check("/tmp/hollow-kubelet.2", &[]);
+        assert_eq!(unescape_mount_field("a\\040b\\134c\\9"), "a b\\c\\9");
     }
 
     #[test]
