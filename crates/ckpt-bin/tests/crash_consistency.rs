@@ -67,8 +67,8 @@ fn checkpoint(root: &Path, name: &str, version: &str) -> Checkpoint {
     }))
     .expect("a configmap");
     let objects = ApiObjects {
-        secrets: BTreeMap::from([(format!("{name}-certs"), secret)]),
-        config_maps: BTreeMap::from([(format!("{name}-config"), config_map)]),
+        secrets: BTreeMap::from([(format!("{name}-certs"), secret.into())]),
+        config_maps: BTreeMap::from([(format!("{name}-config"), config_map.into())]),
     };
     let options = SanitizeOptions {
         checkpoint_dir: layout(root).checkpoint_dir().display().to_string(),

@@ -23,7 +23,7 @@ fn large_pod() -> (Pod, ApiObjects) {
                 .map(|k| (format!("key{k}"), ByteString(vec![b'x'; 2048])))
                 .collect(),
         );
-        objects.secrets.insert(format!("s{i}"), s);
+        objects.secrets.insert(format!("s{i}"), s.into());
         volumes.push(json!({"name": format!("config-{i}"), "configMap": {"name": format!("c{i}")}}));
         let mut c = ConfigMap::default();
         c.metadata.name = Some(format!("c{i}"));
@@ -32,7 +32,7 @@ fn large_pod() -> (Pod, ApiObjects) {
                 .map(|k| (format!("file{k}.yaml"), "a: 1\n".repeat(100)))
                 .collect::<BTreeMap<_, _>>(),
         );
-        objects.config_maps.insert(format!("c{i}"), c);
+        objects.config_maps.insert(format!("c{i}"), c.into());
     }
     for i in 0..5 {
         volumes.push(json!({"name": format!("kube-api-access-{i}"), "projected": {"sources": [

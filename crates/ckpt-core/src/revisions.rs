@@ -36,6 +36,8 @@
 //!     newest_hash: "new",
 //!     newest_runs: Some(true),
 //!     newest_ready: false,
+//!     newest_terminating: false,
+//!     retires_when_ready: false,
 //!     active: true,
 //!     handoff: None,
 //!     rejected: None,
@@ -48,6 +50,11 @@
 //! let later = HandoffInput { active: false, handoff: started.handoff.as_ref(), ..input };
 //! let failed = handoff(&later, now.saturating_add(Duration::from_secs(120)));
 //! assert_eq!((failed.serving, failed.step), (Serving::Serve, Some(Handoff::Failed)));
+//!
+//! // A parent that binds beside its checkpoint (`handoff: when-ready`) never gets the node
+//! // before it is Ready: the checkpoint serves on beside it.
+//! let beside = HandoffInput { retires_when_ready: true, ..input };
+//! assert_eq!(handoff(&beside, now).serving, Serving::Serve);
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -8,6 +8,7 @@
 //! (a host-network checkpoint declares no host ports).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, DownwardAPIVolumeFile, EnvVar, HTTPGetAction, HostPathVolumeSource, KeyToPath, Pod,
@@ -33,12 +34,15 @@ use crate::time::Timestamp;
 pub const DEFAULT_FILE_MODE: u32 = 0o600;
 
 /// The Secrets and ConfigMaps of the pod's namespace, by name, as fetched from the API.
+/// Shared (`Arc`), not owned: every pass hands the watched objects to the planner, and a
+/// copy of each (up to a MiB apiece) per pass and per pod would cost more than the rest
+/// of the pass.
 #[derive(Clone, Debug, Default)]
 pub struct ApiObjects {
     /// Secrets by name.
-    pub secrets: BTreeMap<String, Secret>,
+    pub secrets: BTreeMap<String, Arc<Secret>>,
     /// ConfigMaps by name.
-    pub config_maps: BTreeMap<String, ConfigMap>,
+    pub config_maps: BTreeMap<String, Arc<ConfigMap>>,
 }
 
 /// Settings for [`sanitize`].
@@ -448,8 +452,8 @@ impl<'a> Sanitizer<'a> {
     /// Looks up a Secret/ConfigMap; `Ok(None)` when missing and optional.
     fn source(&self, field: &str, kind: DataKind, name: &str, optional: bool) -> Result<Option<Source<'a>>> {
         let found = match kind {
-            DataKind::Secret => self.objects.secrets.get(name).map(Source::Secret),
-            _ => self.objects.config_maps.get(name).map(Source::ConfigMap),
+            DataKind::Secret => self.objects.secrets.get(name).map(|s| Source::Secret(s)),
+            _ => self.objects.config_maps.get(name).map(|c| Source::ConfigMap(c)),
         };
         match found {
             Some(s) => Ok(Some(s)),
@@ -970,7 +974,7 @@ mod tests {
                     .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
                     .collect(),
             );
-            (name.to_owned(), s)
+            (name.to_owned(), Arc::new(s))
         };
         let cm = |name: &str, data: &[(&str, &str)], binary: &[(&str, &[u8])]| {
             let mut c = ConfigMap::default();
@@ -986,7 +990,7 @@ mod tests {
                     .map(|(k, v)| ((*k).to_owned(), ByteString(v.to_vec())))
                     .collect(),
             );
-            (name.to_owned(), c)
+            (name.to_owned(), Arc::new(c))
         };
         ApiObjects {
             secrets: [
@@ -1618,7 +1622,7 @@ mod tests {
         changed
             .secrets
             .get_mut("tls")
-            .and_then(|s| s.data.as_mut())
+            .and_then(|s| Arc::make_mut(s).data.as_mut())
             .map(|d| d.insert("tls.crt".into(), ByteString(b"NEW".to_vec())));
         let spec = pod(
             json!({"containers": [container(json!({}))], "volumes": [{"name": "tls", "secret": {"secretName": "tls"}}]}),

@@ -133,14 +133,14 @@ impl ObjectWatch {
                 Watched::Secret(slot) => {
                     let slot = lock(slot);
                     if let Some(obj) = slot.known.then(|| slot.objects.get(&r.name)).flatten() {
-                        view.objects.secrets.insert(r.name.clone(), (**obj).clone());
+                        view.objects.secrets.insert(r.name.clone(), Arc::clone(obj));
                     }
                     (slot.known, slot.error.clone())
                 }
                 Watched::ConfigMap(slot) => {
                     let slot = lock(slot);
                     if let Some(obj) = slot.known.then(|| slot.objects.get(&r.name)).flatten() {
-                        view.objects.config_maps.insert(r.name.clone(), (**obj).clone());
+                        view.objects.config_maps.insert(r.name.clone(), Arc::clone(obj));
                     }
                     (slot.known, slot.error.clone())
                 }

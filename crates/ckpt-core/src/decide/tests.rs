@@ -151,7 +151,7 @@ impl World {
         let secret: Secret = serde_json::from_value(json!({
             "metadata": {"name": "present", "namespace": NS}, "data": {"k": "dg=="}}))
         .expect("a valid secret");
-        secrets.objects.secrets.insert("present".into(), secret);
+        secrets.objects.secrets.insert("present".into(), secret.into());
         secrets.loading.insert(ObjectRef::secret("loading"));
         secrets
             .failed

@@ -29,8 +29,8 @@ pub(crate) fn api_objects() -> ApiObjects {
     }))
     .expect("a ConfigMap");
     let mut objects = ApiObjects::default();
-    objects.secrets.insert("certs".into(), secret);
-    objects.config_maps.insert("config".into(), config);
+    objects.secrets.insert("certs".into(), secret.into());
+    objects.config_maps.insert("config".into(), config.into());
     objects
 }
 

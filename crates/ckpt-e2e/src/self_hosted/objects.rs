@@ -334,11 +334,11 @@ mod tests {
                         data: Some(data),
                         ..Secret::default()
                     };
-                    api.secrets.insert(name, secret);
+                    api.secrets.insert(name, secret.into());
                 }
                 Some("ConfigMap") => {
                     let config: ConfigMap = serde_json::from_value(object.clone()).unwrap();
-                    api.config_maps.insert(name, config);
+                    api.config_maps.insert(name, config.into());
                 }
                 _ => {}
             }
