@@ -1427,6 +1427,62 @@ async fn a_slow_disk_stalls_neither_health_nor_the_api_probe() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
+/// A disk slow at start (after a power cut): the store is opened and tidied (temporary
+/// files left by an interrupted write removed, 2 s per unlink here) while the health
+/// endpoint keeps answering within a kubelet probe's default timeout (1 s). Before, the
+/// store was opened on the runtime thread that serves `/healthz`: nothing answered until
+/// the tidying was over (8 s: no answer at all), and a liveness probe would have
+/// restarted the agent, which would have started over.
+#[tokio::test]
+async fn a_slow_disk_at_start_does_not_stall_health() {
+    use ckpt_store::failpoint::{self, Action};
+
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let first = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    first.stop().await.expect("SIGTERM exits 0");
+    let left = [
+        "ck/.pod-checkpointer-crashed-1.tmp",
+        "ck/.pod-checkpointer-crashed-2.tmp",
+    ];
+    for file in left {
+        std::fs::write(world.path(file), "half a write").unwrap();
+    }
+
+    failpoint::set(
+        "fsops.unlink",
+        world.root.path(),
+        Action::Sleep(Duration::from_millis(2000)),
+    );
+    let agent = world.start_agent(AGENT, &[]);
+    let mut slowest = Duration::ZERO;
+    let mut answered = 0;
+    let started = Instant::now();
+    while left.iter().any(|file| world.path(file).exists()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the temporary files stay"
+        );
+        let asked = Instant::now();
+        let answer = agent.get("/healthz").await;
+        slowest = slowest.max(asked.elapsed());
+        answered += usize::from(answer.is_some());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    failpoint::clear("fsops.unlink", world.root.path());
+    assert!(
+        slowest < Duration::from_secs(1),
+        "/healthz took {slowest:?} to answer while the store was opened ({answered} answers)"
+    );
+    assert!(
+        answered >= 5,
+        "/healthz answered {answered} times while the store was opened"
+    );
+    agent.expect_ready("ready after the slow start", 200, "ok").await;
+    world.assert_files("nothing else changed", &checkpointed(AGENT));
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 /// The Events created about `pod` with `reason` so far.
 fn events_created(world: &World, pod: &str, reason: &str) -> Vec<Value> {
     world

@@ -29,7 +29,7 @@ use ckpt_core::{LockIdentity, error_chain};
 
 use crate::config::{KubeletTrust, RunSettings};
 use crate::error::{Error, Result};
-use crate::executor::{Reporting, execute, on_disk};
+use crate::executor::{Reporting, blocking, execute, on_disk};
 use crate::health::{self, Health, Phase};
 
 /// How often the local runtime is polled.
@@ -129,14 +129,39 @@ async fn hold_and_run(
             .map(|addr| health::serve_for_prometheus(addr, health.clone()));
 
         // Only now: the clients of the active copy (both copies lock before watching).
-        let store = Store::open(settings.disk.layout())
-            .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+        // On the blocking pool: opening reads and tidies the whole store, and the journal
+        // with it, which on a disk slow after a power cut takes long enough for the
+        // liveness probe, answered on this thread, to fail and restart the agent.
+        let layout = settings.disk.layout();
+        let (store, journal) = blocking(move || {
+            Store::open(layout).map(|store| {
+                let journal = store.read_journal::<PersistentState>();
+                (store, journal)
+            })
+        })
+        .await
+        .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+        let state = match journal {
+            Ok(state) => state.unwrap_or_default(),
+            Err(e) => {
+                warn!(error = %error_chain(&e), "the state journal is unreadable; starting with empty GC timers");
+                PersistentState::default()
+            }
+        };
         let link = match connect.take() {
             Some(connect) => Some(connect.link(&settings)?),
             // The credentials the other copy keeps may have appeared while this one waited.
             None => connect::reconnect(&settings).await,
         };
-        let mut agent = Agent::new(settings.clone(), store, health.clone(), policy, link, guard)?;
+        let mut agent = Agent::new(
+            settings.clone(),
+            store,
+            state,
+            health.clone(),
+            policy,
+            link,
+            guard,
+        )?;
         let exit = agent.run(shutdown.as_mut()).await?;
         if exit == Exit::Done {
             return Ok(());
@@ -234,6 +259,7 @@ impl Agent {
     fn new(
         settings: RunSettings,
         store: Store,
+        state: PersistentState,
         health: Health,
         policy: Box<dyn GcPolicy>,
         link: Option<ApiLink>,
@@ -255,13 +281,6 @@ impl Agent {
             None => Some(kubelet_client(&settings)?),
         };
         let local = LocalObserver::new(cri, kubelet, allowed.clone());
-        let state = match store.read_journal::<PersistentState>() {
-            Ok(state) => state.unwrap_or_default(),
-            Err(e) => {
-                warn!(error = %error_chain(&e), "the state journal is unreadable; starting with empty GC timers");
-                PersistentState::default()
-            }
-        };
         let config = DecideConfig {
             allowed,
             me: SelfIdentity::new(&settings.pod_namespace, &settings.pod_name, &settings.node_name),
