@@ -26,8 +26,10 @@ fn api_objects(ns: &str) -> anyhow::Result<ApiObjects> {
         "data": { "etcd-servers": "https://127.0.0.1:2379", "log-level": "2" }
     }))?;
     let mut objects = ApiObjects::default();
-    objects.secrets.insert("admission-certs".into(), secret);
-    objects.config_maps.insert("admission-config".into(), config);
+    objects.secrets.insert("admission-certs".into(), secret.into());
+    objects
+        .config_maps
+        .insert("admission-config".into(), config.into());
     Ok(objects)
 }
 
