@@ -16,7 +16,14 @@ use ckpt_e2e::e2e_env::human_duration;
 use ckpt_e2e::progress::Progress;
 
 /// The targets of `fuzz/Cargo.toml`, in the order they run.
-const TARGETS: [&str; 5] = ["sanitize", "strings", "config", "duration", "lock_record"];
+const TARGETS: [&str; 6] = [
+    "sanitize",
+    "strings",
+    "config",
+    "duration",
+    "lock_record",
+    "stored_manifest",
+];
 
 /// Run the fuzz targets (cargo-fuzz, nightly) for a while each.
 #[derive(clap::Args)]
