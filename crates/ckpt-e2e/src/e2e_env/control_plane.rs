@@ -1574,33 +1574,9 @@ fn mount_points_below(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape_mount_field(field)))
+        .map(|field| PathBuf::from(super::node_network::unescape_mountinfo(field)))
         .filter(|point| point.starts_with(dir))
         .collect()
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
-fn unescape_mount_field(field: &str) -> String {
-    let mut out = String::with_capacity(field.len());
-    let mut rest = field;
-    while let Some(at) = rest.find('\\') {
-        out.push_str(&rest[..at]);
-        let code = rest
-            .get(at + 1..at + 4)
-            .and_then(|o| u8::from_str_radix(o, 8).ok());
-        match code {
-            Some(byte) => {
-                out.push(char::from(byte));
-                rest = &rest[at + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[at + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// The root dir from kubemark's `Using /tmp/hollow-kubelet.NNN as root dir for hollow-kubelet`.
@@ -1656,7 +1632,6 @@ mod tests {
         );
         check("/tmp/hollow-kubelet.291", &["/tmp/hollow-kubelet.291"]);
         check("/tmp/hollow-kubelet.2", &[]);
-        assert_eq!(unescape_mount_field("a\\040b\\134c\\9"), "a b\\c\\9");
     }
 
     #[test]
