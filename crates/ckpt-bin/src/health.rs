@@ -274,6 +274,13 @@ impl Health {
     /// The Prometheus text exposition.
     pub(crate) fn render_metrics(&self) -> String {
         let phase = self.phase();
+        // Files first, outside the lock the probes' answers take too: a read stuck on a
+        // failing disk then holds this scrape only.
+        let kept_token_expiry = self
+            .kept_token
+            .as_deref()
+            .and_then(|path| kept_token_expiry(path));
+        let process = process::sample();
         self.with(|c| {
             let mut out = String::new();
             let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, String)>| {
@@ -414,7 +421,7 @@ impl Health {
                     "1".into(),
                 )],
             );
-            if let Some(expiry) = self.kept_token.as_deref().and_then(|p| kept_token_expiry(p)) {
+            if let Some(expiry) = kept_token_expiry {
                 metric(
                     "kept_token_expiry_timestamp_seconds",
                     "gauge",
@@ -422,8 +429,8 @@ impl Health {
                     vec![(String::new(), expiry.to_string())],
                 );
             }
-            if let Some(p) = process::sample() {
-                render_process_metrics(&mut out, &p);
+            if let Some(p) = &process {
+                render_process_metrics(&mut out, p);
             }
             out
         })
@@ -432,6 +439,7 @@ impl Health {
 
 /// The `exp` of the kept token at `path`, if it is a regular file holding a JWT.
 fn kept_token_expiry(path: &Path) -> Option<i64> {
+    ckpt_store::failpoint::hit("health.kept_token", path).ok()?;
     let meta = std::fs::symlink_metadata(path).ok()?;
     if !meta.is_file() || meta.len() > 64 * 1024 {
         return None;
@@ -643,7 +651,7 @@ where
     let (status, content_type, body) = if !with_metrics && path.starts_with("/metrics") {
         ("404 Not Found", TEXT, "not found\n".to_owned())
     } else {
-        route(method, path, health, Instant::now())
+        route_off_thread(method, path, health).await
     };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -655,6 +663,18 @@ where
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
+
+/// [`route`], with `/metrics` rendered on the blocking pool: it reads files (the kept
+/// token, `/proc`), and a read stuck on a failing disk must not hold the thread that
+/// answers the liveness probe.
+async fn route_off_thread(method: &str, path: &str, health: &Health) -> (&'static str, &'static str, String) {
+    let now = Instant::now();
+    if !path.starts_with("/metrics") {
+        return route(method, path, health, now);
+    }
+    let (method, path, health) = (method.to_owned(), path.to_owned(), health.clone());
+    crate::executor::blocking(move || route(&method, &path, &health, now)).await
+}
 
 fn route(method: &str, path: &str, health: &Health, now: Instant) -> (&'static str, &'static str, String) {
     if method != "GET" {

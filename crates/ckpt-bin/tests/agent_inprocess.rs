@@ -1483,6 +1483,65 @@ async fn a_slow_disk_at_start_does_not_stall_health() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
+/// A read stuck on a failing disk while `/metrics` is rendered (it reads the token kept
+/// for the static copy, 3 s here) holds that scrape only: `/healthz` answers meanwhile
+/// within a probe's default timeout. Before, the scrape was rendered on the runtime thread
+/// that answers the probes, and a Prometheus scrape could fail the liveness probe.
+#[tokio::test]
+async fn a_stuck_metrics_read_does_not_stall_health() {
+    use ckpt_store::failpoint::{self, Action};
+
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    failpoint::set(
+        "health.kept_token",
+        world.root.path(),
+        Action::Sleep(Duration::from_millis(3000)),
+    );
+    // The probe comes from a thread of its own: this test's runtime is the agent's.
+    let port = agent.port;
+    let probe = std::thread::spawn(move || {
+        // The scrape is in its read by then.
+        std::thread::sleep(Duration::from_millis(300));
+        let asked = Instant::now();
+        let status = blocking_get(port, "/healthz");
+        (status, asked.elapsed())
+    });
+    let scrape = agent.get("/metrics").await;
+    let (health, took) = tokio::task::spawn_blocking(move || probe.join().expect("the probe"))
+        .await
+        .unwrap();
+    failpoint::clear("health.kept_token", world.root.path());
+    assert!(
+        health == Some(200) && took < Duration::from_secs(1),
+        "/healthz answered {health:?} after {took:?} while a scrape was stuck"
+    );
+    assert!(
+        scrape.is_some_and(|(status, _)| status == 200),
+        "the scrape is answered once the read returns"
+    );
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// `GET path` on the agent's port from a plain thread: the status, if it answered in 5 s.
+fn blocking_get(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read as _, Write as _};
+
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The Events created about `pod` with `reason` so far.
 fn events_created(world: &World, pod: &str, reason: &str) -> Vec<Value> {
     world

@@ -109,9 +109,10 @@ fn from_env() -> &'static [(String, Action)] {
 #[cfg(feature = "failpoints")]
 static PASSES: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
 
-/// Passes the failpoint `name` for an operation on `path`.
+/// Passes the failpoint `name` for an operation on `path` (public for the agent's own
+/// file reads outside the store, e.g. the kept token its metrics report).
 #[cfg(feature = "failpoints")]
-pub(crate) fn hit(name: &str, path: &Path) -> io::Result<()> {
+pub fn hit(name: &str, path: &Path) -> io::Result<()> {
     let pass = {
         let mut passes = PASSES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match passes.iter_mut().find(|(n, _)| n == name) {
@@ -147,7 +148,7 @@ pub(crate) fn hit(name: &str, path: &Path) -> io::Result<()> {
 /// Without the `failpoints` feature: nothing.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub(crate) fn hit(_name: &str, _path: &Path) -> io::Result<()> {
+pub fn hit(_name: &str, _path: &Path) -> io::Result<()> {
     Ok(())
 }
 

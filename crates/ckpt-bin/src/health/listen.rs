@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
-use super::{ACCEPT_BACKOFF, Health, MAX_CONNECTIONS, REQUEST_TIMEOUT, Server, route};
+use super::{ACCEPT_BACKOFF, Health, MAX_CONNECTIONS, REQUEST_TIMEOUT, Server, route_off_thread};
 
 /// How long a bind that failed (the previous holder's socket not closed yet, the address
 /// not yet on the node) waits before the next try.
@@ -73,8 +73,8 @@ pub(super) async fn serve_listener(listener: TcpListener, health: Health, header
         let health = health.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                let answer = answer(&request, &health);
-                async move { Ok::<_, std::convert::Infallible>(answer) }
+                let health = health.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(&request, &health).await) }
             });
             let served = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -88,13 +88,9 @@ pub(super) async fn serve_listener(listener: TcpListener, health: Health, header
     }
 }
 
-fn answer(request: &Request<hyper::body::Incoming>, health: &Health) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = route(
-        request.method().as_str(),
-        request.uri().path(),
-        health,
-        Instant::now(),
-    );
+async fn answer(request: &Request<hyper::body::Incoming>, health: &Health) -> Response<Full<Bytes>> {
+    let (status, content_type, body) =
+        route_off_thread(request.method().as_str(), request.uri().path(), health).await;
     let status = status
         .get(..3)
         .and_then(|code| code.parse::<u16>().ok())
