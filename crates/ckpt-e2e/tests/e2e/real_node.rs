@@ -201,10 +201,17 @@ fn stop(run: NodeRun, machine_before: &[PathBuf]) -> anyhow::Result<()> {
 pub(crate) fn runs_pods_and_reboots(run: &mut NodeRun) -> anyhow::Result<()> {
     exercise(&run.progress, &run.plane, &mut run.node, &run.kubectl)?;
     run.progress
-        .say("clean-up: the static pod's manifest and the namespace");
+        .say("clean-up: the static pod's manifest, its hostPath dir and the namespace");
     fs::remove_file(run.node.manifests_dir().join(format!("{STATIC_POD}.json")))?;
     run.kubectl
         .run(&["delete", "namespace", NAMESPACE, "--wait=true"], None)?;
+    // What the static pod wrote on the node's disk, once it is gone; left behind, the
+    // next scenario took it for what a failed one leaves.
+    let written = run
+        .node
+        .host_path(STATIC_POD_DIR)
+        .context("the static pod's dir is not one of the node's own")?;
+    fs::remove_dir_all(&written).with_context(|| format!("cannot remove {}", written.display()))?;
     Ok(())
 }
 

@@ -426,8 +426,9 @@ pub(crate) fn reset(run: &NodeRun) -> anyhow::Result<()> {
         return Ok(());
     }
     run.progress.say(&format!(
-        "reset after a failed scenario: {} file(s), objects {:?}",
+        "reset after a failed scenario: {} file(s) {:?}, objects {:?}",
         leftovers.len(),
+        leftovers.iter().take(5).collect::<Vec<_>>(),
         objects.split_whitespace().collect::<Vec<_>>()
     ));
     delete_objects(run)?;
