@@ -479,11 +479,14 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
     // A probe got no answer since the last one that did.
     let mut unanswered = false;
     loop {
-        let failures = lock(&inner.status).consecutive_failures;
-        let fast = *at_stake.borrow_and_update() || {
+        let (failures, failing) = {
             let st = lock(&inner.status);
-            !st.reachable || st.consecutive_failures > 0
+            (
+                st.consecutive_failures,
+                !st.reachable || st.consecutive_failures > 0,
+            )
         };
+        let fast = *at_stake.borrow_and_update() || failing;
         let pace = probe_pace(&config, fast, failures);
         if let Some(last) = last_probe {
             tokio::select! {
