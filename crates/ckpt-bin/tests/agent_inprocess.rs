@@ -12,6 +12,9 @@
 //! The tests run on current-thread runtimes, so each test's agents log into its own
 //! capture (printed when the test fails); the order of removals is read from it.
 
+#[path = "support/http.rs"]
+mod http;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -1281,10 +1284,7 @@ async fn owner_reference_follows_a_rolled_parent() {
 /// not run); nothing is deactivated. A final outage makes the activation certain.
 #[tokio::test]
 async fn api_flapping_every_second_for_30s() {
-    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
-    let agent = world.start_agent(AGENT, &["--gc-strategy", "immediate"]);
-    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
-    agent.expect_api("synced").await;
+    let (world, agent) = checkpointed_and_synced(&["--gc-strategy", "immediate"]).await;
     world.looked_twice("settled").await;
     world.assert_files("API up, nothing new starts", &checkpointed(AGENT));
 
@@ -1386,10 +1386,7 @@ async fn api_flapping_every_second_for_30s() {
 async fn a_slow_disk_stalls_neither_health_nor_the_api_probe() {
     use ckpt_store::failpoint::{self, Action};
 
-    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
-    let agent = world.start_agent(AGENT, &[]);
-    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
-    agent.expect_api("synced").await;
+    let (world, agent) = checkpointed_and_synced(&[]).await;
 
     let slow = Action::Sleep(Duration::from_millis(1500));
     for point in ["fsops.fsync", "fsops.dirsync"] {
@@ -1491,10 +1488,7 @@ async fn a_slow_disk_at_start_does_not_stall_health() {
 async fn a_stuck_metrics_read_does_not_stall_health() {
     use ckpt_store::failpoint::{self, Action};
 
-    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
-    let agent = world.start_agent(AGENT, &[]);
-    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
-    agent.expect_api("synced").await;
+    let (world, agent) = checkpointed_and_synced(&[]).await;
 
     failpoint::set(
         "health.kept_token",
@@ -1507,7 +1501,7 @@ async fn a_stuck_metrics_read_does_not_stall_health() {
         // The scrape is in its read by then.
         std::thread::sleep(Duration::from_millis(300));
         let asked = Instant::now();
-        let status = blocking_get(port, "/healthz");
+        let status = http::get(port, "/healthz", Duration::from_secs(5)).map(|(status, _)| status);
         (status, asked.elapsed())
     });
     let scrape = agent.get("/metrics").await;
@@ -1524,22 +1518,6 @@ async fn a_stuck_metrics_read_does_not_stall_health() {
         "the scrape is answered once the read returns"
     );
     agent.stop().await.expect("SIGTERM exits 0");
-}
-
-/// `GET path` on the agent's port from a plain thread: the status, if it answered in 5 s.
-fn blocking_get(port: u16, path: &str) -> Option<u16> {
-    use std::io::{Read as _, Write as _};
-
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    response.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The Events created about `pod` with `reason` so far.
@@ -1772,6 +1750,16 @@ fn chattr(flag: &str, path: &Path) {
     assert!(status.success(), "chattr {flag} {}: {status}", path.display());
 }
 
+/// The API server's and the agent's own pods, checkpointed by an agent run with `args`,
+/// which sees the API synced.
+async fn checkpointed_and_synced(args: &[&str]) -> (World, Agent) {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let agent = world.start_agent(AGENT, args);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+    (world, agent)
+}
+
 /// The apiserver, network and agent pods, checkpointed by the DaemonSet copy on a 2 s
 /// grace period, with a synced API view.
 async fn checkpointed_on_a_short_grace_period() -> (World, Agent) {
@@ -1941,10 +1929,7 @@ impl Eio {
 async fn disk_failing_with_eio_at(eio: Eio) {
     use ckpt_store::failpoint::{self, Action};
 
-    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
-    let agent = world.start_agent(AGENT, &[]);
-    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
-    agent.expect_api("synced").await;
+    let (world, agent) = checkpointed_and_synced(&[]).await;
     let before = world.read(&inactive(APISERVER));
 
     failpoint::set(eio.point, world.root.path(), Action::Error(5));

@@ -7,8 +7,10 @@
 //! No API server is needed: the kubeconfig points at a closed port, which the agent
 //! treats as "unreachable" and keeps running.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+#[path = "support/http.rs"]
+mod http;
+
+use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,23 +22,9 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// `(status code, body)` of a GET, or `None` if nothing answers.
+/// `(status code, body)` of a GET, or `None` if nothing answers within 2 s.
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Some((status, body))
+    http::get(port, path, Duration::from_secs(2))
 }
 
 fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {

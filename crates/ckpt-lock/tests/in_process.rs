@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ckpt_lock::{Confirmed, LockFile, LockHolder, TryAcquire, read_holder};
+use ckpt_lock::{Confirmed, LockFile, LockGuard, LockHolder, TryAcquire, read_holder};
 use tempfile::TempDir;
 
 /// Bound for anything that must happen "soon"; generous for a loaded 2-core machine.
@@ -25,6 +25,15 @@ fn lock_path() -> (TempDir, PathBuf) {
 fn private(path: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// The lock on `path`, taken as `identity`; `free` says why it must be free.
+fn take(path: &std::path::Path, identity: &str, free: &str) -> LockGuard {
+    LockFile::new(path, identity)
+        .try_acquire()
+        .unwrap()
+        .into_guard()
+        .expect(free)
 }
 
 fn busy_holder(outcome: TryAcquire) -> Option<LockHolder> {
@@ -106,11 +115,7 @@ fn dropping_the_guard_releases_the_lock_and_clears_the_record() {
 
     assert_eq!(read_holder(&path).unwrap(), None);
     assert!(path.exists(), "the lock file is never deleted");
-    let other = LockFile::new(&path, "other")
-        .try_acquire()
-        .unwrap()
-        .into_guard()
-        .expect("released");
+    let other = take(&path, "other", "released");
     assert_eq!(other.holder().identity, "other");
 }
 
@@ -121,11 +126,7 @@ fn stale_record_of_a_crashed_holder_is_replaced() {
     fs::write(&path, "pid=999999\nidentity=crashed\nacquired_at=1\n").unwrap();
     private(&path);
 
-    let guard = LockFile::new(&path, "new")
-        .try_acquire()
-        .unwrap()
-        .into_guard()
-        .expect("nobody holds it");
+    let guard = take(&path, "new", "nobody holds it");
     let holder = read_holder(&path).unwrap().unwrap();
     assert_eq!(
         (holder.pid, holder.identity.as_str()),
@@ -244,11 +245,7 @@ async fn waiter_relocks_when_the_lock_file_is_replaced_while_it_waits() {
 
     // Someone deletes the lock file and a newcomer locks the new file at the path.
     fs::remove_file(&path).unwrap();
-    let newcomer = LockFile::new(&path, "newcomer")
-        .try_acquire()
-        .unwrap()
-        .into_guard()
-        .expect("new file");
+    let newcomer = take(&path, "newcomer", "new file");
     // The waiter, still polling the deleted file, gets that one once the old holder goes,
     // but must notice it is no longer the lock file and not report success.
     drop(old_holder);
@@ -267,11 +264,7 @@ async fn waiter_relocks_when_the_lock_file_is_replaced_while_it_waits() {
 #[test]
 fn a_holder_confirms_its_lock_file_and_retakes_a_deleted_one() {
     let (_dir, path) = lock_path();
-    let mut guard = LockFile::new(&path, "holder")
-        .try_acquire()
-        .unwrap()
-        .into_guard()
-        .unwrap();
+    let mut guard = take(&path, "holder", "a fresh lock is free");
     guard.set_status(Some("busy")).unwrap();
     assert!(matches!(guard.confirm().unwrap(), Confirmed::Held));
 
@@ -293,17 +286,9 @@ fn a_holder_confirms_its_lock_file_and_retakes_a_deleted_one() {
 #[test]
 fn a_holder_whose_lock_file_was_replaced_and_taken_loses_it() {
     let (_dir, path) = lock_path();
-    let mut guard = LockFile::new(&path, "holder")
-        .try_acquire()
-        .unwrap()
-        .into_guard()
-        .unwrap();
+    let mut guard = take(&path, "holder", "a fresh lock is free");
     fs::remove_file(&path).unwrap();
-    let newcomer = LockFile::new(&path, "newcomer")
-        .try_acquire()
-        .unwrap()
-        .into_guard()
-        .expect("the new file");
+    let newcomer = take(&path, "newcomer", "the new file");
     match guard.confirm().unwrap() {
         Confirmed::Lost { holder } => assert_eq!(holder.map(|h| h.identity), Some("newcomer".to_owned())),
         other => panic!("two holders: {other:?}"),

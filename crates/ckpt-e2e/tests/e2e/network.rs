@@ -131,13 +131,7 @@ pub(crate) fn faults(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
     eprintln!("network: resets lifted: synced after {:.1} s", back.as_secs_f64());
 
     ctx.step("re-create the parent, as its controller would: once it runs, the checkpoint steps aside");
-    let new_uid = ctx.recreate(&parent)?;
-    ctx.expect_checkpoint_where(
-        &dirs,
-        &parent.name,
-        "state inactive and the new parent's uid",
-        |c| c.state == "inactive" && c.parent_uid.as_deref() == Some(new_uid.as_str()),
-    )?;
+    ctx.recreate_and_expect_inactive(&dirs, &parent)?;
     ctx.expect_kubelet_stopped(&static_parent)?;
 
     ctx.step("SIGTERM: the agent exits 0");

@@ -132,13 +132,7 @@ fn outage(ctx: &mut Scenario<'_>, outage: Outage, local: LocalSource) -> anyhow:
     );
 
     ctx.step("re-create the parent, as its controller would: once it runs, the checkpoint is deactivated");
-    let new_uid = ctx.recreate(&parent)?;
-    let deactivated = ctx.expect_checkpoint_where(
-        &dirs,
-        &parent.name,
-        "state inactive and the new parent's uid",
-        |c| c.state == "inactive" && c.parent_uid.as_deref() == Some(new_uid.as_str()),
-    )?;
+    let deactivated = ctx.recreate_and_expect_inactive(&dirs, &parent)?;
     anyhow::ensure!(
         !active.exists(),
         "{} is still in the static pod dir",

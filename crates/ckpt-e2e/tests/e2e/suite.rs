@@ -275,6 +275,22 @@ impl<'s> Scenario<'s> {
             .map(|(checkpoint, _)| checkpoint)
     }
 
+    /// Re-creates `parent` (as its controller would) and waits until its checkpoint is
+    /// inactive again with the new pod's uid; returns the checkpoint.
+    pub(crate) fn recreate_and_expect_inactive(
+        &self,
+        dirs: &AgentDirs,
+        parent: &Parent,
+    ) -> anyhow::Result<CheckpointInfo> {
+        let new_uid = self.recreate(parent)?;
+        self.expect_checkpoint_where(
+            dirs,
+            &parent.name,
+            "state inactive and the new parent's uid",
+            |c| c.state == "inactive" && c.parent_uid.as_deref() == Some(new_uid.as_str()),
+        )
+    }
+
     /// Waits until `inspect` no longer shows a checkpoint of `name`.
     pub(crate) fn expect_no_checkpoint(&self, dirs: &AgentDirs, name: &str) -> anyhow::Result<()> {
         self.expect().no_checkpoint(dirs, &self.ns, name).map(drop)
