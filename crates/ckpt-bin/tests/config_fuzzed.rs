@@ -3,9 +3,11 @@
 //! `check-config` runs) answers, never panics, and ends in bounded time, alias bombs
 //! included; a refusal names the setting (`--namespaces: …`) or the file (`--config: …`).
 
-use std::time::{Duration, Instant};
+#[path = "support/config_check.rs"]
+mod config_check;
 
 use ckpt_bin::config::check_config_file;
+use config_check::check_config as check;
 use proptest::prelude::*;
 
 /// Every key the file may hold, and a few it may not.
@@ -73,21 +75,6 @@ fn arb_file() -> impl Strategy<Value = String> {
             .prop_map(|lines| lines.into_iter().map(|(k, v)| format!("{k}: {v}\n")).collect()),
         1 => "\\PC{0,80}",
     ]
-}
-
-/// Checks one file: an answer within a second; a refusal names a setting or the file.
-fn check(text: &str) {
-    let started = Instant::now();
-    let answer = check_config_file(text);
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "took {:?} on {text:?}",
-        started.elapsed()
-    );
-    if let Err(e) = answer {
-        let message = ckpt_core::error_chain(&e);
-        assert!(message.starts_with("--"), "{message} (for {text:?})");
-    }
 }
 
 proptest! {
