@@ -61,6 +61,7 @@ pub(crate) enum EventKind {
     HandoffStarted,
     HandoffReady,
     HandoffFailed,
+    SetAside,
 }
 
 impl EventKind {
@@ -74,6 +75,7 @@ impl EventKind {
             EventKind::HandoffStarted => ("Normal", "HandoffStarted", "Handoff"),
             EventKind::HandoffReady => ("Normal", "HandoffReady", "Handoff"),
             EventKind::HandoffFailed => ("Warning", "HandoffFailed", "Handoff"),
+            EventKind::SetAside => ("Warning", "RevisionCrashLooping", "Fallback"),
         }
     }
 }

@@ -87,6 +87,8 @@ struct Counters {
     refused: u64,
     /// Handoffs from a known-good checkpoint to a parent, by step, in `Handoff::ALL`'s order.
     handoffs: [u64; 3],
+    /// Revisions set aside because they crash-looped while active.
+    set_aside: u64,
     handovers: u64,
     passes: u64,
     pass_buckets: [u64; BUCKETS.len()],
@@ -259,6 +261,11 @@ impl Health {
         self.with(|c| c.refused += 1);
     }
 
+    /// A revision set aside because it crash-looped while active.
+    pub(crate) fn set_aside(&self) {
+        self.with(|c| c.set_aside += 1);
+    }
+
     /// A handoff step ([`ckpt_core::revisions::Handoff`]).
     pub(crate) fn handoff(&self, step: ckpt_core::revisions::Handoff) {
         use ckpt_core::revisions::Handoff;
@@ -346,6 +353,12 @@ impl Health {
                 (ckpt_core::revisions::Handoff::ALL.iter().zip(c.handoffs))
                     .map(|(step, n)| (format!("{{step=\"{}\"}}", step.code()), n.to_string()))
                     .collect(),
+            );
+            metric(
+                "revisions_set_aside_total",
+                "counter",
+                "Active revisions that crash-looped while the API server was unreachable, replaced by the previous known-good revision.",
+                vec![(String::new(), c.set_aside.to_string())],
             );
             metric(
                 "lock_handovers_total",

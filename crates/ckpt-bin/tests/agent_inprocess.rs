@@ -432,6 +432,18 @@ impl World {
 
     /// Returns once the active agent has observed the node twice more: the loop observes
     /// and passes in turn, so whatever the first observation showed has been acted on.
+    /// Writes the state journal (the agent stopped), as the agent keeps it.
+    fn write_journal(&self, state: Value) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let journal = json!({"version": 1, "state": state});
+        let path = self.path(JOURNAL);
+        let agent_dir = path.parent().expect("the agent's dir");
+        std::fs::create_dir_all(agent_dir).expect("the agent's dir");
+        std::fs::set_permissions(agent_dir, std::fs::Permissions::from_mode(0o700)).expect("0700");
+        std::fs::write(&path, journal.to_string()).expect("journal written");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("0600");
+    }
+
     async fn looked_twice(&self, what: &str) {
         let start = self.local_polls();
         eventually(what, || async { self.local_polls() >= start + 2 }).await;
@@ -2057,17 +2069,10 @@ async fn a_parent_that_never_becomes_ready_hands_the_node_back() {
     // The parent proved this content (a minute Ready, what `known_good::track` records).
     let manifest: Value = serde_json::from_str(&world.read(&inactive(APISERVER))).expect("JSON");
     let hash = manifest["metadata"]["annotations"]["checkpointer.alpha.coreos.com/spec-hash"].clone();
-    let journal = json!({"version": 1, "state": {
+    world.write_journal(json!({
         "absent_since": [],
         "known_good": [{"namespace": NS, "name": APISERVER, "spec_hash": hash, "since": 0}],
-    }});
-    let journal_path = world.path(JOURNAL);
-    let agent_dir = journal_path.parent().expect("the agent's dir");
-    std::fs::create_dir_all(agent_dir).expect("the agent's dir");
-    std::fs::set_permissions(agent_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("0700");
-    std::fs::write(&journal_path, journal.to_string()).expect("journal written");
-    std::fs::set_permissions(&journal_path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .expect("0600");
+    }));
 
     let agent = world.start_agent(AGENT, &args);
     agent.expect_api("synced").await;
@@ -2142,6 +2147,98 @@ async fn a_parent_that_never_becomes_ready_hands_the_node_back() {
                 .filter_map(|(_, e)| e["reason"].as_str().map(str::to_owned))
                 .collect();
             reasons.contains(&"HandoffStarted".to_owned()) && reasons.contains(&"HandoffFailed".to_owned())
+        },
+    )
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// Issue 21 with fakes: two proven revisions of the API server's DaemonSet on disk; an
+/// outage activates the newer one, whose static pod then crash-loops (its restarts rise in
+/// the runtime): the previous known-good revision replaces it, once, with a count and an
+/// Event on the set-aside revision's pod.
+#[tokio::test]
+async fn an_active_revision_that_crash_loops_is_replaced_by_the_previous_known_good_one() {
+    const NEW: &str = "kube-apiserver-new";
+    let new_static = format!("{NEW}-{NODE}");
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let args = ["--gc-strategy", "owner-reference"];
+    let agent = world.start_agent(AGENT, &args);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    // The DaemonSet rolls the API server to a new pod (another image), checkpointed beside it.
+    let mut rolled_pod = apiserver_pod();
+    rolled_pod["metadata"]["name"] = json!(NEW);
+    rolled_pod["metadata"]["uid"] = json!(format!("uid-{NEW}"));
+    rolled_pod["spec"]["containers"][0]["image"] = json!("kube-apiserver:v2");
+    world.api.apply("pods", NS, rolled_pod);
+    world
+        .cri
+        .add_pod(NS, NEW, proto::SANDBOX_READY, &[proto::CONTAINER_RUNNING]);
+    eventually("the new pod checkpointed", || async {
+        world.path(&inactive(NEW)).exists()
+    })
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+    // Both proved their content (a minute Ready each, what `known_good::track` records).
+    let proof = |pod: &str| {
+        let manifest: Value = serde_json::from_str(&world.read(&inactive(pod))).expect("JSON");
+        let hash = manifest["metadata"]["annotations"]["checkpointer.alpha.coreos.com/spec-hash"].clone();
+        json!({"namespace": NS, "name": pod, "spec_hash": hash, "since": 0})
+    };
+    world.write_journal(json!({"absent_since": [], "known_good": [proof(APISERVER), proof(NEW)]}));
+
+    // The power cut: no API server, no parents; the newest known-good revision starts.
+    world.api.set_outage(Reply::Refuse);
+    world.kill(APISERVER);
+    world.cri.remove_pod(NS, NEW);
+    let agent = world.start_agent(AGENT, &args);
+    eventually("the newest known-good revision active", || async {
+        world.path(&active(NEW)).exists()
+    })
+    .await;
+    assert!(
+        !world.path(&active(APISERVER)).exists(),
+        "one revision active at a time"
+    );
+    // The kubelet runs it; it crashes, and restarts.
+    world
+        .cri
+        .add_pod(NS, &new_static, proto::SANDBOX_READY, &[proto::CONTAINER_EXITED]);
+    world.looked_twice("the first restart count seen").await;
+    for attempt in 1..=2 {
+        world.cri.set_attempts(NS, &new_static, &[attempt]);
+        world.looked_twice("a restart").await;
+        assert!(world.path(&active(NEW)).exists(), "{attempt} restarts: not yet");
+    }
+    world.cri.set_attempts(NS, &new_static, &[3]);
+    eventually("the previous known-good revision replacing it", || async {
+        world.path(&active(APISERVER)).exists() && !world.path(&active(NEW)).exists()
+    })
+    .await;
+    world.cri.remove_pod(NS, &new_static);
+    agent.expect_count("revisions_set_aside_total", 1.0).await;
+    // Once: it stays so while the outage lasts.
+    world.looked_twice("after the replacement").await;
+    assert!(world.path(&active(APISERVER)).exists() && !world.path(&active(NEW)).exists());
+    let journal: Value = serde_json::from_str(&world.read(JOURNAL)).expect("the journal");
+    let proven: Vec<&str> = (journal["state"]["known_good"]
+        .as_array()
+        .expect("known_good")
+        .iter())
+    .filter_map(|k| k["name"].as_str())
+    .collect();
+    assert_eq!(
+        proven,
+        [APISERVER],
+        "the set-aside revision is no longer known-good"
+    );
+    // Back through the replacement, the API gets the Event on the set-aside revision's pod.
+    world.api.end_outage();
+    eventually(
+        "the RevisionCrashLooping Event on the set-aside revision",
+        || async {
+            (world.api.event_writes().into_iter())
+                .any(|(_, e)| e["regarding"]["name"] == NEW && e["reason"] == "RevisionCrashLooping")
         },
     )
     .await;

@@ -85,6 +85,7 @@ fn world(n: usize) -> World {
         local: LocalView::Known {
             running,
             kubelet_parents: BTreeSet::new(),
+            restarts: BTreeMap::new(),
         },
         disk,
         desired,

@@ -28,7 +28,7 @@ use std::str::FromStr;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use serde_json::Value;
 
-use crate::identity::{is_dns_label, is_dns_subdomain};
+use crate::identity::{PodId, is_dns_label, is_dns_subdomain};
 use crate::references::references_api_objects;
 
 /// A kubelet's `major.minor` version, from the Node's `status.nodeInfo.kubeletVersion`.
@@ -337,8 +337,7 @@ fn metadata(pod: &Pod, node: &str, found: &mut Findings) {
     match meta.name.as_deref() {
         None | Some("") => found.add("metadata.name", "Required value"),
         Some(name) => {
-            // The kubelet's name for a static pod (`generatePodName`).
-            let static_name = format!("{name}-{}", node.to_lowercase());
+            let static_name = PodId::new("", name).static_pod_name(node);
             if !is_dns_subdomain(&static_name) {
                 found.add(
                     "metadata.name",

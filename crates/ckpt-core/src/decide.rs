@@ -33,7 +33,7 @@ use crate::plan::{
     SelfScheduling, orphans, plan,
 };
 use crate::references::{RequiredObjects, over_watch_budget, required_objects};
-use crate::revisions::{Handoff, Lineage, RevisionSettings};
+use crate::revisions::{Handoff, Lineage, RevisionSettings, SetAside};
 use crate::sanitize::{SanitizeOptions, sanitize};
 use crate::scheduling::daemon_pod_continues_running;
 use crate::time::Timestamp;
@@ -145,6 +145,10 @@ pub struct Report {
     /// Handoff steps in this pass: (the known-good checkpoint, the newest revision whose
     /// parent took or failed to take over, the step).
     pub handoffs: Vec<(PodId, PodId, Handoff)>,
+    /// Active revisions whose static pods' restart counts the next passes need.
+    pub watch_restarts: BTreeSet<PodId>,
+    /// Revisions set aside in this pass because they crash-looped while active.
+    pub set_aside: Vec<SetAside>,
 }
 
 impl Report {
@@ -226,8 +230,9 @@ impl Assessment<'_> {
             .cloned()
             .collect();
         let synced = matches!(self.api, ApiView::Synced { .. });
+        // From the plan's: a revision set aside in this pass lost its mark.
         let tracked = known_good::track(
-            &self.state.known_good,
+            &planned.state.known_good,
             &self.state.ready_since,
             &self.desired,
             &self.ready,
@@ -259,6 +264,8 @@ impl Assessment<'_> {
         self.report.states = planned.states;
         self.report.at_stake = planned.at_stake;
         self.report.handoffs = planned.handoffs;
+        self.report.watch_restarts = planned.watch_restarts;
+        self.report.set_aside = planned.set_aside;
         let writes = (planned.writes.iter())
             .filter_map(|id| self.checkpoints.remove(id))
             .collect();

@@ -63,6 +63,13 @@ impl PodId {
         Some(Self::new(namespace, name))
     }
 
+    /// The name the kubelet of `node` gives this pod's checkpoint when it runs it as a
+    /// static pod (`generatePodName`: `<name>-<node>`, the node's name lowercased): what
+    /// the runtime labels its containers with.
+    pub fn static_pod_name(&self, node: &str) -> String {
+        format!("{}-{}", self.name, node.to_lowercase())
+    }
+
     /// The file name of this pod's checkpoint manifest: `<namespace>_<name>.json`.
     ///
     /// Collision-free because `_` can appear neither in a namespace (a DNS label) nor in

@@ -35,7 +35,8 @@ use crate::identity::{ControllerOwner, NamespaceAllowList, PodId, SelfIdentity};
 use crate::known_good::SpecSince;
 use crate::observation::OwnerStatus;
 use crate::revisions::{
-    Handoff, HandoffInput, Lineage, LineagePlan, Revision, RevisionSettings, Serving, handoff, plan_lineages,
+    CrashLoopInput, Handoff, HandoffInput, Lineage, LineagePlan, RestartsSeen, Revision, RevisionSettings,
+    Serving, SetAside, crash_loop, handoff, plan_lineages,
 };
 use crate::time::Timestamp;
 
@@ -82,6 +83,11 @@ pub enum LocalView {
         /// Parents the kubelet knows about. Informational only: a checkpoint's content
         /// always comes from the API copy, so a stale kubelet never creates one.
         kubelet_parents: BTreeSet<PodId>,
+        /// The restart counts of the static pods of the checkpoints a plan asked about
+        /// ([`Plan::watch_restarts`]), by checkpoint: the highest attempt among each one's
+        /// containers, as the runtime shows it. One not seen (no container yet, no CRI) is
+        /// missing.
+        restarts: BTreeMap<PodId, u32>,
     },
 }
 
@@ -129,6 +135,10 @@ pub struct PersistentState {
     /// Newest revisions whose handoff failed, with the content that failed.
     #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
     pub rejected: BTreeMap<PodId, SpecSince>,
+    /// The restart count of each active revision with a fallback, as first seen in this
+    /// outage (see [`crate::revisions::crash_loop`]).
+    #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub restarts_seen: BTreeMap<PodId, RestartsSeen>,
 }
 
 /// Whether the agent's own DaemonSet still targets this node: what decides self-GC
@@ -302,6 +312,11 @@ pub struct Plan {
     pub handoffs: Vec<(PodId, PodId, Handoff)>,
     /// When a handoff under way ends if its parent does not become Ready: look again then.
     pub handoff_at: Option<Timestamp>,
+    /// Active revisions whose static pods' restart counts the next passes need (see
+    /// [`LocalView::Known`]'s `restarts`): asked of the runtime only while this is not empty.
+    pub watch_restarts: BTreeSet<PodId>,
+    /// Revisions set aside in this pass because they crash-looped while active.
+    pub set_aside: Vec<SetAside>,
 }
 
 impl Plan {
@@ -543,6 +558,7 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             // Set below, per lineage.
             handoffs: BTreeMap::new(),
             rejected: BTreeMap::new(),
+            restarts_seen: BTreeMap::new(),
         },
         ..Plan::default()
     };
@@ -597,6 +613,9 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             out.state.absent_since.clear();
             out.state.handoffs.clear();
             out.state.rejected.clear();
+            out.state.restarts_seen.clear();
+            out.watch_restarts.clear();
+            out.set_aside.clear();
             return out;
         }
         out.self_gc_at = due_at;
@@ -758,6 +777,20 @@ pub fn plan(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         };
         states.push((id.clone(), state));
     }
+    out.watch_restarts = (lineages.values())
+        .filter(|l| l.fallback)
+        .filter(|l| {
+            states
+                .binary_search_by(|(id, _)| id.cmp(&l.plan.runs))
+                .is_ok_and(|i| {
+                    matches!(
+                        states[i].1,
+                        CheckpointState::Active | CheckpointState::ActiveGrace(_)
+                    )
+                })
+        })
+        .map(|l| l.plan.runs.clone())
+        .collect();
     // The agent's own old checkpoints go last: removing the active copy may stop the
     // process that runs this very plan.
     out.removes.extend(self_removes);
@@ -782,6 +815,9 @@ struct LineagePass {
     ready: bool,
     /// The newest revision's parent asks for the checkpoint to stay until it is Ready.
     retires_when_ready: bool,
+    /// The API is unreachable and another known-good revision could replace the one it
+    /// runs: that one's restarts are watched while it is active.
+    fallback: bool,
 }
 
 /// The lineages of several revisions ([`crate::revisions`]), and each row's lineage if it
@@ -818,34 +854,85 @@ fn lineages(
         }
     }
     groups.retain(|_, indices| indices.len() >= 2);
-    let revisions = (groups.iter()).flat_map(|(lineage, indices)| {
-        indices.iter().map(|&i| {
-            let (row, written) = (&rows[i], written[i]);
-            let checkpointed_at = if written {
-                Some(now)
-            } else {
-                row.disk
-                    .and_then(DiskCheckpoint::meta)
-                    .and_then(|m| m.checkpointed_at)
-            };
-            let proven = (content(row, written))
-                .zip(inputs.state.known_good.get(row.id))
-                .is_some_and(|(content, proof)| proof.spec_hash == content);
-            let revision = Revision {
-                id: row.id,
-                checkpointed_at,
-                proven,
-            };
-            ((*lineage).clone(), revision)
+    let mut revisions: Vec<(Lineage, Revision<'_>)> = (groups.iter())
+        .flat_map(|(lineage, indices)| {
+            indices.iter().map(|&i| {
+                let (row, written) = (&rows[i], written[i]);
+                let checkpointed_at = if written {
+                    Some(now)
+                } else {
+                    row.disk
+                        .and_then(DiskCheckpoint::meta)
+                        .and_then(|m| m.checkpointed_at)
+                };
+                let proven = (content(row, written))
+                    .zip(inputs.state.known_good.get(row.id))
+                    .is_some_and(|(content, proof)| proof.spec_hash == content);
+                let revision = Revision {
+                    id: row.id,
+                    checkpointed_at,
+                    proven,
+                };
+                ((*lineage).clone(), revision)
+            })
         })
-    });
+        .collect();
     let index = |id: &PodId| rows.binary_search_by(|row| row.id.cmp(id)).ok();
+    let unreachable = matches!(inputs.api, ApiView::Unreachable);
+    let restarts = match inputs.local {
+        LocalView::Known { restarts, .. } => Some(restarts),
+        LocalView::Unknown => None,
+    };
     let mut passes = BTreeMap::new();
-    for (lineage, plan) in plan_lineages(revisions, inputs.revisions) {
+    for (lineage, mut plan) in plan_lineages(revisions.iter().cloned(), inputs.revisions) {
         let Some(indices) = groups.get(&lineage) else {
             continue;
         };
-        let (Some(newest), Some(runner)) = (index(&plan.newest), index(&plan.runs)) else {
+        let Some(mut runner) = index(&plan.runs) else {
+            continue;
+        };
+        // The revision it runs crash-loops while the API is unreachable: the previous
+        // known-good one replaces it (ARCHITECTURE.md, Revisions).
+        let fallback = (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && *r.id != plan.runs);
+        let look = crash_loop(
+            &CrashLoopInput {
+                unreachable,
+                active: rows[runner].disk.is_some_and(|d| d.active.is_some()),
+                fallback,
+                restarts: restarts.and_then(|r| r.get(&plan.runs).copied()),
+                seen: inputs.state.restarts_seen.get(&plan.runs),
+            },
+            now,
+        );
+        if let Some(seen) = look.seen {
+            out.state.restarts_seen.insert(plan.runs.clone(), seen);
+        }
+        if look.set_aside {
+            let set_aside = plan.runs.clone();
+            for (_, r) in revisions.iter_mut().filter(|(l, _)| *l == lineage) {
+                r.proven &= *r.id != set_aside;
+            }
+            let ours = (revisions.iter()).filter(|(l, _)| *l == lineage).cloned();
+            let Some((_, replanned)) = plan_lineages(ours, inputs.revisions).pop_first() else {
+                continue;
+            };
+            let (Some(replacement), Some(first)) =
+                (index(&replanned.runs), inputs.state.restarts_seen.get(&set_aside))
+            else {
+                continue;
+            };
+            let now_seen = restarts
+                .and_then(|r| r.get(&set_aside).copied())
+                .unwrap_or(first.first);
+            out.state.known_good.remove(&set_aside);
+            out.set_aside.push(SetAside {
+                revision: set_aside,
+                replacement: replanned.runs.clone(),
+                restarts: now_seen.saturating_sub(first.first),
+            });
+            (plan, runner) = (replanned, replacement);
+        }
+        let Some(newest) = index(&plan.newest) else {
             continue;
         };
         let runs = if indices.iter().any(|&i| rows[i].runs == Some(true)) {
@@ -887,6 +974,8 @@ fn lineages(
             out.handoff_at = outcome.deadline.into_iter().chain(out.handoff_at).min();
         }
         let pass = LineagePass {
+            fallback: unreachable
+                && (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && *r.id != plan.runs),
             plan,
             runs,
             newest_due,

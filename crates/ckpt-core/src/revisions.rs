@@ -60,6 +60,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::identity::{ControllerOwner, PodId};
 use crate::known_good::SpecSince;
 use crate::time::Timestamp;
@@ -409,6 +411,110 @@ pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
         );
     }
     outcome(Serving::AsUsual, None, None, None, None)
+}
+
+/// Restarts of an active revision's static pod, counted from the first look in an outage,
+/// that make it crash-looping: with the kubelet's back-off (10 s, doubling) about 70 s plus
+/// the time it ran, long past a kube-apiserver's restarts while etcd comes up at boot.
+pub const CRASH_LOOP_RESTARTS: u32 = 3;
+
+/// An active revision's restart count when the agent first saw it in this outage (the
+/// journal's `restarts_seen`): what [`crash_loop`] counts from. The CRI count itself may
+/// start anywhere: a checkpoint activated again with the same content is the same static
+/// pod to the kubelet, whose dead containers from the last outage carry their count on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartsSeen {
+    /// The count first seen.
+    pub first: u32,
+    /// When.
+    pub since: Timestamp,
+}
+
+/// What [`crash_loop`] looks at, for the revision a lineage runs.
+#[derive(Clone, Copy, Debug)]
+pub struct CrashLoopInput<'a> {
+    /// The API server is unreachable.
+    pub unreachable: bool,
+    /// The revision is active (its manifest is in the kubelet's directory).
+    pub active: bool,
+    /// Another known-good revision of its lineage is on disk to replace it.
+    pub fallback: bool,
+    /// Its static pod's restart count now, as the CRI shows it (the highest attempt among
+    /// its containers); `None`: not seen (no container yet, the runtime unknown, or no CRI).
+    pub restarts: Option<u32>,
+    /// The count first seen in this outage, from the journal.
+    pub seen: Option<&'a RestartsSeen>,
+}
+
+/// What [`crash_loop`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrashLoopOutcome {
+    /// The count first seen, to journal.
+    pub seen: Option<RestartsSeen>,
+    /// It crash-loops: its known-good mark goes, and the lineage runs the fallback.
+    pub set_aside: bool,
+}
+
+/// Whether the active revision a lineage runs crash-loops while the API is unreachable, so
+/// that the previous known-good revision replaces it. In order, the first row that applies:
+///
+/// | API unreachable, active, a fallback | restarts now | journal | journal after | set aside |
+/// |---|---|---|---|---|
+/// | not all three | any | any | nothing | no |
+/// | yes | not seen | any | as it was | no |
+/// | yes | `n` | nothing, or more than `n` (the pod was re-created) | `n`, now | no |
+/// | yes | at least first + [`CRASH_LOOP_RESTARTS`] | first | nothing | **yes** |
+/// | yes | fewer | first | first | no |
+///
+/// Setting aside takes the revision's known-good mark: it is then an unproven revision
+/// like any other, never run while a known-good one is on disk, so each revision is set
+/// aside at most once, and a parent with its content takes over through the handoff, which
+/// gives it back its mark once it is Ready for [`crate::known_good::KNOWN_GOOD_AFTER`]. A
+/// revision without a fallback is never set aside: it is the best the node has. Readiness
+/// is not looked at: the CRI has none, and the kubelet's `/pods` has none of its own for a
+/// static pod; a revision that runs without serving is not caught.
+pub fn crash_loop(input: &CrashLoopInput<'_>, now: Timestamp) -> CrashLoopOutcome {
+    let quiet = CrashLoopOutcome {
+        seen: None,
+        set_aside: false,
+    };
+    if !(input.unreachable && input.active && input.fallback) {
+        return quiet;
+    }
+    let watched = |seen: Option<RestartsSeen>| CrashLoopOutcome {
+        seen,
+        set_aside: false,
+    };
+    let Some(restarts) = input.restarts else {
+        return watched(input.seen.cloned());
+    };
+    match input.seen {
+        Some(seen) if seen.first <= restarts => {
+            if restarts - seen.first >= CRASH_LOOP_RESTARTS {
+                CrashLoopOutcome {
+                    set_aside: true,
+                    ..quiet
+                }
+            } else {
+                watched(Some(seen.clone()))
+            }
+        }
+        _ => watched(Some(RestartsSeen {
+            first: restarts,
+            since: now,
+        })),
+    }
+}
+
+/// A revision set aside because it crash-looped while active, and the one that replaced it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetAside {
+    /// The crash-looping revision (its known-good mark is gone).
+    pub revision: PodId,
+    /// The known-good revision the lineage runs instead.
+    pub replacement: PodId,
+    /// The restarts counted (since the first look).
+    pub restarts: u32,
 }
 
 #[cfg(test)]

@@ -143,6 +143,22 @@ impl FakeCri {
         format!("unix://{}", self.socket.display())
     }
 
+    /// Sets the attempt (the kubelet's restart count) of a pod's containers, in the order
+    /// they were added; containers past the given ones keep theirs.
+    pub fn set_attempts(&self, ns: &str, name: &str, attempts: &[u32]) {
+        let mut st = lock(&self.state);
+        let sandbox_id = format!("sb-{ns}-{name}");
+        let containers = st
+            .containers
+            .iter_mut()
+            .filter(|c| c.pod_sandbox_id == sandbox_id);
+        for (container, attempt) in containers.zip(attempts) {
+            if let Some(meta) = container.metadata.as_mut() {
+                meta.attempt = *attempt;
+            }
+        }
+    }
+
     /// Adds a pod: a sandbox in `sandbox_state` and one container per given state.
     pub fn add_pod(&self, ns: &str, name: &str, sandbox_state: i32, container_states: &[i32]) {
         let mut st = lock(&self.state);

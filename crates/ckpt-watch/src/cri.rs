@@ -1,7 +1,7 @@
 //! Which pods run, as the CRI runtime says: [`ckpt_cri::RuntimeClient`] answers turned
 //! into pod ids.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -91,6 +91,36 @@ impl CriClient {
             );
         }
         Ok(running)
+    }
+
+    /// The restart count of each of these pods (namespace, name) that has a container: the
+    /// highest attempt among its containers, whatever their state (a crash-looping
+    /// container waits, exited, for its next start). One call per pod, selected by its
+    /// labels; a pod without containers is left out.
+    pub async fn restarts(&self, pods: &[(String, String)]) -> Result<BTreeMap<(String, String), u32>> {
+        let mut counts = BTreeMap::new();
+        for (namespace, name) in pods {
+            let (namespace, name) = (namespace.as_str(), name.as_str());
+            let selector = [
+                (LABEL_POD_NAMESPACE.to_owned(), namespace.to_owned()),
+                (LABEL_POD_NAME.to_owned(), name.to_owned()),
+            ];
+            let containers = self
+                .runtime
+                .list_containers(Some(proto::ContainerFilter {
+                    label_selector: selector.into(),
+                    ..Default::default()
+                }))
+                .await?;
+            // The runtime filters; filter again in case it ignores a filter.
+            let attempts = (containers.iter())
+                .filter(|c| c.pod() == Some((namespace, name)))
+                .map(|c| c.metadata.as_ref().map_or(0, |m| m.attempt));
+            if let Some(highest) = attempts.max() {
+                counts.insert((namespace.to_owned(), name.to_owned()), highest);
+            }
+        }
+        Ok(counts)
     }
 
     /// Stops a pod like a crash would (see [`ckpt_cri::RuntimeClient::stop_pod`]); for

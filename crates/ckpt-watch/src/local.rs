@@ -1,7 +1,8 @@
 //! What runs on this node: the CRI runtime and the kubelet, reduced to a [`LocalView`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use ckpt_core::{LocalView, NamespaceAllowList, PodId, is_parent};
@@ -58,6 +59,9 @@ pub struct LocalObserver {
     cri_answers_too_large: AtomicU64,
     /// How long one [`LocalObserver::observe`] may take, all calls together.
     bound: Duration,
+    /// The checkpoints whose static pods' restart counts are asked for, each with its
+    /// static pod's name (see [`LocalObserver::watch_restarts`]).
+    restart_watch: Mutex<BTreeMap<PodId, String>>,
 }
 
 /// The default bound of one local look: a runtime that takes longer to say what runs
@@ -80,7 +84,27 @@ impl LocalObserver {
             kubelet_health: SourceHealth::default(),
             cri_answers_too_large: Default::default(),
             bound: LOCAL_LOOK_BOUND,
+            restart_watch: Mutex::default(),
         }
+    }
+
+    /// From now on, each look also asks for the restart counts of these checkpoints'
+    /// static pods (each checkpoint with the name the kubelet runs it under,
+    /// [`PodId::static_pod_name`]): one more runtime call per pod, none while the set is
+    /// empty (an idle node). They are the view's `restarts`.
+    pub fn watch_restarts(&self, pods: impl IntoIterator<Item = (PodId, String)>) {
+        let pods: BTreeMap<PodId, String> = pods.into_iter().collect();
+        let mut watched = self.restart_watch.lock().unwrap_or_else(PoisonError::into_inner);
+        if *watched != pods {
+            debug!(pods = pods.len(), "restart counts watched");
+            *watched = pods;
+        }
+    }
+
+    fn watched(&self) -> BTreeMap<PodId, String> {
+        (self.restart_watch.lock())
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The same, with another bound on one whole look (see [`LOCAL_LOOK_BOUND`]).
@@ -122,10 +146,26 @@ impl LocalObserver {
     /// Asks the sources (concurrently; each call is bounded by its client's timeout, and
     /// each source's whole look by the observer's bound).
     pub async fn observe(&self) -> LocalView {
+        let watched = self.watched();
         let cri = async {
             match &self.cri {
                 Some(cri) => {
-                    let look = cri.running_pods(self.namespaces.namespaces());
+                    let look = async {
+                        let running = cri.running_pods(self.namespaces.namespaces()).await?;
+                        let mut restarts = BTreeMap::new();
+                        if !watched.is_empty() {
+                            let pods: Vec<(String, String)> = (watched.iter())
+                                .map(|(id, name)| (id.namespace.to_string(), name.clone()))
+                                .collect();
+                            let counts = cri.restarts(&pods).await?;
+                            for (id, name) in &watched {
+                                if let Some(n) = counts.get(&(id.namespace.to_string(), name.clone())) {
+                                    restarts.insert(id.clone(), *n);
+                                }
+                            }
+                        }
+                        Ok((running, restarts))
+                    };
                     Some(self.bounded("CRI runtime", look).await)
                 }
                 None => None,
@@ -156,7 +196,7 @@ impl LocalObserver {
                 .collect()
         };
         match cri {
-            Some(Ok(running)) => {
+            Some(Ok((running, restarts))) => {
                 self.cri_health.ok("CRI");
                 LocalView::Known {
                     running: running
@@ -164,6 +204,7 @@ impl LocalObserver {
                         .filter(|id| self.namespaces.allows(&id.namespace))
                         .collect(),
                     kubelet_parents: kubelet_pods.as_deref().map(kubelet_parents).unwrap_or_default(),
+                    restarts,
                 }
             }
             Some(Err(e)) => {
@@ -182,11 +223,48 @@ impl LocalObserver {
                         .filter(|id| self.namespaces.allows(&id.namespace))
                         .collect(),
                     kubelet_parents: kubelet_parents(&pods),
+                    restarts: kubelet_restarts(&pods, &watched),
                 },
                 None => LocalView::Unknown,
             },
         }
     }
+}
+
+/// With the CRI off: the restart counts of the watched checkpoints' static pods, from
+/// their statuses in the kubelet's `/pods` (the kubelet fills a static pod's in from its
+/// own status manager, API server or not): the highest `restartCount` among its
+/// containers, init containers included.
+fn kubelet_restarts(pods: &[Pod], watched: &BTreeMap<PodId, String>) -> BTreeMap<PodId, u32> {
+    let by_name: BTreeMap<(&str, &str), &PodId> = (watched.iter())
+        .map(|(id, name)| ((&*id.namespace, name.as_str()), id))
+        .collect();
+    let mut restarts = BTreeMap::new();
+    for pod in pods {
+        let Some(static_id) = PodId::of(pod) else {
+            continue;
+        };
+        let Some(id) = by_name.get(&(&*static_id.namespace, &*static_id.name)) else {
+            continue;
+        };
+        let status = pod.status.as_ref();
+        let statuses = (status
+            .and_then(|s| s.container_statuses.as_deref())
+            .unwrap_or_default()
+            .iter())
+        .chain(
+            status
+                .and_then(|s| s.init_container_statuses.as_deref())
+                .unwrap_or_default(),
+        );
+        if let Some(highest) = statuses
+            .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
+            .max()
+        {
+            restarts.insert((*id).clone(), highest);
+        }
+    }
+    restarts
 }
 
 /// With the CRI off: phase `Running` and every container (as many statuses as the spec
@@ -272,6 +350,65 @@ mod tests {
         names.iter().map(|n| PodId::new("kube-system", *n)).collect()
     }
 
+    /// The restart counts of the watched static pods: from the runtime (the highest attempt,
+    /// exited containers included), else from the kubelet's `/pods`; nothing is asked while
+    /// nothing is watched.
+    #[tokio::test]
+    async fn restarts_of_watched_static_pods() {
+        let cri = FakeCri::start(true, false);
+        let state = [proto::CONTAINER_EXITED, proto::CONTAINER_RUNNING];
+        cri.add_pod("kube-system", "api-1-node-1", proto::SANDBOX_READY, &state);
+        cri.set_attempts("kube-system", "api-1-node-1", &[4, 1]);
+        cri.add_pod(
+            "kube-system",
+            "other-node-1",
+            proto::SANDBOX_READY,
+            &[proto::CONTAINER_EXITED],
+        );
+        cri.set_attempts("kube-system", "other-node-1", &[9]);
+        let observer = LocalObserver::new(Some(CriClient::new(&cri.endpoint(), T).unwrap()), None, allowed());
+        let restarts = |view: LocalView| match view {
+            LocalView::Known { restarts, .. } => restarts,
+            LocalView::Unknown => panic!("unknown"),
+        };
+        let counts = |entries: &[(&str, u32)]| -> BTreeMap<PodId, u32> {
+            (entries.iter())
+                .map(|(n, c)| (PodId::new("kube-system", *n), *c))
+                .collect()
+        };
+        assert_eq!(restarts(observer.observe().await), counts(&[]));
+        assert_eq!(cri.calls().len(), 2, "version and one list: {:?}", cri.calls());
+        let watched = |names: &[&str]| -> Vec<(PodId, String)> {
+            (names.iter())
+                .map(|n| (PodId::new("kube-system", *n), format!("{n}-node-1")))
+                .collect()
+        };
+        observer.watch_restarts(watched(&["api-1", "gone"]));
+        assert_eq!(restarts(observer.observe().await), counts(&[("api-1", 4)]));
+        assert_eq!(
+            cri.calls().len(),
+            5,
+            "one list per watched pod more: {:?}",
+            cri.calls()
+        );
+        observer.watch_restarts(watched(&[]));
+        observer.observe().await;
+        assert_eq!(cri.calls().len(), 6);
+
+        // With the CRI off, from the static pods' statuses in the kubelet's `/pods`.
+        let mut api = kubelet_pod("kube-system", "api-1-node-1", false, "Running", &[true]);
+        api["status"]["containerStatuses"][0]["restartCount"] = 3.into();
+        api["status"]["initContainerStatuses"] = serde_json::json!([{"name": "init", "ready": true,
+            "restartCount": 5, "image": "i", "imageID": "", "state": {"terminated": {"exitCode": 0}}}]);
+        let mut other = kubelet_pod("kube-system", "other-node-1", false, "Running", &[true]);
+        other["status"]["containerStatuses"][0]["restartCount"] = 9.into();
+        let (_k, kubelet) = kubelet(vec![api, other]).await;
+        let observer = LocalObserver::new(None, Some(kubelet), allowed());
+        assert_eq!(restarts(observer.observe().await), counts(&[]));
+        observer.watch_restarts(watched(&["api-1"]));
+        assert_eq!(restarts(observer.observe().await), counts(&[("api-1", 5)]));
+    }
+
     #[tokio::test]
     async fn cri_decides_running_and_the_kubelet_names_parents() {
         let cri = FakeCri::start(true, false);
@@ -305,6 +442,7 @@ mod tests {
             LocalView::Known {
                 running: ids(&["api"]),
                 kubelet_parents: ids(&["api", "dead"]),
+                restarts: BTreeMap::new(),
             }
         );
 
@@ -315,6 +453,7 @@ mod tests {
             LocalView::Known {
                 running: ids(&["api"]),
                 kubelet_parents: BTreeSet::new(),
+                restarts: BTreeMap::new(),
             }
         );
 
@@ -338,6 +477,7 @@ mod tests {
             LocalView::Known {
                 running: ids(&["all-running"]),
                 kubelet_parents: ids(&["all-running", "one-crashing"]),
+                restarts: BTreeMap::new(),
             }
         );
         lock(&fake.state).status = 403;
@@ -421,6 +561,7 @@ mod tests {
             let running = LocalView::Known {
                 running: ids(&["api"]),
                 kubelet_parents: BTreeSet::new(),
+                restarts: BTreeMap::new(),
             };
             assert_eq!(observer.observe().await, running, "{what}: before");
             {

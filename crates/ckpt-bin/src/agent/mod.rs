@@ -500,6 +500,10 @@ impl Agent {
             // Probe the API often only while seeing an outage late would cost the node.
             link.observer.set_at_stake(report.at_stake);
         }
+        // Restart counts only of the active revisions that could be replaced.
+        let node = &self.settings.node_name;
+        (self.local)
+            .watch_restarts((report.watch_restarts.iter()).map(|id| (id.clone(), id.static_pod_name(node))));
 
         let outcome = if decision.is_noop() {
             Default::default()

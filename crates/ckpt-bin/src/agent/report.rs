@@ -105,6 +105,21 @@ impl Reporter {
                 events.publish(api, newest, uid, kind, note);
             }
         }
+        for set_aside in &report.set_aside {
+            health.set_aside();
+            let (revision, replacement) = (&set_aside.revision, &set_aside.replacement);
+            let note = format!(
+                "the checkpoint of {revision} restarted {} times while active with the API server unreachable: \
+                 it is no longer known-good, and the known-good checkpoint of {replacement} runs instead",
+                set_aside.restarts
+            );
+            warn!(pod = %revision, known_good = %replacement, restarts = set_aside.restarts, "revision crash-loops: {note}");
+            if let Some(events) = events {
+                let api = report.api.unwrap_or(ApiState::Unreachable);
+                let uid = report.parent_uids.get(revision).map(String::as_str);
+                events.publish(api, revision, uid, EventKind::SetAside, note);
+            }
+        }
         // Only a synced pass sanitizes: in the others, what was said still holds.
         if report.api == Some(ApiState::Synced) {
             self.refusals.clone_from(&report.refusals);

@@ -165,6 +165,7 @@ impl World {
                 local: LocalView::Known {
                     running: BTreeSet::new(),
                     kubelet_parents: BTreeSet::new(),
+                    restarts: BTreeMap::new(),
                 },
                 owners: BTreeMap::new(),
                 daemon_sets: BTreeMap::new(),

@@ -97,6 +97,7 @@ impl World {
             local: LocalView::Known {
                 running: BTreeSet::new(),
                 kubelet_parents: BTreeSet::new(),
+                restarts: BTreeMap::new(),
             },
             disk: disk.iter().map(|(n, c)| on_disk(n, c)).collect(),
             desired: BTreeMap::new(),
@@ -160,10 +161,23 @@ impl World {
     }
 
     fn running(mut self, names: &[&str]) -> Self {
+        let restarts = match self.local {
+            LocalView::Known { restarts, .. } => restarts,
+            LocalView::Unknown => BTreeMap::new(),
+        };
         self.local = LocalView::Known {
             running: names.iter().map(|n| id(n)).collect(),
             kubelet_parents: BTreeSet::new(),
+            restarts,
         };
+        self
+    }
+
+    /// The runtime shows these restart counts of checkpoints' static pods.
+    fn restarts(mut self, counts: &[(&str, u32)]) -> Self {
+        if let LocalView::Known { restarts, .. } = &mut self.local {
+            *restarts = counts.iter().map(|(n, c)| (id(n), *c)).collect();
+        }
         self
     }
 
@@ -615,6 +629,7 @@ fn bug2_no_resurrection_of_kubelet_only_parents() {
     w.local = LocalView::Known {
         running: BTreeSet::new(),
         kubelet_parents: [id("stale")].into(),
+        restarts: BTreeMap::new(),
     };
     let p = check(&w, expect(&[], &[], &[], &["stale"]), &[("stale", Removed)]);
     w.apply(&p);
@@ -1509,4 +1524,82 @@ fn a_lineage_stays_while_its_daemon_set_targets_the_node() {
         expect_plan(&p, &expect(&[], &[], &[], removed), || what.to_owned());
         assert_eq!(p.states[&id("api-1")], state, "{what}");
     }
+}
+
+/// Two known-good revisions of a self-hosted kube-apiserver; the newer one, activated by an
+/// outage, crash-loops (a file its flags name was on a tmpfs the power cut emptied): the
+/// previous known-good revision replaces it, once, and the parent with the set-aside
+/// content takes over through the handoff once the API is back.
+#[test]
+fn an_active_revision_that_crash_loops_is_replaced_by_the_previous_known_good_one() {
+    let dated = |w: &mut World, name: &str, secs: u64| {
+        let d = w.disk.get_mut(&id(name)).unwrap();
+        d.inactive.as_mut().unwrap().meta.checkpointed_at =
+            Some(NOW.saturating_add(Duration::from_secs(secs)));
+    };
+    let mut w = World::new(&[("api-1", "I"), ("api-2", "I")]);
+    dated(&mut w, "api-1", 0);
+    dated(&mut w, "api-2", 10);
+    proven(&mut w, "api-1", "h1");
+    proven(&mut w, "api-2", "h1");
+    // The power cut: the newest known-good revision starts; its restarts are watched.
+    let p = step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
+    assert_eq!(p.watch_restarts, [id("api-2")].into());
+    // The first count seen is what restarts are counted from (the kubelet's count may
+    // carry on from an earlier outage).
+    w = w.restarts(&[("api-2", 4)]);
+    let p = step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
+    assert_eq!(p.state.restarts_seen[&id("api-2")].first, 4);
+    w = w.restarts(&[("api-2", 6)]);
+    step(&mut w, 140, expect(&[], &[], &[], &[]), &[]);
+    // The third restart since: set aside, the previous known-good revision runs.
+    w = w.restarts(&[("api-2", 7)]);
+    let p = step(&mut w, 200, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
+    let set_aside = SetAside {
+        revision: id("api-2"),
+        replacement: id("api-1"),
+        restarts: 3,
+    };
+    assert_eq!(p.set_aside, [set_aside]);
+    assert!(
+        !p.state.known_good.contains_key(&id("api-2")),
+        "no longer known-good"
+    );
+    assert!(p.watch_restarts.is_empty(), "nothing left to fall back to");
+    assert!(p.state.restarts_seen.is_empty());
+    assert_eq!(p.states[&id("api-2")], Inactive);
+    // Once only: it crash-loops on, nothing changes; the replacement crash-looping too has
+    // no fallback left and stays.
+    let p = step(&mut w, 300, expect(&[], &[], &[], &[]), &[]);
+    assert!(p.set_aside.is_empty());
+    w = w.restarts(&[("api-1", 9)]);
+    step(&mut w, 400, expect(&[], &[], &[], &[]), &[]);
+    // Served by the replacement, the API lists the DaemonSet's pod with the set-aside
+    // content: as any unproven parent it gets the node through the handoff.
+    w = superseded(w.synced(&["api-2"]).running(&["api-2"]), "api-1");
+    step(
+        &mut w,
+        500,
+        expect(&[], &["api-1"], &[], &[]),
+        &[Handoff::Started],
+    );
+}
+
+/// A revision is set aside only for a known-good one, and only while the API is unreachable.
+#[test]
+fn a_crash_looping_revision_without_a_fallback_stays() {
+    // The known-good revision runs, the newest is unproven: nothing to fall back to.
+    let mut w = World::new(&[("api-1", "IA"), ("api-2", "I")]);
+    proven(&mut w, "api-1", "h1");
+    {
+        let d = w.disk.get_mut(&id("api-2")).unwrap();
+        d.inactive.as_mut().unwrap().meta.checkpointed_at = Some(NOW);
+    }
+    w.state
+        .restarts_seen
+        .insert(id("api-1"), RestartsSeen { first: 0, since: NOW });
+    w = w.restarts(&[("api-1", 50)]);
+    let p = step(&mut w, 0, expect(&[], &[], &[], &[]), &[]);
+    assert!(p.set_aside.is_empty() && p.watch_restarts.is_empty() && p.state.restarts_seen.is_empty());
+    assert_eq!(p.states[&id("api-1")], Active);
 }

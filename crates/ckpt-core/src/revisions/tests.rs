@@ -389,3 +389,92 @@ fn handoffs() {
         (Standby, Some(("new", 1000)), None, None, Some(1120)),
     );
 }
+
+/// `crash_loop` for (unreachable, active, fallback, restarts now, first seen): the first
+/// seen after, and whether it is set aside.
+#[allow(clippy::type_complexity)]
+fn check_crash_loop(
+    what: &str,
+    (unreachable, active, fallback): (bool, bool, bool),
+    restarts: Option<u32>,
+    seen: Option<(u32, i64)>,
+    expected: (Option<(u32, i64)>, bool),
+) {
+    let seen = seen.map(|(first, at)| RestartsSeen { first, since: t(at) });
+    let input = CrashLoopInput {
+        unreachable,
+        active,
+        fallback,
+        restarts,
+        seen: seen.as_ref(),
+    };
+    let got = crash_loop(&input, t(100));
+    let want = CrashLoopOutcome {
+        seen: expected.0.map(|(first, at)| RestartsSeen { first, since: t(at) }),
+        set_aside: expected.1,
+    };
+    assert_eq!(got, want, "{what}");
+}
+
+#[test]
+fn crash_loops() {
+    let all = (true, true, true);
+    check_crash_loop(
+        "the API is reachable",
+        (false, true, true),
+        Some(9),
+        Some((0, 1)),
+        (None, false),
+    );
+    check_crash_loop(
+        "not active",
+        (true, false, true),
+        Some(9),
+        Some((0, 1)),
+        (None, false),
+    );
+    check_crash_loop(
+        "no fallback: the best the node has",
+        (true, true, false),
+        Some(9),
+        Some((0, 1)),
+        (None, false),
+    );
+    check_crash_loop("not seen yet", all, None, None, (None, false));
+    check_crash_loop(
+        "not seen now: what was seen stays",
+        all,
+        None,
+        Some((2, 1)),
+        (Some((2, 1)), false),
+    );
+    check_crash_loop(
+        "first seen: counted from there",
+        all,
+        Some(4),
+        None,
+        (Some((4, 100)), false),
+    );
+    check_crash_loop(
+        "fewer restarts since",
+        all,
+        Some(6),
+        Some((4, 1)),
+        (Some((4, 1)), false),
+    );
+    check_crash_loop(
+        "the pod was re-created: its count starts again",
+        all,
+        Some(1),
+        Some((4, 1)),
+        (Some((1, 100)), false),
+    );
+    check_crash_loop(
+        "enough restarts since the first look: set aside",
+        all,
+        Some(4 + CRASH_LOOP_RESTARTS),
+        Some((4, 1)),
+        (None, true),
+    );
+    check_crash_loop("more still", all, Some(u32::MAX), Some((0, 1)), (None, true));
+}
