@@ -89,7 +89,8 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     // breaks the streak; the demo does not wait for it).
     if !crate::demo_mode() {
         expect_known_good(run, &parents)?;
-        bad_upgrade_then_power_cut(run, &self_hosted)?;
+        let fixed = bad_upgrade_then_power_cut(run, &self_hosted)?;
+        known_good_fails_after_the_cut(run, &self_hosted, &fixed)?;
     }
     report_cuts(run, &cuts)?;
     if crate::demo_mode() {
@@ -111,7 +112,7 @@ const BAD_FLAG: &str = "--no-such-flag=true";
 /// hands the node over to the new parent once it is Ready, with the API gap measured. The
 /// pods bind beside their checkpoint (`handoff: when-ready`): the bad pod never gets the
 /// node, and the checkpoint retires only once the rolled-back pod is Ready.
-fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> anyhow::Result<()> {
+fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> anyhow::Result<String> {
     let progress = run.progress;
     let good = running_parents(run)?[0].clone();
     let ds = run
@@ -242,6 +243,140 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         "API ready after the cut": api_ready.as_secs_f64(),
         "handed over after the rollback": handed_over.as_secs_f64(),
         "API gap in the handoff": gap.as_secs_f64(),
+    });
+    append_lines("self-hosted-handoffs.jsonl", &[line])?;
+    Ok(fixed)
+}
+
+/// The node dir of the audit policy the good upgrade below names.
+const AUDIT_DIR: &str = "/etc/kubernetes/e2e-audit";
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: None\n";
+
+/// Issue 21, a known-good revision that fails after the cut: kube-apiserver's DaemonSet is
+/// upgraded to a spec that names an audit policy file on the node's disk; it proves itself
+/// (a minute Ready: known-good). The file is removed, then the power is cut: the newest
+/// known-good revision, activated, crash-loops (kube-apiserver exits without its policy);
+/// after three restarts the agent sets it aside and the previous known-good revision
+/// (`previous`, the pod the rollback made) brings the API back. Rolling the DaemonSet back
+/// hands the node over to a new pod.
+fn known_good_fails_after_the_cut(
+    run: &mut NodeRun,
+    self_hosted: &SelfHosted,
+    previous: &str,
+) -> anyhow::Result<()> {
+    let progress = run.progress;
+    let ds = run
+        .kubectl
+        .get("daemonset", NS, APISERVER)?
+        .context("no kube-apiserver DaemonSet")?;
+    let spec = &ds["spec"]["template"]["spec"];
+    let len = |v: &Value| v.as_array().map_or(0, Vec::len);
+    let (args, volumes, mounts) = (
+        len(&spec["containers"][0]["command"]),
+        len(&spec["volumes"]),
+        len(&spec["containers"][0]["volumeMounts"]),
+    );
+    expect_known_good(run, &[previous.to_owned()])?;
+    let audit_dir = crate::real_node_seed::host(run, AUDIT_DIR)?;
+    let policy = audit_dir.join("policy.yaml");
+    std::fs::create_dir_all(&audit_dir)?;
+    std::fs::write(&policy, AUDIT_POLICY)?;
+    let flag = format!("--audit-policy-file={AUDIT_DIR}/policy.yaml");
+    progress.say(&format!(
+        "kube-apiserver's DaemonSet upgraded with {flag} (the file on the node's disk)"
+    ));
+    let patch = json!([
+        { "op": "add", "path": "/spec/template/spec/containers/0/command/-", "value": flag },
+        { "op": "add", "path": "/spec/template/spec/volumes/-",
+          "value": { "name": "audit", "hostPath": { "path": AUDIT_DIR, "type": "Directory" } } },
+        { "op": "add", "path": "/spec/template/spec/containers/0/volumeMounts/-",
+          "value": { "name": "audit", "mountPath": AUDIT_DIR, "readOnly": true } },
+    ]);
+    patch_apiserver(run, &patch)?;
+    let (upgraded, _) = wait_for("the upgraded pod Ready", TIMEOUT, || {
+        waiting_on_error((|| {
+            let pods = pods_of(&run.kubectl, APISERVER)?;
+            let ready = (pods.iter())
+                .filter(|p| !is_mirror(p) && name_of(p) != previous)
+                .find(|p| crate::real_node_seed::is_ready(p));
+            Ok(match ready {
+                Some(pod) => Probe::Ready(name_of(pod)),
+                None => Probe::Waiting(format!("{} pod(s)", pods.len())),
+            })
+        })())
+    })?;
+    expect_known_good(run, &[upgraded.clone(), previous.to_owned()])?;
+    wait_api_settled(self_hosted, &upgraded)?;
+
+    progress.say(&format!(
+        "the audit policy file removed from the node's disk; power cut with {upgraded} running"
+    ));
+    std::fs::remove_file(&policy)?;
+    let cut = Instant::now();
+    run.node.reboot()?;
+    let (upgraded_id, previous_id) = (format!("{NS}/{upgraded}"), format!("{NS}/{previous}"));
+    let report = wait_inspect(
+        run,
+        "the crash-looping revision set aside, the previous known-good one active",
+        |i| {
+            let set_aside = i.get(&upgraded_id).is_some_and(|c| !c.known_good && c.state == "inactive");
+            let back = i.get(&previous_id).is_some_and(|c| c.known_good && c.state == "active");
+            set_aside && back
+        },
+    )?;
+    let set_aside_after = cut.elapsed();
+    wait_api(self_hosted, "the API served by the previous known-good revision")?;
+    let api_ready = cut.elapsed();
+    progress.say(&format!(
+        "{upgraded} set aside {} after the cut; the previous known-good revision serves the API {} after it ({})",
+        human_duration(set_aside_after),
+        human_duration(api_ready),
+        report.summary()
+    ));
+    wait_for("the RevisionCrashLooping Event on the set-aside revision's pod", TIMEOUT, || {
+        waiting_on_error((|| {
+            let events = events_of(run, &upgraded)?;
+            let reasons: Vec<String> = (events.iter())
+                .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+                .collect();
+            Ok(if reasons.iter().any(|r| r == "RevisionCrashLooping") {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(format!("{reasons:?}"))
+            })
+        })())
+    })?;
+
+    progress.say("the DaemonSet rolled back: the node is handed over to its new pod");
+    let patch = json!([
+        { "op": "test", "path": format!("/spec/template/spec/containers/0/command/{args}"), "value": flag },
+        { "op": "remove", "path": format!("/spec/template/spec/containers/0/command/{args}") },
+        { "op": "remove", "path": format!("/spec/template/spec/volumes/{volumes}") },
+        { "op": "remove", "path": format!("/spec/template/spec/containers/0/volumeMounts/{mounts}") },
+    ]);
+    patch_apiserver(run, &patch)?;
+    let (rolled, _) = wait_for("the rolled-back pod Ready", TIMEOUT, || {
+        waiting_on_error((|| {
+            let pods = pods_of(&run.kubectl, APISERVER)?;
+            let ready = (pods.iter())
+                .filter(|p| !is_mirror(p) && name_of(p) != previous && name_of(p) != upgraded)
+                .find(|p| crate::real_node_seed::is_ready(p));
+            Ok(match ready {
+                Some(pod) => Probe::Ready(name_of(pod)),
+                None => Probe::Waiting(format!("{} pod(s)", pods.len())),
+            })
+        })())
+    })?;
+    wait_inspect(run, "the previous known-good checkpoint retired", |i| {
+        i.get(&previous_id).is_none_or(|c| c.state == "inactive")
+    })?;
+    wait_api_settled(self_hosted, &rolled)?;
+    std::fs::remove_dir_all(&audit_dir)?;
+    progress.say(&format!("handed over to {rolled}"));
+    let line = json!({
+        "scenario": "known-good revision crash-loops after the cut",
+        "set aside after the cut": set_aside_after.as_secs_f64(),
+        "API ready after the cut": api_ready.as_secs_f64(),
     });
     append_lines("self-hosted-handoffs.jsonl", &[line]).map(drop)
 }
