@@ -25,6 +25,11 @@
 //! exists (or until it is seen Ready). Readiness is the API's: while the API is unreachable nothing proves
 //! a parent Ready, so a parent that cannot bring the API back is rejected at the deadline.
 //!
+//! **A known-good revision that crash-loops.** While the API is unreachable, [`crash_loop`]
+//! counts the restarts of the active revision's static pod (from the container runtime)
+//! when another known-good revision could replace it; after [`CRASH_LOOP_RESTARTS`] it is
+//! set aside: it loses its known-good mark and the previous known-good revision runs.
+//!
 //! ```
 //! use std::time::Duration;
 //!

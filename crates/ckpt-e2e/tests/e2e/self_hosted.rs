@@ -319,8 +319,12 @@ fn known_good_fails_after_the_cut(
         run,
         "the crash-looping revision set aside, the previous known-good one active",
         |i| {
-            let set_aside = i.get(&upgraded_id).is_some_and(|c| !c.known_good && c.state == "inactive");
-            let back = i.get(&previous_id).is_some_and(|c| c.known_good && c.state == "active");
+            let set_aside = i
+                .get(&upgraded_id)
+                .is_some_and(|c| !c.known_good && c.state == "inactive");
+            let back = i
+                .get(&previous_id)
+                .is_some_and(|c| c.known_good && c.state == "active");
             set_aside && back
         },
     )?;
@@ -333,19 +337,23 @@ fn known_good_fails_after_the_cut(
         human_duration(api_ready),
         report.summary()
     ));
-    wait_for("the RevisionCrashLooping Event on the set-aside revision's pod", TIMEOUT, || {
-        waiting_on_error((|| {
-            let events = events_of(run, &upgraded)?;
-            let reasons: Vec<String> = (events.iter())
-                .filter_map(|e| e["reason"].as_str().map(str::to_owned))
-                .collect();
-            Ok(if reasons.iter().any(|r| r == "RevisionCrashLooping") {
-                Probe::Ready(())
-            } else {
-                Probe::Waiting(format!("{reasons:?}"))
-            })
-        })())
-    })?;
+    wait_for(
+        "the RevisionCrashLooping Event on the set-aside revision's pod",
+        TIMEOUT,
+        || {
+            waiting_on_error((|| {
+                let events = events_of(run, &upgraded)?;
+                let reasons: Vec<String> = (events.iter())
+                    .filter_map(|e| e["reason"].as_str().map(str::to_owned))
+                    .collect();
+                Ok(if reasons.iter().any(|r| r == "RevisionCrashLooping") {
+                    Probe::Ready(())
+                } else {
+                    Probe::Waiting(format!("{reasons:?}"))
+                })
+            })())
+        },
+    )?;
 
     progress.say("the DaemonSet rolled back: the node is handed over to its new pod");
     let patch = json!([
