@@ -1206,3 +1206,68 @@ fn parents_past_the_nodes_watch_budget_are_refused_and_not_watched() {
         "nothing of the refused pod is watched"
     );
 }
+
+/// A parent that binds beside its checkpoint (`handoff: when-ready`) retires it only once
+/// it has been Ready for [`WHEN_READY_SETTLE`] (by its `Ready` condition's
+/// `lastTransitionTime`): before, the kubelet's probe may have reached the checkpoint's
+/// process. Each row: Ready since (seconds before now; `None` no time, negative ahead of
+/// the clock), whether the active checkpoint stops, when to look again.
+#[test]
+fn a_checkpoint_retires_once_its_when_ready_parent_has_been_ready_a_while() {
+    let settle = WHEN_READY_SETTLE.as_secs() as i64;
+    let cases: [(&str, Option<i64>, bool, Option<i64>); 5] = [
+        (
+            "Ready for 5 s: stays, look again when settled",
+            Some(5),
+            false,
+            Some(settle - 5),
+        ),
+        ("Ready just now", Some(0), false, Some(settle)),
+        (
+            "Ready for the whole settle time: retires",
+            Some(settle),
+            true,
+            None,
+        ),
+        ("no transition time: retires as soon as Ready", None, true, None),
+        (
+            "a time ahead of the clock: retires as soon as Ready",
+            Some(-60),
+            true,
+            None,
+        ),
+    ];
+    for (what, since, stops, look_again) in cases {
+        let mut world = World::synced(&[("a", parent("a"))]);
+        let (id_a, pod) = pod("a", parent("a"));
+        let mut ready = (*pod).clone();
+        ready.metadata.annotations.get_or_insert_default().insert(
+            crate::identity::ANNOTATION_HANDOFF.into(),
+            crate::identity::HANDOFF_WHEN_READY.into(),
+        );
+        let mut condition = json!({"type": "Ready", "status": "True"});
+        if let Some(secs) = since {
+            condition["lastTransitionTime"] = json!(Timestamp(NOW.0 - secs * 1000).to_rfc3339());
+        }
+        ready.status = Some(
+            serde_json::from_value(json!({"phase": "Running", "conditions": [condition]})).expect("a status"),
+        );
+        world.observation.pods.insert(id_a.clone(), Arc::new(ready));
+        world.observation.local = LocalView::Known {
+            running: [id_a.clone()].into(),
+            kubelet_parents: BTreeSet::new(),
+            restarts: BTreeMap::new(),
+        };
+        let hash = world.hash_of("a");
+        world = world.disk(&[("a", &hash)]);
+        let entry = world.disk.get_mut(&id_a).expect("on disk");
+        entry.active = entry.inactive.clone();
+        let d = world.decide();
+        assert_eq!(d.stops, if stops { vec![id_a.clone()] } else { vec![] }, "{what}");
+        // Otherwise the next look is when its content becomes known-good.
+        let after = look_again.map_or(crate::known_good::KNOWN_GOOD_AFTER, |secs| {
+            Duration::from_secs(secs as u64)
+        });
+        assert_eq!(d.report.next_deadline, Some(NOW.saturating_add(after)), "{what}");
+    }
+}
