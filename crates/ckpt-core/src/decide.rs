@@ -165,15 +165,6 @@ impl Report {
     }
 }
 
-/// How long a parent that binds beside its checkpoint (`handoff: when-ready`) must have
-/// been Ready (its `Ready` condition's `lastTransitionTime`) before the checkpoint retires.
-/// The kubelet's readiness probe of a port both bind reaches either process, so such a
-/// parent counts as Ready about one probe period after its container starts, before it
-/// serves (a kube-apiserver takes some seconds more): retired then, the checkpoint left
-/// the API a gap of 1–3 s on the real node. The checkpoint serves beside the parent
-/// meanwhile, so waiting costs nothing.
-pub const WHEN_READY_SETTLE: Duration = Duration::from_secs(15);
-
 /// The first step of a pass: everything but the GC verdicts. Made by [`assess`].
 #[derive(Clone, Debug)]
 pub struct Assessment<'a> {
@@ -191,11 +182,6 @@ pub struct Assessment<'a> {
     desired: BTreeMap<PodId, String>,
     /// The parents whose API pod is Ready (synced views only).
     ready: BTreeSet<PodId>,
-    /// The parents the planner counts as Ready: those of `ready`, a parent that binds
-    /// beside its checkpoint only once Ready for [`WHEN_READY_SETTLE`].
-    settled: BTreeSet<PodId>,
-    /// When the next parent of `ready` not in `settled` will be: look again then.
-    settles_at: Option<Timestamp>,
     /// The parents being deleted (synced views only).
     terminating: BTreeSet<PodId>,
     /// DaemonSet lineages whose DaemonSet still targets this node (synced views only).
@@ -230,7 +216,7 @@ impl Assessment<'_> {
             scheduling: &self.scheduling,
             grace: self.grace,
             allowed: &self.allowed,
-            ready: &self.settled,
+            ready: &self.ready,
             terminating: &self.terminating,
             revisions: &self.revisions,
             live: &self.live,
@@ -264,7 +250,6 @@ impl Assessment<'_> {
             .chain(planned.self_gc_at)
             .chain(planned.handoff_at)
             .chain(tracked.next)
-            .chain(self.settles_at)
             .filter(|t| *t > now)
             .min();
         for (id, state) in &planned.states {
@@ -381,29 +366,6 @@ pub fn assess<'a>(
         .filter(|(_, pod)| synced && known_good::is_ready(pod))
         .map(|(id, _)| (*id).clone())
         .collect();
-    // A parent that binds beside its checkpoint answers the kubelet's readiness probe through
-    // the checkpoint's process too, so it can count as Ready before it serves: its
-    // checkpoint retires only once it has been Ready for a while.
-    let mut settles_at: Option<Timestamp> = None;
-    let settled: BTreeSet<PodId> = (parents.iter())
-        .filter(|(id, pod)| {
-            if !ready.contains(*id) || !retires_when_ready(pod) {
-                return ready.contains(*id);
-            }
-            // Without a time, or with one ahead of the clock (gone back), it retires as soon as
-            // it is Ready, as before: counting from now at each pass would keep it forever.
-            let at = match known_good::ready_since(pod) {
-                Some(since) if since <= now => since.saturating_add(WHEN_READY_SETTLE),
-                _ => return true,
-            };
-            if now >= at {
-                return true;
-            }
-            settles_at = Some(settles_at.map_or(at, |t| t.min(at)));
-            false
-        })
-        .map(|(id, _)| (*id).clone())
-        .collect();
     let terminating: BTreeSet<PodId> = (parents.iter())
         .filter(|(_, pod)| synced && pod.metadata.deletion_timestamp.is_some())
         .map(|(id, _)| (*id).clone())
@@ -489,8 +451,6 @@ pub fn assess<'a>(
         checkpoints,
         desired,
         ready,
-        settled,
-        settles_at,
         terminating,
         live: if synced {
             live_lineages(observation)

@@ -117,18 +117,6 @@ pub fn track(
     out
 }
 
-/// Since when an API pod has been Ready: its `Ready` condition's `lastTransitionTime`
-/// (set by the node's own kubelet, so on the agent's clock); `None` when it is not Ready or
-/// the time is missing.
-pub fn ready_since(pod: &k8s_openapi::api::core::v1::Pod) -> Option<Timestamp> {
-    if !is_ready(pod) {
-        return None;
-    }
-    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
-    let ready = conditions.iter().find(|c| c.type_ == "Ready")?;
-    Some(Timestamp(ready.last_transition_time.as_ref()?.0.as_millisecond()))
-}
-
 /// Whether an API pod is running and Ready (its `Ready` condition is `True`).
 pub fn is_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     let Some(status) = pod.status.as_ref() else {
