@@ -893,12 +893,14 @@ fn lineages(
         };
         // The revision it runs crash-loops while the API is unreachable: the previous
         // known-good one replaces it (ARCHITECTURE.md, Revisions).
-        let fallback = (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && *r.id != plan.runs);
+        let fallback = |revisions: &[(Lineage, Revision<'_>)], runs: &PodId| {
+            unreachable && (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && r.id != runs)
+        };
         let look = crash_loop(
             &CrashLoopInput {
                 unreachable,
                 active: rows[runner].disk.is_some_and(|d| d.active.is_some()),
-                fallback,
+                fallback: fallback(&revisions, &plan.runs),
                 restarts: restarts.and_then(|r| r.get(&plan.runs).copied()),
                 seen: inputs.state.restarts_seen.get(&plan.runs),
             },
@@ -909,28 +911,26 @@ fn lineages(
         }
         if look.set_aside {
             let set_aside = plan.runs.clone();
-            for (_, r) in revisions.iter_mut().filter(|(l, _)| *l == lineage) {
-                r.proven &= *r.id != set_aside;
-            }
-            let ours = (revisions.iter()).filter(|(l, _)| *l == lineage).cloned();
-            let Some((_, replanned)) = plan_lineages(ours, inputs.revisions).pop_first() else {
-                continue;
-            };
-            let (Some(replacement), Some(first)) =
-                (index(&replanned.runs), inputs.state.restarts_seen.get(&set_aside))
-            else {
-                continue;
-            };
-            let now_seen = restarts
-                .and_then(|r| r.get(&set_aside).copied())
-                .unwrap_or(first.first);
-            out.state.known_good.remove(&set_aside);
-            out.set_aside.push(SetAside {
-                revision: set_aside,
-                replacement: replanned.runs.clone(),
-                restarts: now_seen.saturating_sub(first.first),
+            let without = (revisions.iter()).filter(|(l, _)| *l == lineage).map(|(l, r)| {
+                let proven = r.proven && *r.id != set_aside;
+                (l.clone(), Revision { proven, ..r.clone() })
             });
-            (plan, runner) = (replanned, replacement);
+            let replanned = (plan_lineages(without, inputs.revisions).pop_first())
+                .and_then(|(_, p)| Some((index(&p.runs)?, p)));
+            if let Some((replacement, replanned)) = replanned {
+                for (_, r) in revisions.iter_mut().filter(|(l, _)| *l == lineage) {
+                    r.proven &= *r.id != set_aside;
+                }
+                let first = inputs.state.restarts_seen.get(&set_aside).map_or(0, |s| s.first);
+                let restarts_now = restarts.and_then(|r| r.get(&set_aside).copied()).unwrap_or(first);
+                out.state.known_good.remove(&set_aside);
+                out.set_aside.push(SetAside {
+                    revision: set_aside,
+                    replacement: replanned.runs.clone(),
+                    restarts: restarts_now.saturating_sub(first),
+                });
+                (plan, runner) = (replanned, replacement);
+            }
         }
         let Some(newest) = index(&plan.newest) else {
             continue;
@@ -974,8 +974,7 @@ fn lineages(
             out.handoff_at = outcome.deadline.into_iter().chain(out.handoff_at).min();
         }
         let pass = LineagePass {
-            fallback: unreachable
-                && (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && *r.id != plan.runs),
+            fallback: fallback(&revisions, &plan.runs),
             plan,
             runs,
             newest_due,
