@@ -419,8 +419,9 @@ pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
 }
 
 /// Restarts of an active revision's static pod, counted from the first look in an outage,
-/// that make it crash-looping: with the kubelet's back-off (10 s, doubling) about 70 s plus
-/// the time it ran, long past a kube-apiserver's restarts while etcd comes up at boot.
+/// that make it crash-looping: the kubelet's back-off between them (from 10 s, doubling) made
+/// that about 45 s after activation on the real node, past a kube-apiserver's few restarts
+/// while etcd comes up at boot.
 pub const CRASH_LOOP_RESTARTS: u32 = 3;
 
 /// An active revision's restart count when the agent first saw it in this outage (the
