@@ -197,18 +197,7 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         { "op": "remove", "path": format!("/spec/template/spec/containers/0/command/{args}") },
     ]);
     patch_apiserver(run, &patch)?;
-    let (fixed, _) = wait_for("the rolled-back pod Ready", TIMEOUT, || {
-        waiting_on_error((|| {
-            let pods = pods_of(&run.kubectl, APISERVER)?;
-            let ready = (pods.iter())
-                .filter(|p| !is_mirror(p) && name_of(p) != good && name_of(p) != bad)
-                .find(|p| crate::real_node_seed::is_ready(p));
-            Ok(match ready {
-                Some(pod) => Probe::Ready(name_of(pod)),
-                None => Probe::Waiting(format!("{} pod(s)", pods.len())),
-            })
-        })())
-    })?;
+    let fixed = wait_new_apiserver_ready(run, "the rolled-back pod Ready", &[&good, &bad])?;
     wait_inspect(run, "the known-good checkpoint retired", |i| {
         i.get(&good_id).is_some_and(|c| c.state == "inactive")
     })?;
@@ -293,18 +282,7 @@ fn known_good_fails_after_the_cut(
           "value": { "name": "audit", "mountPath": AUDIT_DIR, "readOnly": true } },
     ]);
     patch_apiserver(run, &patch)?;
-    let (upgraded, _) = wait_for("the upgraded pod Ready", TIMEOUT, || {
-        waiting_on_error((|| {
-            let pods = pods_of(&run.kubectl, APISERVER)?;
-            let ready = (pods.iter())
-                .filter(|p| !is_mirror(p) && name_of(p) != previous)
-                .find(|p| crate::real_node_seed::is_ready(p));
-            Ok(match ready {
-                Some(pod) => Probe::Ready(name_of(pod)),
-                None => Probe::Waiting(format!("{} pod(s)", pods.len())),
-            })
-        })())
-    })?;
+    let upgraded = wait_new_apiserver_ready(run, "the upgraded pod Ready", &[previous])?;
     expect_known_good(run, &[upgraded.clone(), previous.to_owned()])?;
     wait_api_settled(self_hosted, &upgraded)?;
 
@@ -363,18 +341,7 @@ fn known_good_fails_after_the_cut(
         { "op": "remove", "path": format!("/spec/template/spec/containers/0/volumeMounts/{mounts}") },
     ]);
     patch_apiserver(run, &patch)?;
-    let (rolled, _) = wait_for("the rolled-back pod Ready", TIMEOUT, || {
-        waiting_on_error((|| {
-            let pods = pods_of(&run.kubectl, APISERVER)?;
-            let ready = (pods.iter())
-                .filter(|p| !is_mirror(p) && name_of(p) != previous && name_of(p) != upgraded)
-                .find(|p| crate::real_node_seed::is_ready(p));
-            Ok(match ready {
-                Some(pod) => Probe::Ready(name_of(pod)),
-                None => Probe::Waiting(format!("{} pod(s)", pods.len())),
-            })
-        })())
-    })?;
+    let rolled = wait_new_apiserver_ready(run, "the rolled-back pod Ready", &[previous, &upgraded])?;
     wait_inspect(run, "the previous known-good checkpoint retired", |i| {
         i.get(&previous_id).is_none_or(|c| c.state == "inactive")
     })?;
@@ -387,6 +354,24 @@ fn known_good_fails_after_the_cut(
         "API ready after the cut": api_ready.as_secs_f64(),
     });
     append_lines("self-hosted-handoffs.jsonl", &[line]).map(drop)
+}
+
+/// Waits until a kube-apiserver DaemonSet pod other than the mirror pods and `old` is
+/// Ready; returns its name.
+fn wait_new_apiserver_ready(run: &NodeRun, what: &str, old: &[&str]) -> anyhow::Result<String> {
+    let (pod, _) = wait_for(what, TIMEOUT, || {
+        waiting_on_error((|| {
+            let pods = pods_of(&run.kubectl, APISERVER)?;
+            let ready = (pods.iter())
+                .filter(|p| !is_mirror(p) && !old.contains(&name_of(p).as_str()))
+                .find(|p| crate::real_node_seed::is_ready(p));
+            Ok(match ready {
+                Some(pod) => Probe::Ready(name_of(pod)),
+                None => Probe::Waiting(format!("{} pod(s)", pods.len())),
+            })
+        })())
+    })?;
+    Ok(pod)
 }
 
 /// The Events in the namespace about the pod `name`.
