@@ -15,7 +15,8 @@ use tracing::warn;
 use crate::error::{Error, Result};
 use crate::fsops::ReadOutcome;
 use crate::layout::Layout;
-use crate::store::{Store, quarantine_file};
+use crate::store::Store;
+use crate::store::scan::quarantine_file;
 
 /// The envelope format version this crate writes and reads.
 pub const JOURNAL_FORMAT_VERSION: u32 = 1;

@@ -99,12 +99,17 @@ mod names;
 mod store;
 #[cfg(test)]
 mod testutil;
+// The fixtures in `testutil` name the crate as the integration tests that share them do.
+#[cfg(test)]
+extern crate self as ckpt_store;
 
 pub use credentials::KeptCredentials;
 pub use error::{Error, Result};
 pub use journal::JOURNAL_FORMAT_VERSION;
 pub use layout::Layout;
-pub use store::{ReadBack, RemoveSummary, Store, StoredCheckpoint, StoredManifest, WriteSummary};
+pub use store::Store;
+pub use store::scan::{ReadBack, StoredCheckpoint, StoredManifest};
+pub use store::summary::{RemoveSummary, WriteSummary};
 
 /// The README's example, compiled and run with the doctests so it stays true.
 #[cfg(doctest)]

@@ -8,6 +8,7 @@
 //! only `crash_child_writer`, which loops forever over random writes, activations,
 //! deactivations, removals and journal writes with changing content.
 
+#[path = "../src/testutil.rs"]
 mod common;
 
 use std::collections::BTreeMap;
@@ -112,7 +113,7 @@ fn crash_child_writer() {
                 // A large annotation widens the window in which the manifest is half-written.
                 let payload = "x".repeat(rng.below(64 << 10) as usize);
                 let annotations = [("test/version", version.to_string()), ("test/payload", payload)];
-                let cp = common::checkpoint(&layout, id, &annotations, &dirs, FileOwner::default());
+                let cp = common::checkpoint_with(&layout, id, &annotations, &dirs, FileOwner::default());
                 store.write_inactive(&cp).expect("write");
             }
             5..=6 => match store.activate(id) {

@@ -2,6 +2,7 @@
 //! the previous checkpoint intact. Uses a small tmpfs mounted for the test (needs root,
 //! as the agent itself does); skipped with a message where mounting is not permitted.
 
+#[path = "../src/testutil.rs"]
 mod common;
 
 use std::fs;
@@ -63,7 +64,7 @@ fn checkpoint(layout: &Layout, id: &PodId, version: &str, secret_size: usize) ->
         ("small".to_owned(), version.as_bytes().to_vec(), 0o600),
         ("big".to_owned(), vec![b'x'; secret_size], 0o600),
     ];
-    common::checkpoint(
+    common::checkpoint_with(
         layout,
         id,
         &[("test/version", version.to_owned())],
@@ -215,7 +216,7 @@ fn a_volume_update_that_does_not_fit_leaves_the_whole_previous_version() {
             ("a.crt".to_owned(), format!("cert {v}").into_bytes(), 0o600),
             ("b.key".to_owned(), vec![v.as_bytes()[0]; big], 0o600),
         ];
-        common::checkpoint(
+        common::checkpoint_with(
             &layout,
             &id,
             &[],

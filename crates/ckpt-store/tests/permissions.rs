@@ -8,6 +8,7 @@
 //! container), and that host users other than root reach nothing. Changing owners and
 //! mounting need root, which the tests have.
 
+#[path = "../src/testutil.rs"]
 mod common;
 
 use std::fs;
@@ -42,7 +43,7 @@ fn modes_and_owners() {
         ("tool".to_owned(), b"#!/bin/sh".to_vec(), 0o7755),
     ];
     let config = vec![("config.yaml".to_owned(), b"a: b".to_vec(), 0o644)];
-    let mut cp = common::checkpoint(
+    let mut cp = common::checkpoint_with(
         &layout,
         &id,
         &[],
@@ -232,7 +233,7 @@ fn the_pods_users_read_their_files_through_the_mount_and_host_users_reach_nothin
         ("ca.crt".to_owned(), b"CA".to_vec(), 0o440),
         ("nested/image.txt".to_owned(), b"IMG".to_vec(), 0o644),
     ];
-    let cp = common::checkpoint(
+    let cp = common::checkpoint_with(
         &layout,
         &id,
         &[],
@@ -302,11 +303,11 @@ fn unprivileged_child() {
     let id = PodId::new("ns", "p");
     let files = || vec![("key".to_owned(), b"v".to_vec(), 0o600)];
     let own = FileOwner { uid: 1234, gid: 5678 };
-    let cp = common::checkpoint(&layout, &id, &[], &[(DataKind::Secret, "s", files())], own);
+    let cp = common::checkpoint_with(&layout, &id, &[], &[(DataKind::Secret, "s", files())], own);
     store.write_inactive(&cp).expect("our own ids need no chown");
     store.activate(&id).expect("activate");
     let root_owned = FileOwner { uid: 0, gid: 0 };
-    let cp = common::checkpoint(&layout, &id, &[], &[(DataKind::Secret, "t", files())], root_owned);
+    let cp = common::checkpoint_with(&layout, &id, &[], &[(DataKind::Secret, "t", files())], root_owned);
     match store.write_inactive(&cp) {
         Err(ckpt_store::Error::Chown { uid: 0, gid: 0, .. }) => {}
         other => panic!("expected a chown error, got {other:?}"),

@@ -6,6 +6,7 @@
 //! the kubelet's dir that is not one of our checkpoints changes; a second read finds what
 //! the first did; every pod found has a valid name.
 
+#[path = "../src/testutil.rs"]
 mod common;
 
 use std::fs;
@@ -98,7 +99,7 @@ fn plant(root: &Path, entries: &[(usize, usize, Kind)]) {
         match kind {
             Kind::File(Content::Ours(pod)) => {
                 let id = PodId::new("ns", pod);
-                let checkpoint = common::checkpoint(&layout, &id, &[], &[], FileOwner::default());
+                let checkpoint = common::checkpoint_with(&layout, &id, &[], &[], FileOwner::default());
                 fs::write(&path, manifest_bytes(&checkpoint.manifest)).expect("write");
             }
             Kind::File(Content::Bytes(bytes)) => fs::write(&path, bytes).expect("write"),
@@ -112,7 +113,8 @@ fn plant(root: &Path, entries: &[(usize, usize, Kind)]) {
 fn is_ours(root: &Path, bytes: &[u8]) -> bool {
     let layout = common::layout(root);
     ["p", "q"].iter().any(|pod| {
-        let checkpoint = common::checkpoint(&layout, &PodId::new("ns", pod), &[], &[], FileOwner::default());
+        let checkpoint =
+            common::checkpoint_with(&layout, &PodId::new("ns", pod), &[], &[], FileOwner::default());
         manifest_bytes(&checkpoint.manifest) == bytes
     })
 }

@@ -4,6 +4,7 @@
 //! Every case plants something, runs every store operation over it, and then compares
 //! a snapshot of the "outside" tree with the one taken before.
 
+#[path = "../src/testutil.rs"]
 mod common;
 
 use std::fs;
@@ -33,7 +34,7 @@ impl Fixture {
         fs::write(
             outside.join("ns_p.json"),
             manifest_bytes(
-                &common::checkpoint(&common::layout(tmp.path()), &id, &[], &[], FileOwner::default())
+                &common::checkpoint_with(&common::layout(tmp.path()), &id, &[], &[], FileOwner::default())
                     .manifest,
             ),
         )
@@ -55,7 +56,7 @@ impl Fixture {
             ("sub/nested".to_owned(), version.as_bytes().to_vec(), 0o600),
         ];
         let config = vec![("config".to_owned(), version.as_bytes().to_vec(), 0o644)];
-        common::checkpoint(
+        common::checkpoint_with(
             &self.layout,
             &self.id,
             &[("test/version", version.to_owned())],
