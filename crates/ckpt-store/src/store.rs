@@ -124,17 +124,7 @@ impl Store {
     /// credentials); returns whether any of them was there.
     pub(crate) fn remove_checkpoint_dir_files(&self, names: &[&str]) -> Result<bool> {
         self.require_writable()?;
-        let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
-            return Ok(false);
-        };
-        let mut removed = false;
-        for name in names {
-            removed |= checkpoint_dir.remove_file(name)?;
-        }
-        if removed {
-            checkpoint_dir.sync()?;
-        }
-        Ok(removed)
+        remove_files(self.existing_checkpoint_dir()?, names)
     }
 
     /// The agent's own dir (journal, kept credentials), created root-only if missing.
@@ -181,17 +171,7 @@ impl Store {
     /// Removes these files from the agent's dir; returns whether any of them was there.
     pub(crate) fn remove_agent_dir_files(&self, names: &[&str]) -> Result<bool> {
         self.require_writable()?;
-        let Some(agent_dir) = self.existing_agent_dir()? else {
-            return Ok(false);
-        };
-        let mut removed = false;
-        for name in names {
-            removed |= agent_dir.remove_file(name)?;
-        }
-        if removed {
-            agent_dir.sync()?;
-        }
-        Ok(removed)
+        remove_files(self.existing_agent_dir()?, names)
     }
 
     fn existing_manifests_dir(&self) -> Result<Option<Dir>> {
@@ -239,6 +219,21 @@ impl Store {
         }
         Ok(removed)
     }
+}
+
+/// Removes these files from `dir`, if it exists; returns whether any of them was there.
+fn remove_files(dir: Option<Dir>, names: &[&str]) -> Result<bool> {
+    let Some(dir) = dir else {
+        return Ok(false);
+    };
+    let mut removed = false;
+    for name in names {
+        removed |= dir.remove_file(name)?;
+    }
+    if removed {
+        dir.sync()?;
+    }
+    Ok(removed)
 }
 
 pub(crate) fn check_layout(layout: &Layout) -> Result<()> {
