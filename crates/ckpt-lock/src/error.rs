@@ -1,6 +1,8 @@
 //! The crate's error type.
 
+use std::fs::FileType;
 use std::io;
+use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
 
 /// Everything that can go wrong while taking the lock or reading its holder.
@@ -97,6 +99,25 @@ pub enum Error {
 
 /// `Result` with this crate's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What kind of file is at a lock path, for [`Error::NotRegularFile`].
+pub(crate) fn describe_file_type(file_type: FileType) -> &'static str {
+    if file_type.is_symlink() {
+        "symlink"
+    } else if file_type.is_dir() {
+        "directory"
+    } else if file_type.is_fifo() {
+        "fifo"
+    } else if file_type.is_socket() {
+        "socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "device"
+    } else if file_type.is_file() {
+        "regular file"
+    } else {
+        "special file"
+    }
+}
 
 #[cfg(test)]
 mod tests {

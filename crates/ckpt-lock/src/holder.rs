@@ -7,8 +7,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::error::{Error, Result};
-use crate::lock::describe_file_type;
+use crate::error::{Error, Result, describe_file_type};
 
 /// At most this much of a lock file is read: the record is a few lines, and a huge file
 /// of garbage must not cost memory.

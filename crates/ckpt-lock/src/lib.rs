@@ -7,8 +7,8 @@
 //! use it.
 //!
 //! - [`LockFile`]: a lock path plus the identity of whoever takes it. Acquire it with
-//!   [`acquire`](LockFile::acquire) (async, cancel-safe, does not block the runtime),
-//!   [`acquire_blocking`](LockFile::acquire_blocking) or
+//!   [`acquire`](LockFile::acquire) (async, cancel-safe, does not block the runtime;
+//!   feature `tokio`), [`acquire_blocking`](LockFile::acquire_blocking) or
 //!   [`try_acquire`](LockFile::try_acquire) (returns [`TryAcquire::Busy`] with the holder
 //!   when the lock is taken).
 //! - [`LockGuard`]: holds the lock; dropping it releases the lock.
@@ -27,11 +27,21 @@
 //! to the open file (so two opens in one process exclude each other) and interoperates with
 //! bootkube's checkpointer and `flock(1)`. The library only emits `tracing` events.
 //!
+//! # Features
+//!
+//! - `tokio` (default): [`LockFile::acquire`], the waiter for a Tokio runtime. Without it
+//!   (`default-features = false`) the crate needs no async runtime: a process waits with
+//!   [`LockFile::acquire_blocking`] on a thread of its own, or polls
+//!   [`LockFile::try_acquire`] (the README has an example).
+//!
 //! # Example
 //!
 //! ```
 //! use ckpt_lock::{LockFile, TryAcquire};
 //!
+//! # #[cfg(not(feature = "tokio"))]
+//! # fn main() {}
+//! # #[cfg(feature = "tokio")]
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> ckpt_lock::Result<()> {
 //! # let dir = std::env::temp_dir().join(format!("ckpt-lock-doc-{}", std::process::id()));
@@ -65,7 +75,9 @@ mod lock;
 
 pub use error::{Error, Result};
 pub use holder::{LockHolder, read_holder};
-pub use lock::{Confirmed, DEFAULT_POLL_INTERVAL, LockFile, LockGuard, TryAcquire};
+#[cfg(feature = "tokio")]
+pub use lock::DEFAULT_POLL_INTERVAL;
+pub use lock::{Confirmed, LockFile, LockGuard, TryAcquire};
 
 /// The README's example, compiled and run with the doctests so it stays true.
 #[cfg(doctest)]

@@ -1,25 +1,30 @@
 //! Taking and releasing the `flock(2)`.
 
-use std::fs::{self, DirBuilder, File, FileType, TryLockError};
+use std::fs::{self, DirBuilder, File, TryLockError};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+#[cfg(feature = "tokio")]
+use std::time::Duration;
+use std::time::Instant;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, describe_file_type};
 use crate::holder::{LockHolder, read_holder_from, write_holder_to};
 
 /// Default upper bound of the async waiter's poll interval: a standby copy takes over at
 /// most this long after the holder exits, at a cost of a few syscalls per second.
+#[cfg(feature = "tokio")]
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The async waiter's first poll interval; it doubles up to the configured bound.
+#[cfg(feature = "tokio")]
 const FIRST_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Shortest allowed poll interval, so a zero interval cannot become a busy loop.
+#[cfg(feature = "tokio")]
 const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
 
 /// How often we reopen after the file at the path turned out not to be the one we opened
@@ -46,6 +51,7 @@ const LOCK_DIR_MODE: u32 = 0o755;
 pub struct LockFile {
     path: PathBuf,
     identity: String,
+    #[cfg(feature = "tokio")]
     poll_interval: Duration,
 }
 
@@ -192,12 +198,14 @@ impl LockFile {
         Self {
             path: path.into(),
             identity: identity.into(),
+            #[cfg(feature = "tokio")]
             poll_interval: DEFAULT_POLL_INTERVAL,
         }
     }
 
     /// Sets the longest interval between two attempts of [`acquire`](Self::acquire)
     /// (default [`DEFAULT_POLL_INTERVAL`], at least 1 ms).
+    #[cfg(feature = "tokio")]
     pub fn with_poll_interval(mut self, poll_interval: Duration) -> Self {
         self.poll_interval = poll_interval.max(MIN_POLL_INTERVAL);
         self
@@ -276,6 +284,7 @@ impl LockFile {
     ///
     /// If the file cannot be created, opened or locked, is not a regular file, or is not
     /// safe.
+    #[cfg(feature = "tokio")]
     pub async fn acquire(&self) -> Result<LockGuard> {
         let started = Instant::now();
         let mut interval = FIRST_POLL_INTERVAL.min(self.poll_interval);
@@ -565,24 +574,6 @@ fn is_file_at_path(file: &File, path: &Path) -> io::Result<bool> {
     }
 }
 
-pub(crate) fn describe_file_type(file_type: FileType) -> &'static str {
-    if file_type.is_symlink() {
-        "symlink"
-    } else if file_type.is_dir() {
-        "directory"
-    } else if file_type.is_fifo() {
-        "fifo"
-    } else if file_type.is_socket() {
-        "socket"
-    } else if file_type.is_block_device() || file_type.is_char_device() {
-        "device"
-    } else if file_type.is_file() {
-        "regular file"
-    } else {
-        "special file"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -817,12 +808,14 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "tokio")]
     #[test]
     fn zero_poll_interval_is_clamped() {
         let lock = LockFile::new("x", "me").with_poll_interval(Duration::ZERO);
         assert_eq!(lock.poll_interval, MIN_POLL_INTERVAL);
     }
 
+    #[cfg(feature = "tokio")]
     #[test]
     fn acquire_future_is_send() {
         fn assert_send<T: Send>(_: &T) {}

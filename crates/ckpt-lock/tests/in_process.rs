@@ -175,6 +175,7 @@ fn blocking_acquire_waits_until_released() {
     waiter.join().unwrap();
 }
 
+#[cfg(feature = "tokio")]
 #[tokio::test]
 async fn async_acquire_waits_then_succeeds_when_released() {
     let (_dir, path) = lock_path();
@@ -197,6 +198,7 @@ async fn async_acquire_waits_then_succeeds_when_released() {
     assert_eq!(read_holder(&path).unwrap().unwrap().identity, "waiter");
 }
 
+#[cfg(feature = "tokio")]
 #[tokio::test]
 async fn async_acquire_on_current_thread_runtime_does_not_block_it() {
     // A single-threaded runtime: if the waiter blocked, the releasing task would never run.
@@ -213,6 +215,7 @@ async fn async_acquire_on_current_thread_runtime_does_not_block_it() {
     assert_eq!(guard.unwrap().holder().identity, "waiter");
 }
 
+#[cfg(feature = "tokio")]
 #[tokio::test]
 async fn dropped_async_acquire_does_not_take_the_lock() {
     let (_dir, path) = lock_path();
@@ -234,6 +237,7 @@ async fn dropped_async_acquire_does_not_take_the_lock() {
     assert_eq!(third.expect("the lock is free").holder().identity, "third");
 }
 
+#[cfg(feature = "tokio")]
 #[tokio::test]
 async fn waiter_relocks_when_the_lock_file_is_replaced_while_it_waits() {
     let (_dir, path) = lock_path();

@@ -111,21 +111,24 @@ fn a_file_another_user_created_is_refused_even_while_they_hold_it() {
         format!("refusing lock file {}: {reason}", path.display())
     );
     // The async acquire fails at once too, instead of waiting on nobody's flock.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
-    let waited = runtime.block_on(async {
-        tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            LockFile::new(&path, "me").acquire(),
-        )
-        .await
-    });
-    assert!(
-        matches!(waited, Ok(Err(Error::UnsafeLockFile { .. }))),
-        "{waited:?}"
-    );
+    #[cfg(feature = "tokio")]
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let waited = runtime.block_on(async {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                LockFile::new(&path, "me").acquire(),
+            )
+            .await
+        });
+        assert!(
+            matches!(waited, Ok(Err(Error::UnsafeLockFile { .. }))),
+            "{waited:?}"
+        );
+    }
     drop(holder.stdin.take());
     holder.wait().expect("wait");
 }

@@ -1,6 +1,8 @@
 //! The lock between real processes: a child holding it is SIGKILLed and the waiter takes
 //! over, and the lock interoperates with `flock(1)` (util-linux), i.e. with any other
 //! `flock(LOCK_EX)` user such as bootkube's checkpointer.
+// Some helpers serve only the async waiter's tests (feature `tokio`).
+#![cfg_attr(not(feature = "tokio"), allow(unused))]
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -106,6 +108,7 @@ fn spawn_child_holding(path: &Path) -> ChildProcess {
     ChildProcess(child)
 }
 
+#[cfg(feature = "tokio")]
 #[tokio::test]
 async fn sigkilled_holder_hands_over_to_a_waiting_process() {
     let (_dir, path) = lock_path();
@@ -202,6 +205,7 @@ fn flock_nonblocking_status(path: &Path) -> i32 {
     status.code().expect("flock(1) exited normally")
 }
 
+#[cfg(feature = "tokio")]
 #[tokio::test]
 async fn external_flock_holder_is_seen_and_handed_over() {
     let (_dir, path) = lock_path();
@@ -228,6 +232,7 @@ async fn external_flock_holder_is_seen_and_handed_over() {
     assert_eq!(guard.holder().identity, "ours");
 }
 
+#[cfg(feature = "tokio")]
 #[tokio::test]
 async fn sigkilled_external_flock_holder_is_taken_over() {
     let (_dir, path) = lock_path();
