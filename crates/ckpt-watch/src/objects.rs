@@ -1,14 +1,17 @@
 //! The Secrets and ConfigMaps that checkpointed pods mount: one watch per object.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
+use std::fmt::{self, Debug};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ckpt_core::RequiredObjects;
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Resource;
 use kube::api::Api;
 use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -130,20 +133,8 @@ impl ObjectWatch {
                 continue;
             }
             let (known, error) = match &entry.watched {
-                Watched::Secret(slot) => {
-                    let slot = lock(slot);
-                    if let Some(obj) = slot.known.then(|| slot.objects.get(&r.name)).flatten() {
-                        view.objects.secrets.insert(r.name.clone(), Arc::clone(obj));
-                    }
-                    (slot.known, slot.error.clone())
-                }
-                Watched::ConfigMap(slot) => {
-                    let slot = lock(slot);
-                    if let Some(obj) = slot.known.then(|| slot.objects.get(&r.name)).flatten() {
-                        view.objects.config_maps.insert(r.name.clone(), Arc::clone(obj));
-                    }
-                    (slot.known, slot.error.clone())
-                }
+                Watched::Secret(slot) => read_slot(slot, &r.name, &mut view.objects.secrets),
+                Watched::ConfigMap(slot) => read_slot(slot, &r.name, &mut view.objects.config_maps),
             };
             let present = match r.kind {
                 ObjectKind::Secret => view.objects.secrets.contains_key(&r.name),
@@ -169,6 +160,24 @@ impl ObjectWatch {
     pub fn shutdown(self) {}
 
     fn start(&self, namespace: &str, r: &ObjectRef) -> Entry {
+        match r.kind {
+            ObjectKind::Secret => self.start_typed(namespace, r, Watched::Secret),
+            ObjectKind::ConfigMap => self.start_typed(namespace, r, Watched::ConfigMap),
+        }
+    }
+
+    /// Starts the watch of one object of kind `K`; `watched` wraps its slot.
+    fn start_typed<K>(&self, namespace: &str, r: &ObjectRef, watched: fn(SharedSlot<K>) -> Watched) -> Entry
+    where
+        K: Resource<Scope = NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default,
+    {
         let notify = self.notify.clone();
         let on_change: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
             notify.send_modify(|n| *n = n.wrapping_add(1));
@@ -177,49 +186,39 @@ impl ObjectWatch {
         let what = format!("{} {namespace}/{}", r.kind.resource(), r.name);
         let rbac_hint = format!("get/list/watch on {} in namespace {namespace}", r.kind.resource());
         debug!(%namespace, object = %r, "watch started");
-        match r.kind {
-            ObjectKind::Secret => {
-                let slot: SharedSlot<Secret> = Arc::new(Mutex::new(Slot::default()));
-                let driver = Driver {
-                    api: Api::<Secret>::namespaced(self.client.clone(), namespace),
-                    config,
-                    slot: Arc::clone(&slot),
-                    on_change,
-                    request_timeout: self.request_timeout,
-                    gate: None,
-                    gate_check: None,
-                    relist: self.relist.clone(),
-                    what,
-                    rbac_hint,
-                    modify: |s: &mut Secret| s.metadata.managed_fields = None,
-                };
-                Entry {
-                    watched: Watched::Secret(slot),
-                    task: tokio::spawn(driver.run()),
-                }
-            }
-            ObjectKind::ConfigMap => {
-                let slot: SharedSlot<ConfigMap> = Arc::new(Mutex::new(Slot::default()));
-                let driver = Driver {
-                    api: Api::<ConfigMap>::namespaced(self.client.clone(), namespace),
-                    config,
-                    slot: Arc::clone(&slot),
-                    on_change,
-                    request_timeout: self.request_timeout,
-                    gate: None,
-                    gate_check: None,
-                    relist: self.relist.clone(),
-                    what,
-                    rbac_hint,
-                    modify: |c: &mut ConfigMap| c.metadata.managed_fields = None,
-                };
-                Entry {
-                    watched: Watched::ConfigMap(slot),
-                    task: tokio::spawn(driver.run()),
-                }
-            }
+        let slot: SharedSlot<K> = Arc::new(Mutex::new(Slot::default()));
+        let driver = Driver {
+            api: Api::<K>::namespaced(self.client.clone(), namespace),
+            config,
+            slot: Arc::clone(&slot),
+            on_change,
+            request_timeout: self.request_timeout,
+            gate: None,
+            gate_check: None,
+            relist: self.relist.clone(),
+            what,
+            rbac_hint,
+            modify: |o: &mut K| o.meta_mut().managed_fields = None,
+        };
+        Entry {
+            watched: watched(slot),
+            task: tokio::spawn(driver.run()),
         }
     }
+}
+
+/// Copies the object `name` from a watch's slot into `into` once the watch has listed
+/// (the slot keeps the last complete view); returns whether it has, and its problem.
+fn read_slot<K>(
+    slot: &SharedSlot<K>,
+    name: &str,
+    into: &mut BTreeMap<String, Arc<K>>,
+) -> (bool, Option<String>) {
+    let slot = lock(slot);
+    if let Some(obj) = slot.known.then(|| slot.objects.get(name)).flatten() {
+        into.insert(name.to_owned(), Arc::clone(obj));
+    }
+    (slot.known, slot.error.clone())
 }
 
 impl Drop for ObjectWatch {
