@@ -28,14 +28,28 @@
 
 use std::path::PathBuf;
 
+// In layers, lowest first: a module imports only from its own layer or those before it.
+// Shared utilities: progress lines and durations, commands, processes, Ctrl-C, waiting.
+pub mod command;
+pub mod interrupt;
+pub mod process;
+pub mod progress;
+pub mod wait;
+
+// What the environment is built from: Debian packages and OCI images.
 pub mod apt;
+pub mod image;
+
+// The environment: its build, the control plane, the real node; promtool from its cache.
+pub mod e2e_env;
+pub mod promtool;
+
+// What drives the agent against the environment.
+pub mod harness;
+
+// What runs on the harness: the self-hosted control plane, the bench, the demo.
 pub mod bench;
 pub mod demo;
-pub mod e2e_env;
-pub mod harness;
-pub mod image;
-pub mod progress;
-pub mod promtool;
 pub mod self_hosted;
 
 /// The workspace root (this crate is `crates/ckpt-e2e`), where cargo builds the agent.
@@ -48,18 +62,12 @@ pub fn project_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Runs `program args…` in the project root, echoing it first; fails on a non-zero exit.
+/// Runs `program args…` in the project root on the terminal, echoing it first.
 pub fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
     eprintln!("$ {program} {}", args.join(" "));
-    let status = std::process::Command::new(program)
-        .args(args)
-        .current_dir(project_root())
-        .status()
-        .map_err(|e| anyhow::anyhow!("cannot start {program}: {e}"))?;
-    anyhow::ensure!(
-        status.success(),
-        "`{program} {}` failed: {status}",
-        args.join(" ")
-    );
-    Ok(())
+    command::run_on_terminal(
+        std::process::Command::new(program)
+            .args(args)
+            .current_dir(project_root()),
+    )
 }
