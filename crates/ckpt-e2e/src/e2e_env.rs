@@ -10,8 +10,9 @@
 //! reboot, run commands inside itself and stop. The CLI prints progress on stderr and, for
 //! `start`, `KEY=VALUE` lines on stdout.
 
-// In layers, lowest first: a module imports only from those before it. This file is their
-// face: what the layers above use, and `cargo xtask e2e-env` on top.
+// In layers, lowest first: a module imports only from those before it (the control plane
+// cannot name the real node: a node has the plane stop it first, `ControlPlane::stop_first`).
+// This file is their face: what the layers above use, and `cargo xtask e2e-env` on top.
 pub(crate) mod build;
 
 // Small clients and records: curl, the CRI, the state files, the node network.
@@ -20,7 +21,7 @@ pub(crate) mod curl;
 pub mod node_network;
 pub(crate) mod state;
 
-pub mod control_plane;
+pub(crate) mod control_plane;
 
 pub mod real_node;
 
