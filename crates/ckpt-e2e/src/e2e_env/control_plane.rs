@@ -53,10 +53,10 @@ use self::flags::{
     scheduler_args,
 };
 pub use self::hollow::CRI_SOCKET;
-use self::hollow::{HollowNode, hollow_log_name, parse_hollow_root, remove_hollow_root};
+use self::hollow::{HollowNode, hollow_log_name, remove_hollow_root};
 pub use self::options::StartOptions;
 use self::options::{create_workdir, preflight};
-use super::curl::{ApiEndpoint, http_probe, http_status, node_ready_probe};
+use super::curl::{ApiEndpoint, http_probe, http_status};
 use super::node_network::NodeNetwork;
 use super::state::parse_state;
 use crate::process::{Managed, proc_state, random_hex};
@@ -77,7 +77,6 @@ const SCHEDULER_LOG: &str = "scheduler.log";
 
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(20);
 const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
-const NODE_READY_TIMEOUT: Duration = Duration::from_secs(90);
 const CONTROLLERS_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long etcd and the hollow node get to exit on SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(10);
@@ -850,69 +849,22 @@ impl ControlPlane {
         kubelet_read_only_port: u16,
     ) -> anyhow::Result<()> {
         let started = Instant::now();
-        let mut command = Command::new(&kubemark);
-        command
-            .args(["--morph=kubelet", &format!("--name={NODE_NAME}")])
-            .arg(format!("--kubeconfig={}", self.node_kubeconfig().display()))
-            .arg(format!("--kubelet-port={kubelet_port}"))
-            .arg(format!("--kubelet-read-only-port={kubelet_read_only_port}"));
-        let log = self.workdir.join(hollow_log_name());
-        let process = Managed::spawn("hollow node", &mut command, &log, &self.workdir)?;
-        self.write_pid(HOLLOW_PID_FILE, process.pid())?;
-        self.hollow = Some(HollowNode {
-            process,
+        let hollow = HollowNode::spawn(
             kubemark,
             kubelet_port,
             kubelet_read_only_port,
-            root_dir: None,
-        });
+            &self.workdir,
+            &self.node_kubeconfig(),
+        )?;
+        self.write_pid(HOLLOW_PID_FILE, hollow.process.pid())?;
+        self.hollow = Some(hollow);
         self.write_state()?;
         let hollow = self.hollow.as_mut().context("hollow node vanished")?;
-
-        let (root, _) = wait_ready(
-            "hollow kubelet root dir in its log",
-            Duration::from_secs(30),
-            &log,
-            || {
-                hollow
-                    .process
-                    .ensure_running("hollow node did not become Ready")?;
-                let root = fs::read_to_string(&log)
-                    .ok()
-                    .and_then(|text| parse_hollow_root(&text));
-                Ok(root.map_or_else(|| Probe::Waiting("not logged yet".into()), Probe::Ready))
-            },
-        )?;
-        hollow.root_dir = Some(root.clone());
-        let real_static_dir = fs::read_dir(&root)
-            .with_context(|| format!("cannot read {}", root.display()))?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.is_dir()
-                    && p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("static-pods"))
-            })
-            .with_context(|| format!("no static-pods* dir in {}", root.display()))?;
-        let link = self.workdir.join("static-pods");
-        std::os::unix::fs::symlink(&real_static_dir, &link)
-            .with_context(|| format!("cannot link {} to {}", link.display(), real_static_dir.display()))?;
+        let (link, real_static_dir) = hollow.link_static_pods(&self.workdir)?;
         self.write_state()?;
-
         let api = self.api();
         let hollow = self.hollow.as_mut().context("hollow node vanished")?;
-        let node_path = format!("/api/v1/nodes/{NODE_NAME}");
-        let ((), took) = wait_ready(
-            &format!("Node {NODE_NAME} Ready"),
-            NODE_READY_TIMEOUT,
-            &log,
-            || {
-                hollow
-                    .process
-                    .ensure_running("hollow node did not become Ready")?;
-                Ok(node_ready_probe(api.get(&node_path)?))
-            },
-        )?;
+        let took = hollow.wait_ready(&api)?;
         PROGRESS.say(&format!(
             "hollow node {NODE_NAME} Ready after {} (total {}); static pods: {} -> {}",
             human_duration(took),
