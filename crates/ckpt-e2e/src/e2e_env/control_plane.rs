@@ -47,7 +47,7 @@ use anyhow::{Context, bail};
 pub use self::credentials::{
     AGENT_USER, CONTROLLER_MANAGER_USER, NODE_NAME, SCHEDULER_USER, render_kubeconfig,
 };
-use self::credentials::{Identity, openssl, render_tokens_csv, serving_names, token_of, write_pki};
+use self::credentials::{identities, openssl, render_tokens_csv, serving_names, token_of, write_pki};
 use self::flags::{
     AUDIT_LOG_FILE, AUDIT_POLICY_FILE, ApiserverFlags, apiserver_args, audit_policy, controller_manager_args,
     scheduler_args,
@@ -59,7 +59,7 @@ use self::options::{create_workdir, preflight};
 use super::curl::{ApiEndpoint, http_probe, http_status};
 use super::node_network::NodeNetwork;
 use super::state::parse_state;
-use crate::process::{Managed, proc_state, random_hex};
+use crate::process::{Managed, proc_state};
 use crate::progress::{Progress, human_duration};
 use crate::wait::{Probe, wait_for, wait_ready};
 
@@ -606,41 +606,7 @@ impl ControlPlane {
         let sa_key = self.service_account_key();
         openssl(&["genrsa", "-out", &sa_key.to_string_lossy(), "2048"])?;
 
-        let identities = [
-            Identity {
-                token: random_hex(16)?,
-                user: "admin".into(),
-                uid: "uid-admin".into(),
-                groups: vec!["system:masters".into()],
-            },
-            Identity {
-                token: random_hex(16)?,
-                user: format!("system:node:{NODE_NAME}"),
-                uid: format!("uid-{NODE_NAME}"),
-                groups: vec!["system:nodes".into()],
-            },
-            Identity {
-                token: random_hex(16)?,
-                user: AGENT_USER.into(),
-                uid: "uid-agent".into(),
-                groups: vec![],
-            },
-            // A self-hosted controller-manager acts for every controller with its own
-            // credentials (no per-controller service accounts), so it needs every right.
-            Identity {
-                token: random_hex(16)?,
-                user: CONTROLLER_MANAGER_USER.into(),
-                uid: "uid-kcm".into(),
-                groups: vec!["system:masters".into()],
-            },
-            // The bootstrap RBAC policy's role for the scheduler names this user.
-            Identity {
-                token: random_hex(16)?,
-                user: SCHEDULER_USER.into(),
-                uid: "uid-scheduler".into(),
-                groups: vec![],
-            },
-        ];
+        let identities = identities()?;
         fs::write(self.workdir.join("tokens.csv"), render_tokens_csv(&identities))?;
         fs::write(self.workdir.join(AUDIT_POLICY_FILE), audit_policy(AGENT_USER))?;
         // The API server creates its log with the first event and appends to an existing one:

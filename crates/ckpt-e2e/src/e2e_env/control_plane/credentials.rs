@@ -9,6 +9,7 @@ use std::process::Command;
 use anyhow::Context;
 
 use crate::command::run_command;
+use crate::process::random_hex;
 
 /// The node the hollow kubelet registers, and whose identity `kubeconfig-node-1` carries.
 pub const NODE_NAME: &str = "node-1";
@@ -110,6 +111,47 @@ pub(super) fn write_pki(dir: &Path, names: &[String]) -> anyhow::Result<()> {
 /// `openssl ARGS…`; its stderr is in the error.
 pub(super) fn openssl(args: &[&str]) -> anyhow::Result<()> {
     run_command(Command::new("openssl").args(args)).map(drop)
+}
+
+/// The identities the API server's token file authenticates, each with a fresh token: admin,
+/// the node, the agent (the first three get kubeconfigs, in this order), and those of a
+/// self-hosted controller-manager and scheduler.
+pub(super) fn identities() -> anyhow::Result<Vec<Identity>> {
+    Ok(vec![
+        Identity {
+            token: random_hex(16)?,
+            user: "admin".into(),
+            uid: "uid-admin".into(),
+            groups: vec!["system:masters".into()],
+        },
+        Identity {
+            token: random_hex(16)?,
+            user: format!("system:node:{NODE_NAME}"),
+            uid: format!("uid-{NODE_NAME}"),
+            groups: vec!["system:nodes".into()],
+        },
+        Identity {
+            token: random_hex(16)?,
+            user: AGENT_USER.into(),
+            uid: "uid-agent".into(),
+            groups: vec![],
+        },
+        // A self-hosted controller-manager acts for every controller with its own
+        // credentials (no per-controller service accounts), so it needs every right.
+        Identity {
+            token: random_hex(16)?,
+            user: CONTROLLER_MANAGER_USER.into(),
+            uid: "uid-kcm".into(),
+            groups: vec!["system:masters".into()],
+        },
+        // The bootstrap RBAC policy's role for the scheduler names this user.
+        Identity {
+            token: random_hex(16)?,
+            user: SCHEDULER_USER.into(),
+            uid: "uid-scheduler".into(),
+            groups: vec![],
+        },
+    ])
 }
 
 /// One line of the API server's static token file.
