@@ -38,12 +38,13 @@ pub fn run_command_with_input(command: &mut Command, input: &str) -> anyhow::Res
 /// The stdout of a finished `command`, or why it failed.
 fn checked_stdout(command: &Command, output: &Output) -> anyhow::Result<String> {
     if !output.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            command_line(command),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
+        let failed = format!("{} failed ({})", command_line(command), output.status);
+        // Empty when it went elsewhere (the terminal, a log) rather than to us.
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        match stderr.trim() {
+            "" => bail!("{failed}"),
+            said => bail!("{failed}: {said}"),
+        }
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
@@ -79,6 +80,14 @@ mod tests {
         assert!(error.contains("sh -c echo oops >&2; exit 3 failed"), "{error}");
         assert!(error.contains("oops"), "{error}");
         assert_eq!(run_command(Command::new("echo").arg("hi")).unwrap(), "hi\n");
+    }
+
+    #[test]
+    fn a_failure_with_its_stderr_elsewhere_ends_with_the_status() {
+        let error = run_command(Command::new("sh").args(["-c", "exit 2"]).stderr(Stdio::inherit()))
+            .unwrap_err()
+            .to_string();
+        assert!(error.ends_with("failed (exit status: 2)"), "{error}");
     }
 
     #[test]
