@@ -7,8 +7,9 @@ use std::process::{Command, Output, Stdio};
 
 use anyhow::{Context, bail};
 
-/// Runs `command` with stdin closed and its output captured (what was not set otherwise);
-/// returns its stdout, or fails with the command line, the exit status and its stderr.
+/// Runs `command` with stdin closed and its stdout and stderr captured (unless the caller
+/// sent them elsewhere); returns its stdout, or fails with the command line, the exit status
+/// and its stderr.
 pub fn run_command(command: &mut Command) -> anyhow::Result<String> {
     let output = command
         .stdin(Stdio::null())
