@@ -7,10 +7,12 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
-use ckpt_e2e::e2e_env::{self, human_duration};
-use ckpt_e2e::harness::{agent_binary, interrupt};
-use ckpt_e2e::progress::Progress;
+use anyhow::Context;
+use ckpt_e2e::command::{run_command, run_on_terminal};
+use ckpt_e2e::e2e_env;
+use ckpt_e2e::harness::agent_binary;
+use ckpt_e2e::interrupt;
+use ckpt_e2e::progress::{Progress, human_duration};
 
 /// Run the end-to-end suite against a real kube-apiserver, etcd and hollow kubelet.
 #[derive(clap::Args)]
@@ -88,17 +90,15 @@ fn build_suite(locked: bool) -> anyhow::Result<PathBuf> {
     ];
     args.extend(lock_flag);
     eprintln!("$ cargo {}", args.join(" "));
-    let output = Command::new("cargo")
-        .args(&args)
-        .current_dir(ckpt_e2e::project_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("cannot run cargo")?;
-    if !output.status.success() {
-        bail!("building the end-to-end suite failed: {}", output.status);
-    }
-    suite_executable(&String::from_utf8_lossy(&output.stdout))
-        .context("cargo did not report the e2e test executable")
+    // Its stdout is the JSON messages; the diagnostics go to the terminal.
+    let messages = run_command(
+        Command::new("cargo")
+            .args(&args)
+            .current_dir(ckpt_e2e::project_root())
+            .stderr(Stdio::inherit()),
+    )
+    .context("building the end-to-end suite failed")?;
+    suite_executable(&messages).context("cargo did not report the e2e test executable")
 }
 
 /// The `executable` of the `e2e` test target in cargo's JSON messages.
@@ -118,20 +118,19 @@ fn run_binary(suite: &PathBuf, args: &[String], mode: Mode) -> anyhow::Result<()
     let switch = |on: bool| if on { "1" } else { "0" };
     let agent = agent_binary()?;
     eprintln!("$ {} {}", suite.display(), args.join(" "));
-    let status = Command::new(suite)
-        .args(args)
-        .env("POD_CHECKPOINTER_BIN", &agent)
-        .env(LONG_ENV, switch(mode == Mode::Long))
-        .env(DEMO_ENV, switch(mode == Mode::Demo))
-        .current_dir(ckpt_e2e::project_root())
-        .status()
-        .with_context(|| format!("cannot run {}", suite.display()))?;
     let what = match mode {
         Mode::Demo => "the self-hosted demo",
         Mode::Ci | Mode::Long => "the end-to-end suite",
     };
-    anyhow::ensure!(status.success(), "{what} failed: {status}");
-    Ok(())
+    run_on_terminal(
+        Command::new(suite)
+            .args(args)
+            .env("POD_CHECKPOINTER_BIN", &agent)
+            .env(LONG_ENV, switch(mode == Mode::Long))
+            .env(DEMO_ENV, switch(mode == Mode::Demo))
+            .current_dir(ckpt_e2e::project_root()),
+    )
+    .with_context(|| format!("{what} failed"))
 }
 
 #[cfg(test)]

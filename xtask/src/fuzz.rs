@@ -12,8 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use ckpt_e2e::e2e_env::human_duration;
-use ckpt_e2e::progress::Progress;
+use ckpt_e2e::progress::{Progress, human_duration};
 
 /// The targets of `fuzz/Cargo.toml`, in the order they run.
 const TARGETS: [&str; 6] = [

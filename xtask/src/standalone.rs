@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use ckpt_e2e::command::{run_command, run_on_terminal};
 use serde_json::Value;
 
 /// Library crates do not choose k8s-openapi's Kubernetes version (only the binary does);
@@ -60,17 +61,12 @@ fn crates_of(metadata: &Value) -> anyhow::Result<Crates> {
 /// Runs the phase; returns how long it took.
 pub(crate) fn run(root: &Path) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let output = Command::new("cargo")
-        .args(["metadata", "--no-deps", "--format-version", "1", "--locked"])
-        .current_dir(root)
-        .output()
-        .context("cannot run cargo metadata")?;
-    anyhow::ensure!(
-        output.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: Value = serde_json::from_slice(&output.stdout).context("cargo metadata's JSON")?;
+    let output = run_command(
+        Command::new("cargo")
+            .args(["metadata", "--no-deps", "--format-version", "1", "--locked"])
+            .current_dir(root),
+    )?;
+    let metadata: Value = serde_json::from_str(&output).context("cargo metadata's JSON")?;
     let crates = crates_of(&metadata)?;
     anyhow::ensure!(!crates.check.is_empty(), "no crates found under crates/");
     // A target dir of its own: each crate alone resolves other features of shared
@@ -104,15 +100,13 @@ fn cargo(root: &Path, target_dir: &Path, args: &[&str]) -> anyhow::Result<()> {
         target_dir.display(),
         args.join(" ")
     );
-    let status = Command::new("cargo")
-        .args(args)
-        .env(variable, version)
-        .env("CARGO_TARGET_DIR", target_dir)
-        .current_dir(root)
-        .status()
-        .context("cannot start cargo")?;
-    anyhow::ensure!(status.success(), "`cargo {}` failed: {status}", args.join(" "));
-    Ok(())
+    run_on_terminal(
+        Command::new("cargo")
+            .args(args)
+            .env(variable, version)
+            .env("CARGO_TARGET_DIR", target_dir)
+            .current_dir(root),
+    )
 }
 
 #[cfg(test)]

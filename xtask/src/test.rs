@@ -6,7 +6,8 @@
 
 use std::time::Instant;
 
-use ckpt_e2e::e2e_env::{BinDir, human_duration};
+use ckpt_e2e::e2e_env::BinDir;
+use ckpt_e2e::progress::human_duration;
 
 /// Formatting and lint gates, unit and integration tests, then the end-to-end suite.
 #[derive(clap::Args)]

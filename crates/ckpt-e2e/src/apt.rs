@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::e2e_env::human_duration;
-use crate::e2e_env::process::run_logged;
+use crate::process::run_logged;
 use crate::progress::Progress;
+use crate::progress::human_duration;
 
 /// apt-get, updating the package lists at most once; its output goes to a log file.
 pub struct Apt {

@@ -30,13 +30,15 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::e2e_env::process::random_hex;
-use crate::e2e_env::{self, ControlPlane, StartOptions, human_duration};
+use crate::command::{run_command, run_on_terminal};
+use crate::e2e_env::{self, ControlPlane, StartOptions};
 use crate::harness::agent::{Agent, AgentConfig, AgentDirs};
-use crate::harness::interrupt;
 use crate::harness::objects::PodBuilder;
 use crate::harness::testbed::{AGENT_ROLE, Testbed, parent_with_data};
+use crate::interrupt;
+use crate::process::random_hex;
 use crate::progress::Progress;
+use crate::progress::human_duration;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -259,22 +261,20 @@ fn baseline_agent(rev: &str, target_dir: &Path, progress: &Progress) -> anyhow::
     }
     fs::create_dir_all(&cache).with_context(|| format!("cannot create {}", cache.display()))?;
     git(&["worktree", "add", "--detach", &src.to_string_lossy(), &commit])?;
-    let built = std::process::Command::new("cargo")
-        .args(["build", "-p", "ckpt-bin", "--release"])
-        .current_dir(&src)
-        .env("CARGO_TARGET_DIR", target_dir)
-        .status()
-        .context("cannot start cargo");
-    let kept = match built {
-        Ok(status) if status.success() => {
-            let partial = cache.join(format!(".pod-checkpointer-{commit}.partial"));
-            fs::copy(target_dir.join("release/pod-checkpointer"), &partial)
-                .and_then(|_| fs::rename(&partial, &bin))
-                .with_context(|| format!("cannot keep the baseline binary as {}", bin.display()))
-        }
-        Ok(status) => Err(anyhow::anyhow!("building the baseline {short} failed: {status}")),
-        Err(e) => Err(e),
-    };
+    let built = run_on_terminal(
+        std::process::Command::new("cargo")
+            .args(["build", "-p", "ckpt-bin", "--release"])
+            .current_dir(&src)
+            .env("CARGO_TARGET_DIR", target_dir),
+    )
+    .with_context(|| format!("building the baseline {short} failed"));
+    // The worktree goes whether or not the build worked.
+    let kept = built.and_then(|()| {
+        let partial = cache.join(format!(".pod-checkpointer-{commit}.partial"));
+        fs::copy(target_dir.join("release/pod-checkpointer"), &partial)
+            .and_then(|_| fs::rename(&partial, &bin))
+            .with_context(|| format!("cannot keep the baseline binary as {}", bin.display()))
+    });
     git(&["worktree", "remove", "--force", &src.to_string_lossy()])?;
     kept?;
     Ok((short, bin))
@@ -318,18 +318,12 @@ fn git_commit() -> String {
 
 /// `git ARGS…` in the project root: its trimmed output, or why it failed.
 fn git(args: &[&str]) -> anyhow::Result<String> {
-    let out = std::process::Command::new("git")
-        .args(args)
-        .current_dir(crate::project_root())
-        .output()
-        .context("cannot run git")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "`git {}` failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    let out = run_command(
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(crate::project_root()),
+    )?;
+    Ok(out.trim().to_owned())
 }
 
 /// The testbed and what the parts share.

@@ -8,20 +8,22 @@
 //! checkpoint garbage-collected.
 //!
 //! Everything runs in a temporary work dir that is removed at the end. Ctrl-C stops the
-//! demo where it is and cleans up the same way (see `harness::interrupt`).
+//! demo where it is and cleans up the same way (see `interrupt`).
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::e2e_env::{self, ControlPlane, NODE_NAME, StartOptions, human_duration};
+use crate::e2e_env::{self, ControlPlane, NODE_NAME, StartOptions};
 use crate::harness::agent::{Agent, AgentConfig};
 use crate::harness::kubectl;
 use crate::harness::objects::{AGENT_USER, CHECKPOINT_ANNOTATION, CHECKPOINTER_SERVICE_ACCOUNT};
 use crate::harness::testbed::{AGENT_ROLE, Testbed, parent_with_data};
-use crate::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
-use crate::harness::{agent_binary, files_under, interrupt};
+use crate::harness::{agent_binary, files_under};
+use crate::interrupt;
 use crate::progress::Progress;
+use crate::progress::human_duration;
+use crate::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 
 /// A narrated run of pod-checkpointer against a local control plane.
 #[derive(clap::Args)]

@@ -10,32 +10,40 @@
 //! reboot, run commands inside itself and stop. The CLI prints progress on stderr and, for
 //! `start`, `KEY=VALUE` lines on stdout.
 
-mod build;
-mod control_plane;
+// In layers, lowest first: a module imports only from those before it (the control plane
+// cannot name the real node: a node has the plane stop it first, `ControlPlane::stop_first`).
+// This file is their face: what the layers above use, and `cargo xtask e2e-env` on top.
+pub(crate) mod build;
+
+// Small clients and records: curl, the CRI, the state files, the node network.
+pub mod cri;
+pub(crate) mod curl;
 pub mod node_network;
-pub mod process;
+pub(crate) mod state;
+
+pub(crate) mod control_plane;
+
 pub mod real_node;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::harness::cri::CriClient;
-use crate::harness::interrupt;
-use crate::progress::Progress;
-
 pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
-pub(crate) use control_plane::ApiEndpoint;
+use control_plane::PROGRESS;
 pub use control_plane::{
     AGENT_USER, CONTROLLER_MANAGER_USER, CRI_SOCKET, ControlPlane, NODE_NAME, SCHEDULER_USER, StartOptions,
     render_kubeconfig,
 };
+use cri::CriClient;
+pub(crate) use curl::ApiEndpoint;
 pub use node_network::NodeNetwork;
 pub use real_node::{NodeFootprint, RealNode, RealNodeOptions};
 
-/// The control plane's progress lines, from the CLI and the library alike.
-const PROGRESS: Progress = Progress::new("e2e-env");
+use crate::command::run_on_terminal;
+use crate::interrupt;
+use crate::progress::human_duration;
 
 /// Build, start and stop the local control plane for the end-to-end tests.
 #[derive(clap::Args)]
@@ -157,7 +165,10 @@ impl E2eEnv {
             }
             E2eEnvCommand::Stop { workdir } => {
                 let started = Instant::now();
-                ControlPlane::attach(workdir)?.stop()?;
+                let plane = ControlPlane::attach(workdir)?;
+                // A node that `start` left there, which this process did not start.
+                plane.stop_first(real_node::stop_in);
+                plane.stop()?;
                 PROGRESS.say(&format!(
                     "stopped and removed {} in {}",
                     workdir.display(),
@@ -238,13 +249,8 @@ fn node(action: &NodeAction) -> anyhow::Result<()> {
         NodeAction::Reboot { .. } => node.reboot().map(drop),
         NodeAction::Exec { command, .. } => {
             let (program, rest) = command.split_first().context("no command")?;
-            let status = node
-                .command(program)
-                .args(rest)
-                .status()
-                .with_context(|| format!("cannot run {program} in the node"))?;
-            anyhow::ensure!(status.success(), "{program} exited with {status}");
-            Ok(())
+            run_on_terminal(node.command(program).args(rest))
+                .with_context(|| format!("cannot run {program} in the node"))
         }
     }
 }
@@ -279,27 +285,4 @@ fn cri(action: &CriAction) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// `0.4 s`, `12.3 s`, `5 min 33 s`.
-pub fn human_duration(duration: Duration) -> String {
-    let secs = duration.as_secs_f64();
-    if secs < 60.0 {
-        format!("{secs:.1} s")
-    } else {
-        let whole = duration.as_secs();
-        format!("{} min {} s", whole / 60, whole % 60)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_as_seconds_or_minutes() {
-        assert_eq!(human_duration(Duration::from_millis(420)), "0.4 s");
-        assert_eq!(human_duration(Duration::from_millis(59_940)), "59.9 s");
-        assert_eq!(human_duration(Duration::from_secs(333)), "5 min 33 s");
-    }
 }

@@ -11,20 +11,15 @@
 //!   part;
 //! - [`objects`]: the pods, Secrets, ConfigMaps, DaemonSets and RBAC objects the scenarios
 //!   create, as JSON;
-//! - [`cri`]: the hollow kubelet's fake runtime: what runs, and stopping a pod like a crash;
-//! - [`expect`]: the expectations on those sources, each a bounded poll;
-//! - [`wait`]: bounded polling that says what was expected and what was seen;
-//! - [`interrupt`]: Ctrl-C stops the waits, so the normal clean-up path runs.
+//! - [`expect`]: the expectations on those sources (the hollow kubelet's runtime through
+//!   [`cri`](crate::e2e_env::cri) among them), each a bounded poll ([`wait`](crate::wait)).
 
 pub mod agent;
-pub mod cri;
 pub mod expect;
-pub mod interrupt;
 pub mod kubectl;
 pub mod lock;
 pub mod objects;
 pub mod testbed;
-pub mod wait;
 
 use std::fs;
 use std::path::{Path, PathBuf};

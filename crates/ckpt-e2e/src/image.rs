@@ -17,8 +17,8 @@ use std::time::Instant;
 use anyhow::Context;
 
 use crate::apt::Apt;
-use crate::e2e_env::human_duration;
 use crate::progress::Progress;
+use crate::progress::human_duration;
 
 pub use static_binary::{STATIC_TARGET, build_static_agent, is_static_elf};
 

@@ -2,7 +2,7 @@
 //! say what they are doing: `[deploy] …`, or stamped with the time since a start,
 //! `[bench  12.3 s] …`. Stdout stays free for what a command prints as its result.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where progress lines come from, and the start they are timed from, if any.
 #[derive(Clone, Copy, Debug)]
@@ -42,10 +42,19 @@ impl Progress {
     }
 }
 
+/// `0.4 s`, `12.3 s`, `5 min 33 s`.
+pub fn human_duration(duration: Duration) -> String {
+    let secs = duration.as_secs_f64();
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else {
+        let whole = duration.as_secs();
+        format!("{} min {} s", whole / 60, whole % 60)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn check(progress: Progress, expected: &str) {
@@ -65,5 +74,12 @@ mod tests {
             "[bench  60.0 s] building",
         );
         check(Progress::timed("demo"), "[demo   0.0 s] building");
+    }
+
+    #[test]
+    fn durations_read_as_seconds_or_minutes() {
+        assert_eq!(human_duration(Duration::from_millis(420)), "0.4 s");
+        assert_eq!(human_duration(Duration::from_millis(59_940)), "59.9 s");
+        assert_eq!(human_duration(Duration::from_secs(333)), "5 min 33 s");
     }
 }

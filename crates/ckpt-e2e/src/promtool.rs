@@ -9,6 +9,7 @@ use std::process::Command;
 use anyhow::Context;
 
 use crate::apt::Apt;
+use crate::command::run_on_terminal;
 use crate::e2e_env::cache_root;
 use crate::image::target_dir;
 use crate::progress::Progress;
@@ -34,24 +35,14 @@ pub fn promtool() -> anyhow::Result<PathBuf> {
     let mut apt = Apt::new(log, PROGRESS);
     apt.update()?;
     PROGRESS.say("apt-get download prometheus (for its promtool) …");
-    let status = Apt::command(&["download", "prometheus"])
-        .current_dir(&work)
-        .status()
-        .context("cannot run apt-get download")?;
-    anyhow::ensure!(status.success(), "apt-get download prometheus failed: {status}");
+    run_on_terminal(Apt::command(&["download", "prometheus"]).current_dir(&work))?;
     let deb = std::fs::read_dir(&work)?
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
         .context("apt-get download left no .deb")?;
     let unpacked = work.join("unpacked");
-    let status = Command::new("dpkg-deb")
-        .arg("-x")
-        .arg(&deb)
-        .arg(&unpacked)
-        .status()
-        .context("cannot run dpkg-deb")?;
-    anyhow::ensure!(status.success(), "dpkg-deb -x {} failed: {status}", deb.display());
+    run_on_terminal(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
     // Into place by rename, so a half-copied binary is never taken for a cached one.
     let staged = dir.join(".promtool.tmp");
     std::fs::copy(unpacked.join("usr/bin/promtool"), &staged)

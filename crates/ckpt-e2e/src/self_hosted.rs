@@ -39,12 +39,12 @@ use serde_json::Value;
 
 use crate::e2e_env::{
     ApiEndpoint, BinDir, CONTROLLER_MANAGER_USER, ControlPlane, NODE_NAME, RealNode, SCHEDULER_USER,
-    human_duration,
 };
 use crate::harness::kubectl::{Kubectl, pod_running};
-use crate::harness::wait::{Probe, wait_for, waiting_on_error};
 use crate::image::{CONTROL_PLANE_IMAGE, control_plane_image};
 use crate::progress::Progress;
+use crate::progress::human_duration;
+use crate::wait::{Probe, wait_for, waiting_on_error};
 use objects::{APISERVER, APISERVER_PORT, CONTROLLER_MANAGER, NAMESPACE, Params, SCHEDULER};
 
 const PROGRESS: Progress = Progress::new("self-hosted");

@@ -21,8 +21,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ckpt_e2e::apt::Apt;
-use ckpt_e2e::e2e_env::process::Managed;
 use ckpt_e2e::image::{self, oci};
+use ckpt_e2e::process::Managed;
 use ckpt_e2e::progress::Progress;
 use serde_json::Value;
 
@@ -328,7 +328,7 @@ impl Drop for Containerd {
                 continue;
             };
             if std::fs::read_link(entry.path().join("ns/mnt")).ok().as_ref() == Some(&namespace) {
-                let _ = ckpt_e2e::e2e_env::process::send_signal(pid, "KILL");
+                let _ = ckpt_e2e::process::send_signal(pid, "KILL");
             }
         }
     }

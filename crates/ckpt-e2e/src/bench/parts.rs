@@ -8,12 +8,13 @@ use std::path::Path;
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::e2e_env::{AGENT_USER, CRI_SOCKET, NODE_NAME, human_duration};
+use crate::e2e_env::{AGENT_USER, CRI_SOCKET, NODE_NAME};
 use crate::harness::agent::{Agent, AgentDirs};
 use crate::harness::files_under;
-use crate::harness::interrupt;
 use crate::harness::objects::PodBuilder;
-use crate::harness::wait::{Probe, wait_for};
+use crate::interrupt;
+use crate::progress::human_duration;
+use crate::wait::{Probe, wait_for};
 use anyhow::Context;
 
 use super::audit::{self, ApiRequests, WatchesInWindow};

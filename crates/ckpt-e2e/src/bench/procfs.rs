@@ -2,7 +2,7 @@
 
 use std::fs;
 
-use crate::e2e_env::process::stat_fields;
+use crate::process::stat_fields;
 use anyhow::Context;
 
 /// One look at a process.

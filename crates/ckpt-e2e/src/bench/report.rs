@@ -555,7 +555,7 @@ fn scale_markdown(scale: &Scale) -> String {
 }
 
 fn human(duration: Duration) -> String {
-    crate::e2e_env::human_duration(duration)
+    crate::progress::human_duration(duration)
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::e2e_env::human_duration;
-use crate::harness::interrupt;
+use crate::interrupt;
+use crate::progress::human_duration;
 use anyhow::bail;
 
 /// How often a watcher looks: the resolution of every latency measured.

@@ -21,10 +21,10 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-use super::human_duration;
-use super::process;
 use crate::apt::{Apt, missing_packages};
-use crate::progress::Progress;
+use crate::command::run_on_terminal;
+use crate::process;
+use crate::progress::{Progress, human_duration};
 
 const PROGRESS: Progress = Progress::new("e2e-env build");
 
@@ -369,16 +369,7 @@ fn prepare_source(build_dir: &Path, log: &Path) -> anyhow::Result<PathBuf> {
 
     let vendored = source_dir.join(REFLECT2_VENDORED);
     fs::remove_dir_all(&vendored).with_context(|| format!("cannot remove {}", vendored.display()))?;
-    let status = Command::new("cp")
-        .args(["-r", REFLECT2_DEBIAN])
-        .arg(&vendored)
-        .status()
-        .context("cannot run cp")?;
-    anyhow::ensure!(
-        status.success(),
-        "cp -r {REFLECT2_DEBIAN} {} failed: {status}",
-        vendored.display()
-    );
+    run_on_terminal(Command::new("cp").args(["-r", REFLECT2_DEBIAN]).arg(&vendored))?;
     // GOPATH mode: a go.mod inside vendor/ would make it a separate module.
     let _ = fs::remove_file(vendored.join("go.mod"));
 

@@ -23,32 +23,48 @@
 //! `kubeconfig-agent`, `audit-policy.yaml` and `audit.log` (the agent user's requests, see
 //! [`ControlPlane::audit_log`]), with a hollow node `static-pods`, a link to the kubelet's
 //! static pod dir, with the controllers `controller-manager.log`, `scheduler.log` and
-//! `kcm-flex-volumes/`, and with a real node `node/` (see [`RealNode`](super::RealNode)).
+//! `kcm-flex-volumes/`, and with a real node `node/` (see `real_node`).
+//!
+//! The plane knows nothing of the node: a node started in its work dir has the plane stop it
+//! first ([`ControlPlane::stop_first`]).
+
+mod credentials;
+mod flags;
+mod hollow;
+mod options;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 
-use super::build::BinDir;
+pub use self::credentials::{
+    AGENT_USER, CONTROLLER_MANAGER_USER, NODE_NAME, SCHEDULER_USER, render_kubeconfig,
+};
+use self::credentials::{identities, openssl, render_tokens_csv, serving_names, token_of, write_pki};
+use self::flags::{
+    AUDIT_LOG_FILE, AUDIT_POLICY_FILE, ApiserverFlags, apiserver_args, audit_policy, controller_manager_args,
+    scheduler_args,
+};
+pub use self::hollow::CRI_SOCKET;
+use self::hollow::{HollowNode, hollow_log_name, remove_hollow_root};
+pub use self::options::StartOptions;
+use self::options::{create_workdir, preflight};
+use super::curl::{ApiEndpoint, http_probe, http_status};
 use super::node_network::NodeNetwork;
-use super::process::{Managed, in_path, log_tail_section, proc_state, random_hex};
-use super::{PROGRESS, human_duration};
-use crate::harness::wait::{Probe, TimedOut, wait_for};
+use super::state::parse_state;
+use crate::process::{Managed, proc_state};
+use crate::progress::{Progress, human_duration};
+use crate::wait::{Probe, wait_for, wait_ready};
 
-/// The node the hollow kubelet registers, and whose identity `kubeconfig-node-1` carries.
-pub const NODE_NAME: &str = "node-1";
-
-/// kubemark 1.20 hard-codes its fake CRI (runtime.v1alpha2) socket: one hollow node per machine.
-pub const CRI_SOCKET: &str = "/tmp/kubelet_remote.sock";
-
-/// kubemark 1.20 always puts the kubelet's root dir at `/tmp/hollow-kubelet.NNN`.
-const HOLLOW_ROOT_PREFIX: &str = "/tmp/hollow-kubelet.";
+/// The progress lines of the environment: the plane's, the node's and `cargo xtask e2e-env`'s.
+pub(crate) const PROGRESS: Progress = Progress::new("e2e-env");
 
 const STATE_FILE: &str = "e2e-env.state";
 const ETCD_PID_FILE: &str = "etcd.pid";
@@ -58,97 +74,12 @@ const CONTROLLER_MANAGER_PID_FILE: &str = "controller-manager.pid";
 const SCHEDULER_PID_FILE: &str = "scheduler.pid";
 const CONTROLLER_MANAGER_LOG: &str = "controller-manager.log";
 const SCHEDULER_LOG: &str = "scheduler.log";
-const AUDIT_POLICY_FILE: &str = "audit-policy.yaml";
-const AUDIT_LOG_FILE: &str = "audit.log";
-
-/// The user of `kubeconfig-agent`, the only one whose requests are audited.
-pub const AGENT_USER: &str = "pod-checkpointer";
-/// The users a self-hosted kube-controller-manager and kube-scheduler authenticate as.
-pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
-pub const SCHEDULER_USER: &str = "system:kube-scheduler";
-
-/// Audits every request of `user` at `Metadata` level (verb, URI, status; no bodies) and
-/// nothing else, so `cargo xtask bench` can count the agent's API load without slowing the API
-/// server down with everybody else's requests. `RequestReceived` is omitted: one event per
-/// request, plus `ResponseStarted` for watches.
-fn audit_policy(user: &str) -> String {
-    format!(
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
-         - level: Metadata\n  users: [{user}]\n- level: None\n",
-        user = yaml_string(user)
-    )
-}
 
 const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(20);
 const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(60);
-const NODE_READY_TIMEOUT: Duration = Duration::from_secs(90);
 const CONTROLLERS_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long etcd and the hollow node get to exit on SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(10);
-
-/// What to start, and where.
-#[derive(Clone, Debug)]
-pub struct StartOptions {
-    pub bins: BinDir,
-    /// A fresh (missing or empty) dir; by default `$TMPDIR/ckpt-e2e.XXXXXX`.
-    pub workdir: Option<PathBuf>,
-    /// etcd's client port; its peer port is the next one.
-    pub etcd_port: u16,
-    pub apiserver_port: u16,
-    /// Also start kubemark's hollow kubelet as `node-1` and wait for the Node to be Ready.
-    pub hollow_node: bool,
-    /// The hollow kubelet's API (plain HTTP in kubemark 1.20) on 0.0.0.0.
-    pub kubelet_port: u16,
-    pub kubelet_read_only_port: u16,
-    /// Create this network and bind the API server to its host end instead of loopback, so
-    /// the real node reaches it from its namespace (host clients use that address too).
-    pub node_network: Option<NodeNetwork>,
-    /// Also run kube-controller-manager and kube-scheduler (host network, admin identity),
-    /// with ServiceAccount admission and bound service-account tokens on the API server.
-    pub controllers: bool,
-    /// kube-controller-manager's and kube-scheduler's HTTPS ports (health only) on 127.0.0.1.
-    pub controller_manager_port: u16,
-    pub scheduler_port: u16,
-}
-
-impl StartOptions {
-    /// The recipe's ports (2379/2380, 6443, 10250, 10255), a fresh temp work dir, no hollow node.
-    pub fn new(bins: BinDir) -> StartOptions {
-        StartOptions {
-            bins,
-            workdir: None,
-            etcd_port: 2379,
-            apiserver_port: 6443,
-            hollow_node: false,
-            kubelet_port: 10250,
-            kubelet_read_only_port: 10255,
-            node_network: None,
-            controllers: false,
-            controller_manager_port: 20257,
-            scheduler_port: 20259,
-        }
-    }
-
-    /// The plane a [`RealNode`](super::RealNode) joins: the project's node network, the
-    /// controllers, and ports of its own (etcd 12379/12380, kube-apiserver 17443 on the veth,
-    /// controller-manager 20257, scheduler 20259), so it runs beside a hollow-node plane.
-    pub fn real_node(bins: BinDir) -> StartOptions {
-        StartOptions {
-            etcd_port: 12379,
-            apiserver_port: 17443,
-            node_network: Some(NodeNetwork::project()),
-            controllers: true,
-            ..StartOptions::new(bins)
-        }
-    }
-
-    /// Where the API server listens: the host end of the node network, or loopback.
-    fn bind_ip(&self) -> Ipv4Addr {
-        self.node_network
-            .as_ref()
-            .map_or(Ipv4Addr::LOCALHOST, |network| network.host_ip)
-    }
-}
 
 /// A running (or partly started) control plane. Dropping it stops everything it started and
 /// removes the work dir, unless it was [`detach`](ControlPlane::detach)ed or
@@ -168,6 +99,8 @@ pub struct ControlPlane {
     controller_manager: Option<Managed>,
     scheduler: Option<Managed>,
     network: Option<CreatedNetwork>,
+    /// See [`stop_first`](ControlPlane::stop_first).
+    stop_first: OnceLock<fn(&Path) -> anyhow::Result<()>>,
     stop_on_drop: bool,
     stopped: bool,
 }
@@ -176,16 +109,6 @@ pub struct ControlPlane {
 struct CreatedNetwork {
     network: NodeNetwork,
     created_run_dir: bool,
-}
-
-struct HollowNode {
-    process: Managed,
-    /// The kubemark binary, to start it again.
-    kubemark: PathBuf,
-    kubelet_port: u16,
-    kubelet_read_only_port: u16,
-    /// `/tmp/hollow-kubelet.NNN`, once read from its log.
-    root_dir: Option<PathBuf>,
 }
 
 impl ControlPlane {
@@ -211,6 +134,7 @@ impl ControlPlane {
             controller_manager: None,
             scheduler: None,
             network: None,
+            stop_first: OnceLock::new(),
             stop_on_drop: true,
             stopped: false,
         };
@@ -323,9 +247,18 @@ impl ControlPlane {
                 .map(|pid| attach("kube-controller-manager", pid, CONTROLLER_MANAGER_LOG)),
             scheduler: read_pid(SCHEDULER_PID_FILE).map(|pid| attach("kube-scheduler", pid, SCHEDULER_LOG)),
             network,
+            stop_first: OnceLock::new(),
             stop_on_drop: false,
             stopped: false,
         })
+    }
+
+    /// Has `stop` run on the work dir before this plane stops anything: what starts a real
+    /// node there sets it (the node's kubelet talks to the API server, and its mount namespace
+    /// pins files in the work dir), since the plane sits below the node and cannot name it.
+    /// Set once; later calls change nothing.
+    pub fn stop_first(&self, stop: fn(&Path) -> anyhow::Result<()>) {
+        let _ = self.stop_first.set(stop);
     }
 
     /// Leaves the processes running when this value is dropped (`cargo xtask e2e-env start`).
@@ -474,18 +407,14 @@ impl ControlPlane {
 
     /// SIGKILLs the API server (connections are refused afterwards) and waits for it to exit.
     pub fn kill_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver_mut()?;
-        apiserver.terminate("KILL", Duration::from_secs(10))?;
+        self.apiserver_mut()?.terminate("KILL", Duration::from_secs(10))?;
         PROGRESS.say("kube-apiserver killed");
         Ok(())
     }
 
     /// SIGSTOPs the API server: it keeps its port, accepts connections and answers nothing.
     pub fn pause_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver_mut()?;
-        apiserver.ensure_running("cannot pause kube-apiserver")?;
-        apiserver.signal("STOP")?;
-        let pid = apiserver.pid();
+        let pid = self.signal_apiserver("pause", "STOP")?;
         wait_for(
             &format!("kube-apiserver (pid {pid}) to stop on SIGSTOP"),
             Duration::from_secs(5),
@@ -502,9 +431,7 @@ impl ControlPlane {
 
     /// SIGCONTs a paused API server.
     pub fn resume_apiserver(&mut self) -> anyhow::Result<()> {
-        let apiserver = self.apiserver_mut()?;
-        apiserver.ensure_running("cannot resume kube-apiserver")?;
-        apiserver.signal("CONT")?;
+        self.signal_apiserver("resume", "CONT")?;
         PROGRESS.say("kube-apiserver resumed (SIGCONT)");
         Ok(())
     }
@@ -601,6 +528,15 @@ impl ControlPlane {
         self.apiserver.as_mut().context("no kube-apiserver was started")
     }
 
+    /// Sends `signal` to the API server, which must be running (else: cannot `verb` it);
+    /// returns its pid.
+    fn signal_apiserver(&mut self, verb: &str, signal: &str) -> anyhow::Result<u32> {
+        let apiserver = self.apiserver_mut()?;
+        apiserver.ensure_running(&format!("cannot {verb} kube-apiserver"))?;
+        apiserver.signal(signal)?;
+        Ok(apiserver.pid())
+    }
+
     fn write_state(&self) -> anyhow::Result<()> {
         let text: String = self
             .env_vars()
@@ -670,41 +606,7 @@ impl ControlPlane {
         let sa_key = self.service_account_key();
         openssl(&["genrsa", "-out", &sa_key.to_string_lossy(), "2048"])?;
 
-        let identities = [
-            Identity {
-                token: random_hex(16)?,
-                user: "admin".into(),
-                uid: "uid-admin".into(),
-                groups: vec!["system:masters".into()],
-            },
-            Identity {
-                token: random_hex(16)?,
-                user: format!("system:node:{NODE_NAME}"),
-                uid: format!("uid-{NODE_NAME}"),
-                groups: vec!["system:nodes".into()],
-            },
-            Identity {
-                token: random_hex(16)?,
-                user: AGENT_USER.into(),
-                uid: "uid-agent".into(),
-                groups: vec![],
-            },
-            // A self-hosted controller-manager acts for every controller with its own
-            // credentials (no per-controller service accounts), so it needs every right.
-            Identity {
-                token: random_hex(16)?,
-                user: CONTROLLER_MANAGER_USER.into(),
-                uid: "uid-kcm".into(),
-                groups: vec!["system:masters".into()],
-            },
-            // The bootstrap RBAC policy's role for the scheduler names this user.
-            Identity {
-                token: random_hex(16)?,
-                user: SCHEDULER_USER.into(),
-                uid: "uid-scheduler".into(),
-                groups: vec![],
-            },
-        ];
+        let identities = identities()?;
         fs::write(self.workdir.join("tokens.csv"), render_tokens_csv(&identities))?;
         fs::write(self.workdir.join(AUDIT_POLICY_FILE), audit_policy(AGENT_USER))?;
         // The API server creates its log with the first event and appends to an existing one:
@@ -913,73 +815,22 @@ impl ControlPlane {
         kubelet_read_only_port: u16,
     ) -> anyhow::Result<()> {
         let started = Instant::now();
-        let mut command = Command::new(&kubemark);
-        command
-            .args(["--morph=kubelet", &format!("--name={NODE_NAME}")])
-            .arg(format!("--kubeconfig={}", self.node_kubeconfig().display()))
-            .arg(format!("--kubelet-port={kubelet_port}"))
-            .arg(format!("--kubelet-read-only-port={kubelet_read_only_port}"));
-        let log = self.workdir.join(hollow_log_name());
-        let process = Managed::spawn("hollow node", &mut command, &log, &self.workdir)?;
-        self.write_pid(HOLLOW_PID_FILE, process.pid())?;
-        self.hollow = Some(HollowNode {
-            process,
+        let hollow = HollowNode::spawn(
             kubemark,
             kubelet_port,
             kubelet_read_only_port,
-            root_dir: None,
-        });
+            &self.workdir,
+            &self.node_kubeconfig(),
+        )?;
+        self.write_pid(HOLLOW_PID_FILE, hollow.process.pid())?;
+        self.hollow = Some(hollow);
         self.write_state()?;
         let hollow = self.hollow.as_mut().context("hollow node vanished")?;
-
-        let (root, _) = wait_ready(
-            "hollow kubelet root dir in its log",
-            Duration::from_secs(30),
-            &log,
-            || {
-                hollow
-                    .process
-                    .ensure_running("hollow node did not become Ready")?;
-                let root = fs::read_to_string(&log)
-                    .ok()
-                    .and_then(|text| parse_hollow_root(&text));
-                Ok(root.map_or_else(|| Probe::Waiting("not logged yet".into()), Probe::Ready))
-            },
-        )?;
-        hollow.root_dir = Some(root.clone());
-        let real_static_dir = fs::read_dir(&root)
-            .with_context(|| format!("cannot read {}", root.display()))?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.is_dir()
-                    && p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("static-pods"))
-            })
-            .with_context(|| format!("no static-pods* dir in {}", root.display()))?;
-        let link = self.workdir.join("static-pods");
-        std::os::unix::fs::symlink(&real_static_dir, &link)
-            .with_context(|| format!("cannot link {} to {}", link.display(), real_static_dir.display()))?;
+        let (link, real_static_dir) = hollow.link_static_pods(&self.workdir)?;
         self.write_state()?;
-
         let api = self.api();
         let hollow = self.hollow.as_mut().context("hollow node vanished")?;
-        let node_path = format!("/api/v1/nodes/{NODE_NAME}");
-        let ((), took) = wait_ready(
-            &format!("Node {NODE_NAME} Ready"),
-            NODE_READY_TIMEOUT,
-            &log,
-            || {
-                hollow
-                    .process
-                    .ensure_running("hollow node did not become Ready")?;
-                Ok(match api.get(&node_path)? {
-                    (200, body) if node_is_ready(&body) => Probe::Ready(()),
-                    (200, _) => Probe::Waiting("the Node is not Ready".into()),
-                    (status, _) => Probe::Waiting(format!("HTTP {status}")),
-                })
-            },
-        )?;
+        let took = hollow.wait_ready(&api)?;
         PROGRESS.say(&format!(
             "hollow node {NODE_NAME} Ready after {} (total {}); static pods: {} -> {}",
             human_duration(took),
@@ -995,9 +846,9 @@ impl ControlPlane {
     fn shutdown(&mut self) -> anyhow::Result<()> {
         self.stopped = true;
         let mut errors = Vec::new();
-        // A real node in the work dir goes first: its kubelet talks to the API server, and its
-        // mount namespace pins files in the work dir.
-        if let Err(e) = super::real_node::stop_in(&self.workdir) {
+        if let Some(stop_first) = self.stop_first.get()
+            && let Err(e) = stop_first(&self.workdir)
+        {
             errors.push(e);
         }
         for process in [&mut self.scheduler, &mut self.controller_manager]
@@ -1064,10 +915,6 @@ impl Drop for ControlPlane {
     }
 }
 
-fn hollow_log_name() -> String {
-    format!("hollow-{NODE_NAME}.log")
-}
-
 /// The node network a state file records, if any.
 fn parse_network(state: &BTreeMap<String, String>) -> Option<CreatedNetwork> {
     let netns = state.get("NODE_NETNS").filter(|n| !n.is_empty())?;
@@ -1096,663 +943,9 @@ fn parse_network(state: &BTreeMap<String, String>) -> Option<CreatedNetwork> {
     })
 }
 
-/// Fails early, before anything is started: missing commands, busy ports, a running hollow node.
-fn preflight(options: &StartOptions) -> anyhow::Result<()> {
-    for command in ["etcd", "openssl", "curl"] {
-        anyhow::ensure!(
-            in_path(command),
-            "{command} is not installed: run `cargo xtask e2e-env build`"
-        );
-    }
-    anyhow::ensure!(
-        options.bins.kube_apiserver().is_file(),
-        "{} is missing: run `cargo xtask e2e-env build`",
-        options.bins.kube_apiserver().display()
-    );
-    let peer_port = options
-        .etcd_port
-        .checked_add(1)
-        .context("ETCD_PORT must be below 65535")?;
-    let mut ports = vec![
-        ("127.0.0.1", options.etcd_port, "etcd client", "ETCD_PORT"),
-        ("127.0.0.1", peer_port, "etcd peer (ETCD_PORT + 1)", "ETCD_PORT"),
-    ];
-    // With a node network the API server's address only exists once the plane created it.
-    if options.node_network.is_none() {
-        ports.push((
-            "127.0.0.1",
-            options.apiserver_port,
-            "kube-apiserver",
-            "APISERVER_PORT",
-        ));
-    }
-    if options.controllers {
-        for (bin, what) in [
-            (options.bins.kube_controller_manager(), "kube-controller-manager"),
-            (options.bins.kube_scheduler(), "kube-scheduler"),
-        ] {
-            anyhow::ensure!(
-                bin.is_file(),
-                "{} ({what}) is missing: run `cargo xtask e2e-env build`",
-                bin.display()
-            );
-        }
-        ports.push((
-            "127.0.0.1",
-            options.controller_manager_port,
-            "kube-controller-manager",
-            "(StartOptions::controller_manager_port)",
-        ));
-        ports.push((
-            "127.0.0.1",
-            options.scheduler_port,
-            "kube-scheduler",
-            "(StartOptions::scheduler_port)",
-        ));
-    }
-    if options.hollow_node {
-        ports.push(("0.0.0.0", options.kubelet_port, "hollow kubelet", "KUBELET_PORT"));
-        ports.push((
-            "0.0.0.0",
-            options.kubelet_read_only_port,
-            "hollow kubelet read-only",
-            "KUBELET_RO_PORT",
-        ));
-        if UnixStream::connect(CRI_SOCKET).is_ok() {
-            bail!(
-                "another hollow node is running: its fake CRI answers on {CRI_SOCKET} (kubemark 1.20 hard-codes \
-                 that path, so only one hollow node can run per machine)"
-            );
-        }
-    }
-    for (addr, port, what, env) in ports {
-        if let Err(e) = TcpListener::bind((addr, port)) {
-            bail!(
-                "{what} port {addr}:{port} is busy ({e}): is another control plane running? Set {env} to use another port"
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Creates `wanted` (which must be missing or empty), or a fresh `$TMPDIR/ckpt-e2e.XXXXXX`.
-fn create_workdir(wanted: Option<&Path>) -> anyhow::Result<PathBuf> {
-    if let Some(dir) = wanted {
-        if dir.exists() {
-            let mut entries = fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-            anyhow::ensure!(
-                entries.next().is_none(),
-                "work dir {} exists and is not empty",
-                dir.display()
-            );
-        }
-        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        // Absolute, because the kubeconfigs and the state file name files in it.
-        return fs::canonicalize(dir).with_context(|| format!("cannot resolve {}", dir.display()));
-    }
-    let tmp = std::env::temp_dir();
-    for _ in 0..100 {
-        let dir = tmp.join(format!("ckpt-e2e.{}", random_hex(3)?));
-        match fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
-        }
-    }
-    bail!("cannot find a free ckpt-e2e.* name in {}", tmp.display())
-}
-
-/// [`wait_for`] a process to become ready; giving up adds the tail of its `log`.
-pub(crate) fn wait_ready<T>(
-    what: &str,
-    timeout: Duration,
-    log: &Path,
-    probe: impl FnMut() -> anyhow::Result<Probe<T>>,
-) -> anyhow::Result<(T, Duration)> {
-    wait_for(what, timeout, probe).map_err(|e| match e.downcast::<TimedOut>() {
-        Ok(timed_out) => anyhow!("{timed_out}\n{}", log_tail_section(log, 30)),
-        Err(e) => e,
-    })
-}
-
-/// Ready on HTTP 200; otherwise what was answered (0: nothing within 5 s).
-pub(crate) fn http_probe(status: u16) -> Probe<()> {
-    match status {
-        200 => Probe::Ready(()),
-        status => Probe::Waiting(format!("HTTP {status}")),
-    }
-}
-
-/// The API server as one identity, reached with curl (installed by the build step).
-#[derive(Clone, Debug)]
-pub(crate) struct ApiEndpoint {
-    pub(crate) url: String,
-    pub(crate) ca: PathBuf,
-    pub(crate) token: String,
-}
-
-impl ApiEndpoint {
-    fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        self.get_within(path, CURL_TIMEOUT)
-    }
-
-    /// `GET path` within `timeout`: the HTTP status (0 when it cannot connect or times out)
-    /// and the body.
-    pub(crate) fn get_within(&self, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
-        let ca = self.ca.display().to_string();
-        let auth = format!("Authorization: Bearer {}", self.token);
-        // Not curl's own User-Agent: the API server pretty-prints JSON for curl.
-        let args = [
-            "--cacert",
-            &ca,
-            "-H",
-            &auth,
-            "-H",
-            "User-Agent: pod-checkpointer-xtask",
-        ];
-        let output = curl(&format!("{}{path}", self.url), &args, timeout)?;
-        Ok(split_status(&output))
-    }
-}
-
-/// How long a curl request may take, unless said otherwise.
-const CURL_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The HTTP status of `GET url` (0 when it cannot connect or times out).
-pub(crate) fn http_status(url: &str, args: &[&str]) -> u16 {
-    curl(url, args, CURL_TIMEOUT)
-        .map(|out| split_status(&out).0)
-        .unwrap_or(0)
-}
-
-/// `curl -s URL` within `timeout`, with the status code appended on a line of its own.
-fn curl(url: &str, args: &[&str], timeout: Duration) -> anyhow::Result<String> {
-    let output = Command::new("curl")
-        .args(["-s", "-w", "\n%{http_code}", "--max-time"])
-        .arg(format!("{:.3}", timeout.as_secs_f64()))
-        .args(args)
-        .arg(url)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run curl")?;
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// Splits curl's output into the status code (its last line) and the body.
-fn split_status(output: &str) -> (u16, String) {
-    match output.rsplit_once('\n') {
-        Some((body, code)) => (code.trim().parse().unwrap_or(0), body.to_owned()),
-        None => (output.trim().parse().unwrap_or(0), String::new()),
-    }
-}
-
-/// What kube-apiserver's flags depend on.
-struct ApiserverFlags<'a> {
-    workdir: &'a Path,
-    etcd_port: u16,
-    apiserver_port: u16,
-    bind_ip: Ipv4Addr,
-    service_accounts: bool,
-}
-
-/// kube-apiserver's flags: the recipe's, which stand in for a missing controller-manager, or
-/// with the controllers ServiceAccount admission and bound tokens.
-fn apiserver_args(flags: &ApiserverFlags<'_>) -> Vec<String> {
-    let w = flags.workdir.display();
-    let mut args = vec![
-        format!("--etcd-servers=http://127.0.0.1:{}", flags.etcd_port),
-        // The serving cert names this address (see `serving_names`).
-        format!("--bind-address={}", flags.bind_ip),
-        format!("--advertise-address={}", flags.bind_ip),
-        format!("--secure-port={}", flags.apiserver_port),
-        format!("--tls-cert-file={w}/certs/apiserver.crt"),
-        format!("--tls-private-key-file={w}/certs/apiserver.key"),
-        format!("--token-auth-file={w}/tokens.csv"),
-        "--authorization-mode=Node,RBAC".into(),
-        "--enable-admission-plugins=NodeRestriction".into(),
-    ];
-    if flags.service_accounts {
-        // Pods get projected tokens the kubelet requests (TokenRequest) and refreshes, and
-        // kube-root-ca.crt for the CA, as from 1.21 on; 1.20 has this behind an alpha gate.
-        args.push("--feature-gates=BoundServiceAccountTokenVolume=true".into());
-        // A real kubelet reports its InternalIP (the node end of the veth) and a hostname
-        // that does not resolve: logs and exec must use the former (wall 3).
-        args.push("--kubelet-preferred-address-types=InternalIP,Hostname".into());
-    } else {
-        // No controller-manager creates ServiceAccounts, so Pod admission would fail.
-        args.push("--disable-admission-plugins=ServiceAccount".into());
-    }
-    args.extend([
-        format!("--service-account-key-file={w}/sa.key"),
-        format!("--service-account-signing-key-file={w}/sa.key"),
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-        "--service-cluster-ip-range=10.96.0.0/16".into(),
-        // Loopback addresses are invalid in Endpoints, and nothing here needs that object.
-        "--endpoint-reconciler-type=none".into(),
-        "--allow-privileged=true".into(),
-        format!("--audit-policy-file={w}/{AUDIT_POLICY_FILE}"),
-        format!("--audit-log-path={w}/{AUDIT_LOG_FILE}"),
-    ]);
-    args
-}
-
-/// kube-controller-manager's flags: every default controller but the legacy token Secrets
-/// (pods get bound tokens), acting as admin; nothing written outside the work dir.
-fn controller_manager_args(workdir: &Path, kubeconfig: &Path, ca: &Path, port: u16) -> Vec<String> {
-    vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
-        "--bind-address=127.0.0.1".into(),
-        format!("--secure-port={port}"),
-        "--port=0".into(),
-        // On a Lease: a self-hosted copy (see `crate::self_hosted`) waits on it while this
-        // one runs, instead of acting beside it.
-        "--leader-elect=true".into(),
-        "--leader-elect-resource-lock=leases".into(),
-        "--use-service-account-credentials=false".into(),
-        "--controllers=*,-serviceaccount-token".into(),
-        // Published in every namespace as kube-root-ca.crt, the CA of the projected volumes.
-        format!("--root-ca-file={}", ca.display()),
-        "--feature-gates=BoundServiceAccountTokenVolume=true".into(),
-        // Its default is under /usr/libexec, which it would create.
-        format!("--flex-volume-plugin-dir={}/kcm-flex-volumes", workdir.display()),
-    ]
-}
-
-fn scheduler_args(kubeconfig: &Path, port: u16) -> Vec<String> {
-    vec![
-        format!("--kubeconfig={}", kubeconfig.display()),
-        "--bind-address=127.0.0.1".into(),
-        format!("--secure-port={port}"),
-        "--port=0".into(),
-        "--leader-elect=true".into(),
-        "--leader-elect-resource-lock=leases".into(),
-    ]
-}
-
-/// What the API server's serving certificate names: `bind_ip`, loopback, the first service
-/// address, the node's address if there is a node, and the in-cluster names.
-fn serving_names(bind_ip: Ipv4Addr, node_ip: Option<Ipv4Addr>) -> Vec<String> {
-    let mut ips = vec![bind_ip, Ipv4Addr::LOCALHOST, Ipv4Addr::new(10, 96, 0, 1)];
-    ips.extend(node_ip);
-    ips.dedup();
-    let dns = [
-        "localhost",
-        "kubernetes",
-        "kubernetes.default",
-        "kubernetes.default.svc",
-        "kubernetes.default.svc.cluster.local",
-    ];
-    ips.iter()
-        .map(|ip| format!("IP:{ip}"))
-        .chain(dns.iter().map(|name| format!("DNS:{name}")))
-        .collect()
-}
-
-/// `ca.{crt,key}` and `apiserver.{crt,key}` (signed by that CA for `names`) in `dir`.
-fn write_pki(dir: &Path, names: &[String]) -> anyhow::Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let dir = dir
-        .to_str()
-        .with_context(|| format!("{} is not UTF-8", dir.display()))?;
-    let extensions = format!("{dir}/apiserver.ext");
-    fs::write(
-        &extensions,
-        format!(
-            "subjectAltName={}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-            names.join(",")
-        ),
-    )?;
-    let [ca_key, ca_crt, key, csr, crt] = [
-        "ca.key",
-        "ca.crt",
-        "apiserver.key",
-        "apiserver.csr",
-        "apiserver.crt",
-    ]
-    .map(|f| format!("{dir}/{f}"));
-    let days = "3650";
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        &ca_key,
-        "-out",
-        &ca_crt,
-        "-days",
-        days,
-        "-subj",
-        "/CN=pod-checkpointer-e2e-ca",
-    ])?;
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        &key,
-        "-out",
-        &csr,
-        "-subj",
-        "/CN=kube-apiserver",
-    ])?;
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        &ca_crt,
-        "-CAkey",
-        &ca_key,
-        "-CAcreateserial",
-        "-out",
-        &crt,
-        "-days",
-        days,
-        "-extfile",
-        &extensions,
-    ])
-}
-
-/// `openssl ARGS…`; its stderr is in the error.
-fn openssl(args: &[&str]) -> anyhow::Result<()> {
-    let output = Command::new("openssl")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run openssl")?;
-    anyhow::ensure!(
-        output.status.success(),
-        "openssl {} failed ({}): {}",
-        args.first().copied().unwrap_or_default(),
-        output.status,
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-    Ok(())
-}
-
-/// One line of the API server's static token file.
-struct Identity {
-    token: String,
-    user: String,
-    uid: String,
-    groups: Vec<String>,
-}
-
-/// `token,user,uid[,"group1,group2"]` lines for `--token-auth-file`.
-fn render_tokens_csv(identities: &[Identity]) -> String {
-    identities
-        .iter()
-        .map(|id| {
-            let groups = if id.groups.is_empty() {
-                String::new()
-            } else {
-                format!(",\"{}\"", id.groups.join(","))
-            };
-            format!("{},{},{}{groups}\n", id.token, id.user, id.uid)
-        })
-        .collect()
-}
-
-/// The token of `user` in a token file.
-fn token_of(tokens_csv: &str, user: &str) -> Option<String> {
-    tokens_csv.lines().find_map(|line| {
-        let mut fields = line.split(',');
-        let token = fields.next()?;
-        (fields.next()? == user).then(|| token.to_owned())
-    })
-}
-
-/// A kubeconfig with one cluster, one token user and one context, all selected.
-pub fn render_kubeconfig(server: &str, ca: &Path, user: &str, token: &str) -> String {
-    let ca = ca.display().to_string();
-    format!(
-        "apiVersion: v1\n\
-         kind: Config\n\
-         clusters:\n\
-         - name: e2e\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
-         users:\n\
-         - name: {user}\n  user:\n    token: {token}\n\
-         contexts:\n\
-         - name: e2e\n  context:\n    cluster: e2e\n    user: {user}\n\
-         current-context: e2e\n",
-        server = yaml_string(server),
-        ca = yaml_string(&ca),
-        user = yaml_string(user),
-        token = yaml_string(token),
-    )
-}
-
-/// A double-quoted YAML scalar.
-fn yaml_string(value: &str) -> String {
-    format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-/// `KEY=VALUE` lines into a map; other lines are ignored.
-pub(crate) fn parse_state(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|line| line.split_once('='))
-        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
-        .collect()
-}
-
-/// Removes a hollow kubelet's root dir (only one named like kubemark's). The kubelet
-/// bind-mounts it on itself (to make it shared) and may mount pod volumes below: removing
-/// it without unmounting failed with EBUSY and left a mount behind after every run.
-fn remove_hollow_root(root: &Path) -> anyhow::Result<()> {
-    if !root.to_string_lossy().starts_with(HOLLOW_ROOT_PREFIX) {
-        return Ok(());
-    }
-    unmount_below(root)?;
-    match fs::remove_dir_all(root) {
-        Err(e) if root.exists() => Err(anyhow!("cannot remove {}: {e}", root.display())),
-        _ => Ok(()),
-    }
-}
-
-/// Unmounts every mount at `dir` or below it, deepest first (lazily if busy).
-fn unmount_below(dir: &Path) -> anyhow::Result<()> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").context("cannot read /proc/self/mountinfo")?;
-    let mut points = mount_points_below(&mountinfo, dir);
-    points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
-    for point in points {
-        let plain = Command::new("umount").arg(&point).stderr(Stdio::null()).status();
-        if !plain.is_ok_and(|status| status.success()) {
-            super::process::run_command(Command::new("umount").arg("-l").arg(&point))
-                .with_context(|| format!("cannot unmount {}", point.display()))?;
-        }
-    }
-    Ok(())
-}
-
-/// The mount points in `mountinfo` (`/proc/self/mountinfo`) at `dir` or below it, as
-/// often as something is mounted there (stacked mounts need as many unmounts).
-fn mount_points_below(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(super::node_network::unescape_mountinfo(field)))
-        .filter(|point| point.starts_with(dir))
-        .collect()
-}
-
-/// The root dir from kubemark's `Using /tmp/hollow-kubelet.NNN as root dir for hollow-kubelet`.
-fn parse_hollow_root(log: &str) -> Option<PathBuf> {
-    log.lines().find_map(|line| {
-        let (before, _) = line.split_once(" as root dir for hollow-kubelet")?;
-        let (_, dir) = before.rsplit_once("Using ")?;
-        Some(PathBuf::from(dir.trim()))
-    })
-}
-
-/// Whether a Node's JSON has the condition `Ready` = `True` (the API server writes struct
-/// fields in order, `type` then `status`; whitespace is ignored for pretty output).
-pub(crate) fn node_is_ready(node_json: &str) -> bool {
-    let compact: String = node_json.chars().filter(|c| !c.is_whitespace()).collect();
-    compact.contains(r#"{"type":"Ready","status":"True""#)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn identity(token: &str, user: &str, uid: &str, groups: &[&str]) -> Identity {
-        Identity {
-            token: token.into(),
-            user: user.into(),
-            uid: uid.into(),
-            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
-        }
-    }
-
-    #[test]
-    fn mounts_below_the_hollow_kubelets_root_are_found() {
-        let mountinfo = "\
-27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
-45 27 254:0 /tmp/hollow-kubelet.29 /tmp/hollow-kubelet.29 rw,relatime shared:1 - ext4 /dev/vda rw
-46 27 254:0 /tmp/hollow-kubelet.291 /tmp/hollow-kubelet.291 rw,relatime shared:2 - ext4 /dev/vda rw
-47 45 0:50 / /tmp/hollow-kubelet.29/pods/a\\040b/volumes rw,relatime shared:3 - tmpfs tmpfs rw
-48 45 254:0 /tmp/hollow-kubelet.29 /tmp/hollow-kubelet.29 rw,relatime shared:1 - ext4 /dev/vda rw
-";
-        let check = |dir: &str, expected: &[&str]| {
-            let found = mount_points_below(mountinfo, Path::new(dir));
-            let expected: Vec<PathBuf> = expected.iter().map(PathBuf::from).collect();
-            assert_eq!(found, expected, "{dir}");
-        };
-        check(
-            "/tmp/hollow-kubelet.29",
-            &[
-                "/tmp/hollow-kubelet.29",
-                "/tmp/hollow-kubelet.29/pods/a b/volumes",
-                "/tmp/hollow-kubelet.29",
-            ],
-        );
-        check("/tmp/hollow-kubelet.291", &["/tmp/hollow-kubelet.291"]);
-        check("/tmp/hollow-kubelet.2", &[]);
-    }
-
-    #[test]
-    fn tokens_csv_has_one_line_per_identity_with_quoted_groups() {
-        let csv = render_tokens_csv(&[
-            identity("t1", "admin", "uid-admin", &["system:masters"]),
-            identity(
-                "t2",
-                "system:node:node-1",
-                "uid-node-1",
-                &["system:nodes", "extra"],
-            ),
-            identity("t3", "pod-checkpointer", "uid-agent", &[]),
-        ]);
-        assert_eq!(
-            csv,
-            "t1,admin,uid-admin,\"system:masters\"\n\
-             t2,system:node:node-1,uid-node-1,\"system:nodes,extra\"\n\
-             t3,pod-checkpointer,uid-agent\n"
-        );
-        assert_eq!(token_of(&csv, "admin").as_deref(), Some("t1"));
-        assert_eq!(token_of(&csv, "pod-checkpointer").as_deref(), Some("t3"));
-        assert_eq!(token_of(&csv, "nobody"), None);
-    }
-
-    #[test]
-    fn kubeconfig_names_server_ca_and_token() {
-        let config = render_kubeconfig(
-            "https://127.0.0.1:6443",
-            Path::new("/w/certs/apiserver.crt"),
-            "admin",
-            "abc\"d",
-        );
-        assert_eq!(
-            config,
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: \"https://127.0.0.1:6443\"\n    \
-             certificate-authority: \"/w/certs/apiserver.crt\"\nusers:\n- name: \"admin\"\n  user:\n    token: \"abc\\\"d\"\n\
-             contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: \"admin\"\ncurrent-context: e2e\n"
-        );
-    }
-
-    #[test]
-    fn apiserver_args_point_into_the_workdir() {
-        let flags = ApiserverFlags {
-            workdir: Path::new("/w"),
-            etcd_port: 22379,
-            apiserver_port: 16443,
-            bind_ip: Ipv4Addr::LOCALHOST,
-            service_accounts: false,
-        };
-        let args = apiserver_args(&flags);
-        assert!(args.contains(&"--etcd-servers=http://127.0.0.1:22379".to_owned()));
-        assert!(args.contains(&"--bind-address=127.0.0.1".to_owned()));
-        assert!(args.contains(&"--disable-admission-plugins=ServiceAccount".to_owned()));
-        assert!(args.contains(&"--secure-port=16443".to_owned()));
-        assert!(args.contains(&"--tls-cert-file=/w/certs/apiserver.crt".to_owned()));
-        assert!(args.contains(&"--tls-private-key-file=/w/certs/apiserver.key".to_owned()));
-        assert!(args.contains(&"--token-auth-file=/w/tokens.csv".to_owned()));
-        assert!(args.contains(&"--audit-log-path=/w/audit.log".to_owned()));
-        assert_eq!(
-            audit_policy("pod-checkpointer"),
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
-             - level: Metadata\n  users: [\"pod-checkpointer\"]\n- level: None\n"
-        );
-    }
-
-    #[test]
-    fn with_the_controllers_pods_get_service_accounts_and_bound_tokens() {
-        let flags = ApiserverFlags {
-            workdir: Path::new("/w"),
-            etcd_port: 12379,
-            apiserver_port: 17443,
-            bind_ip: Ipv4Addr::new(10, 213, 0, 1),
-            service_accounts: true,
-        };
-        let args = apiserver_args(&flags);
-        assert!(args.contains(&"--bind-address=10.213.0.1".to_owned()));
-        assert!(args.contains(&"--advertise-address=10.213.0.1".to_owned()));
-        assert!(args.contains(&"--feature-gates=BoundServiceAccountTokenVolume=true".to_owned()));
-        assert!(!args.iter().any(|a| a.starts_with("--disable-admission-plugins")));
-        let kcm = controller_manager_args(
-            Path::new("/w"),
-            Path::new("/w/kubeconfig"),
-            Path::new("/w/certs/apiserver.crt"),
-            20257,
-        );
-        assert!(kcm.contains(&"--root-ca-file=/w/certs/apiserver.crt".to_owned()));
-        assert!(kcm.contains(&"--controllers=*,-serviceaccount-token".to_owned()));
-        assert!(kcm.contains(&"--flex-volume-plugin-dir=/w/kcm-flex-volumes".to_owned()));
-        assert_eq!(
-            scheduler_args(Path::new("/w/kubeconfig"), 20259),
-            [
-                "--kubeconfig=/w/kubeconfig",
-                "--bind-address=127.0.0.1",
-                "--secure-port=20259",
-                "--port=0",
-                "--leader-elect=true",
-                "--leader-elect-resource-lock=leases"
-            ]
-        );
-    }
-
-    #[test]
-    fn the_serving_cert_names_the_host_the_node_and_the_service() {
-        assert_eq!(
-            serving_names(Ipv4Addr::new(10, 213, 0, 1), Some(Ipv4Addr::new(10, 213, 0, 2))),
-            [
-                "IP:10.213.0.1",
-                "IP:127.0.0.1",
-                "IP:10.96.0.1",
-                "IP:10.213.0.2",
-                "DNS:localhost",
-                "DNS:kubernetes",
-                "DNS:kubernetes.default",
-                "DNS:kubernetes.default.svc",
-                "DNS:kubernetes.default.svc.cluster.local"
-            ]
-        );
-        let loopback = serving_names(Ipv4Addr::LOCALHOST, None);
-        assert_eq!(loopback[..2], ["IP:127.0.0.1", "IP:10.96.0.1"]);
-    }
 
     #[test]
     fn a_recorded_node_network_is_read_back() {
@@ -1766,46 +959,6 @@ mod tests {
         assert!(created.created_run_dir);
         assert!(parse_network(&parse_state("WORKDIR=/w\n")).is_none());
     }
-
-    #[test]
-    fn state_lines_parse_into_a_map() {
-        let state = parse_state("WORKDIR=/tmp/x\nSTATIC_POD_DIR=\nnoise\nAPISERVER_URL=https://a=b\n");
-        assert_eq!(state["WORKDIR"], "/tmp/x");
-        assert_eq!(state["STATIC_POD_DIR"], "");
-        assert_eq!(state["APISERVER_URL"], "https://a=b");
-        assert_eq!(state.len(), 3);
-    }
-
-    #[test]
-    fn hollow_root_is_read_from_the_kubemark_log() {
-        let log = "I1202 12:00:00.1 1 flags.go:59] FLAG: --v=\"2\"\n\
-                   I1202 12:00:00.2 1 hollow_kubelet.go:142] Using /tmp/hollow-kubelet.123456 as root dir for hollow-kubelet\n";
-        assert_eq!(
-            parse_hollow_root(log),
-            Some(PathBuf::from("/tmp/hollow-kubelet.123456"))
-        );
-        assert_eq!(parse_hollow_root("nothing yet\n"), None);
-    }
-
-    #[test]
-    fn node_readiness_comes_from_the_ready_condition() {
-        let ready = r#"{"status":{"conditions":[{"type":"MemoryPressure","status":"False"},{"type":"Ready","status":"True","reason":"KubeletReady"}]}}"#;
-        let not_ready = r#"{"status":{"conditions":[{"type":"Ready","status":"False"}]}}"#;
-        let pretty = "{\n  \"type\": \"Ready\",\n  \"status\": \"True\"\n}";
-        assert!(node_is_ready(ready));
-        assert!(!node_is_ready(not_ready));
-        assert!(node_is_ready(pretty));
-    }
-
-    #[test]
-    fn curl_output_splits_into_status_and_body() {
-        assert_eq!(split_status("ok\n200"), (200, "ok".to_owned()));
-        assert_eq!(split_status("\n000"), (0, String::new()));
-        assert_eq!(
-            split_status("{\"a\":1}\nline2\n404"),
-            (404, "{\"a\":1}\nline2".to_owned())
-        );
-    }
 }
 
 /// Runs the real binaries: `cargo xtask e2e-env build`, then
@@ -1813,7 +966,8 @@ mod tests {
 #[cfg(test)]
 mod lifecycle_tests {
     use super::*;
-    use crate::e2e_env::process::is_alive;
+    use crate::e2e_env::build::BinDir;
+    use crate::process::is_alive;
 
     #[test]
     #[ignore = "needs `cargo xtask e2e-env build` and free ports 22379-22380, 16443"]

@@ -21,7 +21,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-use super::process::{command_line, run_command};
+use crate::command::{command_line, run_command};
 
 /// Where `ip netns` pins named network namespaces.
 const NETNS_RUN_DIR: &str = "/run/netns";

@@ -1,6 +1,6 @@
 //! A real node for the end-to-end tests: kubelet v1.20.2, containerd 1.6 and runc from Debian
 //! running real containers, registered as `node-1` with a control plane started by
-//! [`StartOptions::real_node`](super::StartOptions::real_node) (see reference/real-node).
+//! [`StartOptions::real_node`](crate::e2e_env::StartOptions::real_node) (see reference/real-node).
 //!
 //! The node lives in namespaces the project creates, so it writes nothing of the machine's:
 //!
@@ -41,11 +41,14 @@ use self::processes::{
     remove_cgroups, wait_gone,
 };
 use super::build::BinDir;
-use super::control_plane::{ControlPlane, http_probe, http_status, node_is_ready, parse_state, wait_ready};
+use super::control_plane::{ControlPlane, NODE_NAME, PROGRESS};
+use super::curl::{http_probe, http_status, node_ready_probe};
 use super::node_network::{NodeNetwork, is_mount_point};
-use super::process::{Managed, command_line, in_path, run_command};
-use super::{NODE_NAME, PROGRESS, human_duration};
-use crate::harness::wait::Probe;
+use super::state::parse_state;
+use crate::command::{command_line, run_command};
+use crate::process::{Managed, in_path};
+use crate::progress::human_duration;
+use crate::wait::{Probe, wait_ready};
 
 /// The node's directory in the plane's work dir.
 pub const NODE_DIR: &str = "node";
@@ -104,6 +107,8 @@ impl RealNode {
             "the control plane has no node network: start it with StartOptions::real_node (`e2e-env start --real-node`)",
         )?;
         preflight(options)?;
+        // From here on, a plane that stops first stops this node before itself.
+        plane.stop_first(stop_in);
         let layout = Layout::new(&plane.workdir().join(NODE_DIR));
         anyhow::ensure!(
             !layout.dir().exists(),
@@ -260,11 +265,7 @@ impl RealNode {
         let kubelet = self.kubelet.as_mut().context("the kubelet is not running")?;
         let ((), took) = wait_ready(&format!("Node {NODE_NAME} Ready"), timeout, &log, || {
             kubelet.ensure_running("the real node did not become Ready")?;
-            Ok(match plane.api_get(&node_path)? {
-                (200, body) if node_is_ready(&body) => Probe::Ready(()),
-                (200, _) => Probe::Waiting("the Node is not Ready".into()),
-                (status, _) => Probe::Waiting(format!("HTTP {status}")),
-            })
+            Ok(node_ready_probe(plane.api_get(&node_path)?))
         })?;
         Ok(took)
     }
@@ -665,8 +666,9 @@ impl Drop for RealNode {
     }
 }
 
-/// Stops the real node in a plane's work dir, if one runs there (the plane's shutdown).
-pub(crate) fn stop_in(plane_workdir: &Path) -> anyhow::Result<()> {
+/// Stops the real node in a plane's work dir, if one runs there: what the plane runs first when
+/// it stops ([`ControlPlane::stop_first`]).
+pub fn stop_in(plane_workdir: &Path) -> anyhow::Result<()> {
     match RealNode::attach(plane_workdir)? {
         Some(node) => node.stop(),
         None => Ok(()),
@@ -699,13 +701,13 @@ impl NodeFootprint {
             .pids
             .iter()
             .copied()
-            .filter(|pid| super::process::is_alive(*pid))
+            .filter(|pid| crate::process::is_alive(*pid))
             .collect();
         if !alive.is_empty() {
             left.push(format!("processes {alive:?}"));
         }
         // Not by namespace: a freed namespace's inode number is soon another one's.
-        let owned = super::process::owned_processes(&self.node_dir);
+        let owned = crate::process::owned_processes(&self.node_dir);
         if !owned.is_empty() {
             left.push(format!("processes started for the node {owned:?}"));
         }

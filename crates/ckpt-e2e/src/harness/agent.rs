@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use super::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
-use crate::e2e_env::process::{log_tail, send_signal};
+use crate::command::run_command;
+use crate::process::{log_tail, send_signal};
+use crate::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 
 /// The agent's log filter: its own debug lines, without the HTTP/2 and TLS chatter.
 pub const AGENT_LOG_FILTER: &str = "debug,h2=info,hyper=info,hyper_util=info,tower=info,rustls=info";
@@ -300,38 +301,18 @@ impl Drop for Agent {
 
 /// `pod-checkpointer inspect -o json` on `dirs`.
 pub fn inspect(bin: &Path, dirs: &AgentDirs) -> anyhow::Result<Inspect> {
-    let output = Command::new(bin)
-        .args(["inspect", "-o", "json"])
-        .args(dirs.args())
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run pod-checkpointer inspect")?;
-    anyhow::ensure!(
-        output.status.success(),
-        "pod-checkpointer inspect failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-    let report: Value =
-        serde_json::from_slice(&output.stdout).context("pod-checkpointer inspect printed no JSON")?;
+    let output = run_command(
+        Command::new(bin)
+            .args(["inspect", "-o", "json"])
+            .args(dirs.args()),
+    )?;
+    let report: Value = serde_json::from_str(&output).context("pod-checkpointer inspect printed no JSON")?;
     Inspect::from_json(&report)
 }
 
 /// `pod-checkpointer drain --force` on `dirs`; returns what it printed.
 pub fn drain(bin: &Path, dirs: &AgentDirs) -> anyhow::Result<String> {
-    let output = Command::new(bin)
-        .args(["drain", "--force"])
-        .args(dirs.args())
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run pod-checkpointer drain")?;
-    anyhow::ensure!(
-        output.status.success(),
-        "pod-checkpointer drain failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    run_command(Command::new(bin).args(["drain", "--force"]).args(dirs.args()))
 }
 
 /// What `inspect -o json` reports.

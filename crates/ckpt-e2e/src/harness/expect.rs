@@ -9,9 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::agent::{self, AgentDirs, CheckpointInfo};
-use super::cri::CriClient;
 use super::kubectl::{self, Kubectl};
-use super::wait::{DEFAULT_TIMEOUT, Probe, wait_for, waiting_on_error};
+use crate::e2e_env::cri::CriClient;
+use crate::wait::{DEFAULT_TIMEOUT, Probe, wait_for, waiting_on_error};
 
 /// Where expectations look: the API as admin, the hollow kubelet's runtime, and the agent
 /// binary for `inspect`.

@@ -2,12 +2,13 @@
 //! would type, and no Kubernetes client library in xtask. Every call is bounded by
 //! `--request-timeout`, so a paused (SIGSTOPped) API server cannot hang a test.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde_json::Value;
+
+use crate::command::{run_command, run_command_with_input};
 
 /// kubectl as one identity (one kubeconfig).
 #[derive(Clone, Debug)]
@@ -37,29 +38,11 @@ impl Kubectl {
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .arg(format!("--cache-dir={}", self.cache_dir.display()))
             .arg("--request-timeout=10s")
-            .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = command.spawn().context("cannot run kubectl")?;
-        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(input.as_bytes())
-                .context("cannot write to kubectl")?;
+            .args(args);
+        match stdin {
+            Some(input) => run_command_with_input(&mut command, input),
+            None => run_command(&mut command),
         }
-        let output = child.wait_with_output().context("kubectl failed")?;
-        if !output.status.success() {
-            bail!(
-                "`kubectl {}` failed ({}): {}",
-                args.join(" "),
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
     /// `kubectl create -f -`: creates `object` and returns it as stored (with its uid).

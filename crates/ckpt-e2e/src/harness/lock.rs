@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::e2e_env::human_duration;
+use crate::progress::human_duration;
 use anyhow::Context;
 use ckpt_core::LockIdentity;
 

@@ -12,7 +12,6 @@ use anyhow::Context;
 use serde_json::Value;
 
 use super::agent::{self, AgentConfig, AgentDirs, Inspect};
-use super::cri::CriClient;
 use super::expect::Expect;
 use super::kubectl::{self, Kubectl};
 use super::objects::{
@@ -20,10 +19,11 @@ use super::objects::{
     cluster_role_binding, config_map, daemon_set, deployed_agent_cluster_rules, deployed_agent_rules,
     namespace, role_binding, rules_without, secret, service_account, token_role_binding, token_rules,
 };
-use super::wait::{Probe, wait_for};
-use crate::e2e_env::process::random_hex;
+use crate::e2e_env::cri::CriClient;
 use crate::e2e_env::{CRI_SOCKET, ControlPlane, NODE_NAME};
+use crate::process::random_hex;
 use crate::progress::Progress;
+use crate::wait::{Probe, wait_for};
 
 /// The ClusterRole with the rules of the deploy manifests' Role, which
 /// [`Testbed::create_namespace`] binds to the agent's user and both of its ServiceAccounts

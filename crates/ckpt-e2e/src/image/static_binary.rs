@@ -10,7 +10,8 @@ use anyhow::{Context, bail, ensure};
 
 use super::{PROGRESS, target_dir};
 use crate::apt::Apt;
-use crate::e2e_env::human_duration;
+use crate::command::run_on_terminal;
+use crate::progress::human_duration;
 use crate::project_root;
 
 pub const STATIC_TARGET: &str = "x86_64-unknown-linux-musl";
@@ -70,15 +71,15 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
             cargo.env_remove(name.as_ref());
         }
     }
-    let status = cargo
-        .args(args)
-        .current_dir(project_root())
-        .env("CARGO_TARGET_DIR", &cargo_target)
-        .env(format!("CC_{}", STATIC_TARGET.replace('-', "_")), MUSL_CC)
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
-        .status()
-        .context("cannot run cargo")?;
-    ensure!(status.success(), "building the static agent failed: {status}");
+    run_on_terminal(
+        cargo
+            .args(args)
+            .current_dir(project_root())
+            .env("CARGO_TARGET_DIR", &cargo_target)
+            .env(format!("CC_{}", STATIC_TARGET.replace('-', "_")), MUSL_CC)
+            .env("CARGO_PROFILE_RELEASE_STRIP", "symbols"),
+    )
+    .context("building the static agent failed")?;
 
     let binary = cargo_target.join(STATIC_TARGET).join("release/pod-checkpointer");
     let data = std::fs::read(&binary).with_context(|| format!("cannot read {}", binary.display()))?;
@@ -121,16 +122,11 @@ fn ensure_rust_target() -> anyhow::Result<()> {
         return Ok(());
     }
     PROGRESS.say(&format!("rustup target add {STATIC_TARGET}"));
-    let status = Command::new("rustup")
-        .args(["target", "add", STATIC_TARGET])
-        .current_dir(project_root())
-        .status()
-        .context("cannot run rustup")?;
-    ensure!(
-        status.success(),
-        "rustup target add {STATIC_TARGET} failed: {status}"
-    );
-    Ok(())
+    run_on_terminal(
+        Command::new("rustup")
+            .args(["target", "add", STATIC_TARGET])
+            .current_dir(project_root()),
+    )
 }
 
 const PT_INTERP: u32 = 3;

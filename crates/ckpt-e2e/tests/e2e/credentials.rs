@@ -11,7 +11,7 @@ use std::fs;
 
 use ckpt_e2e::harness::kubectl::Kubectl;
 use ckpt_e2e::harness::objects::{CHECKPOINTER_SERVICE_ACCOUNT, STATIC_SERVICE_ACCOUNT, service_account};
-use ckpt_e2e::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
+use ckpt_e2e::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 use serde_json::json;
 
 use crate::suite::Scenario;

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use ckpt_e2e::e2e_env::human_duration;
 use ckpt_e2e::harness::agent::{Agent, AgentConfig, AgentDirs};
+use ckpt_e2e::progress::human_duration;
 
 use crate::suite::{Parent, Scenario};
 

@@ -39,8 +39,8 @@ use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use ckpt_e2e::e2e_env::human_duration;
-use ckpt_e2e::harness::interrupt;
+use ckpt_e2e::interrupt;
+use ckpt_e2e::progress::human_duration;
 use real_node::NodeScenarioFn;
 use suite::{Scenario, ScenarioFn};
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use ckpt_e2e::e2e_env::{AGENT_USER, NODE_NAME};
 use ckpt_e2e::harness::objects::secret;
-use ckpt_e2e::harness::wait::{DEFAULT_TIMEOUT, Probe, holds_for, wait_for};
+use ckpt_e2e::wait::{DEFAULT_TIMEOUT, Probe, holds_for, wait_for};
 use ckpt_testkit::{FaultProxy, NetFault};
 
 use crate::suite::{KUBELET_AFTER_OUTAGE_TIMEOUT, Scenario};

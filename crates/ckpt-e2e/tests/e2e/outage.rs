@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ckpt_core::Timestamp;
 use ckpt_e2e::e2e_env::NODE_NAME;
-use ckpt_e2e::harness::wait::{DEFAULT_TIMEOUT, Probe, holds_for, wait_for, waiting_on_error};
+use ckpt_e2e::wait::{DEFAULT_TIMEOUT, Probe, holds_for, wait_for, waiting_on_error};
 use serde_json::Value;
 
 use ckpt_e2e::harness::read_manifest;

@@ -3,7 +3,7 @@
 //! in the log, not as a crash, and the agent must recover once the permission is granted.
 
 use ckpt_e2e::harness::objects::{AGENT_USER, role_binding};
-use ckpt_e2e::harness::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
+use ckpt_e2e::wait::{DEFAULT_TIMEOUT, Probe, wait_for};
 
 use crate::suite::{AGENT_ROLE, AGENT_ROLE_WITHOUT_SECRETS, Scenario};
 

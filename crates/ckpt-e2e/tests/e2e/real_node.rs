@@ -9,15 +9,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ckpt_e2e::e2e_env::process::{log_tail, rss_kib};
 use ckpt_e2e::e2e_env::real_node::BUSYBOX_IMAGE;
-use ckpt_e2e::e2e_env::{
-    BinDir, ControlPlane, NODE_NAME, RealNode, RealNodeOptions, StartOptions, human_duration,
-};
-use ckpt_e2e::harness::interrupt;
+use ckpt_e2e::e2e_env::{BinDir, ControlPlane, NODE_NAME, RealNode, RealNodeOptions, StartOptions};
 use ckpt_e2e::harness::kubectl::{Kubectl, pod_running};
-use ckpt_e2e::harness::wait::{Probe, wait_for, waiting_on_error};
+use ckpt_e2e::interrupt;
+use ckpt_e2e::process::{log_tail, rss_kib};
 use ckpt_e2e::progress::Progress;
+use ckpt_e2e::progress::human_duration;
+use ckpt_e2e::wait::{Probe, wait_for, waiting_on_error};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "real-node";

@@ -15,17 +15,18 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ckpt_e2e::e2e_env::process::random_hex;
-use ckpt_e2e::e2e_env::{BinDir, NODE_NAME, human_duration};
+use ckpt_e2e::e2e_env::cri::{ContainerState, CriClient};
+use ckpt_e2e::e2e_env::{BinDir, NODE_NAME};
 use ckpt_e2e::harness::agent::Inspect;
-use ckpt_e2e::harness::cri::{ContainerState, CriClient};
 use ckpt_e2e::harness::kubectl::pod_running;
 use ckpt_e2e::harness::lock::{Holding, lock_holder};
-use ckpt_e2e::harness::wait::{Probe, wait_for, waiting_on_error};
 use ckpt_e2e::image::BUSYBOX_IMAGE;
+use ckpt_e2e::process::random_hex;
+use ckpt_e2e::progress::human_duration;
 use ckpt_e2e::self_hosted::objects::{APISERVER, APISERVER_GRACE_SECONDS, CONTROLLER_MANAGER, SCHEDULER};
 use ckpt_e2e::self_hosted::timeline::{Sampler, first_at, longest_lapse, time_holding};
 use ckpt_e2e::self_hosted::{SelfHosted, pods_of};
+use ckpt_e2e::wait::{Probe, wait_for, waiting_on_error};
 use serde_json::{Value, json};
 
 use crate::real_node::NodeRun;

@@ -12,10 +12,10 @@ use ckpt_e2e::e2e_env::{BinDir, ControlPlane, NODE_NAME, StartOptions};
 use ckpt_e2e::harness::agent::{Agent, AgentConfig, AgentDirs, CheckpointInfo, Inspect};
 use ckpt_e2e::harness::agent_binary;
 use ckpt_e2e::harness::expect::Expect;
-use ckpt_e2e::harness::interrupt;
 use ckpt_e2e::harness::objects::{Owner, PodBuilder, cluster_role, deployed_agent_rules, rules_without};
 pub(crate) use ckpt_e2e::harness::testbed::{AGENT_ROLE, Parent};
 use ckpt_e2e::harness::testbed::{SelfPod, Testbed, parent_with_data};
+use ckpt_e2e::interrupt;
 use ckpt_e2e::progress::Progress;
 use serde_json::Value;
 
@@ -111,7 +111,7 @@ impl<'s> Scenario<'s> {
                 let name = log.file_name().unwrap_or_default().to_string_lossy();
                 eprintln!(
                     "--- last lines of {name} ---\n{}",
-                    ckpt_e2e::e2e_env::process::log_tail(log, 40)
+                    ckpt_e2e::process::log_tail(log, 40)
                 );
             }
             self.keep_logs();

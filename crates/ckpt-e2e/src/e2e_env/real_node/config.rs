@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::images::PAUSE_IMAGE;
 use super::layout::{CNI_BIN_DIR, CNI_CONF_DIR, CONTAINERD_SOCKET, MANIFESTS_DIR};
-use crate::e2e_env::NODE_NAME;
+use crate::e2e_env::control_plane::NODE_NAME;
 use crate::e2e_env::node_network::NodeNetwork;
 
 /// The kubelet's API ports on the node's address (their defaults).

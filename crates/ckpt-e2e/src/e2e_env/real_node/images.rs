@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::Context;
 
-use crate::e2e_env::process::run_command;
+use crate::command::run_command;
 use crate::image;
 
 pub use crate::image::{BUSYBOX_IMAGE, PAUSE_IMAGE};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use crate::e2e_env::process::{all_pids, is_alive, parent_pid, send_signals};
+use crate::process::{all_pids, is_alive, parent_pid, send_signals};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
@@ -237,10 +237,7 @@ mod tests {
 
     #[test]
     fn an_unpinned_file_has_no_namespace() {
-        let pin = std::env::temp_dir().join(format!(
-            "xtask-pin-{}",
-            crate::e2e_env::process::random_hex(4).unwrap()
-        ));
+        let pin = std::env::temp_dir().join(format!("xtask-pin-{}", crate::process::random_hex(4).unwrap()));
         fs::write(&pin, "").unwrap();
         assert_eq!(pinned_inode(&pin), None);
         assert_eq!(pinned_inode(&pin.join("missing")), None);

@@ -3,13 +3,15 @@
 //! says what it expected and what it saw last.
 
 use std::fmt;
+use std::path::Path;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{anyhow, bail};
 
-use super::interrupt;
-use crate::e2e_env::human_duration;
+use crate::interrupt;
+use crate::process::log_tail_section;
+use crate::progress::human_duration;
 
 /// How long an expectation is polled before it fails: generous, since the suite asserts
 /// outcomes, not latencies (those are measured by the benchmarks).
@@ -92,6 +94,19 @@ pub fn holds_for(
 /// kubectl call while the API server restarts).
 pub fn waiting_on_error<T>(result: anyhow::Result<Probe<T>>) -> anyhow::Result<Probe<T>> {
     Ok(result.unwrap_or_else(|e| Probe::Waiting(format!("error: {e:#}"))))
+}
+
+/// [`wait_for`] a process to become ready; giving up adds the tail of its `log`.
+pub fn wait_ready<T>(
+    what: &str,
+    timeout: Duration,
+    log: &Path,
+    probe: impl FnMut() -> anyhow::Result<Probe<T>>,
+) -> anyhow::Result<(T, Duration)> {
+    wait_for(what, timeout, probe).map_err(|e| match e.downcast::<TimedOut>() {
+        Ok(timed_out) => anyhow!("{timed_out}\n{}", log_tail_section(log, 30)),
+        Err(e) => e,
+    })
 }
 
 #[cfg(test)]

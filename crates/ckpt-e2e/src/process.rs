@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use crate::progress::{Progress, human_duration};
+
 /// Environment variable set on every process the environment starts, valued with its work dir.
 pub const OWNER_ENV: &str = "POD_CHECKPOINTER_E2E_WORKDIR";
 
@@ -286,33 +288,6 @@ pub fn last_log_line(path: &Path) -> String {
     }
 }
 
-/// Runs `command` to completion with stdin closed; returns its stdout, or fails with the
-/// command line and its stderr.
-pub fn run_command(command: &mut Command) -> anyhow::Result<String> {
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {:?}", command.get_program()))?;
-    if !output.status.success() {
-        bail!(
-            "{} failed ({}): {}",
-            command_line(command),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// `program arg…` of a command, for messages.
-pub fn command_line(command: &Command) -> String {
-    std::iter::once(command.get_program())
-        .chain(command.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// The resident set size of `pid` in KiB (`VmRSS` in `/proc/PID/status`).
 pub fn rss_kib(pid: u32) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -373,7 +348,7 @@ pub fn run_logged(
     label: &str,
     command: &mut Command,
     log: &Path,
-    progress: crate::progress::Progress,
+    progress: Progress,
     note: &dyn Fn() -> String,
 ) -> anyhow::Result<()> {
     if let Some(dir) = log.parent() {
@@ -401,7 +376,7 @@ pub fn run_logged(
             next_heartbeat += LOGGED_HEARTBEAT;
             progress.say(&format!(
                 "  {label}: {} elapsed — {}{}",
-                super::human_duration(started.elapsed()),
+                human_duration(started.elapsed()),
                 last_log_line(log),
                 note()
             ));
@@ -445,16 +420,6 @@ mod tests {
         assert!(rss_kib(me).is_some_and(|kib| kib > 0));
         assert!(all_pids().contains(&me));
         assert_eq!(rss_kib(u32::MAX), None);
-    }
-
-    #[test]
-    fn a_failed_command_reports_its_line_and_stderr() {
-        let error = run_command(Command::new("sh").args(["-c", "echo oops >&2; exit 3"]))
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("sh -c echo oops >&2; exit 3 failed"), "{error}");
-        assert!(error.contains("oops"), "{error}");
-        assert_eq!(run_command(Command::new("echo").arg("hi")).unwrap(), "hi\n");
     }
 
     #[test]
