@@ -5,6 +5,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+// The defaults the install manifests share with `run` are the renderer's (its
+// `defaults`), so a render without flags matches a run without them.
+use ckpt_render::defaults::{
+    DEFAULT_LOCK_FILE, DEFAULT_LOG_LEVEL, DEFAULT_MANIFESTS_DIR, DEFAULT_RUNTIME_ENDPOINT,
+};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
@@ -70,7 +75,7 @@ pub(crate) struct CheckConfigArgs {
 #[derive(Debug, Args)]
 pub(crate) struct RenderArgs {
     #[command(flatten)]
-    pub(crate) manifest: crate::render::ManifestArgs,
+    pub(crate) manifest: ckpt_render::ManifestArgs,
     /// Write the YAML to FILE, or "-" for stdout
     #[arg(short = 'o', long = "output", value_name = "FILE|-", default_value = "-")]
     pub(crate) output: String,
@@ -336,19 +341,10 @@ pub(crate) fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
 }
 
 pub(crate) const DEFAULT_CHECKPOINT_DIR: &str = "/etc/kubernetes";
-pub(crate) const DEFAULT_MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
-/// In a directory only root can write (any local user can create files in bootkube's
-/// `/var/run/lock`), on the tmpfs `/run`, so no holder record outlives a reboot.
-pub(crate) const DEFAULT_LOCK_FILE: &str = "/run/pod-checkpointer/pod-checkpointer.lock";
-pub(crate) const DEFAULT_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
-/// Port of `--metrics-addr`: one no core component uses (8080 is crowded on control-plane
-/// hosts).
-pub(crate) const DEFAULT_METRICS_PORT: u16 = 10266;
+/// `ckpt_render::DEFAULT_METRICS_PORT` on loopback.
 pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:10266";
 pub(crate) const DEFAULT_KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";
 pub(crate) const DEFAULT_STATIC_SERVICE_ACCOUNT: &str = "pod-checkpointer-static";
-/// `--log-level` when neither the flag, `RUST_LOG` nor the file names one.
-pub(crate) const DEFAULT_LOG_LEVEL: &str = "info";
 /// Long enough for a refreshed token file to be re-read (kube clients re-read it every
 /// minute) and for a restarting API server's authenticator; short enough that a node
 /// returns to a working copy in about a minute.
