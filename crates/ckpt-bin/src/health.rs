@@ -686,7 +686,7 @@ async fn route_off_thread(method: &str, path: &str, health: &Health) -> (&'stati
         return route(method, path, health, now);
     }
     let (method, path, health) = (method.to_owned(), path.to_owned(), health.clone());
-    crate::executor::blocking(move || route(&method, &path, &health, now)).await
+    crate::blocking_pool::blocking(move || route(&method, &path, &health, now)).await
 }
 
 fn route(method: &str, path: &str, health: &Health, now: Instant) -> (&'static str, &'static str, String) {

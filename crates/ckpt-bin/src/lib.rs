@@ -18,6 +18,7 @@
 //! ```
 
 mod agent;
+mod blocking_pool;
 pub mod config;
 mod credentials;
 mod drain;
@@ -143,7 +144,7 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             // The executor yields between file actions so health and probes keep answering.
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                // Disk work runs on the blocking pool (`executor::on_disk`): its thread is
+                // Disk work runs on the blocking pool (`blocking_pool`): its thread is
                 // kept across the 30 s resyncs rather than started again for each pass.
                 .thread_keep_alive(std::time::Duration::from_secs(90))
                 .build()

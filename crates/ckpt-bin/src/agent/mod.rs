@@ -27,9 +27,10 @@ use report::Reporter;
 
 use ckpt_core::{LockIdentity, error_chain};
 
+use crate::blocking_pool::{blocking, on_disk};
 use crate::config::{KubeletTrust, RunSettings};
 use crate::error::{Error, Result};
-use crate::executor::{Reporting, blocking, execute, on_disk};
+use crate::executor::{Reporting, execute};
 use crate::health::{self, Health, Phase};
 
 /// How often the local runtime is polled.
