@@ -78,10 +78,7 @@ impl AgentBinary {
     /// Runs the binary with `args` and `stdin`; its stdout, or a usage error with its
     /// stderr when it exits non-zero (or cannot run).
     fn ask(&self, args: &[&str], stdin: &str) -> ckpt_render::Result<String> {
-        let usage = |context: String| ckpt_render::Error::Usage {
-            context,
-            source: None,
-        };
+        let usage = ckpt_render::Error::Usage;
         let shown = format!("--agent-binary {} {}", self.0.display(), args.join(" "));
         let mut child = Command::new(&self.0)
             .args(args)
@@ -115,10 +112,10 @@ impl AgentChecks for AgentBinary {
             .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
             .collect();
         if names.is_empty() {
-            return Err(ckpt_render::Error::Usage {
-                context: format!("--agent-binary {}: lists no strategies", self.0.display()),
-                source: None,
-            });
+            return Err(ckpt_render::Error::Usage(format!(
+                "--agent-binary {}: lists no strategies",
+                self.0.display()
+            )));
         }
         Ok(names)
     }

@@ -64,7 +64,7 @@ impl Error {
 impl From<ckpt_render::Error> for Error {
     fn from(error: ckpt_render::Error) -> Self {
         match error {
-            ckpt_render::Error::Usage { context, source } => Error::Usage { context, source },
+            ckpt_render::Error::Usage(message) => Error::usage_message(message),
             ckpt_render::Error::Yaml { what, source } => {
                 Error::runtime(format!("cannot write {what}"), source)
             }

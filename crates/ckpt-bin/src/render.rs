@@ -20,13 +20,8 @@ impl AgentChecks for BuiltIn {
     }
 
     fn check_config(&self, yaml: &str) -> ckpt_render::Result<()> {
-        check_config_file(yaml).map_err(|e| match e {
-            crate::Error::Usage { context, source } => ckpt_render::Error::Usage { context, source },
-            crate::Error::Runtime { context, source } => ckpt_render::Error::Usage {
-                context,
-                source: Some(source),
-            },
-        })
+        // `options_for` words the refusal (the agent's message, cause and all, on one line).
+        check_config_file(yaml).map_err(|e| ckpt_render::Error::Usage(ckpt_core::error_chain(&e)))
     }
 }
 

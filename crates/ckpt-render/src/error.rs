@@ -1,23 +1,14 @@
 //! What rendering can refuse.
 
-/// The cause behind an agent's refusal, kept with `#[source]`.
-pub type Cause = Box<dyn std::error::Error + Send + Sync>;
-
-/// Why the manifests were not rendered. Messages name what failed; the cause is the
-/// `source()`, and [`ckpt_core::error_chain`] prints both on one line.
+/// Why the manifests were not rendered. Messages name what failed; the cause, if any, is
+/// the `source()`, and [`ckpt_core::error_chain`] prints both on one line.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A flag the manifests cannot be rendered with, or the agent's refusal of the strategy
-    /// or config they would carry: the operator must change a flag (exit code 2 in
-    /// `pod-checkpointer render`).
-    #[error("{context}")]
-    Usage {
-        /// What is wrong, starting with the flag (`--namespace: …`).
-        context: String,
-        /// Why, when another error says it.
-        #[source]
-        source: Option<Cause>,
-    },
+    /// or config they would carry, starting with the flag (`--namespace: …`): the operator
+    /// must change a flag (exit code 2 in `pod-checkpointer render`).
+    #[error("{0}")]
+    Usage(String),
     /// An object that cannot be written as YAML.
     #[error("cannot write {what}")]
     Yaml {
@@ -31,10 +22,7 @@ pub enum Error {
 impl Error {
     /// A usage error that `message` says all of.
     pub(crate) fn usage_message(message: impl Into<String>) -> Self {
-        Error::Usage {
-            context: message.into(),
-            source: None,
-        }
+        Error::Usage(message.into())
     }
 }
 

@@ -66,7 +66,7 @@ mod yaml;
 use std::collections::BTreeMap;
 
 pub use defaults::*;
-pub use error::{Cause, Error, Result};
+pub use error::{Error, Result};
 pub use manifest::Manifest;
 pub use monitoring::{ALERTS, Alert, expr as alert_expr};
 pub use objects::render;
