@@ -812,6 +812,16 @@ mod tests {
         "kube-system",
     ];
 
+    /// The port the install manifests put in the agent's config is the one `run` uses
+    /// without one.
+    #[test]
+    fn the_default_metrics_address_is_on_the_renderers_port() {
+        assert_eq!(
+            DEFAULT_METRICS_ADDR,
+            format!("127.0.0.1:{}", ckpt_render::DEFAULT_METRICS_PORT)
+        );
+    }
+
     #[test]
     fn defaults() {
         let s = resolve(&IDS, "", no_env()).expect("ok");
