@@ -15,7 +15,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
 use ckpt_e2e::progress::Progress;
 
-use ckpt_bin::render::{KubernetesVersion, Manifest, ManifestArgs, ManifestOptions, NAME, render};
+use ckpt_render::{KubernetesVersion, Manifest, ManifestArgs, ManifestOptions, NAME, render};
 
 /// The field manager of every apply, so a second deploy owns (and can drop) what the first set.
 pub(crate) const FIELD_MANAGER: &str = "pod-checkpointer-xtask";
@@ -99,7 +99,7 @@ impl Deploy {
             } else {
                 "maxUnavailable 1"
             },
-            if options.kubelet == ckpt_bin::render::KubeletTrust::NotUsed {
+            if options.kubelet == ckpt_render::KubeletTrust::NotUsed {
                 "not used (the CRI is on)"
             } else if version.kubelet_authorizes_nodes_pods() {
                 "nodes/pods"

@@ -1,6 +1,6 @@
 //! `cargo xtask render`: the install manifests as multi-document YAML, for `kubectl apply`,
 //! GitOps or review: the agent's own `pod-checkpointer render` (the same library code,
-//! `ckpt_bin::render`), writing into a directory. `deploy/pod-checkpointer.yaml` is the
+//! `ckpt_render`), writing into a directory. `deploy/pod-checkpointer.yaml` is the
 //! default render, checked in and kept current by a test.
 
 use std::io::Write as _;
@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
-use ckpt_bin::render::{AgentChecks, BuiltIn, KubernetesVersion, ManifestArgs, render, to_yaml};
+use ckpt_bin::render::BuiltIn;
+use ckpt_render::{AgentChecks, KubernetesVersion, ManifestArgs, render, to_yaml};
 
 /// The file `-o DIR` writes, and the checked-in default render's name under `deploy/`.
 pub(crate) const FILE_NAME: &str = "pod-checkpointer.yaml";
@@ -47,7 +48,7 @@ impl Render {
 /// The YAML for these flags; without `--kubernetes-version`, for current clusters.
 #[cfg(test)]
 pub(crate) fn render_yaml(args: &ManifestArgs) -> anyhow::Result<String> {
-    let options = args.options(KubernetesVersion::NEWEST)?;
+    let options = args.options_for(KubernetesVersion::NEWEST, &BuiltIn)?;
     Ok(to_yaml(&render(&options))?)
 }
 
@@ -76,11 +77,8 @@ struct AgentBinary(PathBuf);
 impl AgentBinary {
     /// Runs the binary with `args` and `stdin`; its stdout, or a usage error with its
     /// stderr when it exits non-zero (or cannot run).
-    fn ask(&self, args: &[&str], stdin: &str) -> ckpt_bin::Result<String> {
-        let usage = |context: String| ckpt_bin::Error::Usage {
-            context,
-            source: None,
-        };
+    fn ask(&self, args: &[&str], stdin: &str) -> ckpt_render::Result<String> {
+        let usage = ckpt_render::Error::Usage;
         let shown = format!("--agent-binary {} {}", self.0.display(), args.join(" "));
         let mut child = Command::new(&self.0)
             .args(args)
@@ -107,22 +105,22 @@ impl AgentBinary {
 }
 
 impl AgentChecks for AgentBinary {
-    fn strategies(&self) -> ckpt_bin::Result<Vec<String>> {
+    fn strategies(&self) -> ckpt_render::Result<Vec<String>> {
         let listed = self.ask(&["strategies"], "")?;
         let names: Vec<String> = listed
             .lines()
             .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
             .collect();
         if names.is_empty() {
-            return Err(ckpt_bin::Error::Usage {
-                context: format!("--agent-binary {}: lists no strategies", self.0.display()),
-                source: None,
-            });
+            return Err(ckpt_render::Error::Usage(format!(
+                "--agent-binary {}: lists no strategies",
+                self.0.display()
+            )));
         }
         Ok(names)
     }
 
-    fn check_config(&self, yaml: &str) -> ckpt_bin::Result<()> {
+    fn check_config(&self, yaml: &str) -> ckpt_render::Result<()> {
         self.ask(&["check-config", "-"], yaml).map(drop)
     }
 }
@@ -150,7 +148,7 @@ pub(crate) mod tests {
         path
     }
 
-    fn render_with(agent: &Path, strategy: &str) -> anyhow::Result<ckpt_bin::render::ManifestOptions> {
+    fn render_with(agent: &Path, strategy: &str) -> anyhow::Result<ckpt_render::ManifestOptions> {
         let args = ManifestArgs {
             gc_strategy: strategy.into(),
             ..ManifestArgs::default()

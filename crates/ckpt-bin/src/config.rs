@@ -5,6 +5,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+// The defaults the install manifests share with `run` are the renderer's (its
+// `defaults`), so a render without flags matches a run without them.
+use ckpt_render::defaults::{
+    DEFAULT_LOCK_FILE, DEFAULT_LOG_LEVEL, DEFAULT_MANIFESTS_DIR, DEFAULT_RUNTIME_ENDPOINT,
+};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
@@ -70,7 +75,7 @@ pub(crate) struct CheckConfigArgs {
 #[derive(Debug, Args)]
 pub(crate) struct RenderArgs {
     #[command(flatten)]
-    pub(crate) manifest: crate::render::ManifestArgs,
+    pub(crate) manifest: ckpt_render::ManifestArgs,
     /// Write the YAML to FILE, or "-" for stdout
     #[arg(short = 'o', long = "output", value_name = "FILE|-", default_value = "-")]
     pub(crate) output: String,
@@ -256,7 +261,7 @@ impl FileConfig {
 }
 
 /// `namespaces: [a, b]` or `namespaces: "a,b"`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum Namespaces {
     List(Vec<String>),
@@ -336,19 +341,10 @@ pub(crate) fn read_file_config(path: Option<&Path>) -> Result<FileConfig> {
 }
 
 pub(crate) const DEFAULT_CHECKPOINT_DIR: &str = "/etc/kubernetes";
-pub(crate) const DEFAULT_MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
-/// In a directory only root can write (any local user can create files in bootkube's
-/// `/var/run/lock`), on the tmpfs `/run`, so no holder record outlives a reboot.
-pub(crate) const DEFAULT_LOCK_FILE: &str = "/run/pod-checkpointer/pod-checkpointer.lock";
-pub(crate) const DEFAULT_RUNTIME_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
-/// Port of `--metrics-addr`: one no core component uses (8080 is crowded on control-plane
-/// hosts).
-pub(crate) const DEFAULT_METRICS_PORT: u16 = 10266;
+/// `ckpt_render::DEFAULT_METRICS_PORT` on loopback.
 pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:10266";
 pub(crate) const DEFAULT_KUBECONFIG: &str = "/etc/kubernetes/kubeconfig";
 pub(crate) const DEFAULT_STATIC_SERVICE_ACCOUNT: &str = "pod-checkpointer-static";
-/// `--log-level` when neither the flag, `RUST_LOG` nor the file names one.
-pub(crate) const DEFAULT_LOG_LEVEL: &str = "info";
 /// Long enough for a refreshed token file to be re-read (kube clients re-read it every
 /// minute) and for a restarting API server's authenticator; short enough that a node
 /// returns to a working copy in about a minute.
@@ -462,197 +458,29 @@ impl Environment {
 }
 
 impl RunSettings {
-    /// Merges flags (clap already applied the environment) over the file over defaults.
+    /// Merges flags (clap already applied the environment) over the file over defaults,
+    /// then checks each concern in turn; the first usage error names its flag.
     pub(crate) fn resolve(args: RunArgs, file: FileConfig, env: &Environment) -> Result<Self> {
-        let required = |flag: Option<String>, file: Option<String>, name: &str, var: &str| {
-            flag.or(file).filter(|v| !v.is_empty()).ok_or_else(|| {
-                Error::usage_message(format!(
-                    "--{name} is required (or set {var}, or `{name}:` in --config)"
-                ))
-            })
-        };
-        let node_name = required(args.node_name, file.node_name, "node-name", "NODE_NAME")?;
-        let pod_name = required(args.pod_name, file.pod_name, "pod-name", "POD_NAME")?;
-        let pod_namespace = required(
-            args.pod_namespace,
-            file.pod_namespace,
-            "pod-namespace",
-            "POD_NAMESPACE",
-        )?;
-
-        let kubeconfig = match args
-            .kubeconfig
-            .or(file.kubeconfig)
-            .filter(|p| !p.as_os_str().is_empty())
-        {
-            Some(path) => KubeconfigSource::File(path),
-            None if env.in_cluster => KubeconfigSource::InCluster,
-            None => KubeconfigSource::Default(PathBuf::from(DEFAULT_KUBECONFIG)),
-        };
-        let kubelet_url = args
-            .kubelet_url
-            .or(file.kubelet_url)
-            .unwrap_or_else(|| format!("https://{}:10250", env.host_ip.as_deref().unwrap_or("127.0.0.1")));
-        check_url("--kubelet-url", &kubelet_url)?;
-        let kubelet_readonly_url = args
-            .kubelet_readonly_url
-            .or(file.kubelet_readonly_url)
-            .filter(|u| !u.is_empty());
-        if let Some(url) = &kubelet_readonly_url {
-            check_url("--kubelet-readonly-url", url)?;
-        }
-        let runtime_endpoint = args
-            .runtime_endpoint
-            .or(file.runtime_endpoint)
-            .unwrap_or_else(|| DEFAULT_RUNTIME_ENDPOINT.to_owned());
-        let runtime_endpoint = (!runtime_endpoint.is_empty()).then_some(runtime_endpoint);
-        if let Some(endpoint) = &runtime_endpoint {
-            let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
-            if !path.starts_with('/') {
-                return Err(Error::usage_message(format!(
-                    "--runtime-endpoint: {endpoint:?} is not a unix socket (use unix:///path/to.sock, or \"\" to turn the CRI off)"
-                )));
-            }
-        }
-
-        let kubelet_ca = args
-            .kubelet_ca
-            .or(file.kubelet_ca)
-            .filter(|p| !p.as_os_str().is_empty());
-        let kubelet_insecure = args.kubelet_insecure || file.kubelet_insecure.unwrap_or(false);
+        let disk = DiskSettings::resolve(&args.disk, &file);
+        let given = file.under(args);
+        let (node_name, pod_name, pod_namespace) = given.identity()?;
+        let kubeconfig = given.kubeconfig_source(env);
+        let (kubelet_url, kubelet_readonly_url) = given.kubelet_urls(env)?;
+        let runtime_endpoint = given.runtime_endpoint()?;
         let kubelet_trust = kubelet_trust(
-            kubelet_ca,
-            kubelet_insecure,
+            given.kubelet_ca.clone().filter(|p| !p.as_os_str().is_empty()),
+            given.kubelet_insecure.unwrap_or(false),
             runtime_endpoint.is_none(),
             &kubelet_url,
             env.service_account_token,
         )?;
-
-        let gc_strategy = args
-            .gc_strategy
-            .or(file.gc_strategy)
-            .unwrap_or_else(|| ckpt_gc::DEFAULT_STRATEGY.to_owned());
-        let grace_period = match args.checkpoint_grace_period.or(file.checkpoint_grace_period) {
-            Some(text) => parse_duration(&text).map_err(|e| Error::usage("--checkpoint-grace-period", e))?,
-            None => ckpt_gc::DEFAULT_GRACE_PERIOD,
-        };
-        let keep = args
-            .revisions
-            .or(file.revisions)
-            .unwrap_or(ckpt_core::revisions::DEFAULT_KEEP);
-        if keep == 0 {
-            return Err(Error::usage(
-                "--revisions",
-                "0 would keep no checkpoint: 1 keeps only the newest",
-            ));
-        }
-        let handoff_timeout = match args.handoff_timeout.or(file.handoff_timeout) {
-            Some(text) => parse_duration(&text).map_err(|e| Error::usage("--handoff-timeout", e))?,
-            None => ckpt_core::revisions::DEFAULT_HANDOFF_TIMEOUT,
-        };
-        let revisions = ckpt_core::revisions::RevisionSettings {
-            keep,
-            handoff_timeout,
-        };
-        let gc_section = match file.gc {
-            Some(map) => serde_json::Value::Object(map.into_iter().collect()),
-            None => serde_json::Value::Null,
-        };
-        // The strategy name and its settings are checked here, before any lock or client,
-        // so a typo is a usage error (exit 2), not a crash loop.
-        ckpt_gc::build(
-            &gc_strategy,
-            &ckpt_gc::GcConfig::new(grace_period).with_gc_section(gc_section.clone()),
-        )
-        .map_err(|e| Error::usage("--gc-strategy", e))?;
-
-        let namespaces = match args.namespaces {
-            Some(list) => list,
-            None => file.namespaces.map(Namespaces::into_vec).unwrap_or_default(),
-        };
-        let mut namespaces: Vec<String> = namespaces
-            .into_iter()
-            .map(|n| n.trim().to_owned())
-            .filter(|n| !n.is_empty())
-            .collect();
-        if namespaces.is_empty() {
-            namespaces.push(pod_namespace.clone());
-        }
-        for ns in &namespaces {
-            if !ckpt_core::is_dns_label(ns) {
-                return Err(Error::usage_message(format!(
-                    "--namespaces: {ns:?} is not a valid namespace name"
-                )));
-            }
-        }
-        namespaces.sort();
-        namespaces.dedup();
-
-        let metrics_addr = args
-            .metrics_addr
-            .or(file.metrics_addr)
-            .unwrap_or_else(|| DEFAULT_METRICS_ADDR.to_owned());
-        let metrics_addr = (!metrics_addr.is_empty()).then_some(metrics_addr);
-        if let Some(addr) = &metrics_addr
-            && addr.parse::<std::net::SocketAddr>().is_err()
-        {
-            return Err(Error::usage_message(format!(
-                "--metrics-addr: {addr:?} is not an address like {DEFAULT_METRICS_ADDR}"
-            )));
-        }
-        let metrics_listen = match args.metrics_listen.or(file.metrics_listen) {
-            Some(addr) if !addr.is_empty() => Some(addr.parse::<std::net::SocketAddr>().map_err(|_| {
-                Error::usage_message(format!(
-                    "--metrics-listen: {addr:?} is not an address like 10.0.0.5:10267 (in a pod spec, $(HOST_IP):10267)"
-                ))
-            })?),
-            _ => None,
-        };
-        let health_socket = args
-            .health_socket
-            .or(file.health_socket)
-            .filter(|p| !p.as_os_str().is_empty());
-        if let Some(path) = &health_socket
-            && (!path.is_absolute() || path.parent().is_none_or(|p| p.as_os_str().is_empty()))
-        {
-            return Err(Error::usage_message(format!(
-                "--health-socket: {} is not an absolute path",
-                path.display()
-            )));
-        }
-        let static_service_account = args
-            .static_service_account
-            .or(file.static_service_account)
-            .unwrap_or_else(|| DEFAULT_STATIC_SERVICE_ACCOUNT.to_owned());
-        if !ckpt_core::is_dns_subdomain(&static_service_account) {
-            return Err(Error::usage_message(format!(
-                "--static-service-account: {static_service_account:?} is not a valid service account name"
-            )));
-        }
-        let unauthorized_handover = match args.unauthorized_handover.or(file.unauthorized_handover) {
-            Some(text) => parse_duration(&text).map_err(|e| Error::usage("--unauthorized-handover", e))?,
-            None => DEFAULT_UNAUTHORIZED_HANDOVER,
-        };
-        let disk = DiskSettings::resolve(
-            &args.disk,
-            &FileConfig {
-                manifests_dir: file.manifests_dir,
-                checkpoint_dir: file.checkpoint_dir,
-                lock_file: file.lock_file,
-                ..FileConfig::default()
-            },
-        );
-        let log_level = args
-            .log_level
-            .or(file.log_level)
-            .filter(|v| !v.trim().is_empty())
-            .unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_owned());
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
-            return Err(Error::usage_message(format!(
-                "--log-level (or RUST_LOG, or `log-level:` in --config): {log_level:?} is not a log filter: {e}"
-            )));
-        }
-
+        let grace_period = given.grace_period()?;
+        let revisions = given.revisions()?;
+        let (gc_strategy, gc_section) = given.gc(grace_period)?;
+        let namespaces = given.namespaces(&pod_namespace)?;
+        let (metrics_addr, metrics_listen, health_socket) = given.endpoints()?;
+        let (static_service_account, unauthorized_handover) = given.static_copy()?;
+        let log_level = given.log_level()?;
         Ok(Self {
             node_name,
             pod_name,
@@ -670,12 +498,240 @@ impl RunSettings {
             metrics_addr,
             metrics_listen,
             health_socket,
-            log_format: args.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+            log_format: given.log_format.unwrap_or(LogFormat::Text),
             log_level,
             static_service_account,
             unauthorized_handover,
             disk,
         })
+    }
+}
+
+/// `run`'s settings from the flags over the file ([`FileConfig::under`]), one concern a
+/// method, in the order [`RunSettings::resolve`] checks them.
+impl FileConfig {
+    /// This file under `args`: a flag given wins over the file's key.
+    fn under(self, args: RunArgs) -> FileConfig {
+        FileConfig {
+            node_name: args.node_name.or(self.node_name),
+            pod_name: args.pod_name.or(self.pod_name),
+            pod_namespace: args.pod_namespace.or(self.pod_namespace),
+            kubeconfig: args.kubeconfig.or(self.kubeconfig),
+            kubelet_url: args.kubelet_url.or(self.kubelet_url),
+            kubelet_readonly_url: args.kubelet_readonly_url.or(self.kubelet_readonly_url),
+            runtime_endpoint: args.runtime_endpoint.or(self.runtime_endpoint),
+            kubelet_ca: args.kubelet_ca.or(self.kubelet_ca),
+            kubelet_insecure: Some(args.kubelet_insecure || self.kubelet_insecure.unwrap_or(false)),
+            health_socket: args.health_socket.or(self.health_socket),
+            manifests_dir: args.disk.manifests_dir.or(self.manifests_dir),
+            checkpoint_dir: args.disk.checkpoint_dir.or(self.checkpoint_dir),
+            lock_file: args.disk.lock_file.or(self.lock_file),
+            gc_strategy: args.gc_strategy.or(self.gc_strategy),
+            checkpoint_grace_period: args.checkpoint_grace_period.or(self.checkpoint_grace_period),
+            revisions: args.revisions.or(self.revisions),
+            handoff_timeout: args.handoff_timeout.or(self.handoff_timeout),
+            namespaces: args.namespaces.map(Namespaces::List).or(self.namespaces),
+            metrics_addr: args.metrics_addr.or(self.metrics_addr),
+            metrics_listen: args.metrics_listen.or(self.metrics_listen),
+            log_format: args.log_format.or(self.log_format),
+            log_level: args.log_level.or(self.log_level),
+            static_service_account: args.static_service_account.or(self.static_service_account),
+            unauthorized_handover: args.unauthorized_handover.or(self.unauthorized_handover),
+            gc: self.gc,
+        }
+    }
+
+    /// Node, pod and namespace: required, from a flag, its variable or the file.
+    fn identity(&self) -> Result<(String, String, String)> {
+        let required = |value: &Option<String>, name: &str, var: &str| {
+            value.clone().filter(|v| !v.is_empty()).ok_or_else(|| {
+                Error::usage_message(format!(
+                    "--{name} is required (or set {var}, or `{name}:` in --config)"
+                ))
+            })
+        };
+        Ok((
+            required(&self.node_name, "node-name", "NODE_NAME")?,
+            required(&self.pod_name, "pod-name", "POD_NAME")?,
+            required(&self.pod_namespace, "pod-namespace", "POD_NAMESPACE")?,
+        ))
+    }
+
+    fn kubeconfig_source(&self, env: &Environment) -> KubeconfigSource {
+        match self.kubeconfig.clone().filter(|p| !p.as_os_str().is_empty()) {
+            Some(path) => KubeconfigSource::File(path),
+            None if env.in_cluster => KubeconfigSource::InCluster,
+            None => KubeconfigSource::Default(PathBuf::from(DEFAULT_KUBECONFIG)),
+        }
+    }
+
+    /// The kubelet API, and the read-only one to fall back to.
+    fn kubelet_urls(&self, env: &Environment) -> Result<(String, Option<String>)> {
+        let kubelet_url = self
+            .kubelet_url
+            .clone()
+            .unwrap_or_else(|| format!("https://{}:10250", env.host_ip.as_deref().unwrap_or("127.0.0.1")));
+        check_url("--kubelet-url", &kubelet_url)?;
+        let readonly_url = self.kubelet_readonly_url.clone().filter(|u| !u.is_empty());
+        if let Some(url) = &readonly_url {
+            check_url("--kubelet-readonly-url", url)?;
+        }
+        Ok((kubelet_url, readonly_url))
+    }
+
+    /// The CRI socket; `None` turns the CRI off.
+    fn runtime_endpoint(&self) -> Result<Option<String>> {
+        let endpoint = self
+            .runtime_endpoint
+            .clone()
+            .unwrap_or_else(|| DEFAULT_RUNTIME_ENDPOINT.to_owned());
+        if endpoint.is_empty() {
+            return Ok(None);
+        }
+        let path = endpoint.strip_prefix("unix://").unwrap_or(&endpoint);
+        if !path.starts_with('/') {
+            return Err(Error::usage_message(format!(
+                "--runtime-endpoint: {endpoint:?} is not a unix socket (use unix:///path/to.sock, or \"\" to turn the CRI off)"
+            )));
+        }
+        Ok(Some(endpoint))
+    }
+
+    fn grace_period(&self) -> Result<Duration> {
+        match &self.checkpoint_grace_period {
+            Some(text) => parse_duration(text).map_err(|e| Error::usage("--checkpoint-grace-period", e)),
+            None => Ok(ckpt_gc::DEFAULT_GRACE_PERIOD),
+        }
+    }
+
+    /// The strategy and its `gc:` settings, checked by building it before any lock or
+    /// client, so a typo is a usage error (exit 2), not a crash loop.
+    fn gc(&self, grace_period: Duration) -> Result<(String, serde_json::Value)> {
+        let strategy = self
+            .gc_strategy
+            .clone()
+            .unwrap_or_else(|| ckpt_gc::DEFAULT_STRATEGY.to_owned());
+        let section = match &self.gc {
+            Some(map) => serde_json::Value::Object(map.clone().into_iter().collect()),
+            None => serde_json::Value::Null,
+        };
+        ckpt_gc::build(
+            &strategy,
+            &ckpt_gc::GcConfig::new(grace_period).with_gc_section(section.clone()),
+        )
+        .map_err(|e| Error::usage("--gc-strategy", e))?;
+        Ok((strategy, section))
+    }
+
+    fn revisions(&self) -> Result<ckpt_core::revisions::RevisionSettings> {
+        let keep = self.revisions.unwrap_or(ckpt_core::revisions::DEFAULT_KEEP);
+        if keep == 0 {
+            return Err(Error::usage(
+                "--revisions",
+                "0 would keep no checkpoint: 1 keeps only the newest",
+            ));
+        }
+        let handoff_timeout = match &self.handoff_timeout {
+            Some(text) => parse_duration(text).map_err(|e| Error::usage("--handoff-timeout", e))?,
+            None => ckpt_core::revisions::DEFAULT_HANDOFF_TIMEOUT,
+        };
+        Ok(ckpt_core::revisions::RevisionSettings {
+            keep,
+            handoff_timeout,
+        })
+    }
+
+    /// Sorted, without duplicates; the pod's own namespace when none is given.
+    fn namespaces(&self, pod_namespace: &str) -> Result<Vec<String>> {
+        let given = self
+            .namespaces
+            .clone()
+            .map(Namespaces::into_vec)
+            .unwrap_or_default();
+        let mut namespaces: Vec<String> = given
+            .into_iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if namespaces.is_empty() {
+            namespaces.push(pod_namespace.to_owned());
+        }
+        if let Some(bad) = namespaces.iter().find(|ns| !ckpt_core::is_dns_label(ns)) {
+            return Err(Error::usage_message(format!(
+                "--namespaces: {bad:?} is not a valid namespace name"
+            )));
+        }
+        namespaces.sort();
+        namespaces.dedup();
+        Ok(namespaces)
+    }
+
+    /// `--metrics-addr`, `--metrics-listen` and `--health-socket`; "" turns each off.
+    fn endpoints(&self) -> Result<(Option<String>, Option<std::net::SocketAddr>, Option<PathBuf>)> {
+        let metrics_addr = self
+            .metrics_addr
+            .clone()
+            .unwrap_or_else(|| DEFAULT_METRICS_ADDR.to_owned());
+        let metrics_addr = (!metrics_addr.is_empty()).then_some(metrics_addr);
+        if let Some(addr) = &metrics_addr
+            && addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(Error::usage_message(format!(
+                "--metrics-addr: {addr:?} is not an address like {DEFAULT_METRICS_ADDR}"
+            )));
+        }
+        let metrics_listen = match self.metrics_listen.as_deref() {
+            Some(addr) if !addr.is_empty() => Some(addr.parse::<std::net::SocketAddr>().map_err(|_| {
+                Error::usage_message(format!(
+                    "--metrics-listen: {addr:?} is not an address like 10.0.0.5:10267 (in a pod spec, $(HOST_IP):10267)"
+                ))
+            })?),
+            _ => None,
+        };
+        let health_socket = self.health_socket.clone().filter(|p| !p.as_os_str().is_empty());
+        if let Some(path) = &health_socket
+            && (!path.is_absolute() || path.parent().is_none_or(|p| p.as_os_str().is_empty()))
+        {
+            return Err(Error::usage_message(format!(
+                "--health-socket: {} is not an absolute path",
+                path.display()
+            )));
+        }
+        Ok((metrics_addr, metrics_listen, health_socket))
+    }
+
+    /// The account whose tokens are kept for the static copy, and how long a holder may
+    /// stay unauthorized before it hands the lock over.
+    fn static_copy(&self) -> Result<(String, Duration)> {
+        let account = self
+            .static_service_account
+            .clone()
+            .unwrap_or_else(|| DEFAULT_STATIC_SERVICE_ACCOUNT.to_owned());
+        if !ckpt_core::is_dns_subdomain(&account) {
+            return Err(Error::usage_message(format!(
+                "--static-service-account: {account:?} is not a valid service account name"
+            )));
+        }
+        let handover = match &self.unauthorized_handover {
+            Some(text) => parse_duration(text).map_err(|e| Error::usage("--unauthorized-handover", e))?,
+            None => DEFAULT_UNAUTHORIZED_HANDOVER,
+        };
+        Ok((account, handover))
+    }
+
+    /// The log filter: `--log-level`, `RUST_LOG`, `log-level:` in the file, or `info`.
+    fn log_level(&self) -> Result<String> {
+        let level = self
+            .log_level
+            .clone()
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_owned());
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&level) {
+            return Err(Error::usage_message(format!(
+                "--log-level (or RUST_LOG, or `log-level:` in --config): {level:?} is not a log filter: {e}"
+            )));
+        }
+        Ok(level)
     }
 }
 
@@ -755,6 +811,16 @@ mod tests {
         "--pod-namespace",
         "kube-system",
     ];
+
+    /// The port the install manifests put in the agent's config is the one `run` uses
+    /// without one.
+    #[test]
+    fn the_default_metrics_address_is_on_the_renderers_port() {
+        assert_eq!(
+            DEFAULT_METRICS_ADDR,
+            format!("127.0.0.1:{}", ckpt_render::DEFAULT_METRICS_PORT)
+        );
+    }
 
     #[test]
     fn defaults() {

@@ -60,4 +60,16 @@ impl Error {
     }
 }
 
+/// `render`'s refusals are usage errors; YAML it cannot write is a runtime failure.
+impl From<ckpt_render::Error> for Error {
+    fn from(error: ckpt_render::Error) -> Self {
+        match error {
+            ckpt_render::Error::Usage(message) => Error::usage_message(message),
+            ckpt_render::Error::Yaml { what, source } => {
+                Error::runtime(format!("cannot write {what}"), source)
+            }
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -8,6 +8,7 @@ use ckpt_core::{Decision, PodId, RemovalReason};
 use ckpt_store::Store;
 use tracing::{info, warn};
 
+use crate::blocking_pool::on_disk;
 use crate::events::{EventKind, EventSink};
 use crate::health::Health;
 
@@ -43,31 +44,7 @@ impl Reporting<'_> {
     }
 }
 
-/// Runs `work` on the store on the blocking pool and waits for it. Disk work never runs
-/// on the runtime thread: one fsync on a slow or failing disk can take seconds, and that
-/// thread also answers the health endpoints and times the API probe.
-pub(crate) async fn on_disk<T: Send + 'static>(
-    store: &Arc<Store>,
-    work: impl FnOnce(&Store) -> T + Send + 'static,
-) -> T {
-    let store = Arc::clone(store);
-    blocking(move || work(&store)).await
-}
-
-/// Runs `work` (disk work) on the blocking pool and waits for it.
-pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(work).await {
-        Ok(value) => value,
-        Err(e) => match e.try_into_panic() {
-            // A bug in the store: the panic goes on here.
-            Ok(panic) => std::panic::resume_unwind(panic),
-            // The runtime is shutting down, which drops this future before it is polled again.
-            Err(_) => std::future::pending().await,
-        },
-    }
-}
-
-/// Runs the decision's actions in order, each on the blocking pool ([`on_disk`]): a pass
+/// Runs the decision's actions in order, each on the blocking pool ([`on_disk`](crate::blocking_pool::on_disk)): a pass
 /// that writes hundreds of checkpoints, or a disk that takes seconds per fsync, never
 /// starves the health endpoints or the API probe.
 pub(crate) async fn execute(store: &Arc<Store>, plan: &Arc<Decision>, report: &Reporting<'_>) -> Outcome {

@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 use crate::error::{Error, Result};
 
 mod listen;
+mod metrics;
 mod process;
 
 pub(crate) use listen::serve as serve_for_prometheus;
@@ -278,7 +279,7 @@ impl Health {
         self.with(|c| c.handovers += 1);
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition ([`metrics`]).
     pub(crate) fn render_metrics(&self) -> String {
         let phase = self.phase();
         // Files first, outside the lock the probes' answers take too: a read stuck on a
@@ -288,165 +289,7 @@ impl Health {
             .as_deref()
             .and_then(|path| kept_token_expiry(path));
         let process = process::sample();
-        self.with(|c| {
-            let mut out = String::new();
-            let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, String)>| {
-                out.push_str(&format!(
-                    "# HELP pod_checkpointer_{name} {help}\n# TYPE pod_checkpointer_{name} {kind}\n"
-                ));
-                for (labels, value) in samples {
-                    out.push_str(&format!("pod_checkpointer_{name}{labels} {value}\n"));
-                }
-            };
-            let states = ["inactive", "inactive-grace", "active", "active-grace", "self"];
-            metric(
-                "checkpoints",
-                "gauge",
-                "Checkpoints on disk by state.",
-                states
-                    .iter()
-                    .map(|s| {
-                        (
-                            format!("{{state=\"{s}\"}}"),
-                            c.checkpoints_by_state.get(s).copied().unwrap_or(0).to_string(),
-                        )
-                    })
-                    .collect(),
-            );
-            metric(
-                "activations_total",
-                "counter",
-                "Checkpoints activated.",
-                vec![(String::new(), c.activations.to_string())],
-            );
-            metric(
-                "deactivations_total",
-                "counter",
-                "Checkpoints deactivated.",
-                vec![(String::new(), c.deactivations.to_string())],
-            );
-            metric(
-                "removals_total",
-                "counter",
-                "Checkpoints removed, by the configured GC strategy and the reason: gc (the strategy's verdict), superseded-self, self-gc, namespace-not-allowed or completed.",
-                c.removals
-                    .iter()
-                    .map(|((s, r), n)| (format!("{{strategy=\"{}\",reason=\"{r}\"}}", escape(s)), n.to_string()))
-                    .collect(),
-            );
-            metric(
-                "write_errors_total",
-                "counter",
-                "Failed disk operations.",
-                vec![(String::new(), c.write_errors.to_string())],
-            );
-            metric(
-                "refused_total",
-                "counter",
-                "Parents refused as not representable as static pods.",
-                vec![(String::new(), c.refused.to_string())],
-            );
-            metric(
-                "handoffs_total",
-                "counter",
-                "Handoffs from a known-good checkpoint to a parent with unproven content, by step: started (the checkpoint stepped aside), ready (the parent became Ready in time), failed (it did not: the checkpoint is back).",
-                (ckpt_core::revisions::Handoff::ALL.iter().zip(c.handoffs))
-                    .map(|(step, n)| (format!("{{step=\"{}\"}}", step.code()), n.to_string()))
-                    .collect(),
-            );
-            metric(
-                "revisions_set_aside_total",
-                "counter",
-                "Active revisions that crash-looped while the API server was unreachable, replaced by the previous known-good revision.",
-                vec![(String::new(), c.set_aside.to_string())],
-            );
-            metric(
-                "lock_handovers_total",
-                "counter",
-                "Times this copy released the lock because the API server kept rejecting its credentials.",
-                vec![(String::new(), c.handovers.to_string())],
-            );
-            metric(
-                "api_state",
-                "gauge",
-                "API server view: unreachable, reachable (not synced), unauthorized (credentials rejected) or synced.",
-                ckpt_core::ApiState::ALL
-                    .iter()
-                    .map(|s| s.as_str())
-                    .map(|s| {
-                        (
-                            format!("{{state=\"{s}\"}}"),
-                            u8::from(c.api_state == s).to_string(),
-                        )
-                    })
-                    .collect(),
-            );
-            metric(
-                "local_view_available",
-                "gauge",
-                "Whether the container runtime (or kubelet) answered on the last pass.",
-                vec![(String::new(), u8::from(c.local_view_available).to_string())],
-            );
-            metric(
-                "cri_answers_too_large_total",
-                "counter",
-                "Container runtime answers refused for being over 16 MiB (the local view is unknown then).",
-                vec![(String::new(), c.cri_answers_too_large.to_string())],
-            );
-            metric(
-                "last_api_sync_timestamp_seconds",
-                "gauge",
-                "When the API view was last synced, in seconds since the epoch (0: never).",
-                vec![(
-                    String::new(),
-                    c.last_sync.map_or("0".into(), |t| format!("{:.3}", t.0 as f64 / 1000.0)),
-                )],
-            );
-            metric(
-                "lock_held",
-                "gauge",
-                "Whether this copy holds the lock (is the active copy).",
-                vec![(
-                    String::new(),
-                    u8::from(matches!(phase, Phase::Starting | Phase::Ready)).to_string(),
-                )],
-            );
-            let mut samples: Vec<(String, String)> = BUCKETS
-                .iter()
-                .zip(c.pass_buckets)
-                .map(|(le, n)| (format!("_bucket{{le=\"{le}\"}}"), n.to_string()))
-                .collect();
-            samples.push(("_bucket{le=\"+Inf\"}".into(), c.passes.to_string()));
-            samples.push(("_sum".into(), format!("{:.6}", c.pass_sum)));
-            samples.push(("_count".into(), c.passes.to_string()));
-            metric(
-                "pass_duration_seconds",
-                "histogram",
-                "Duration of a pass (observe, plan, execute).",
-                samples,
-            );
-            metric(
-                "build_info",
-                "gauge",
-                "Always 1; the agent's version as a label.",
-                vec![(
-                    format!("{{version=\"{}\"}}", env!("CARGO_PKG_VERSION")),
-                    "1".into(),
-                )],
-            );
-            if let Some(expiry) = kept_token_expiry {
-                metric(
-                    "kept_token_expiry_timestamp_seconds",
-                    "gauge",
-                    "When the API token kept for the static copy expires, in seconds since the epoch (absent without one).",
-                    vec![(String::new(), expiry.to_string())],
-                );
-            }
-            if let Some(p) = &process {
-                render_process_metrics(&mut out, p);
-            }
-            out
-        })
+        self.with(|c| metrics::render(c, phase, kept_token_expiry, process.as_ref()))
     }
 }
 
@@ -458,59 +301,6 @@ fn kept_token_expiry(path: &Path) -> Option<i64> {
         return None;
     }
     crate::credentials::token_expiry(&std::fs::read(path).ok()?)
-}
-
-/// The standard `process_*` metrics, without the agent's prefix (see [`process`]).
-fn render_process_metrics(out: &mut String, p: &process::ProcessSample) {
-    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        out.push_str(&format!(
-            "# HELP process_{name} {help}\n# TYPE process_{name} {kind}\nprocess_{name} {value}\n"
-        ));
-    };
-    metric(
-        "resident_memory_bytes",
-        "gauge",
-        "Resident memory size in bytes.",
-        p.resident_bytes.to_string(),
-    );
-    metric(
-        "virtual_memory_bytes",
-        "gauge",
-        "Virtual memory size in bytes.",
-        p.virtual_bytes.to_string(),
-    );
-    metric(
-        "cpu_seconds_total",
-        "counter",
-        "Total user and system CPU time spent in seconds.",
-        format!("{:.2}", p.cpu_seconds),
-    );
-    metric(
-        "start_time_seconds",
-        "gauge",
-        "Start time of the process since unix epoch in seconds.",
-        format!("{:.2}", p.start_time_seconds),
-    );
-    if let Some(n) = p.open_fds {
-        metric(
-            "open_fds",
-            "gauge",
-            "Number of open file descriptors.",
-            n.to_string(),
-        );
-    }
-    if let Some(n) = p.max_fds {
-        metric(
-            "max_fds",
-            "gauge",
-            "Maximum number of open file descriptors.",
-            n.to_string(),
-        );
-    }
-}
-
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// Stops serving when dropped.
@@ -686,7 +476,7 @@ async fn route_off_thread(method: &str, path: &str, health: &Health) -> (&'stati
         return route(method, path, health, now);
     }
     let (method, path, health) = (method.to_owned(), path.to_owned(), health.clone());
-    crate::executor::blocking(move || route(&method, &path, &health, now)).await
+    crate::blocking_pool::blocking(move || route(&method, &path, &health, now)).await
 }
 
 fn route(method: &str, path: &str, health: &Health, now: Instant) -> (&'static str, &'static str, String) {

@@ -1,12 +1,14 @@
 //! `ckpt-bin`: the `pod-checkpointer` node agent as a library, so the binary's `main` stays
-//! thin and tools (xtask's manifest renderer, tests) use the very same configuration parser.
+//! thin and tools (xtask's `render` and `deploy`, tests) use the very same configuration
+//! parser.
 //!
 //! - [`main`]: the whole program (a custom agent binary with extra strategies calls it);
 //!   [`run_cli`] executes a parsed [`config::Cli`] (`run`, `inspect`, `drain`,
 //!   `strategies`, `check-config`, `health`, `render`).
 //! - [`config::check_config_file`]: whether a YAML config file is accepted by `run`;
 //!   [`duration::parse_duration`]: durations as the flags take them (both fuzzed).
-//! - [`render`]: the install manifests (`pod-checkpointer render`, `cargo xtask deploy`).
+//! - [`render`]: the install manifests of `ckpt-render` (`pod-checkpointer render`),
+//!   checked against this program's agent ([`render::BuiltIn`]).
 //! - [`Error`]: usage errors (exit code 2) and runtime failures (exit code 1).
 //!
 //! ```
@@ -16,6 +18,7 @@
 //! ```
 
 mod agent;
+mod blocking_pool;
 pub mod config;
 mod credentials;
 mod drain;
@@ -30,6 +33,8 @@ pub mod render;
 pub use error::{Error, Result};
 
 use tracing_subscriber::EnvFilter;
+
+use crate::render::BuiltInOptions as _;
 
 use crate::config::{
     Cli, Command, DiskSettings, Environment, LogFormat, RunArgs, RunSettings, read_file_config,
@@ -139,7 +144,7 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             // The executor yields between file actions so health and probes keep answering.
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                // Disk work runs on the blocking pool (`executor::on_disk`): its thread is
+                // Disk work runs on the blocking pool (`blocking_pool`): its thread is
                 // kept across the 30 s resyncs rather than started again for each pass.
                 .thread_keep_alive(std::time::Duration::from_secs(90))
                 .build()

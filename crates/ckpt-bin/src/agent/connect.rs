@@ -285,7 +285,7 @@ impl CredentialKeeper {
                 let kept = self.kept.clone();
                 // Off the runtime thread: the write fsyncs, and a slow disk must not stall
                 // the health endpoints of a copy on standby.
-                crate::executor::blocking(move || kept.write(&kubeconfig, minted.token.as_bytes()))
+                crate::blocking_pool::blocking(move || kept.write(&kubeconfig, minted.token.as_bytes()))
                     .await
                     .map_err(|e| Error::runtime("cannot store the static copy's API credentials", e))
                     .map(|_| minted.lifetime)

@@ -5,16 +5,13 @@
 //! plumbing: every decision is made in `ckpt_core::decide`.
 
 mod connect;
+mod pass;
 mod report;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ckpt_core::{
-    DecideConfig, DiskCheckpoint, GcDecision, LocalView, NamespaceAllowList, Observation, PersistentState,
-    PodId, SelfIdentity, Timestamp,
-};
+use ckpt_core::{DecideConfig, LocalView, NamespaceAllowList, PersistentState, SelfIdentity, Timestamp};
 use ckpt_gc::GcPolicy;
 use ckpt_lock::{Confirmed, LockFile, LockGuard};
 use ckpt_store::Store;
@@ -27,9 +24,9 @@ use report::Reporter;
 
 use ckpt_core::{LockIdentity, error_chain};
 
+use crate::blocking_pool::blocking;
 use crate::config::{KubeletTrust, RunSettings};
 use crate::error::{Error, Result};
-use crate::executor::{Reporting, blocking, execute, on_disk};
 use crate::health::{self, Health, Phase};
 
 /// How often the local runtime is polled.
@@ -230,7 +227,8 @@ pub(crate) async fn shutdown_signal() {
 struct Agent {
     settings: RunSettings,
     config: DecideConfig,
-    /// Shared with the blocking pool, where all disk work runs ([`on_disk`]).
+    /// Shared with the blocking pool, where all disk work runs
+    /// ([`on_disk`](crate::blocking_pool::on_disk)).
     store: Arc<Store>,
     health: Health,
     policy: Box<dyn GcPolicy>,
@@ -429,174 +427,6 @@ impl Agent {
             None => self.local.observe().await,
         }
     }
-
-    /// One pass: observe, decide (with the strategy's verdicts), apply, report.
-    async fn pass(&mut self, local: LocalView) -> Result<PassResult> {
-        if !self.confirm_lock() {
-            return Ok(PassResult::LockLost);
-        }
-        let started = Instant::now();
-        let now = Timestamp::now();
-        let read = on_disk(&self.store, |s| {
-            s.read_back().map(|read| {
-                let disk = (read.checkpoints.iter())
-                    .map(|(id, s)| (id.clone(), s.disk_checkpoint()))
-                    .collect::<BTreeMap<PodId, DiskCheckpoint>>();
-                (disk, read.unreadable)
-            })
-        });
-        let (disk, unreadable) = match read.await {
-            Ok(read) => read,
-            Err(e) => {
-                warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying");
-                self.health.write_error();
-                self.last_local = Some(local);
-                return Ok(PassResult::Failed);
-            }
-        };
-        // Files under other names in the kubelet's dir are not ours to read.
-        let unreadable: Vec<_> = (unreadable.into_iter())
-            .filter(|(path, _)| checkpoint_of(path).is_some())
-            .collect();
-        if let Some((path, error)) = unreadable.first() {
-            // Nothing replaces, activates or removes their checkpoints this pass; the
-            // pass counts as failed, so it is retried soon.
-            warn!(
-                files = unreadable.len(),
-                path = %path.display(),
-                %error,
-                "cannot read checkpoint files; leaving their checkpoints alone and retrying"
-            );
-            self.health.write_error();
-        }
-        let observation = match &self.link {
-            Some(link) => {
-                (link.observer)
-                    .observe(local, &disk, self.policy.needs_owner_status(), &self.config.me)
-                    .await
-            }
-            None => Observation::offline(local),
-        };
-        self.reporter.observed(&observation);
-        let handover_at = self.credentials_rejected(observation.api, now);
-
-        let assessment = ckpt_core::assess(&observation, &disk, &self.state, &self.config, now);
-        let mut verdicts: BTreeMap<PodId, GcDecision> = BTreeMap::new();
-        for orphan in assessment.orphans() {
-            verdicts.insert(orphan.id.clone(), self.policy.decide(orphan, now).await);
-        }
-        let mut decision = assessment.decide(&verdicts);
-        decision.leave_alone(&unreadable_checkpoints(&unreadable));
-        let decision = Arc::new(decision);
-        let report = &decision.report;
-        if report.own_owner.is_some() && report.own_owner != self.config.me.owner {
-            info!(owner = ?report.own_owner, "recognised the agent's own controller");
-            self.config.me.owner.clone_from(&report.own_owner);
-        }
-        let events = self.link.as_ref().map(|l| &l.events);
-        self.reporter.checkpointing(report, &self.health, events);
-        self.reporter.scheduling(report);
-        if let Some(link) = &self.link {
-            // Probe the API often only while seeing an outage late would cost the node.
-            link.observer.set_at_stake(report.at_stake);
-        }
-        // Restart counts only of the active revisions that could be replaced.
-        let node = &self.settings.node_name;
-        (self.local)
-            .watch_restarts((report.watch_restarts.iter()).map(|id| (id.clone(), id.static_pod_name(node))));
-
-        let outcome = if decision.is_noop() {
-            Default::default()
-        } else {
-            info!(
-                writes = decision.writes.len(),
-                stops = decision.stops.len(),
-                starts = decision.starts.len(),
-                removes = decision.removes.len(),
-                self_gc = decision.self_gc,
-                api = observation.api.as_str(),
-                "executing plan"
-            );
-            let reporting = Reporting {
-                health: &self.health,
-                events,
-                api: observation.api,
-                strategy: &self.settings.gc_strategy,
-                parent_uids: &report.parent_uids,
-            };
-            execute(&self.store, &decision, &reporting).await
-        };
-        if decision.state != self.state || self.journal_behind {
-            self.state = decision.state.clone();
-            let state = self.state.clone();
-            match on_disk(&self.store, move |s| s.write_journal(&state)).await {
-                Ok(_) => {
-                    if self.journal_behind {
-                        info!("the state journal is saved again");
-                    }
-                    self.journal_behind = false;
-                }
-                Err(e) => {
-                    // Once per failure streak: the GC timers run on in memory meanwhile.
-                    if !self.journal_behind {
-                        warn!(error = %error_chain(&e), "cannot save the state journal; GC timers go on in memory");
-                    }
-                    self.journal_behind = true;
-                    self.health.write_error();
-                }
-            }
-        }
-        // While the agent's own pod is gone, nothing but a timer says that its DaemonSet
-        // stopped targeting this node (the DaemonSet is read, not watched).
-        let recheck = report
-            .scheduling
-            .is_some()
-            .then(|| now.saturating_add(SCHEDULING_RECHECK));
-        self.next_deadline = (report.next_deadline.into_iter())
-            .chain(recheck)
-            .chain(handover_at)
-            .min();
-        self.reporter
-            .metrics(&self.health, report, now, started.elapsed());
-        self.health
-            .record_cri_answers_too_large(self.local.cri_answers_too_large());
-        if self.health.phase() == Phase::Starting {
-            self.health.set_phase(Phase::Ready);
-            info!(checkpoints = report.on_disk, "first pass complete: ready");
-        }
-        self.last_local = Some(observation.local.clone());
-        if outcome.self_gc_complete {
-            return Ok(PassResult::SelfGcComplete);
-        }
-        if handover_at.is_some_and(|at| at <= now) {
-            return Ok(PassResult::HandOver);
-        }
-        if observation.api == ckpt_core::ApiState::Synced
-            && let Some(link) = &mut self.link
-        {
-            link.keep_credentials().await;
-        }
-        Ok(if outcome.failures > 0 || !unreadable.is_empty() {
-            PassResult::Failed
-        } else if !decision.is_noop() {
-            PassResult::Changed
-        } else {
-            PassResult::Settled
-        })
-    }
-}
-
-/// The checkpoints of files that could not be read, by their file names.
-fn unreadable_checkpoints(unreadable: &[(std::path::PathBuf, String)]) -> BTreeSet<PodId> {
-    unreadable
-        .iter()
-        .filter_map(|(path, _)| checkpoint_of(path))
-        .collect()
-}
-
-/// The pod whose checkpoint a manifest file is, by its name.
-fn checkpoint_of(path: &std::path::Path) -> Option<PodId> {
-    PodId::from_manifest_file_name(path.file_name()?.to_str()?)
 }
 
 impl Agent {

@@ -20,39 +20,42 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{
-    ApiEndpoint, DEFAULT_NAMESPACE, KubeletTrust, Manifest, ManifestOptions, NAME, NAME_LABEL, STATIC_NAME,
-    parent_dir,
-};
+use serde::Serialize;
+
+use crate::defaults::{DEFAULT_LOG_LEVEL, DEFAULT_NAMESPACE};
+use crate::manifest::Manifest;
+use crate::monitoring;
+use crate::options::{ApiEndpoint, KubeletTrust, ManifestOptions, parent_dir};
+use crate::{NAME, STATIC_NAME, labels};
 
 /// Marks a pod for checkpointing; on the agent's own template it checkpoints itself.
-pub(super) const CHECKPOINT_ANNOTATION: &str = "checkpointer.alpha.coreos.com/checkpoint";
+pub(crate) const CHECKPOINT_ANNOTATION: &str = "checkpointer.alpha.coreos.com/checkpoint";
 /// A hash of the agent's config and kubeconfig on the pod template, so a change rolls the
 /// pods (the agent reads both only at start).
-pub(super) const CONFIG_HASH_ANNOTATION: &str = "checkpointer.alpha.coreos.com/config-hash";
+pub(crate) const CONFIG_HASH_ANNOTATION: &str = "checkpointer.alpha.coreos.com/config-hash";
 /// Where the config ConfigMap is mounted, and its key.
-pub(super) const CONFIG_DIR: &str = "/etc/pod-checkpointer";
-pub(super) const CONFIG_KEY: &str = "config.yaml";
+pub(crate) const CONFIG_DIR: &str = "/etc/pod-checkpointer";
+pub(crate) const CONFIG_KEY: &str = "config.yaml";
 /// The kubeconfig ConfigMap (bootkube's `kubeconfig-in-cluster`), where it is mounted, and
 /// its key.
-pub(super) const KUBECONFIG_NAME: &str = "pod-checkpointer-kubeconfig";
-pub(super) const KUBECONFIG_DIR: &str = "/etc/pod-checkpointer-kubeconfig";
-pub(super) const KUBECONFIG_KEY: &str = "kubeconfig";
+pub(crate) const KUBECONFIG_NAME: &str = "pod-checkpointer-kubeconfig";
+pub(crate) const KUBECONFIG_DIR: &str = "/etc/pod-checkpointer-kubeconfig";
+pub(crate) const KUBECONFIG_KEY: &str = "kubeconfig";
 /// The token Role and its binding: minting tokens for the static copy's account only.
-pub(super) const TOKEN_ROLE_NAME: &str = "pod-checkpointer-token";
+pub(crate) const TOKEN_ROLE_NAME: &str = "pod-checkpointer-token";
 /// The kubelet API ClusterRole, only when the agent reads the kubelet.
-pub(super) const KUBELET_ROLE_NAME: &str = "pod-checkpointer-kubelet";
+pub(crate) const KUBELET_ROLE_NAME: &str = "pod-checkpointer-kubelet";
 /// What the kubelet mounts into every pod that runs as a service account.
-pub(super) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+pub(crate) const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The pod's own emptyDir with the health socket: each pod (the DaemonSet pod and the
 /// static copy) gets its own directory from the kubelet, so the probe of one pod can only
 /// reach the agent of that pod, although both share the host network.
-pub(super) const HEALTH_DIR: &str = "/run/pod-checkpointer-health";
+pub(crate) const HEALTH_DIR: &str = "/run/pod-checkpointer-health";
 const HEALTH_SOCKET_NAME: &str = "health.sock";
 /// Where the agent binary is in the image (the Containerfile's ENTRYPOINT).
 const AGENT_BINARY: &str = "/pod-checkpointer";
 
-pub(super) const CHECKPOINT_DIR: &str = Layout::DEFAULT_CHECKPOINT_DIR;
+pub(crate) const CHECKPOINT_DIR: &str = Layout::DEFAULT_CHECKPOINT_DIR;
 
 /// The directories under the checkpoint dir the agent writes, each mounted alone: the
 /// checkpoint dir itself (`/etc/kubernetes`) holds the cluster's credentials and `pki/`.
@@ -74,9 +77,9 @@ const CHECKPOINT_SUBDIRS: [&str; 6] = [
 /// owns), and timestamps are kept on them.
 /// `DAC_OVERRIDE`: replacing and removing data inside a directory now owned by a pod's user
 /// (mode 0700) is refused to a root without it.
-pub(super) const CAPABILITIES: [&str; 3] = ["CHOWN", "DAC_OVERRIDE", "FOWNER"];
+pub(crate) const CAPABILITIES: [&str; 3] = ["CHOWN", "DAC_OVERRIDE", "FOWNER"];
 
-pub(super) fn health_socket() -> String {
+pub(crate) fn health_socket() -> String {
     format!("{HEALTH_DIR}/{HEALTH_SOCKET_NAME}")
 }
 
@@ -154,14 +157,14 @@ pub fn render(options: &ManifestOptions) -> Vec<Manifest> {
     }));
     objects.push(Manifest::DaemonSet(Box::new(daemonset(options))));
     if options.prometheus_port.is_some() {
-        objects.extend(super::monitoring::objects(options));
+        objects.extend(monitoring::objects(options));
     }
     objects
 }
 
 /// The reason for a rule, written above it in the YAML; `None` for a rule nobody
 /// explained (rendering refuses it).
-pub(super) fn why(rule: &PolicyRule) -> Option<&'static str> {
+pub(crate) fn why(rule: &PolicyRule) -> Option<&'static str> {
     let resources = rule.resources.as_deref().unwrap_or_default();
     let first = resources.first().map(String::as_str)?;
     Some(match first {
@@ -196,7 +199,7 @@ pub(super) fn why(rule: &PolicyRule) -> Option<&'static str> {
 const LOCK_DIR_VOLUME: &str = "lock-dir";
 
 /// The host directory of the lock file, as the DaemonSet mounts it.
-pub(super) fn lock_dir_of(daemonset: &DaemonSet) -> String {
+pub(crate) fn lock_dir_of(daemonset: &DaemonSet) -> String {
     daemonset
         .spec
         .as_ref()
@@ -208,7 +211,7 @@ pub(super) fn lock_dir_of(daemonset: &DaemonSet) -> String {
 }
 
 /// Comments on the DaemonSet's security choices, inserted above the lines they explain.
-pub(super) fn explain_daemonset(yaml: &str, lock_dir: &str) -> String {
+pub(crate) fn explain_daemonset(yaml: &str, lock_dir: &str) -> String {
     let lock_dir = format!("path: {lock_dir}");
     let notes: [(&str, &str); 5] = [
         (
@@ -276,10 +279,6 @@ fn api_kubeconfig(api: &ApiEndpoint) -> Option<String> {
          - name: pod-checkpointer\n  context:\n    cluster: api\n    user: service-account\n\
          current-context: pod-checkpointer\n"
     ))
-}
-
-pub(super) fn labels() -> BTreeMap<String, String> {
-    BTreeMap::from([(NAME_LABEL.to_owned(), NAME.to_owned())])
 }
 
 fn cluster_meta(name: &str) -> ObjectMeta {
@@ -517,7 +516,7 @@ fn pod_spec(options: &ManifestOptions) -> PodSpec {
     }
     let ports = options.prometheus_port.map(|port| {
         vec![ContainerPort {
-            name: Some(super::monitoring::PORT_NAME.into()),
+            name: Some(monitoring::PORT_NAME.into()),
             container_port: i32::from(port),
             protocol: Some("TCP".into()),
             ..ContainerPort::default()
@@ -655,4 +654,55 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+impl ManifestOptions {
+    /// The agent's `--config` file: the long flag names without dashes.
+    pub fn agent_config(&self) -> String {
+        #[derive(Serialize)]
+        #[serde(rename_all = "kebab-case")]
+        struct AgentConfig<'a> {
+            gc_strategy: &'a str,
+            checkpoint_grace_period: &'a str,
+            revisions: usize,
+            handoff_timeout: &'a str,
+            namespaces: &'a [String],
+            checkpoint_dir: &'a str,
+            manifests_dir: &'a str,
+            lock_file: &'a str,
+            runtime_endpoint: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            kubelet_ca: Option<&'a str>,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            kubelet_insecure: bool,
+            metrics_addr: String,
+            health_socket: String,
+            // Written out so operators find where to turn on debug logs for both copies.
+            log_level: &'a str,
+        }
+        let config = AgentConfig {
+            gc_strategy: &self.gc_strategy,
+            checkpoint_grace_period: &self.grace_period,
+            revisions: self.revisions,
+            handoff_timeout: &self.handoff_timeout,
+            namespaces: &self.namespaces,
+            checkpoint_dir: CHECKPOINT_DIR,
+            manifests_dir: &self.manifests_dir,
+            lock_file: &self.lock_file,
+            runtime_endpoint: &self.runtime_endpoint,
+            kubelet_ca: match &self.kubelet {
+                KubeletTrust::Ca(path) => Some(path),
+                _ => None,
+            },
+            kubelet_insecure: self.kubelet == KubeletTrust::Insecure,
+            metrics_addr: format!("127.0.0.1:{}", self.metrics_port),
+            health_socket: health_socket(),
+            log_level: DEFAULT_LOG_LEVEL,
+        };
+        let body = serde_saphyr::to_string(&config).unwrap_or_default();
+        format!(
+            "# pod-checkpointer run --config: the keys are its long flag names (see --help).\n\
+             # NODE_NAME, POD_NAME, POD_NAMESPACE and HOST_IP come from the pod's environment.\n{body}"
+        )
+    }
 }

@@ -7,11 +7,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DynamicObject, TypeMeta};
 use serde_json::json;
 
-use super::objects::labels;
-use super::{Manifest, ManifestOptions, NAME};
+use crate::manifest::Manifest;
+use crate::options::ManifestOptions;
+use crate::{NAME, labels};
 
 /// The container port's name the PodMonitor scrapes.
-pub(super) const PORT_NAME: &str = "metrics";
+pub(crate) const PORT_NAME: &str = "metrics";
 
 /// One alert of the PrometheusRule: what the tests check and the README lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,7 +97,7 @@ fn object(api_version: &str, kind: &str, options: &ManifestOptions, spec: serde_
 }
 
 /// The PodMonitor and the PrometheusRule.
-pub(super) fn objects(options: &ManifestOptions) -> Vec<Manifest> {
+pub(crate) fn objects(options: &ManifestOptions) -> Vec<Manifest> {
     let pod_monitor = object(
         "monitoring.coreos.com/v1",
         "PodMonitor",
