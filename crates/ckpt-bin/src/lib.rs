@@ -127,8 +127,8 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Render(args) => {
-            let options = args.manifest.options(render::KubernetesVersion::NEWEST)?;
-            let yaml = render::to_yaml(&render::render(&options))?;
+            let options = args.manifest.options(ckpt_render::KubernetesVersion::NEWEST)?;
+            let yaml = ckpt_render::to_yaml(&ckpt_render::render(&options))?;
             if args.output == "-" {
                 print(&yaml);
                 return Ok(());

@@ -1,11 +1,8 @@
 //! `pod-checkpointer render`: the install manifests of [`ckpt_render`], checked against
 //! this program's own strategy registry and config parser ([`BuiltIn`]), so a config the
 //! agent would refuse never reaches a cluster.
-//!
-//! The renderer's items are re-exported here, where the agent's library offered them before
-//! they had a crate of their own (`ckpt_bin::render::DEFAULT_IMAGE`, …).
 
-pub use ckpt_render::*;
+use ckpt_render::{AgentChecks, KubernetesVersion, ManifestArgs, ManifestOptions};
 
 use crate::config::check_config_file;
 

@@ -84,8 +84,8 @@ impl Image {
         let started = Instant::now();
         let reference = match (&self.image, &self.tag) {
             (Some(image), _) => image.clone(),
-            (None, Some(tag)) => with_tag(ckpt_bin::render::DEFAULT_IMAGE, tag),
-            (None, None) => ckpt_bin::render::DEFAULT_IMAGE.to_owned(),
+            (None, Some(tag)) => with_tag(ckpt_render::DEFAULT_IMAGE, tag),
+            (None, None) => ckpt_render::DEFAULT_IMAGE.to_owned(),
         };
         let output = self
             .output

@@ -6,7 +6,8 @@
 
 use std::process::Command;
 
-use ckpt_bin::render::{ALERTS, BuiltInOptions as _, KubernetesVersion, Manifest, ManifestArgs, render};
+use ckpt_bin::render::BuiltInOptions as _;
+use ckpt_render::{ALERTS, KubernetesVersion, Manifest, ManifestArgs, render};
 use serde_json::{Value, json};
 
 const JOB: &str = "kube-system/pod-checkpointer";

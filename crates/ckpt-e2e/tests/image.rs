@@ -40,7 +40,7 @@ fn the_agent_image_runs_alone_resolves_localhost_and_imports_into_containerd() {
     let dir = dir.path();
 
     let binary = image::build_static_agent().unwrap();
-    let reference = ckpt_bin::render::DEFAULT_IMAGE;
+    let reference = ckpt_render::DEFAULT_IMAGE;
     let agent = image::agent_image(&binary, reference, &dir.join("agent.tar")).unwrap();
     let busybox = image::busybox_image(&dir.join("busybox.tar")).unwrap();
     // Any static binary stands in for pause.c here: the pause image is only imported.

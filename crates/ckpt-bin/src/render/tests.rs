@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use ckpt_render::testing::*;
 
+use ckpt_render::*;
+
 use super::*;
 
 fn options(args: &ManifestArgs) -> ManifestOptions {

@@ -237,7 +237,7 @@ fn names_tags_and_archive_names() {
         archive_name("ghcr.io/pod-checkpointer/pod-checkpointer:0.1.0"),
         "pod-checkpointer-0.1.0.oci.tar"
     );
-    assert!(ckpt_bin::render::DEFAULT_IMAGE.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))));
+    assert!(ckpt_render::DEFAULT_IMAGE.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))));
 }
 
 /// The Containerfile builds the same binary the same way into the same files; what both

@@ -20,7 +20,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ckpt_bin::render::DEFAULT_IMAGE;
 use ckpt_e2e::e2e_env::NODE_NAME;
 use ckpt_e2e::harness::agent::{AgentDirs, Inspect, inspect};
 use ckpt_e2e::harness::kubectl::pod_running;
@@ -30,6 +29,7 @@ use ckpt_e2e::harness::{agent_binary, xtask_binary};
 use ckpt_e2e::image::{BUSYBOX_IMAGE, agent_image, build_static_agent};
 use ckpt_e2e::progress::human_duration;
 use ckpt_e2e::wait::{Probe, holds_for, wait_for, waiting_on_error};
+use ckpt_render::DEFAULT_IMAGE;
 use serde_json::{Value, json};
 
 use crate::real_node::NodeRun;
