@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use ckpt_core::identity::ANNOTATION_CHECKPOINT_OF;
+use ckpt_core::ANNOTATION_CHECKPOINT_OF;
 use ckpt_core::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, PodId};
 use k8s_openapi::api::core::v1::{Pod, PodSpec, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

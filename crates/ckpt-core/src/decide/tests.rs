@@ -10,12 +10,12 @@ use serde_json::json;
 
 use super::*;
 use crate::checkpoint::CheckpointMeta;
-use crate::known_good::SpecSince;
-use crate::observation::{Fetched, ObjectRef, ObjectsView, OwnerStatus};
-use crate::plan::SelfScheduling;
-use crate::plan::{LocalView, Removal, RemovalReason, StoredCopy};
+use crate::journal::{RestartsSeen, SpecSince};
+use crate::lookups::{daemon_set_lookups, orphan_owners, required_by_namespace, scheduling_lookup};
+use crate::observation::{ObjectRef, ObjectsView, OwnerStatus, StoredCopy};
+use crate::plan::RemovalReason;
 use crate::references::{MAX_OBJECTS_PER_POD, MAX_WATCHED_OBJECTS};
-use crate::revisions::{CRASH_LOOP_RESTARTS, RestartsSeen};
+use crate::revisions::CRASH_LOOP_RESTARTS;
 
 const NS: &str = "kube-system";
 const NOW: Timestamp = Timestamp(1_000_000);

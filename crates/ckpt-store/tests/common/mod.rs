@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::identity::ANNOTATION_CHECKPOINT_OF;
+use ckpt_core::ANNOTATION_CHECKPOINT_OF;
 use ckpt_core::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, PodId};
 use ckpt_store::Layout;
 use k8s_openapi::api::core::v1::{HostPathVolumeSource, Pod, PodSpec, Volume};
