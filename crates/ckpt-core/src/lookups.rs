@@ -16,7 +16,7 @@ use crate::references::{RequiredObjects, over_watch_budget, required_objects};
 
 /// What the objects of every parent in `pods` need, by allowed namespace (each allowed
 /// namespace present, possibly empty): what the Secret/ConfigMap watches must cover. A
-/// parent past the node's watch budget ([`crate::over_watch_budget`]) is left out.
+/// parent past the node's watch budget (refused by [`assess`](crate::assess)) is left out.
 pub fn required_by_namespace(
     pods: &BTreeMap<PodId, Arc<Pod>>,
     allowed: &NamespaceAllowList,

@@ -7,7 +7,7 @@
 //! listed. Any other pod is a lineage of its own. [`plan_lineages`] chooses, per lineage:
 //! - the **newest** revision (the one checkpointed last: the current pod's);
 //! - the one an activation **runs**: the newest *known-good* revision (its parent was Ready
-//!   for a minute with exactly that content, [`crate::known_good`]), else the newest (what
+//!   for a minute with exactly that content, [`KNOWN_GOOD_AFTER`](crate::KNOWN_GOOD_AFTER)), else the newest (what
 //!   the original always ran);
 //! - the ones **kept** past the GC strategy's verdicts while the lineage lives: the newest,
 //!   then known-good ones, newest first, `keep` in all.
@@ -430,7 +430,7 @@ pub(crate) struct CrashLoopOutcome {
 /// Setting aside takes the revision's known-good mark: it is then an unproven revision
 /// like any other, never run while a known-good one is on disk, so each revision is set
 /// aside at most once, and a parent with its content takes over through the handoff, which
-/// gives it back its mark once it is Ready for [`crate::known_good::KNOWN_GOOD_AFTER`]. A
+/// gives it back its mark once it is Ready for [`crate::KNOWN_GOOD_AFTER`]. A
 /// revision without a fallback is never set aside: it is the best the node has. Readiness
 /// is not looked at: the CRI has none, and the kubelet's `/pods` has none of its own for a
 /// static pod; a revision that runs without serving is not caught.
