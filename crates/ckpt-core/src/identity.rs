@@ -125,12 +125,14 @@ impl ControllerOwner {
         })
     }
 
-    /// The owner as stored in [`ANNOTATION_OWNER`]: `apiVersion/kind/name/uid`.
+    /// The owner as stored in the `checkpointer.alpha.coreos.com/owner` annotation:
+    /// `apiVersion/kind/name/uid`.
     pub fn to_annotation(&self) -> String {
         format!("{}/{}/{}/{}", self.api_version, self.kind, self.name, self.uid)
     }
 
-    /// Parses [`ANNOTATION_OWNER`]; `None` for anything malformed.
+    /// Parses the `checkpointer.alpha.coreos.com/owner` annotation; `None` for anything
+    /// malformed.
     pub fn from_annotation(value: &str) -> Option<Self> {
         // apiVersion may itself contain one `/` (`apps/v1`), so split from the right.
         let mut parts = value.rsplitn(4, '/');

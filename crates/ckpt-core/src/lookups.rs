@@ -39,7 +39,7 @@ pub fn required_by_namespace(
 
 /// The owners to look up before deciding: those of checkpoints on disk whose parents
 /// are absent from a synced view (empty unless synced). Orphan candidates are known
-/// before deciding; their owners' status is an [`Observation`] fact.
+/// before deciding; their owners' status is an [`Observation`](crate::Observation) fact.
 pub fn orphan_owners(
     api: ApiState,
     pods: &BTreeMap<PodId, Arc<Pod>>,

@@ -76,7 +76,7 @@ impl RequiredObjects {
         self.len() == 0
     }
 
-    /// Whether this is more than one pod may reference ([`MAX_OBJECTS_PER_POD`]).
+    /// Whether this is more than one pod may reference (`MAX_OBJECTS_PER_POD`).
     pub fn too_many(&self) -> bool {
         self.len() > MAX_OBJECTS_PER_POD
     }

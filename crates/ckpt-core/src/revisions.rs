@@ -3,8 +3,8 @@
 //!
 //! **Revisions.** A DaemonSet has one pod per node, and a rollout replaces it with a pod of
 //! a new name: the checkpoints of a DaemonSet's pods on this node are the *revisions* of one
-//! [`Lineage`], each with its own manifest and the data it mounted when its pod was last
-//! listed. Any other pod is a lineage of its own. [`plan_lineages`] chooses, per lineage:
+//! `Lineage`, each with its own manifest and the data it mounted when its pod was last
+//! listed. Any other pod is a lineage of its own. `plan_lineages` chooses, per lineage:
 //! - the **newest** revision (the one checkpointed last: the current pod's);
 //! - the one an activation **runs**: the newest *known-good* revision (its parent was Ready
 //!   for a minute with exactly that content, [`KNOWN_GOOD_AFTER`](crate::KNOWN_GOOD_AFTER)), else the newest (what
@@ -19,15 +19,15 @@
 //! revision's older one still serves for the time a bad upgrade waits for a reboot.
 //!
 //! **Handoff.** When the newest revision is not proven and the known-good one is active,
-//! [`handoff`] decides, pass by pass, per the table in its docs: the new parent gets the
+//! `handoff` decides, pass by pass, per the table in its docs: the new parent gets the
 //! node (the checkpoint stops) once it runs, and a bounded time to become Ready on a synced
 //! view; if it does not, the known-good checkpoint returns and stays while that pod
 //! exists (or until it is seen Ready). Readiness is the API's: while the API is unreachable nothing proves
 //! a parent Ready, so a parent that cannot bring the API back is rejected at the deadline.
 //!
-//! **A known-good revision that crash-loops.** While the API is unreachable, [`crash_loop`]
+//! **A known-good revision that crash-loops.** While the API is unreachable, `crash_loop`
 //! counts the restarts of the active revision's static pod (from the container runtime)
-//! when another known-good revision could replace it; after [`CRASH_LOOP_RESTARTS`] it is
+//! when another known-good revision could replace it; after `CRASH_LOOP_RESTARTS` (3) it is
 //! set aside: it loses its known-good mark and the previous known-good revision runs.
 
 use std::collections::{BTreeMap, BTreeSet};
