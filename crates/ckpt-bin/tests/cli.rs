@@ -285,7 +285,7 @@ fn inspect_reports_states_and_what_runs_after_a_reboot() {
 /// known-good record), and since when the parent has a proof.
 #[test]
 fn inspect_reports_which_checkpoints_are_known_good() {
-    use ckpt_core::known_good::SpecSince;
+    use ckpt_core::SpecSince;
 
     let dir = tempfile::tempdir().expect("tempdir");
     let proven = seed_checkpoint(dir.path(), "kube-apiserver-abc", false);

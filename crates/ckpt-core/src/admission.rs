@@ -200,7 +200,7 @@ const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 /// must be C-like).
 ///
 /// ```
-/// use ckpt_core::admission::{KubeletVersion, admit};
+/// use ckpt_core::{KubeletVersion, admit};
 ///
 /// let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
 ///     "metadata": { "name": "kube-apiserver", "namespace": "kube-system" },
@@ -285,7 +285,7 @@ pub fn admit(pod: &Pod, node: &str, kubelet: Option<KubeletVersion>) -> Result<(
 /// unknown.
 ///
 /// ```
-/// use ckpt_core::admission::{KubeletVersion, dropped_fields};
+/// use ckpt_core::{KubeletVersion, dropped_fields};
 ///
 /// let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
 ///     "metadata": { "name": "kube-proxy", "namespace": "kube-system" },

@@ -93,7 +93,7 @@ pub struct FileOwner {
     pub gid: u32,
 }
 
-/// A sanitized checkpoint, ready to be written: made by [`crate::sanitize::sanitize`].
+/// A sanitized checkpoint, ready to be written: made by [`sanitize`](crate::sanitize()).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checkpoint {
     /// The parent it was made from.
@@ -153,7 +153,7 @@ pub struct CheckpointMeta {
     /// When the content was checkpointed, if written by us.
     pub checkpointed_at: Option<Timestamp>,
     /// Its parent asked for the checkpoint to stay until it is Ready
-    /// ([`crate::identity::HANDOFF_WHEN_READY`]).
+    /// (`checkpointer.alpha.coreos.com/handoff: when-ready`).
     pub retires_when_ready: bool,
 }
 

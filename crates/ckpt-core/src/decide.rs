@@ -9,12 +9,11 @@
 //!    and finds the [`Orphan`]s (checkpoints whose parent is absent from a synced view),
 //!    each with the facts a strategy needs (siblings, owner status);
 //! 2. the agent asks its strategy about each orphan;
-//! 3. [`Assessment::decide`]: plans with the verdicts ([`crate::plan`](mod@crate::plan)).
+//! 3. [`Assessment::decide`]: plans with the verdicts (the planner, `plan`).
 //!
 //! [`decide`](decide()) does 1 and 3 in one call, for verdicts known in advance.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -23,16 +22,17 @@ use crate::admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
 use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{
-    ANNOTATION_CHECKPOINT, ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, is_parent,
-    retires_when_ready,
+    ANNOTATION_CHECKPOINT, ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, has_completed,
+    is_parent, retires_when_ready,
 };
+use crate::journal::PersistentState;
 use crate::known_good;
-use crate::observation::{ApiState, Fetched, Observation, OwnerKey};
-use crate::plan::{
-    ApiParent, ApiView, CheckpointState, DiskCheckpoint, PersistentState, PlanInputs, Removal,
-    SelfScheduling, orphans, plan,
+use crate::lookups::own_owner;
+use crate::observation::{
+    ApiParent, ApiState, ApiView, DiskCheckpoint, Fetched, LocalView, Observation, OwnerKey, SelfScheduling,
 };
-use crate::references::{RequiredObjects, over_watch_budget, required_objects};
+use crate::plan::{CheckpointState, PlanInputs, Removal, orphans, plan};
+use crate::references::{over_watch_budget, required_objects};
 use crate::revisions::{Handoff, Lineage, RevisionSettings, SetAside};
 use crate::sanitize::{SanitizeOptions, sanitize};
 use crate::scheduling::daemon_pod_continues_running;
@@ -137,10 +137,9 @@ pub struct Report {
     /// Whether the agent's own DaemonSet still targets this node, when it mattered (a
     /// synced view without the agent's own pod).
     pub scheduling: Option<SelfScheduling>,
-    /// Whether a change of the API server matters now (see [`Plan::at_stake`]): the
-    /// agent probes it often only then.
-    ///
-    /// [`Plan::at_stake`]: crate::plan::Plan::at_stake
+    /// Whether a change of the API server matters now: a checkpoint (not the agent's own)
+    /// that losing the API would activate, or one active now that waits for the API or its
+    /// parent. The agent probes it often only then.
     pub at_stake: bool,
     /// Handoff steps in this pass: (the known-good checkpoint, the newest revision whose
     /// parent took or failed to take over, the step).
@@ -177,7 +176,7 @@ pub struct Assessment<'a> {
     revisions: RevisionSettings,
     allowed: NamespaceAllowList,
     api: ApiView,
-    local: &'a crate::plan::LocalView,
+    local: &'a LocalView,
     checkpoints: BTreeMap<PodId, Checkpoint>,
     desired: BTreeMap<PodId, String>,
     /// The parents whose API pod is Ready (synced views only).
@@ -221,27 +220,8 @@ impl Assessment<'_> {
             revisions: &self.revisions,
             live: &self.live,
         };
-        let mut planned = plan(&inputs, self.now);
+        let planned = plan(&inputs, self.now);
         let now = self.now;
-        let removed: BTreeSet<&PodId> = planned.removes.iter().map(|r| &r.id).collect();
-        let kept: BTreeSet<PodId> = (self.disk.keys())
-            .chain(planned.writes.iter())
-            .filter(|id| !removed.contains(id))
-            .cloned()
-            .collect();
-        let synced = matches!(self.api, ApiView::Synced { .. });
-        // From the plan's: a revision set aside in this pass lost its mark.
-        let tracked = known_good::track(
-            &planned.state.known_good,
-            &self.state.ready_since,
-            &self.desired,
-            &self.ready,
-            &kept,
-            synced,
-            now,
-        );
-        planned.state.known_good = tracked.known_good;
-        planned.state.ready_since = tracked.ready_since;
         self.report.next_deadline = (verdicts.values())
             .filter_map(|v| match v.verdict {
                 GcVerdict::RemoveAt(t) => Some(t),
@@ -249,7 +229,7 @@ impl Assessment<'_> {
             })
             .chain(planned.self_gc_at)
             .chain(planned.handoff_at)
-            .chain(tracked.next)
+            .chain(planned.known_good_at)
             .filter(|t| *t > now)
             .min();
         for (id, state) in &planned.states {
@@ -292,25 +272,6 @@ pub fn decide(
     now: Timestamp,
 ) -> Decision {
     assess(observation, disk, state, config, now).decide(verdicts)
-}
-
-/// The owners to look up before deciding: those of checkpoints on disk whose parents
-/// are absent from a synced view (empty unless synced). Orphan candidates are known
-/// before deciding; their owners' status is an [`Observation`] fact.
-pub fn orphan_owners(
-    api: ApiState,
-    pods: &BTreeMap<PodId, Arc<Pod>>,
-    disk: &BTreeMap<PodId, DiskCheckpoint>,
-    allowed: &NamespaceAllowList,
-) -> BTreeSet<OwnerKey> {
-    if api != ApiState::Synced {
-        return BTreeSet::new();
-    }
-    disk.iter()
-        .filter(|(id, _)| allowed.allows(&id.namespace))
-        .filter(|(id, _)| !pods.get(*id).is_some_and(|pod| is_parent(pod, allowed)))
-        .filter_map(|(id, d)| Some(OwnerKey::new(&id.namespace, d.meta()?.owner.as_ref()?)))
-        .collect()
 }
 
 /// The first step of a pass: parents, their sanitized checkpoints, the orphans and
@@ -396,23 +357,7 @@ pub fn assess<'a>(
                 .collect(),
         },
     };
-    let inputs = PlanInputs {
-        api: &api,
-        local: &observation.local,
-        disk,
-        desired: &desired,
-        verdicts: &BTreeMap::new(),
-        state,
-        me: &me,
-        scheduling: &scheduling,
-        grace: config.grace,
-        allowed: &config.allowed,
-        ready: &BTreeSet::new(),
-        terminating: &BTreeSet::new(),
-        revisions: &config.revisions,
-        live: &BTreeSet::new(),
-    };
-    let mut found = orphans(&inputs, now);
+    let mut found = orphans(&api, disk, &state.absent_since, &me, &config.allowed, now);
     for orphan in &mut found {
         let Some(owner) = &orphan.owner else { continue };
         let namespace = &*orphan.id.namespace;
@@ -460,77 +405,6 @@ pub fn assess<'a>(
         orphans: found,
         report,
     }
-}
-
-/// Whether a pod has completed: a Job's pod (`restartPolicy` `Never` or `OnFailure`) in
-/// phase `Succeeded` or `Failed` — its work is done or given up, and a static copy would
-/// run it again at every reboot. Any other pod that ended stands for a workload meant to
-/// run: a control-plane pod with `restartPolicy: Never` that crashed, or was stopped and
-/// exited 0 (`Succeeded`), is exactly what its checkpoint must bring back.
-pub fn has_completed(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
-    let job = ControllerOwner::of(pod).is_some_and(|o| o.kind == "Job");
-    job && matches!(policy, Some("Never" | "OnFailure")) && matches!(phase, Some("Succeeded" | "Failed"))
-}
-
-/// The agent's controller owner, from its own pod in the API or its own checkpoint: it
-/// recognises the agent's rolled pods (same DaemonSet, new name). Once known it stays
-/// known (`me.owner`).
-fn own_owner(
-    me: &SelfIdentity,
-    pods: &BTreeMap<PodId, Arc<Pod>>,
-    disk: &BTreeMap<PodId, DiskCheckpoint>,
-) -> Option<ControllerOwner> {
-    let own = me.parent_id();
-    (pods.get(&own).and_then(|p| ControllerOwner::of(p)))
-        .or_else(|| {
-            disk.get(&own)
-                .and_then(DiskCheckpoint::meta)
-                .and_then(|m| m.owner.clone())
-        })
-        .or_else(|| me.owner.clone())
-}
-
-/// The agent's own DaemonSet fetched by name, if its own pod is to be looked for: on a
-/// synced view, with the agent's own checkpoint on disk, no own pod listed and its
-/// controller known to be a DaemonSet. `ckpt-watch` fetches it (and this node) before
-/// deciding.
-pub fn scheduling_lookup(
-    api: ApiState,
-    pods: &BTreeMap<PodId, Arc<Pod>>,
-    disk: &BTreeMap<PodId, DiskCheckpoint>,
-    me: &SelfIdentity,
-) -> Option<OwnerKey> {
-    if api != ApiState::Synced {
-        return None;
-    }
-    let owner = own_owner(me, pods, disk)?;
-    // One identity with the learned owner, not a clone per pod.
-    let me = me.clone().with_owner(Some(owner));
-    let owner = me.owner.as_ref()?;
-    let own_pod = (pods.iter()).any(|(id, pod)| me.is_self(id, ControllerOwner::of(pod).as_ref()));
-    let own_checkpoint = (disk.iter()).any(|(id, d)| me.is_self(id, d.meta().and_then(|m| m.owner.as_ref())));
-    (owner.kind == "DaemonSet" && !own_pod && own_checkpoint).then(|| OwnerKey::new(&me.namespace, owner))
-}
-
-/// The DaemonSets to fetch by name before deciding (`ckpt-watch` fetches them and this
-/// node): the agent's own while its own pod is gone ([`scheduling_lookup`]), and the
-/// DaemonSets of checkpoints whose pods are gone from a synced view, whatever the GC
-/// strategy: whether such a DaemonSet still targets this node tells a rollout, an eviction
-/// or a controller outage from the end of the workload here (see [`live_lineages`]).
-/// Empty unless synced, and, on a node whose parents all run, empty.
-pub fn daemon_set_lookups(
-    api: ApiState,
-    pods: &BTreeMap<PodId, Arc<Pod>>,
-    disk: &BTreeMap<PodId, DiskCheckpoint>,
-    me: &SelfIdentity,
-    allowed: &NamespaceAllowList,
-) -> BTreeSet<OwnerKey> {
-    let mut keys = orphan_owners(api, pods, disk, allowed);
-    keys.retain(|key| key.kind == "DaemonSet");
-    keys.extend(scheduling_lookup(api, pods, disk, me));
-    keys
 }
 
 /// The DaemonSet lineages ([`Lineage::DaemonSet`]) whose DaemonSet, as fetched in this
@@ -712,29 +586,6 @@ fn inadmissible_message(node: &str, kubelet: Option<KubeletVersion>, problems: &
         "the kubelet of {node} ({kubelet}) would not run the checkpoint as a static pod: {}",
         problems.join("; ")
     )
-}
-
-/// What the objects of every parent in `pods` need, by allowed namespace (each allowed
-/// namespace present, possibly empty): what the Secret/ConfigMap watches must cover. A
-/// parent past the node's watch budget ([`crate::over_watch_budget`]) is left out.
-pub fn required_by_namespace(
-    pods: &BTreeMap<PodId, Arc<Pod>>,
-    allowed: &NamespaceAllowList,
-) -> BTreeMap<String, RequiredObjects> {
-    let mut out: BTreeMap<String, RequiredObjects> = (allowed.namespaces())
-        .map(|ns| (ns.to_owned(), RequiredObjects::default()))
-        .collect();
-    // The parents `decide` checkpoints, in its order (a completed one never is).
-    let parents = || (pods.iter()).filter(|(_, pod)| is_parent(pod, allowed) && !has_completed(pod));
-    // Refused in `decide`: nothing of them is watched.
-    let over_budget = over_watch_budget(parents().map(|(id, pod)| (id, &**pod)));
-    for (id, pod) in parents().filter(|(id, _)| !over_budget.contains_key(*id)) {
-        let required = required_objects(pod);
-        let ns = out.entry(id.namespace.to_string()).or_default();
-        ns.secrets.extend(required.secrets);
-        ns.config_maps.extend(required.config_maps);
-    }
-    out
 }
 
 #[cfg(test)]

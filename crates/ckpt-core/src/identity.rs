@@ -12,25 +12,25 @@ pub const ANNOTATION_CHECKPOINT: &str = "checkpointer.alpha.coreos.com/checkpoin
 /// On a parent (and copied to its checkpoints): how its checkpoint hands the node back to
 /// it; [`HANDOFF_WHEN_READY`] is the one value (absent: the checkpoint steps aside as soon
 /// as the parent runs).
-pub const ANNOTATION_HANDOFF: &str = "checkpointer.alpha.coreos.com/handoff";
+pub(crate) const ANNOTATION_HANDOFF: &str = "checkpointer.alpha.coreos.com/handoff";
 /// [`ANNOTATION_HANDOFF`]'s value for a parent that binds its ports beside its running
 /// checkpoint (`SO_REUSEPORT`: kube-apiserver's `--permit-port-sharing`): the checkpoint
 /// stays until the parent is Ready instead of stepping aside when it runs.
-pub const HANDOFF_WHEN_READY: &str = "when-ready";
+pub(crate) const HANDOFF_WHEN_READY: &str = "when-ready";
 /// Marks a checkpoint; the value is the parent's name (bootkube's format).
 pub const ANNOTATION_CHECKPOINT_OF: &str = "checkpointer.alpha.coreos.com/checkpoint-of";
 /// Our addition: the parent's UID.
-pub const ANNOTATION_PARENT_UID: &str = "checkpointer.alpha.coreos.com/parent-uid";
+pub(crate) const ANNOTATION_PARENT_UID: &str = "checkpointer.alpha.coreos.com/parent-uid";
 /// Our addition: the parent's controller owner as `apiVersion/kind/name/uid`.
-pub const ANNOTATION_OWNER: &str = "checkpointer.alpha.coreos.com/owner";
+pub(crate) const ANNOTATION_OWNER: &str = "checkpointer.alpha.coreos.com/owner";
 /// Our addition: hash of the sanitized manifest and its materialized files.
-pub const ANNOTATION_SPEC_HASH: &str = "checkpointer.alpha.coreos.com/spec-hash";
+pub(crate) const ANNOTATION_SPEC_HASH: &str = "checkpointer.alpha.coreos.com/spec-hash";
 /// Our addition: when this content was first checkpointed (RFC 3339, UTC).
-pub const ANNOTATION_CHECKPOINTED_AT: &str = "checkpointer.alpha.coreos.com/checkpointed-at";
+pub(crate) const ANNOTATION_CHECKPOINTED_AT: &str = "checkpointer.alpha.coreos.com/checkpointed-at";
 /// Set by the kubelet on pods it read from a file (static pods).
-pub const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
+pub(crate) const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 /// Set by the kubelet on the API mirror of a static pod.
-pub const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
+pub(crate) const ANNOTATION_CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 
 /// A pod's identity: namespace and name. Ordered, so every list we emit is sorted.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -125,12 +125,14 @@ impl ControllerOwner {
         })
     }
 
-    /// The owner as stored in [`ANNOTATION_OWNER`]: `apiVersion/kind/name/uid`.
+    /// The owner as stored in the `checkpointer.alpha.coreos.com/owner` annotation:
+    /// `apiVersion/kind/name/uid`.
     pub fn to_annotation(&self) -> String {
         format!("{}/{}/{}/{}", self.api_version, self.kind, self.name, self.uid)
     }
 
-    /// Parses [`ANNOTATION_OWNER`]; `None` for anything malformed.
+    /// Parses the `checkpointer.alpha.coreos.com/owner` annotation; `None` for anything
+    /// malformed.
     pub fn from_annotation(value: &str) -> Option<Self> {
         // apiVersion may itself contain one `/` (`apps/v1`), so split from the right.
         let mut parts = value.rsplitn(4, '/');
@@ -161,12 +163,12 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 }
 
 /// Whether a pod is a checkpoint (it carries [`ANNOTATION_CHECKPOINT_OF`], any value).
-pub fn is_checkpoint(pod: &Pod) -> bool {
+pub(crate) fn is_checkpoint(pod: &Pod) -> bool {
     annotation(pod, ANNOTATION_CHECKPOINT_OF).is_some()
 }
 
 /// Whether a pod is a static pod or the API mirror of one.
-pub fn is_static_or_mirror(pod: &Pod) -> bool {
+pub(crate) fn is_static_or_mirror(pod: &Pod) -> bool {
     annotation(pod, ANNOTATION_CONFIG_SOURCE) == Some("file")
         || annotation(pod, ANNOTATION_CONFIG_MIRROR).is_some()
 }
@@ -202,9 +204,21 @@ pub fn is_parent(pod: &Pod, allowed: &NamespaceAllowList) -> bool {
         && PodId::of(pod).is_some_and(|id| allowed.allows(&id.namespace))
 }
 
+/// Whether a pod has completed: a Job's pod (`restartPolicy` `Never` or `OnFailure`) in
+/// phase `Succeeded` or `Failed` — its work is done or given up, and a static copy would
+/// run it again at every reboot. Any other pod that ended stands for a workload meant to
+/// run: a control-plane pod with `restartPolicy: Never` that crashed, or was stopped and
+/// exited 0 (`Succeeded`), is exactly what its checkpoint must bring back.
+pub(crate) fn has_completed(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
+    let job = ControllerOwner::of(pod).is_some_and(|o| o.kind == "Job");
+    job && matches!(policy, Some("Never" | "OnFailure")) && matches!(phase, Some("Succeeded" | "Failed"))
+}
+
 /// Whether a pod (a parent, or a checkpoint made of one) asks for its checkpoint to stay
 /// until it is Ready ([`HANDOFF_WHEN_READY`]).
-pub fn retires_when_ready(pod: &Pod) -> bool {
+pub(crate) fn retires_when_ready(pod: &Pod) -> bool {
     annotation(pod, ANNOTATION_HANDOFF) == Some(HANDOFF_WHEN_READY)
 }
 

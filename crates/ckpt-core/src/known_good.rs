@@ -9,64 +9,34 @@
 //! Only a synced view proves anything or breaks a streak of readiness; while the API is
 //! not synced, nothing changes. [`crate::revisions`] uses the proof: an activation runs the
 //! newest known-good revision, and a parent with unproven content takes over through the
-//! health-gated handoff.
-//!
-//! ```
-//! use std::collections::{BTreeMap, BTreeSet};
-//! use std::time::Duration;
-//!
-//! use ckpt_core::known_good::{KNOWN_GOOD_AFTER, track};
-//! use ckpt_core::{PodId, Timestamp};
-//!
-//! let id = PodId::new("kube-system", "kube-apiserver-x7k2p");
-//! let desired = BTreeMap::from([(id.clone(), "h1".to_owned())]);
-//! let ready = BTreeSet::from([id.clone()]);
-//! let kept = BTreeSet::from([id.clone()]);
-//! let t0 = Timestamp(0);
-//! let first = track(&BTreeMap::new(), &BTreeMap::new(), &desired, &ready, &kept, true, t0);
-//! assert!(first.known_good.is_empty());
-//! assert_eq!(first.next, Some(t0.saturating_add(KNOWN_GOOD_AFTER)));
-//! let later = t0.saturating_add(KNOWN_GOOD_AFTER);
-//! let second = track(&first.known_good, &first.ready_since, &desired, &ready, &kept, true, later);
-//! assert_eq!(second.known_good[&id].spec_hash, "h1");
-//! ```
+//! health-gated handoff. The planner tracks proofs as its last step, over what the pass
+//! keeps on disk.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::identity::PodId;
+use crate::journal::SpecSince;
 use crate::time::Timestamp;
 
 /// How long a parent must be Ready with a content for it to become known-good.
 pub const KNOWN_GOOD_AFTER: Duration = Duration::from_secs(60);
 
-/// A content (spec hash) and a time: when it became known-good, or since when its parent
-/// has been Ready with it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SpecSince {
-    /// The checkpoint's spec hash.
-    pub spec_hash: String,
-    /// When.
-    pub since: Timestamp,
-}
-
 /// The outcome of [`track`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Tracked {
+pub(crate) struct Tracked {
     /// The known-good content of each parent.
-    pub known_good: BTreeMap<PodId, SpecSince>,
+    pub(crate) known_good: BTreeMap<PodId, SpecSince>,
     /// The parents Ready with a content not proven yet, since when.
-    pub ready_since: BTreeMap<PodId, SpecSince>,
+    pub(crate) ready_since: BTreeMap<PodId, SpecSince>,
     /// When the next of those becomes known-good: look again then.
-    pub next: Option<Timestamp>,
+    pub(crate) next: Option<Timestamp>,
 }
 
 /// One pass of tracking. `desired` is each sanitized parent's content; `ready` the parents
 /// whose API pod is Ready; `kept` the checkpoints on disk after the pass (a removed
 /// checkpoint's proof goes with it); `synced` whether the view is synced.
-pub fn track(
+pub(crate) fn track(
     known_good: &BTreeMap<PodId, SpecSince>,
     ready_since: &BTreeMap<PodId, SpecSince>,
     desired: &BTreeMap<PodId, String>,
@@ -118,7 +88,7 @@ pub fn track(
 }
 
 /// Whether an API pod is running and Ready (its `Ready` condition is `True`).
-pub fn is_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+pub(crate) fn is_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };

@@ -1,29 +1,25 @@
-//! `ckpt-core`: the pure domain model of pod-checkpointer. No I/O, no async.
+//! `ckpt-core`: the pure domain model of pod-checkpointer. No I/O, no async. Everything
+//! public is at the crate's root, except the revisions' settings and steps
+//! ([`revisions`]).
 //!
-//! - [`identity`]: [`PodId`], the annotations, what is a parent, a checkpoint, the agent
-//!   itself ([`SelfIdentity`], and [`LockIdentity`] as the lock holder) and a controller
-//!   owner ([`ControllerOwner`]); what a Kubernetes name may be ([`is_dns_label`],
-//!   [`is_dns_subdomain`]).
-//! - [`admission`](mod@admission): whether the node's kubelet would run a checkpoint as a
-//!   static pod ([`admit`], for a [`KubeletVersion`]), checked before it is written, and
-//!   the fields that kubelet drops ([`dropped_fields`]).
-//! - [`known_good`](mod@known_good): which content each parent has proven (Ready for a
-//!   minute with it), kept in the journal.
-//! - [`revisions`]: a DaemonSet's checkpoints on this node as revisions of one lineage,
-//!   which one an activation runs, which ones are kept, and the health-gated handoff from a
-//!   known-good checkpoint to a parent with unproven content.
-//! - [`checkpoint`]: a [`Checkpoint`] as a value: the static-pod manifest and the
-//!   [`MaterializedDir`]s it mounts.
-//! - [`observation`]: what the agent observed for a pass ([`Observation`]), produced by
-//!   `ckpt-watch`.
-//! - [`decide`](mod@decide): one pass's decision as a pure function: [`assess`] finds the
-//!   parents, sanitizes them and finds the [`Orphan`]s; the GC strategy's verdicts go into
-//!   [`Assessment::decide`], which returns a [`Decision`] (what to write, stop, start and
-//!   remove, the state to persist, a [`Report`]). [`plan`](mod@plan) is the planner under it.
-//! - [`gc`]: what a GC strategy is asked ([`Orphan`], with its facts) and answers
-//!   ([`GcDecision`]).
-//! - [`time`]: [`Timestamp`], the planner's clock.
-//! - [`error_chain`]: an error and its causes on one line, as every crate here logs them.
+//! One pass of the agent, in the order it runs (ARCHITECTURE.md, The pass):
+//! - **What was observed**: an [`Observation`] (`ckpt-watch` makes it: the [`ApiState`],
+//!   the pods, the Secrets and ConfigMaps they mount, the [`LocalView`], owner facts), the
+//!   checkpoints on disk ([`DiskCheckpoint`], from `ckpt-store`) and the journal
+//!   ([`PersistentState`]). Before deciding, the observer asks what to look up:
+//!   [`required_by_namespace`], [`orphan_owners`], [`daemon_set_lookups`].
+//! - **Deciding**: [`assess`] finds the parents, sanitizes them into [`Checkpoint`]s
+//!   ([`sanitize`], then [`admit`]: would this node's kubelet run it, for its
+//!   [`KubeletVersion`]) and finds the [`Orphan`]s; the GC strategy's verdicts
+//!   ([`GcDecision`]) go into [`Assessment::decide`], which plans the pass and returns a
+//!   [`Decision`]: what to write, stop, start and remove ([`Removal`]), the journal to save
+//!   (known-good content, [`KNOWN_GOOD_AFTER`], included) and a [`Report`]. [`decide`] does
+//!   both steps for verdicts known in advance.
+//! - **Who is who**: [`PodId`], [`is_parent`], the agent itself ([`SelfIdentity`],
+//!   [`LockIdentity`] as the lock holder), a [`ControllerOwner`], what a Kubernetes name
+//!   may be ([`is_dns_label`], [`is_dns_subdomain`]).
+//! - [`Timestamp`], the planner's clock; [`error_chain`], an error and its causes on one
+//!   line, as every crate here logs them.
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -56,61 +52,46 @@
 //! assert!(decision.is_noop());
 //! ```
 
-pub mod admission;
-pub mod checkpoint;
-pub mod decide;
+mod admission;
+mod checkpoint;
+mod decide;
 mod error;
-pub mod gc;
-pub mod identity;
-pub mod known_good;
-pub mod observation;
-pub mod plan;
-pub mod references;
+mod gc;
+mod identity;
+mod journal;
+mod known_good;
+mod lookups;
+mod observation;
+mod plan;
+mod references;
 pub mod revisions;
-pub mod sanitize;
-pub mod scheduling;
-pub mod time;
+mod sanitize;
+mod scheduling;
+mod time;
 
-#[doc(inline)]
 pub use admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
-#[doc(inline)]
 pub use checkpoint::{
     Checkpoint, CheckpointMeta, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, manifest_bytes,
     sha256_hex,
 };
-#[doc(inline)]
-pub use decide::{
-    Assessment, DecideConfig, Decision, Refusal, Report, assess, daemon_set_lookups, decide, has_completed,
-    orphan_owners, required_by_namespace, scheduling_lookup,
-};
-#[doc(inline)]
+pub use decide::{Assessment, DecideConfig, Decision, Refusal, Report, assess, decide};
 pub use error::{Error, Result, error_chain};
-#[doc(inline)]
 pub use gc::{GcDecision, GcVerdict, Orphan, Sibling};
-#[doc(inline)]
 pub use identity::{
-    ControllerOwner, LockIdentity, NamespaceAllowList, PodId, SelfIdentity, is_checkpoint, is_dns_label,
-    is_dns_subdomain, is_parent,
+    ANNOTATION_CHECKPOINT, ANNOTATION_CHECKPOINT_OF, ControllerOwner, LockIdentity, NamespaceAllowList,
+    PodId, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
 };
-#[doc(inline)]
+pub use journal::{PersistentState, RestartsSeen, SpecSince};
+pub use known_good::KNOWN_GOOD_AFTER;
+pub use lookups::{daemon_set_lookups, orphan_owners, required_by_namespace, scheduling_lookup};
 pub use observation::{
-    ApiState, Fetched, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey, OwnerStatus,
+    ApiState, DiskCheckpoint, Fetched, LocalView, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey,
+    OwnerStatus, SelfScheduling, StoredCopy,
 };
-#[doc(inline)]
-pub use plan::{
-    ApiParent, ApiView, CheckpointState, DiskCheckpoint, LocalView, PersistentState, Plan, PlanInputs,
-    Removal, RemovalReason, SelfScheduling, StoredCopy, orphans, plan,
-};
-#[doc(inline)]
-pub use references::{
-    MAX_OBJECTS_PER_POD, MAX_WATCHED_OBJECTS, RequiredObjects, over_watch_budget, references_api_objects,
-    required_objects,
-};
-#[doc(inline)]
+pub use plan::{CheckpointState, Removal, RemovalReason};
+pub use references::{RequiredObjects, references_api_objects};
 pub use sanitize::{ApiObjects, SanitizeOptions, Sanitized, sanitize};
-#[doc(inline)]
 pub use scheduling::daemon_pod_continues_running;
-#[doc(inline)]
 pub use time::Timestamp;
 
 /// The README's example, compiled and run with the doctests so it stays true.

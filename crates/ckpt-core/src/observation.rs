@@ -1,5 +1,10 @@
 //! What the agent observed at the start of a pass, as one owned value: the input of
 //! [`decide`](crate::decide()). `ckpt-watch` produces it; nothing here does I/O.
+//!
+//! Beside it, the rest of the planner's input model: the checkpoints on disk
+//! ([`DiskCheckpoint`], from `ckpt-store`), what runs here ([`LocalView`]), the API view
+//! the planner reads the observation as ([`ApiView`]), and whether the agent's own
+//! DaemonSet still targets this node ([`SelfScheduling`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -9,8 +14,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::admission::KubeletVersion;
+use crate::checkpoint::CheckpointMeta;
 use crate::identity::{ControllerOwner, PodId};
-use crate::plan::LocalView;
 use crate::references::RequiredObjects;
 use crate::sanitize::ApiObjects;
 
@@ -279,4 +284,98 @@ impl Observation {
         static NOT_FETCHED: Fetched<DaemonSet> = Fetched::NotFetched;
         self.daemon_sets.get(key).unwrap_or(&NOT_FETCHED)
     }
+}
+
+/// What runs on this node, from the container runtime (or the kubelet with CRI off).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalView {
+    /// The source failed: not "nothing is running".
+    Unknown,
+    /// The source answered.
+    Known {
+        /// Parents running locally under their own name (a checkpoint's static pod runs
+        /// as `<name>-<node>`, so it never counts as its parent running).
+        running: BTreeSet<PodId>,
+        /// Parents the kubelet knows about. Informational only: a checkpoint's content
+        /// always comes from the API copy, so a stale kubelet never creates one.
+        kubelet_parents: BTreeSet<PodId>,
+        /// The restart counts of the static pods of the checkpoints a plan asked about
+        /// ([`Report::watch_restarts`](crate::Report::watch_restarts)), by checkpoint: the highest attempt among each one's
+        /// containers, as the runtime shows it. One not seen (no container yet, no CRI) is
+        /// missing.
+        restarts: BTreeMap<PodId, u32>,
+    },
+}
+
+/// One stored copy of a checkpoint (inactive or active).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCopy {
+    /// What the manifest says about itself.
+    pub meta: CheckpointMeta,
+    /// SHA-256 of the file's bytes, to compare the active copy with the inactive one.
+    pub digest: String,
+}
+
+/// A checkpoint as found on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskCheckpoint {
+    /// In the inactive-manifests directory.
+    pub inactive: Option<StoredCopy>,
+    /// In the kubelet's manifests directory.
+    pub active: Option<StoredCopy>,
+}
+
+impl DiskCheckpoint {
+    /// What the inactive copy (else the active one) says about itself.
+    pub fn meta(&self) -> Option<&CheckpointMeta> {
+        self.inactive.as_ref().or(self.active.as_ref()).map(|c| &c.meta)
+    }
+}
+
+/// What the API server tells us, in the three states that matter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ApiView {
+    /// The health probe fails: down, refusing or hung. Only this state activates.
+    Unreachable,
+    /// It answers but we have no complete list since the last outage (a 403 while RBAC
+    /// warms up, a relist in progress): neither activates nor garbage-collects.
+    Reachable,
+    /// A complete, current list of the parents on this node. Only this state removes.
+    Synced {
+        /// Every parent pod on this node (annotated, in an allowed namespace).
+        parents: BTreeMap<PodId, ApiParent>,
+    },
+}
+
+/// A parent as listed by the API server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ApiParent {
+    /// The pod's UID.
+    pub(crate) uid: Option<String>,
+    /// The pod's controller owner.
+    pub(crate) owner: Option<ControllerOwner>,
+    /// It has completed (phase `Succeeded` or `Failed` with `restartPolicy` `Never` or
+    /// `OnFailure`): it will never run again, and a static copy would run its work again.
+    pub(crate) completed: bool,
+    /// It asks for its checkpoint to stay until it is Ready
+    /// ([`crate::identity::HANDOFF_WHEN_READY`]).
+    pub(crate) retires_when_ready: bool,
+}
+
+/// Whether the agent's own DaemonSet still targets this node: what decides self-GC
+/// (ARCHITECTURE.md, Self-checkpoint, lock and self-GC).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SelfScheduling {
+    /// It targets this node (or a DaemonSet of the same name that replaced it does): the
+    /// agent's own pod being absent is a rollout, an eviction or a controller outage. Keep
+    /// everything, whatever the strategy says.
+    Targeted,
+    /// It exists but no longer targets this node (why attached): self-GC now.
+    Descheduled(String),
+    /// It is deleted (404) and nothing of the same name took its place: self-GC once the
+    /// agent's own pod has been absent for the grace period.
+    Deleted,
+    /// Not known (why attached: no owner known, not a DaemonSet, no permission, the node
+    /// unreadable): the strategy's verdict, never sooner than the grace period.
+    Unknown(String),
 }

@@ -10,18 +10,18 @@ use crate::identity::PodId;
 /// The most Secrets and ConfigMaps one parent may reference, together: the agent watches
 /// each one (as the kubelet does), so a pod referencing more is refused, with an Event,
 /// before any watch starts. A control-plane pod references a handful.
-pub const MAX_OBJECTS_PER_POD: usize = 64;
+pub(crate) const MAX_OBJECTS_PER_POD: usize = 64;
 
 /// The most Secrets and ConfigMaps the agent watches on a node, for every parent
 /// together (each watch holds a connection to the API server). Parents are taken in
 /// order of namespace and name; one whose objects not watched yet would go past the
 /// bound is refused, with an Event, before any watch of it starts.
-pub const MAX_WATCHED_OBJECTS: usize = 256;
+pub(crate) const MAX_WATCHED_OBJECTS: usize = 256;
 
 /// The parents, of `parents` in the order given, that reference more Secrets and
 /// ConfigMaps than one pod may, or whose objects not referenced by an earlier parent would
 /// take the node past [`MAX_WATCHED_OBJECTS`]: nothing of them is watched.
-pub fn over_watch_budget<'a, I>(parents: I) -> BTreeMap<PodId, String>
+pub(crate) fn over_watch_budget<'a, I>(parents: I) -> BTreeMap<PodId, String>
 where
     I: IntoIterator<Item = (&'a PodId, &'a Pod)>,
 {
@@ -76,7 +76,7 @@ impl RequiredObjects {
         self.len() == 0
     }
 
-    /// Whether this is more than one pod may reference ([`MAX_OBJECTS_PER_POD`]).
+    /// Whether this is more than one pod may reference (`MAX_OBJECTS_PER_POD`).
     pub fn too_many(&self) -> bool {
         self.len() > MAX_OBJECTS_PER_POD
     }
@@ -126,7 +126,7 @@ fn all_container_env(pod: &Pod) -> Vec<(String, &[EnvVar], &[EnvFromSource])> {
 
 /// The Secrets and ConfigMaps a pod needs, from secret/configMap/projected volumes, env
 /// `valueFrom` and `envFrom`. Fetch these, then [`crate::sanitize::sanitize`].
-pub fn required_objects(pod: &Pod) -> RequiredObjects {
+pub(crate) fn required_objects(pod: &Pod) -> RequiredObjects {
     let mut req = RequiredObjects::default();
     for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         if let Some(name) = v.secret.as_ref().and_then(|s| s.secret_name.clone()) {

@@ -3,11 +3,11 @@
 //!
 //! **Revisions.** A DaemonSet has one pod per node, and a rollout replaces it with a pod of
 //! a new name: the checkpoints of a DaemonSet's pods on this node are the *revisions* of one
-//! [`Lineage`], each with its own manifest and the data it mounted when its pod was last
-//! listed. Any other pod is a lineage of its own. [`plan_lineages`] chooses, per lineage:
+//! `Lineage`, each with its own manifest and the data it mounted when its pod was last
+//! listed. Any other pod is a lineage of its own. `plan_lineages` chooses, per lineage:
 //! - the **newest** revision (the one checkpointed last: the current pod's);
 //! - the one an activation **runs**: the newest *known-good* revision (its parent was Ready
-//!   for a minute with exactly that content, [`crate::known_good`]), else the newest (what
+//!   for a minute with exactly that content, [`KNOWN_GOOD_AFTER`](crate::KNOWN_GOOD_AFTER)), else the newest (what
 //!   the original always ran);
 //! - the ones **kept** past the GC strategy's verdicts while the lineage lives: the newest,
 //!   then known-good ones, newest first, `keep` in all.
@@ -19,56 +19,23 @@
 //! revision's older one still serves for the time a bad upgrade waits for a reboot.
 //!
 //! **Handoff.** When the newest revision is not proven and the known-good one is active,
-//! [`handoff`] decides, pass by pass, per the table in its docs: the new parent gets the
+//! `handoff` decides, pass by pass, per the table in its docs: the new parent gets the
 //! node (the checkpoint stops) once it runs, and a bounded time to become Ready on a synced
 //! view; if it does not, the known-good checkpoint returns and stays while that pod
 //! exists (or until it is seen Ready). Readiness is the API's: while the API is unreachable nothing proves
 //! a parent Ready, so a parent that cannot bring the API back is rejected at the deadline.
 //!
-//! **A known-good revision that crash-loops.** While the API is unreachable, [`crash_loop`]
+//! **A known-good revision that crash-loops.** While the API is unreachable, `crash_loop`
 //! counts the restarts of the active revision's static pod (from the container runtime)
-//! when another known-good revision could replace it; after [`CRASH_LOOP_RESTARTS`] it is
+//! when another known-good revision could replace it; after `CRASH_LOOP_RESTARTS` (3) it is
 //! set aside: it loses its known-good mark and the previous known-good revision runs.
-//!
-//! ```
-//! use std::time::Duration;
-//!
-//! use ckpt_core::revisions::{Handoff, HandoffInput, Serving, handoff};
-//! use ckpt_core::Timestamp;
-//!
-//! // The new parent runs while the known-good checkpoint serves: it gets the node.
-//! let input = HandoffInput {
-//!     newest_hash: "new",
-//!     newest_runs: Some(true),
-//!     newest_ready: false,
-//!     newest_terminating: false,
-//!     retires_when_ready: false,
-//!     active: true,
-//!     handoff: None,
-//!     rejected: None,
-//!     timeout: Duration::from_secs(120),
-//! };
-//! let now = Timestamp(1_000);
-//! let started = handoff(&input, now);
-//! assert_eq!((started.serving, started.step), (Serving::Standby, Some(Handoff::Started)));
-//! // Two minutes later it is still not Ready: the known-good checkpoint returns.
-//! let later = HandoffInput { active: false, handoff: started.handoff.as_ref(), ..input };
-//! let failed = handoff(&later, now.saturating_add(Duration::from_secs(120)));
-//! assert_eq!((failed.serving, failed.step), (Serving::Serve, Some(Handoff::Failed)));
-//!
-//! // A parent that binds beside its checkpoint (`handoff: when-ready`) never gets the node
-//! // before it is Ready: the checkpoint serves on beside it.
-//! let beside = HandoffInput { retires_when_ready: true, ..input };
-//! assert_eq!(handoff(&beside, now).serving, Serving::Serve);
-//! ```
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::identity::{ControllerOwner, PodId};
-use crate::known_good::SpecSince;
+use crate::journal::{RestartsSeen, SpecSince};
+use crate::observation::DiskCheckpoint;
 use crate::time::Timestamp;
 
 /// Revisions kept per lineage by default: the newest and one known-good.
@@ -104,7 +71,7 @@ impl RevisionSettings {
 
 /// The checkpoints that are revisions of one another.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Lineage {
+pub(crate) enum Lineage {
     /// The pods of one DaemonSet on this node (one at a time, a new name per rollout).
     DaemonSet {
         /// The namespace.
@@ -118,7 +85,7 @@ pub enum Lineage {
 
 impl Lineage {
     /// The lineage of a pod with this controller owner.
-    pub fn of(id: &PodId, owner: Option<&ControllerOwner>) -> Self {
+    pub(crate) fn of(id: &PodId, owner: Option<&ControllerOwner>) -> Self {
         match owner {
             Some(owner) if owner.kind == "DaemonSet" && !owner.uid.is_empty() => Lineage::DaemonSet {
                 namespace: id.namespace.to_string(),
@@ -131,28 +98,28 @@ impl Lineage {
 
 /// One revision, as [`plan_lineages`] weighs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Revision<'a> {
+pub(crate) struct Revision<'a> {
     /// Its checkpoint.
-    pub id: &'a PodId,
+    pub(crate) id: &'a PodId,
     /// When its content was checkpointed (`None`: not recorded, a bootkube file: oldest).
-    pub checkpointed_at: Option<Timestamp>,
+    pub(crate) checkpointed_at: Option<Timestamp>,
     /// Its parent proved exactly this content (known-good).
-    pub proven: bool,
+    pub(crate) proven: bool,
 }
 
 /// What [`plan_lineages`] chose for one lineage.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LineagePlan {
+pub(crate) struct LineagePlan {
     /// The revision checkpointed last.
-    pub newest: PodId,
+    pub(crate) newest: PodId,
     /// The revision an activation runs.
-    pub runs: PodId,
+    pub(crate) runs: PodId,
     /// The revisions kept past GC verdicts while the newest is kept.
-    pub kept: BTreeSet<PodId>,
+    pub(crate) kept: BTreeSet<PodId>,
 }
 
 /// Chooses, per lineage, the newest revision, the one to run and the ones to keep.
-pub fn plan_lineages<'a>(
+pub(crate) fn plan_lineages<'a>(
     revisions: impl IntoIterator<Item = (Lineage, Revision<'a>)>,
     settings: &RevisionSettings,
 ) -> BTreeMap<Lineage, LineagePlan> {
@@ -204,11 +171,11 @@ pub struct RevisionRole {
 /// The roles of the checkpoints on disk that share a lineage with another one; a
 /// checkpoint alone in its lineage has none (it is what any activation of it runs).
 pub fn roles(
-    disk: &BTreeMap<PodId, crate::plan::DiskCheckpoint>,
+    disk: &BTreeMap<PodId, DiskCheckpoint>,
     known_good: &BTreeMap<PodId, SpecSince>,
     settings: &RevisionSettings,
 ) -> BTreeMap<PodId, RevisionRole> {
-    let proven = |id: &PodId, d: &crate::plan::DiskCheckpoint| {
+    let proven = |id: &PodId, d: &DiskCheckpoint| {
         let content = d.inactive.as_ref().and_then(|c| c.meta.spec_hash.as_deref());
         (content.zip(known_good.get(id))).is_some_and(|(content, proof)| proof.spec_hash == content)
     };
@@ -257,7 +224,7 @@ pub fn roles(
 
 /// How the known-good revision serves while the newest revision is unproven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Serving {
+pub(crate) enum Serving {
     /// As any checkpoint: activated when the API is unreachable and no parent of the
     /// lineage runs, retired once one runs.
     AsUsual,
@@ -295,41 +262,41 @@ impl Handoff {
 /// What [`handoff`] looks at, for one lineage whose newest revision is not the known-good
 /// one it runs.
 #[derive(Clone, Copy, Debug)]
-pub struct HandoffInput<'a> {
+pub(crate) struct HandoffInput<'a> {
     /// The newest revision's content hash.
-    pub newest_hash: &'a str,
+    pub(crate) newest_hash: &'a str,
     /// Its parent runs here (`None`: the runtime is unknown).
-    pub newest_runs: Option<bool>,
+    pub(crate) newest_runs: Option<bool>,
     /// Its parent is Ready on a synced view.
-    pub newest_ready: bool,
+    pub(crate) newest_ready: bool,
     /// Its parent is being deleted, on a synced view (a rollout or rollback replacing it).
-    pub newest_terminating: bool,
+    pub(crate) newest_terminating: bool,
     /// Its parent binds beside the checkpoint and asks for it to stay until it is Ready
     /// ([`crate::identity::HANDOFF_WHEN_READY`]).
-    pub retires_when_ready: bool,
+    pub(crate) retires_when_ready: bool,
     /// The known-good checkpoint is active.
-    pub active: bool,
+    pub(crate) active: bool,
     /// The handoff in progress to the newest revision, from the journal.
-    pub handoff: Option<&'a SpecSince>,
+    pub(crate) handoff: Option<&'a SpecSince>,
     /// The newest revision's failed handoff, from the journal.
-    pub rejected: Option<&'a SpecSince>,
+    pub(crate) rejected: Option<&'a SpecSince>,
     /// `--handoff-timeout`.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 /// What [`handoff`] decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HandoffOutcome {
+pub(crate) struct HandoffOutcome {
     /// How the known-good checkpoint serves.
-    pub serving: Serving,
+    pub(crate) serving: Serving,
     /// The handoff in progress, to journal.
-    pub handoff: Option<SpecSince>,
+    pub(crate) handoff: Option<SpecSince>,
     /// The failed handoff, to journal.
-    pub rejected: Option<SpecSince>,
+    pub(crate) rejected: Option<SpecSince>,
     /// What happened in this pass.
-    pub step: Option<Handoff>,
+    pub(crate) step: Option<Handoff>,
     /// When to look again.
-    pub deadline: Option<Timestamp>,
+    pub(crate) deadline: Option<Timestamp>,
 }
 
 /// One pass of the handoff from the known-good checkpoint to a parent with unproven
@@ -352,7 +319,7 @@ pub struct HandoffOutcome {
 /// of the data it mounts, say). A pod being deleted (its DaemonSet replacing it, a
 /// rollback) gets no handoff: the node would go without a server for a pod that is going
 /// anyway; the known-good checkpoint serves until the replacement runs.
-pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
+pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
     // The journal is keyed by the newest revision's pod: its entries hold for that pod
     // whatever its content became since (a Secret it mounts rewritten; a real-node run saw
     // the checkpoint of a rejected pod rewritten with another hash after a reboot). Keyed
@@ -422,43 +389,31 @@ pub fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
 /// that make it crash-looping: the kubelet's back-off between them (from 10 s, doubling) made
 /// that about 45 s after activation on the real node, past a kube-apiserver's few restarts
 /// while etcd comes up at boot.
-pub const CRASH_LOOP_RESTARTS: u32 = 3;
-
-/// An active revision's restart count when the agent first saw it in this outage (the
-/// journal's `restarts_seen`): what [`crash_loop`] counts from. The CRI count itself may
-/// start anywhere: a checkpoint activated again with the same content is the same static
-/// pod to the kubelet, whose dead containers from the last outage carry their count on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RestartsSeen {
-    /// The count first seen.
-    pub first: u32,
-    /// When.
-    pub since: Timestamp,
-}
+pub(crate) const CRASH_LOOP_RESTARTS: u32 = 3;
 
 /// What [`crash_loop`] looks at, for the revision a lineage runs.
 #[derive(Clone, Copy, Debug)]
-pub struct CrashLoopInput<'a> {
+pub(crate) struct CrashLoopInput<'a> {
     /// The API server is unreachable.
-    pub unreachable: bool,
+    pub(crate) unreachable: bool,
     /// The revision is active (its manifest is in the kubelet's directory).
-    pub active: bool,
+    pub(crate) active: bool,
     /// Another known-good revision of its lineage is on disk to replace it.
-    pub fallback: bool,
+    pub(crate) fallback: bool,
     /// Its static pod's restart count now, as the CRI shows it (the highest attempt among
     /// its containers); `None`: not seen (no container yet, the runtime unknown, or no CRI).
-    pub restarts: Option<u32>,
+    pub(crate) restarts: Option<u32>,
     /// The count first seen in this outage, from the journal.
-    pub seen: Option<&'a RestartsSeen>,
+    pub(crate) seen: Option<&'a RestartsSeen>,
 }
 
 /// What [`crash_loop`] decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CrashLoopOutcome {
+pub(crate) struct CrashLoopOutcome {
     /// The count first seen, to journal.
-    pub seen: Option<RestartsSeen>,
+    pub(crate) seen: Option<RestartsSeen>,
     /// It crash-loops: its known-good mark goes, and the lineage runs the fallback.
-    pub set_aside: bool,
+    pub(crate) set_aside: bool,
 }
 
 /// Whether the active revision a lineage runs crash-loops while the API is unreachable, so
@@ -475,11 +430,11 @@ pub struct CrashLoopOutcome {
 /// Setting aside takes the revision's known-good mark: it is then an unproven revision
 /// like any other, never run while a known-good one is on disk, so each revision is set
 /// aside at most once, and a parent with its content takes over through the handoff, which
-/// gives it back its mark once it is Ready for [`crate::known_good::KNOWN_GOOD_AFTER`]. A
+/// gives it back its mark once it is Ready for [`crate::KNOWN_GOOD_AFTER`]. A
 /// revision without a fallback is never set aside: it is the best the node has. Readiness
 /// is not looked at: the CRI has none, and the kubelet's `/pods` has none of its own for a
 /// static pod; a revision that runs without serving is not caught.
-pub fn crash_loop(input: &CrashLoopInput<'_>, now: Timestamp) -> CrashLoopOutcome {
+pub(crate) fn crash_loop(input: &CrashLoopInput<'_>, now: Timestamp) -> CrashLoopOutcome {
     let quiet = CrashLoopOutcome {
         seen: None,
         set_aside: false,

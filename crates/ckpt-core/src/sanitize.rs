@@ -31,7 +31,7 @@ use crate::time::Timestamp;
 /// File mode when the pod sets neither `defaultMode` nor `items[].mode`. (The API server
 /// defaults `defaultMode` to 0644 on every pod it stores, so this only applies to pods
 /// that did not come through it; we choose the private default.)
-pub const DEFAULT_FILE_MODE: u32 = 0o600;
+pub(crate) const DEFAULT_FILE_MODE: u32 = 0o600;
 
 /// The Secrets and ConfigMaps of the pod's namespace, by name, as fetched from the API.
 /// Shared (`Arc`), not owned: every pass hands the watched objects to the planner, and a

@@ -250,6 +250,6 @@ pub fn lease_holder(kubectl: &Kubectl, lease: &str) -> anyhow::Result<Option<Str
 /// process's clock, compared on the wall clock: now - renewed < now - instant.
 fn renewed_since(rfc3339: &str, instant: Instant) -> bool {
     let ago = instant.elapsed();
-    ckpt_core::time::Timestamp::parse_rfc3339(rfc3339)
-        .is_some_and(|renewed| ckpt_core::time::Timestamp::now().since(renewed) < ago)
+    ckpt_core::Timestamp::parse_rfc3339(rfc3339)
+        .is_some_and(|renewed| ckpt_core::Timestamp::now().since(renewed) < ago)
 }

@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ckpt_core::identity::ANNOTATION_CHECKPOINT_OF;
+use ckpt_core::ANNOTATION_CHECKPOINT_OF;
 use ckpt_core::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, PodId};
 use ckpt_store::{Layout, Store};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};

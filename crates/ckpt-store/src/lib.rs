@@ -39,7 +39,7 @@
 //! ```
 //! use std::collections::BTreeMap;
 //!
-//! use ckpt_core::identity::ANNOTATION_CHECKPOINT_OF;
+//! use ckpt_core::ANNOTATION_CHECKPOINT_OF;
 //! use ckpt_core::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, PodId};
 //! use ckpt_store::{Layout, Store};
 //! use k8s_openapi::api::core::v1::Pod;

@@ -10,7 +10,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use ckpt_core::identity::ANNOTATION_CHECKPOINT_OF;
+use ckpt_core::ANNOTATION_CHECKPOINT_OF;
 use ckpt_core::{Checkpoint, DataDir, DataFile, DataKind, FileOwner, MaterializedDir, PodId};
 // The crate's own name also inside it (lib.rs: `extern crate self as ckpt_store` in test
 // builds), so this file compiles in both kinds of test.

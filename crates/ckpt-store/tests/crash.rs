@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ckpt_core::identity::ANNOTATION_CHECKPOINT_OF;
+use ckpt_core::ANNOTATION_CHECKPOINT_OF;
 use ckpt_core::{DataKind, FileOwner, PodId};
 use ckpt_store::{Error, Layout, Store};
 use k8s_openapi::api::core::v1::Pod;

@@ -289,7 +289,7 @@ pub fn runs(pod: &Pod) -> bool {
 mod tests {
     use std::time::Duration;
 
-    use ckpt_core::identity::ANNOTATION_CHECKPOINT;
+    use ckpt_core::ANNOTATION_CHECKPOINT;
     use serde_json::{Value, json};
 
     use super::*;

@@ -10,10 +10,12 @@ use serde_json::json;
 
 use super::*;
 use crate::checkpoint::CheckpointMeta;
-use crate::observation::{Fetched, ObjectRef, ObjectsView, OwnerStatus};
-use crate::plan::SelfScheduling;
-use crate::plan::{LocalView, Removal, RemovalReason, StoredCopy};
+use crate::journal::{RestartsSeen, SpecSince};
+use crate::lookups::{daemon_set_lookups, orphan_owners, required_by_namespace, scheduling_lookup};
+use crate::observation::{ObjectRef, ObjectsView, OwnerStatus, StoredCopy};
+use crate::plan::RemovalReason;
 use crate::references::{MAX_OBJECTS_PER_POD, MAX_WATCHED_OBJECTS};
+use crate::revisions::CRASH_LOOP_RESTARTS;
 
 const NS: &str = "kube-system";
 const NOW: Timestamp = Timestamp(1_000_000);
@@ -976,6 +978,129 @@ fn a_ready_parents_content_becomes_known_good_after_a_minute() {
         due,
     );
     assert_eq!(offline.state.known_good, second.state.known_good);
+}
+
+/// A pod like [`pod`]'s, Ready on a synced view.
+fn ready_pod(name: &str, spec: PodSpec<'_>) -> (PodId, Arc<Pod>) {
+    let (id, pod) = pod(name, spec);
+    let mut ready = (*pod).clone();
+    ready.status = Some(
+        serde_json::from_value(
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
+        )
+        .expect("a status"),
+    );
+    (id, Arc::new(ready))
+}
+
+/// The journal's proofs and streaks after a pass: they follow what the plan keeps, and
+/// what it sets aside (known-good tracking reads the plan's outcome).
+#[test]
+fn known_good_tracking_follows_the_plans_outcome() {
+    /// (what, the world, the journal before, known-good after, ready-since after)
+    type Case<'a> = (&'a str, World, PersistentState, &'a [&'a str], &'a [&'a str]);
+    let since = |names: &[&str]| -> BTreeMap<PodId, SpecSince> {
+        (names.iter())
+            .map(|n| {
+                (
+                    id(n),
+                    SpecSince {
+                        spec_hash: "h1".into(),
+                        since: Timestamp(0),
+                    },
+                )
+            })
+            .collect()
+    };
+    let journal = |known_good: &[&str], ready_since: &[&str]| PersistentState {
+        known_good: since(known_good),
+        ready_since: since(ready_since),
+        ..PersistentState::default()
+    };
+    // The agent's own DaemonSet not looked up: its checkpoint goes by its verdict (self-GC).
+    let self_gc = World::synced(&[])
+        .disk(&[("pc-abc", "h1"), ("b", "h1")])
+        .verdict("pc-abc", GcVerdict::RemoveNow);
+    // Two known-good revisions of a DaemonSet, the newer one active and crash-looping
+    // while the API is unreachable.
+    let mut crash_loop = World::synced(&[])
+        .api(ApiState::Unreachable)
+        .disk(&[("api-1", "h1"), ("api-2", "h1")]);
+    if let Some(d) = crash_loop.disk.get_mut(&id("api-2")) {
+        if let Some(c) = d.inactive.as_mut() {
+            c.meta.checkpointed_at = Some(Timestamp(1_000));
+        }
+        d.active = d.inactive.clone();
+    }
+    crash_loop.observation.local = LocalView::Known {
+        running: BTreeSet::new(),
+        kubelet_parents: BTreeSet::new(),
+        restarts: BTreeMap::from([(id("api-2"), CRASH_LOOP_RESTARTS)]),
+    };
+    let mut crash_loop_journal = journal(&["api-1", "api-2"], &["api-2"]);
+    crash_loop_journal.restarts_seen.insert(
+        id("api-2"),
+        RestartsSeen {
+            first: 0,
+            since: Timestamp(0),
+        },
+    );
+    let mut written = World::synced(&[]);
+    written.observation.pods = BTreeMap::from([ready_pod("a", parent("a"))]);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "a checkpoint removed by its verdict takes its proof and its streak along",
+            World::synced(&[])
+                .disk(&[("b", "h1"), ("c", "h1")])
+                .verdict("b", GcVerdict::RemoveNow),
+            journal(&["b", "c"], &["b", "c"]),
+            &["c"],
+            // A synced view without a Ready parent breaks every streak.
+            &[],
+        ),
+        (
+            "a self-GC takes every proof",
+            self_gc,
+            journal(&["b", "pc-abc"], &["b"]),
+            &[],
+            &[],
+        ),
+        (
+            "a revision set aside loses its mark; the one replacing it keeps its own, and an \
+             outage keeps the streaks",
+            crash_loop,
+            crash_loop_journal,
+            &["api-1"],
+            &["api-2"],
+        ),
+        (
+            "a Ready parent checkpointed in this pass starts its streak",
+            written,
+            PersistentState::default(),
+            &[],
+            &["a"],
+        ),
+    ];
+    for (what, world, state, known_good, ready_since) in cases {
+        let decision = decide(
+            &world.observation,
+            &world.disk,
+            &state,
+            &world.verdicts,
+            &world.config,
+            NOW,
+        );
+        assert_eq!(
+            names(decision.state.known_good.keys()),
+            list(known_good),
+            "{what}: known-good"
+        );
+        assert_eq!(
+            names(decision.state.ready_since.keys()),
+            list(ready_since),
+            "{what}: ready since"
+        );
+    }
 }
 
 /// The journal of an agent from before known-good tracking still reads.

@@ -215,3 +215,35 @@ fn ready_means_running_with_the_ready_condition_true() {
     assert!(!is_ready(&pod("Pending", "True")));
     assert!(!is_ready(&k8s_openapi::api::core::v1::Pod::default()));
 }
+
+/// The module's example, once a doctest (`track` is internal to the crate now).
+#[test]
+fn a_minute_of_readiness_proves_the_content() {
+    let id = PodId::new("kube-system", "kube-apiserver-x7k2p");
+    let desired = BTreeMap::from([(id.clone(), "h1".to_owned())]);
+    let ready = BTreeSet::from([id.clone()]);
+    let kept = BTreeSet::from([id.clone()]);
+    let t0 = Timestamp(0);
+    let first = track(
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+        &desired,
+        &ready,
+        &kept,
+        true,
+        t0,
+    );
+    assert!(first.known_good.is_empty());
+    assert_eq!(first.next, Some(t0.saturating_add(KNOWN_GOOD_AFTER)));
+    let later = t0.saturating_add(KNOWN_GOOD_AFTER);
+    let second = track(
+        &first.known_good,
+        &first.ready_since,
+        &desired,
+        &ready,
+        &kept,
+        true,
+        later,
+    );
+    assert_eq!(second.known_good[&id].spec_hash, "h1");
+}

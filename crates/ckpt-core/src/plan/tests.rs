@@ -5,7 +5,14 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::rows::{Gathered, gather};
 use super::*;
+use crate::checkpoint::CheckpointMeta;
+use crate::gc::GcDecision;
+use crate::identity::ControllerOwner;
+use crate::journal::{RestartsSeen, SpecSince};
+use crate::observation::{ApiParent, LocalView, StoredCopy};
+use crate::revisions::{Lineage, RevisionSettings};
 
 const NS: &str = "kube-system";
 const NOW: Timestamp = Timestamp(1_000_000);
@@ -250,6 +257,18 @@ impl World {
         }
         self.state = p.state.clone();
     }
+}
+
+/// [`super::orphans`] of the planner's inputs, as `assess` asks for them.
+fn orphans(inputs: &PlanInputs<'_>, now: Timestamp) -> Vec<Orphan> {
+    super::orphans(
+        inputs.api,
+        inputs.disk,
+        &inputs.state.absent_since,
+        inputs.me,
+        inputs.allowed,
+        now,
+    )
 }
 
 /// What a plan should contain, in names.

@@ -478,3 +478,45 @@ fn crash_loops() {
     );
     check_crash_loop("more still", all, Some(u32::MAX), Some((0, 1)), (None, true));
 }
+
+/// The module's example, once a doctest (`handoff` is internal to the crate now).
+#[test]
+fn a_handoff_started_fails_at_its_deadline_and_a_parent_beside_gets_none() {
+    // The new parent runs while the known-good checkpoint serves: it gets the node.
+    let input = HandoffInput {
+        newest_hash: "new",
+        newest_runs: Some(true),
+        newest_ready: false,
+        newest_terminating: false,
+        retires_when_ready: false,
+        active: true,
+        handoff: None,
+        rejected: None,
+        timeout: Duration::from_secs(120),
+    };
+    let now = Timestamp(1_000);
+    let started = handoff(&input, now);
+    assert_eq!(
+        (started.serving, started.step),
+        (Serving::Standby, Some(Handoff::Started))
+    );
+    // Two minutes later it is still not Ready: the known-good checkpoint returns.
+    let later = HandoffInput {
+        active: false,
+        handoff: started.handoff.as_ref(),
+        ..input
+    };
+    let failed = handoff(&later, now.saturating_add(Duration::from_secs(120)));
+    assert_eq!(
+        (failed.serving, failed.step),
+        (Serving::Serve, Some(Handoff::Failed))
+    );
+
+    // A parent that binds beside its checkpoint (`handoff: when-ready`) never gets the node
+    // before it is Ready: the checkpoint serves on beside it.
+    let beside = HandoffInput {
+        retires_when_ready: true,
+        ..input
+    };
+    assert_eq!(handoff(&beside, now).serving, Serving::Serve);
+}

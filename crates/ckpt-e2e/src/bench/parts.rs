@@ -283,7 +283,7 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
     const PARENT: &str = "kube-apiserver";
     // Past the minute after which the running parent's content is known-good (one journal
     // write, a change of state): the window then holds only what an idle node costs.
-    const SETTLE: Duration = ckpt_core::known_good::KNOWN_GOOD_AFTER.saturating_add(Duration::from_secs(10));
+    const SETTLE: Duration = ckpt_core::KNOWN_GOOD_AFTER.saturating_add(Duration::from_secs(10));
     let ns = env.namespace("idle")?;
     let self_pod = env.testbed.create_checkpointer_pod(&ns)?.name;
     env.testbed.kubectl.create(&env.parent(&ns, PARENT).build())?;

@@ -295,8 +295,7 @@ fn deployment(name: &str, container: Value) -> Value {
 mod tests {
     use std::collections::BTreeMap;
 
-    use ckpt_core::sanitize::{ApiObjects, SanitizeOptions, sanitize};
-    use ckpt_core::time::Timestamp;
+    use ckpt_core::{ApiObjects, SanitizeOptions, Timestamp, sanitize};
     use k8s_openapi::ByteString;
     use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 

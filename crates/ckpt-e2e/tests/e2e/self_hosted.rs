@@ -772,7 +772,7 @@ fn power_cut_once(
         })
     };
     let cut = Instant::now();
-    let cut_at = ckpt_core::time::Timestamp::now();
+    let cut_at = ckpt_core::Timestamp::now();
     let cut_wall = std::time::SystemTime::now();
     run.node.reboot()?;
     // Every process of the node is dead by now: a sample from before could still have seen
@@ -909,7 +909,7 @@ fn power_cut_once(
 /// Whether a copy of the agent (any pod of its name, static or not) logged taking the lock
 /// at or after `since` (the agent's own timestamp, to the second). Counting lines would not
 /// do: the kubelet deletes the logs of containers lost in a power cut.
-fn lock_taken_since(run: &NodeRun, since: ckpt_core::time::Timestamp) -> bool {
+fn lock_taken_since(run: &NodeRun, since: ckpt_core::Timestamp) -> bool {
     let since = since.to_rfc3339();
     let since = &since[..since.len().min(19)];
     pods_named_like(run, "pod-checkpointer").iter().any(|pod| {

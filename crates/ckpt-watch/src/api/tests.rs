@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use ckpt_core::identity::ANNOTATION_CHECKPOINT;
+use ckpt_core::ANNOTATION_CHECKPOINT;
 use ckpt_core::{NamespaceAllowList, PodId};
 
 use super::*;

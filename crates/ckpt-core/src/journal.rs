@@ -1,0 +1,139 @@
+//! The state journal's schema: what the planner keeps across passes and restarts
+//! ([`PersistentState`]) and the entries it holds. `ckpt-store` writes it as JSON; an
+//! older journal (without the newer maps) still reads.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::identity::PodId;
+use crate::time::Timestamp;
+
+/// State the planner keeps across passes and restarts (the state journal).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PersistentState {
+    /// Since when each checkpoint's parent has been absent from synced API views.
+    #[serde(with = "absent_since_map")]
+    pub absent_since: BTreeMap<PodId, Timestamp>,
+    /// The known-good content of each parent: proven by a minute Ready with it on synced
+    /// views ([`KNOWN_GOOD_AFTER`](crate::KNOWN_GOOD_AFTER)).
+    #[serde(default, with = "pod_id_map")]
+    pub known_good: BTreeMap<PodId, SpecSince>,
+    /// Since when each parent has been Ready with content not proven yet.
+    #[serde(default, with = "pod_id_map")]
+    pub ready_since: BTreeMap<PodId, SpecSince>,
+    /// Handoffs under way from a known-good checkpoint to the newest revision of its
+    /// lineage, by the newest revision, since when (ARCHITECTURE.md, the handoff).
+    #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub handoffs: BTreeMap<PodId, SpecSince>,
+    /// Newest revisions whose handoff failed, with the content that failed.
+    #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub rejected: BTreeMap<PodId, SpecSince>,
+    /// The restart count of each active revision with a fallback, as first seen in this
+    /// outage (ARCHITECTURE.md, a known-good revision that crash-loops).
+    #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub restarts_seen: BTreeMap<PodId, RestartsSeen>,
+}
+
+/// A content (spec hash) and a time: when it became known-good, or since when its parent
+/// has been Ready with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecSince {
+    /// The checkpoint's spec hash.
+    pub spec_hash: String,
+    /// When.
+    pub since: Timestamp,
+}
+
+/// An active revision's restart count when the agent first saw it in this outage (the
+/// journal's `restarts_seen`): what the crash-loop count starts from. The CRI count itself may
+/// start anywhere: a checkpoint activated again with the same content is the same static
+/// pod to the kubelet, whose dead containers from the last outage carry their count on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartsSeen {
+    /// The count first seen.
+    pub first: u32,
+    /// When.
+    pub since: Timestamp,
+}
+
+/// JSON object keys must be strings: a map by pod is stored as a list of entries, each the
+/// pod's `namespace` and `name` beside the fields of its value.
+mod pod_id_map {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::identity::PodId;
+
+    #[derive(Serialize)]
+    struct EntryRef<'a, V> {
+        namespace: &'a str,
+        name: &'a str,
+        #[serde(flatten)]
+        value: &'a V,
+    }
+
+    #[derive(Deserialize)]
+    struct Entry<V> {
+        namespace: String,
+        name: String,
+        #[serde(flatten)]
+        value: V,
+    }
+
+    pub(super) fn serialize<S: Serializer, V: Serialize>(
+        map: &BTreeMap<PodId, V>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let entries: Vec<EntryRef<'_, V>> = (map.iter())
+            .map(|(id, value)| EntryRef {
+                namespace: &id.namespace,
+                name: &id.name,
+                value,
+            })
+            .collect();
+        entries.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, V: Deserialize<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<PodId, V>, D::Error> {
+        let entries = Vec::<Entry<V>>::deserialize(d)?;
+        Ok((entries.into_iter())
+            .map(|e| (PodId::new(e.namespace, e.name), e.value))
+            .collect())
+    }
+}
+
+/// `absent_since` through [`pod_id_map`]: each entry's time is its `since` field.
+mod absent_since_map {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::identity::PodId;
+    use crate::time::Timestamp;
+
+    #[derive(Serialize, Deserialize)]
+    struct Since {
+        since: Timestamp,
+    }
+
+    pub(super) fn serialize<S: Serializer>(
+        map: &BTreeMap<PodId, Timestamp>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let wrapped: BTreeMap<PodId, Since> = (map.iter())
+            .map(|(id, since)| (id.clone(), Since { since: *since }))
+            .collect();
+        super::pod_id_map::serialize(&wrapped, s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<PodId, Timestamp>, D::Error> {
+        let wrapped: BTreeMap<PodId, Since> = super::pod_id_map::deserialize(d)?;
+        Ok(wrapped.into_iter().map(|(id, s)| (id, s.since)).collect())
+    }
+}

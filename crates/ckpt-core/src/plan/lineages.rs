@@ -1,0 +1,223 @@
+//! The lineages of several revisions ([`crate::revisions`]) as one pass sees them: which
+//! revision each runs and keeps, whether the one it runs crash-loops (then the previous
+//! known-good one replaces it), and the handoff to a parent with unproven content.
+
+use std::collections::BTreeMap;
+
+use super::rows::{PlanInputs, Row, content, due};
+use crate::identity::PodId;
+use crate::journal::PersistentState;
+use crate::observation::{ApiView, DiskCheckpoint, LocalView};
+use crate::revisions::{
+    CrashLoopInput, Handoff, HandoffInput, Lineage, LineagePlan, Revision, Serving, SetAside, crash_loop,
+    handoff, plan_lineages,
+};
+use crate::time::Timestamp;
+
+/// A lineage of several revisions, as one pass sees it.
+pub(super) struct LineagePass {
+    pub(super) plan: LineagePlan,
+    /// A parent of the lineage runs here (`None`: the runtime is unknown).
+    pub(super) runs: Option<bool>,
+    /// The newest revision goes in this pass (its verdict is due and its DaemonSet does
+    /// not target the node): the lineage ends and keeps nothing past its verdicts.
+    pub(super) newest_due: bool,
+    /// How the revision it runs serves (a handoff under way, or failed).
+    pub(super) serving: Serving,
+    /// A parent of the lineage is Ready on a synced view.
+    pub(super) ready: bool,
+    /// The newest revision's parent asks for the checkpoint to stay until it is Ready.
+    pub(super) retires_when_ready: bool,
+    /// The API is unreachable and another known-good revision could replace the one it
+    /// runs: that one's restarts are watched while it is active.
+    pub(super) fallback: bool,
+}
+
+/// What [`plan`] found: the lineages of several revisions, each row's lineage if it is
+/// one of those, and the handoffs' and set-asides' steps.
+pub(super) struct Lineages {
+    /// The lineages of several revisions.
+    pub(super) passes: BTreeMap<Lineage, LineagePass>,
+    /// Each row's lineage, if it is one of `passes`.
+    pub(super) members: Vec<Option<Lineage>>,
+    /// Handoff steps: (the known-good checkpoint, the newest revision, the step).
+    pub(super) handoffs: Vec<(PodId, PodId, Handoff)>,
+    /// When a handoff under way ends.
+    pub(super) handoff_at: Option<Timestamp>,
+    /// Revisions set aside because they crash-looped while active.
+    pub(super) set_aside: Vec<SetAside>,
+}
+
+/// Plans the lineages of several revisions ([`crate::revisions`]) of `rows`, and records
+/// the handoffs' and crash loops' journal entries in `state`.
+pub(super) fn plan(
+    inputs: &PlanInputs<'_>,
+    rows: &[Row<'_>],
+    written: &[bool],
+    now: Timestamp,
+    state: &mut PersistentState,
+) -> Lineages {
+    let synced = matches!(inputs.api, ApiView::Synced { .. });
+    // Only a DaemonSet's pods share a lineage; every other pod is one of its own.
+    let members: Vec<Option<Lineage>> = (rows.iter().zip(written))
+        .map(|(row, written)| {
+            let revision = (row.disk.is_some() || *written)
+                && !row.is_self
+                && row.allowed
+                && !row.parent.is_some_and(|p| p.completed);
+            let owner = (row.parent.and_then(|p| p.owner.as_ref())).or_else(|| {
+                row.disk
+                    .and_then(DiskCheckpoint::meta)
+                    .and_then(|m| m.owner.as_ref())
+            });
+            revision
+                .then(|| Lineage::of(row.id, owner))
+                .filter(|l| matches!(l, Lineage::DaemonSet { .. }))
+        })
+        .collect();
+    let mut groups: BTreeMap<&Lineage, Vec<usize>> = BTreeMap::new();
+    for (i, lineage) in members.iter().enumerate() {
+        if let Some(lineage) = lineage {
+            groups.entry(lineage).or_default().push(i);
+        }
+    }
+    groups.retain(|_, indices| indices.len() >= 2);
+    let mut revisions: Vec<(Lineage, Revision<'_>)> = (groups.iter())
+        .flat_map(|(lineage, indices)| {
+            indices.iter().map(|&i| {
+                let (row, written) = (&rows[i], written[i]);
+                let checkpointed_at = if written {
+                    Some(now)
+                } else {
+                    row.disk
+                        .and_then(DiskCheckpoint::meta)
+                        .and_then(|m| m.checkpointed_at)
+                };
+                let proven = (content(row, written))
+                    .zip(inputs.state.known_good.get(row.id))
+                    .is_some_and(|(content, proof)| proof.spec_hash == content);
+                let revision = Revision {
+                    id: row.id,
+                    checkpointed_at,
+                    proven,
+                };
+                ((*lineage).clone(), revision)
+            })
+        })
+        .collect();
+    let index = |id: &PodId| rows.binary_search_by(|row| row.id.cmp(id)).ok();
+    let unreachable = matches!(inputs.api, ApiView::Unreachable);
+    let restarts = match inputs.local {
+        LocalView::Known { restarts, .. } => Some(restarts),
+        LocalView::Unknown => None,
+    };
+    let mut passes = BTreeMap::new();
+    let (mut handoffs, mut handoff_at, mut set_asides) = (Vec::new(), None, Vec::new());
+    for (lineage, mut plan) in plan_lineages(revisions.iter().cloned(), inputs.revisions) {
+        let Some(indices) = groups.get(&lineage) else {
+            continue;
+        };
+        let Some(mut runner) = index(&plan.runs) else {
+            continue;
+        };
+        // The revision it runs crash-loops while the API is unreachable: the previous
+        // known-good one replaces it (ARCHITECTURE.md, Revisions).
+        let fallback = |revisions: &[(Lineage, Revision<'_>)], runs: &PodId| {
+            unreachable && (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && r.id != runs)
+        };
+        let look = crash_loop(
+            &CrashLoopInput {
+                unreachable,
+                active: rows[runner].disk.is_some_and(|d| d.active.is_some()),
+                fallback: fallback(&revisions, &plan.runs),
+                restarts: restarts.and_then(|r| r.get(&plan.runs).copied()),
+                seen: inputs.state.restarts_seen.get(&plan.runs),
+            },
+            now,
+        );
+        if let Some(seen) = look.seen {
+            state.restarts_seen.insert(plan.runs.clone(), seen);
+        }
+        if look.set_aside {
+            let set_aside = plan.runs.clone();
+            let without = (revisions.iter()).filter(|(l, _)| *l == lineage).map(|(l, r)| {
+                let proven = r.proven && *r.id != set_aside;
+                (l.clone(), Revision { proven, ..r.clone() })
+            });
+            let replanned = (plan_lineages(without, inputs.revisions).pop_first())
+                .and_then(|(_, p)| Some((index(&p.runs)?, p)));
+            if let Some((replacement, replanned)) = replanned {
+                for (_, r) in revisions.iter_mut().filter(|(l, _)| *l == lineage) {
+                    r.proven &= *r.id != set_aside;
+                }
+                let first = inputs.state.restarts_seen.get(&set_aside).map_or(0, |s| s.first);
+                let restarts_now = restarts.and_then(|r| r.get(&set_aside).copied()).unwrap_or(first);
+                state.known_good.remove(&set_aside);
+                set_asides.push(SetAside {
+                    revision: set_aside,
+                    replacement: replanned.runs.clone(),
+                    restarts: restarts_now.saturating_sub(first),
+                });
+                (plan, runner) = (replanned, replacement);
+            }
+        }
+        let Some(newest) = index(&plan.newest) else {
+            continue;
+        };
+        let runs = if indices.iter().any(|&i| rows[i].runs == Some(true)) {
+            Some(true)
+        } else {
+            rows[newest].runs
+        };
+        let newest_row = &rows[newest];
+        let newest_due = synced
+            && newest_row.parent.is_none()
+            && due(newest_row.verdict, now)
+            && !inputs.live.contains(&lineage);
+        let mut serving = Serving::AsUsual;
+        if newest != runner
+            && let Some(hash) = content(newest_row, written[newest])
+        {
+            let input = HandoffInput {
+                newest_hash: hash,
+                newest_runs: newest_row.runs,
+                newest_ready: inputs.ready.contains(newest_row.id),
+                newest_terminating: inputs.terminating.contains(newest_row.id),
+                retires_when_ready: newest_row.retires_when_ready(),
+                active: rows[runner].disk.is_some_and(|d| d.active.is_some()),
+                handoff: inputs.state.handoffs.get(newest_row.id),
+                rejected: inputs.state.rejected.get(newest_row.id),
+                timeout: inputs.revisions.handoff_timeout,
+            };
+            let outcome = handoff(&input, now);
+            serving = outcome.serving;
+            if let Some(step) = outcome.step {
+                handoffs.push((plan.runs.clone(), plan.newest.clone(), step));
+            }
+            if let Some(h) = outcome.handoff {
+                state.handoffs.insert(plan.newest.clone(), h);
+            }
+            if let Some(r) = outcome.rejected {
+                state.rejected.insert(plan.newest.clone(), r);
+            }
+            handoff_at = outcome.deadline.into_iter().chain(handoff_at).min();
+        }
+        let pass = LineagePass {
+            fallback: fallback(&revisions, &plan.runs),
+            plan,
+            runs,
+            newest_due,
+            serving,
+            ready: indices.iter().any(|&i| inputs.ready.contains(rows[i].id)),
+            retires_when_ready: newest_row.retires_when_ready(),
+        };
+        passes.insert(lineage, pass);
+    }
+    Lineages {
+        passes,
+        members,
+        handoffs,
+        handoff_at,
+        set_aside: set_asides,
+    }
+}
