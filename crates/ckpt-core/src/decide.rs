@@ -358,20 +358,27 @@ pub fn assess<'a>(
         },
     };
     let mut found = orphans(&api, disk, &state.absent_since, &me, &config.allowed, now);
+    // Only parents the agent can checkpoint count (`desired` holds the sanitizable ones): a
+    // pod that can never be checkpointed must not supersede anything. Grouped by controller
+    // once, so a pass stays linear however many orphans share a controller.
+    let mut by_controller: BTreeMap<(&str, String), Vec<&PodId>> = BTreeMap::new();
+    if !found.is_empty() {
+        for (id, pod) in &parents {
+            if let Some(owner) = ControllerOwner::of(pod)
+                && desired.contains_key(*id)
+            {
+                (by_controller.entry((&*id.namespace, owner.uid)).or_default()).push(*id);
+            }
+        }
+    }
     for orphan in &mut found {
         let Some(owner) = &orphan.owner else { continue };
         let namespace = &*orphan.id.namespace;
         orphan.owner_status = observation.owner_status(namespace, owner);
-        // Only parents the agent can checkpoint count (`desired` holds the sanitizable
-        // ones): a pod that can never be checkpointed must not supersede anything.
-        orphan.siblings = (parents.iter())
-            .filter(|(id, pod)| {
-                *id.namespace == *namespace
-                    && **id != &orphan.id
-                    && desired.contains_key(**id)
-                    && ControllerOwner::of(pod).is_some_and(|o| o.uid == owner.uid)
-            })
-            .map(|(id, _)| {
+        let same_controller = by_controller.get(&(namespace, owner.uid.clone()));
+        orphan.siblings = (same_controller.into_iter().flatten())
+            .filter(|id| ***id != orphan.id)
+            .map(|id| {
                 let stored = (disk.get(*id))
                     .and_then(|d| d.inactive.as_ref())
                     .and_then(|c| c.meta.spec_hash.as_ref());
