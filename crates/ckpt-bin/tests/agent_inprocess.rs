@@ -873,8 +873,26 @@ async fn seed_scenarios(down: Down) {
     world.looked_twice("C: standby").await;
     world.assert_files("C: standby changes nothing", &checkpointed(AGENT));
 
-    // Descheduling: the parents are deleted; absent since now (journal), removed after the
-    // grace period; every other checkpoint first, then the agent's own, then it exits 0.
+    // Descheduling: the agent's DaemonSet no longer targets this node (its nodeSelector)
+    // and the parents are deleted; absent since now (journal), removed after the grace
+    // period; every other checkpoint first, then the agent's own, then it exits 0. The
+    // DaemonSet used to stay as it was (no pod template, this node's Node not found: an
+    // unknown scheduling) and the strategy decided self-GC; issue 36's rule keeps
+    // everything then, so the descheduling is read for what it is.
+    world.api.set_get(
+        &format!("/apis/apps/v1/namespaces/{NS}/daemonsets/pod-checkpointer"),
+        200,
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": {"name": "pod-checkpointer", "namespace": NS, "uid": "uid-ds-pod-checkpointer"},
+               "spec": {"selector": {}, "template": {"spec": {
+                   "nodeSelector": {"e2e.pod-checkpointer/elsewhere": "true"},
+                   "containers": [{"name": "agent", "image": "pod-checkpointer:v1"}]}}}}),
+    );
+    world.api.set_get(
+        &format!("/api/v1/nodes/{NODE}"),
+        200,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+    );
     for pod in [APISERVER, NETWORK, AGENT] {
         assert!(world.api.delete("pods", NS, pod), "{pod} was listed");
         world.kill(pod);
