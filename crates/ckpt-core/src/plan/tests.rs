@@ -1143,7 +1143,8 @@ fn self_gc_follows_the_daemon_sets_scheduling() {
     };
     let unknown = || Unknown("cannot read the DaemonSet".into());
     // (case, world, expected, self_gc_at, the journal's self_gc_since after the pass)
-    let cases: Vec<(&str, World, Expect<'_>, Option<Timestamp>, Option<Timestamp>)> = vec![
+    type Case<'a> = (&'a str, World, Expect<'a>, Option<Timestamp>, Option<Timestamp>);
+    let cases: Vec<Case<'_>> = vec![
         (
             "targeted, immediate strategy (a rollout with maxUnavailable): keep everything",
             world(Targeted, Some(GcVerdict::RemoveNow), 600, None),
