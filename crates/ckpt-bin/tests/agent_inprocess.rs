@@ -1876,6 +1876,14 @@ async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
     // The apiserver's secrets (sorted first among the removals) cannot be removed.
     let stuck =
         Immutable::set(world.path(&format!("ck/checkpoint-secrets/{NS}/{APISERVER}/apiserver-certs")));
+    // The agent's DaemonSet is deleted (its GET answers 404). It used to stay as it was (no
+    // pod template, this node's Node not found: an unknown scheduling) and the strategy
+    // decided self-GC; issue 36's rule keeps everything then, so the deletion is read.
+    world.api.set_get(
+        &format!("/apis/apps/v1/namespaces/{NS}/daemonsets/pod-checkpointer"),
+        404,
+        ckpt_testkit::status_body(404, "daemonsets.apps \"pod-checkpointer\" not found"),
+    );
     for pod in [APISERVER, NETWORK, AGENT] {
         assert!(world.api.delete("pods", NS, pod), "{pod} was listed");
         world.kill(pod);
