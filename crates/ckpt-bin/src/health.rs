@@ -95,6 +95,9 @@ struct Counters {
     pass_buckets: [u64; BUCKETS.len()],
     pass_sum: f64,
     api_state: &'static str,
+    /// Whether the agent's own DaemonSet targets this node, while its own pod is gone
+    /// from a synced view (`None` otherwise): `SelfScheduling::as_str`.
+    self_scheduling: Option<&'static str>,
     local_view_available: bool,
     cri_answers_too_large: u64,
     last_sync: Option<Timestamp>,
@@ -228,6 +231,11 @@ impl Health {
             c.local_view_available = local_available;
             c.last_sync = last_sync.or(c.last_sync);
         });
+    }
+
+    /// The agent's own scheduling as the last pass saw it (`None`: it did not matter).
+    pub(crate) fn record_self_scheduling(&self, scheduling: Option<&'static str>) {
+        self.with(|c| c.self_scheduling = scheduling);
     }
 
     /// The runtime answers refused for their size so far (see `ckpt_cri::MAX_ANSWER_BYTES`).
@@ -779,12 +787,15 @@ mod tests {
         h.removal("grace-period", "gc");
         h.record_pass(Duration::from_millis(20), [("active", 2)].into());
         h.record_views("synced", true, Some(Timestamp(1_000)));
+        h.record_self_scheduling(Some("unknown"));
         let text = h.render_metrics();
         for line in [
             "pod_checkpointer_activations_total 1",
             "pod_checkpointer_removals_total{strategy=\"grace-period\",reason=\"gc\"} 1",
             "pod_checkpointer_checkpoints{state=\"active\"} 2",
             "pod_checkpointer_api_state{state=\"synced\"} 1",
+            "pod_checkpointer_self_scheduling{state=\"unknown\"} 1",
+            "pod_checkpointer_self_scheduling{state=\"deleted\"} 0",
             "pod_checkpointer_last_api_sync_timestamp_seconds 1.000",
             concat!(
                 "pod_checkpointer_build_info{version=\"",

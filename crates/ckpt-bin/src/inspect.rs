@@ -56,6 +56,10 @@ pub(crate) struct InspectReport {
     /// The kubeconfig kept for the agent's static copy; `None` when there is none (the
     /// static copy then runs offline unless it is given a kubeconfig).
     pub(crate) static_copy_credentials: Option<CredentialsReport>,
+    /// When a read first said that the agent's own DaemonSet is deleted or no longer
+    /// targets this node (the journal's clock): self-GC comes the grace period after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) self_gc_pending_since: Option<String>,
 }
 
 /// The kept kubeconfig: whether the static copy will still reach the API server.
@@ -114,6 +118,7 @@ pub(crate) fn report(
             &store.layout().credentials_token_path(),
             now,
         ),
+        self_gc_pending_since: state.self_gc_since.map(|t| t.to_rfc3339()),
     })
 }
 
@@ -274,6 +279,13 @@ fn render_table(report: &InspectReport) -> String {
             report.runs_after_reboot.join(", ")
         }
     ));
+    if let Some(since) = &report.self_gc_pending_since {
+        out.push_str(&format!(
+            "Self-GC pending: the agent's DaemonSet was first read as deleted or no longer targeting this \
+             node at {since}; everything goes once the grace period has passed since then, unless a read \
+             says it targets the node again\n"
+        ));
+    }
     out.push_str(&format!(
         "Lock: {}\n",
         report.lock_holder.as_deref().unwrap_or("no holder recorded")

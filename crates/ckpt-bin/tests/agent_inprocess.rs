@@ -873,8 +873,26 @@ async fn seed_scenarios(down: Down) {
     world.looked_twice("C: standby").await;
     world.assert_files("C: standby changes nothing", &checkpointed(AGENT));
 
-    // Descheduling: the parents are deleted; absent since now (journal), removed after the
-    // grace period; every other checkpoint first, then the agent's own, then it exits 0.
+    // Descheduling: the agent's DaemonSet no longer targets this node (its nodeSelector)
+    // and the parents are deleted; absent since now (journal), removed after the grace
+    // period; every other checkpoint first, then the agent's own, then it exits 0. The
+    // DaemonSet used to stay as it was (no pod template, this node's Node not found: an
+    // unknown scheduling) and the strategy decided self-GC; issue 36's rule keeps
+    // everything then, so the descheduling is read for what it is.
+    world.api.set_get(
+        &format!("/apis/apps/v1/namespaces/{NS}/daemonsets/pod-checkpointer"),
+        200,
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": {"name": "pod-checkpointer", "namespace": NS, "uid": "uid-ds-pod-checkpointer"},
+               "spec": {"selector": {}, "template": {"spec": {
+                   "nodeSelector": {"e2e.pod-checkpointer/elsewhere": "true"},
+                   "containers": [{"name": "agent", "image": "pod-checkpointer:v1"}]}}}}),
+    );
+    world.api.set_get(
+        &format!("/api/v1/nodes/{NODE}"),
+        200,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+    );
     for pod in [APISERVER, NETWORK, AGENT] {
         assert!(world.api.delete("pods", NS, pod), "{pod} was listed");
         world.kill(pod);
@@ -1184,6 +1202,68 @@ async fn a_500_storm_from_a_reachable_api_server() {
 #[tokio::test]
 async fn a_503_storm_from_a_reachable_api_server() {
     error_storm_from_a_reachable_api_server(503).await;
+}
+
+/// Issue 36's rule (removal on a failed lookup) end to end: the agent's own pod is gone
+/// and its DaemonSet cannot be read (503, then 403 as after an RBAC change). Under
+/// `immediate` with a 1 s grace period every checkpoint stays, however long that lasts (it
+/// used to self-GC a grace period after the pod left); `/metrics` says self-GC is held
+/// back, and the warning comes once for the whole streak. A read saying the DaemonSet is
+/// deleted then self-GCs, the agent's own checkpoint last.
+#[tokio::test]
+async fn self_gc_is_held_back_while_the_agents_daemon_set_cannot_be_read() {
+    const UNKNOWN: &str = "self_scheduling{state=\"unknown\"}";
+    const HELD_BACK: &str = "self-GC is held back";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let daemon_set = format!("/apis/apps/v1/namespaces/{NS}/daemonsets/pod-checkpointer");
+    let status = |code: u16| ckpt_testkit::status_body(code, &format!("answered {code}"));
+    let gc = ["--gc-strategy", "immediate", "--checkpoint-grace-period", "1s"];
+    let agent = world.start_agent(AGENT, &gc);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_ready("ready", 200, "ok").await;
+    let warnings = || {
+        (world.logs.events().iter())
+            .filter(|e| e["message"].as_str().is_some_and(|m| m.contains(HELD_BACK)))
+            .count()
+    };
+
+    world.api.set_get(&daemon_set, 503, status(503));
+    assert!(world.api.delete("pods", NS, AGENT), "listed");
+    world.kill(AGENT);
+    let kept = with(checkpointed(AGENT), &[JOURNAL.to_owned()]);
+    world.expect_files("the agent's pod gone", &kept).await;
+    eventually("self-GC held back on /metrics", || async {
+        agent.metric(UNKNOWN).await == 1.0
+    })
+    .await;
+    // Past the grace period, passes with the DaemonSet still unreadable (a parent stops
+    // and starts again: the runtime poll brings a pass each time), then forbidden.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for code in [503, 403] {
+        world.api.set_get(&daemon_set, code, status(code));
+        world.kill(NETWORK);
+        world.looked_twice("the parent stopped").await;
+        world.run(NETWORK);
+        world.looked_twice("the parent runs again").await;
+    }
+    world.assert_files("a failed read keeps everything", &kept);
+    assert!(agent.is_running(), "no self-GC on a failed read");
+    assert_eq!(agent.metric(UNKNOWN).await, 1.0);
+    assert_eq!(warnings(), 1, "one warning for the streak");
+
+    // A read that succeeds and says deleted: self-GC (no sooner than the grace period
+    // after it), then exit 0.
+    world.api.set_get(&daemon_set, 404, status(404));
+    world.kill(NETWORK);
+    agent.exited().await.expect("exit 0 after self-GC");
+    world
+        .expect_files("self-GC removed everything", &[ETCD.to_owned()])
+        .await;
+    assert_eq!(
+        world.logs.removed_by(AGENT),
+        [APISERVER, NETWORK, AGENT].map(|p| format!("{NS}/{p}")),
+        "sorted, self last"
+    );
 }
 
 /// The lock file deleted while the DaemonSet copy holds it: the holder locks the file at
@@ -1796,6 +1876,14 @@ async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
     // The apiserver's secrets (sorted first among the removals) cannot be removed.
     let stuck =
         Immutable::set(world.path(&format!("ck/checkpoint-secrets/{NS}/{APISERVER}/apiserver-certs")));
+    // The agent's DaemonSet is deleted (its GET answers 404). It used to stay as it was (no
+    // pod template, this node's Node not found: an unknown scheduling) and the strategy
+    // decided self-GC; issue 36's rule keeps everything then, so the deletion is read.
+    world.api.set_get(
+        &format!("/apis/apps/v1/namespaces/{NS}/daemonsets/pod-checkpointer"),
+        404,
+        ckpt_testkit::status_body(404, "daemonsets.apps \"pod-checkpointer\" not found"),
+    );
     for pod in [APISERVER, NETWORK, AGENT] {
         assert!(world.api.delete("pods", NS, pod), "{pod} was listed");
         world.kill(pod);

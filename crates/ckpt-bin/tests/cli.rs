@@ -336,6 +336,38 @@ fn inspect_reports_which_checkpoints_are_known_good() {
     assert!(table.contains("KNOWN-GOOD"), "{table}");
 }
 
+/// `inspect` says when self-GC is pending: the journal's clock started by the first read
+/// saying the agent's DaemonSet is deleted or descheduled (issue 36), and nothing without it.
+#[test]
+fn inspect_reports_a_pending_self_gc() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    seed_checkpoint(dir.path(), "kube-apiserver-abc", false);
+    let table = || {
+        let mut args = vec!["inspect".to_owned()];
+        args.extend(disk_args(dir.path()));
+        text(&bin().args(&args).output().expect("runs").stdout)
+    };
+    assert!(!table().contains("Self-GC pending"), "{}", table());
+    assert!(inspect_json(dir.path()).get("self_gc_pending_since").is_none());
+
+    let since = Timestamp(1_764_892_800_000);
+    let state = ckpt_core::PersistentState {
+        self_gc_since: Some(since),
+        ..Default::default()
+    };
+    let store = Store::open(Layout::new(dir.path().join("ck"), dir.path().join("manifests"))).expect("store");
+    store.write_journal(&state).expect("journal");
+    let table = table();
+    assert!(
+        table.contains(&format!("Self-GC pending: the agent's DaemonSet was first read as deleted or no longer targeting this node at {}", since.to_rfc3339())),
+        "{table}"
+    );
+    assert_eq!(
+        inspect_json(dir.path())["self_gc_pending_since"].as_str(),
+        Some(&*since.to_rfc3339())
+    );
+}
+
 #[test]
 fn inspect_reports_the_static_copys_credentials_and_their_expiry() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -16,7 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
 use crate::checkpoint::Checkpoint;
@@ -49,7 +50,8 @@ pub struct DecideConfig {
     /// `--checkpoint-dir`: the hostPath volumes of checkpoints point below it.
     pub checkpoint_dir: String,
     /// `--checkpoint-grace-period`: self-GC never comes sooner after the agent's own pod
-    /// left, unless its DaemonSet no longer targets this node.
+    /// left, nor after the first read saying its DaemonSet is deleted or no longer targets
+    /// this node.
     pub grace: Duration,
     /// `--revisions` and `--handoff-timeout`.
     pub revisions: RevisionSettings,
@@ -183,7 +185,8 @@ pub struct Assessment<'a> {
     ready: BTreeSet<PodId>,
     /// The parents being deleted (synced views only).
     terminating: BTreeSet<PodId>,
-    /// DaemonSet lineages whose DaemonSet still targets this node (synced views only).
+    /// DaemonSet lineages whose DaemonSet still targets this node, or cannot be read
+    /// (synced views only).
     live: BTreeSet<Lineage>,
     orphans: Vec<Orphan>,
     report: Report,
@@ -405,7 +408,7 @@ pub fn assess<'a>(
         ready,
         terminating,
         live: if synced {
-            live_lineages(observation)
+            live_lineages(observation, disk)
         } else {
             BTreeSet::new()
         },
@@ -414,37 +417,69 @@ pub fn assess<'a>(
     }
 }
 
-/// The DaemonSet lineages ([`Lineage::DaemonSet`]) whose DaemonSet, as fetched in this
-/// pass, still targets this node (the DaemonSet controller's rules,
-/// [`daemon_pod_continues_running`]) and still asks for its pods to be checkpointed. A pod
-/// of theirs absent from a synced view is a rollout, an eviction or a controller-manager
-/// outage, not the end of the workload here: the planner keeps their revisions whatever
-/// the GC strategy says, as it never self-GCs for the agent's own pod being gone.
+/// The DaemonSet lineages ([`Lineage::DaemonSet`]) of the checkpoints on disk whose
+/// DaemonSet, as fetched in this pass, still targets this node (the DaemonSet controller's
+/// rules, [`daemon_pod_continues_running`]) and still asks for its pods to be checkpointed,
+/// or cannot be read. A pod of theirs absent from a synced view is a rollout, an eviction
+/// or a controller-manager outage, not the end of the workload here: the planner keeps
+/// their revisions whatever the GC strategy says, as it never self-GCs for the agent's own
+/// pod being gone.
 ///
 /// Matched by UID: a DaemonSet deleted and re-created under the same name is a new
-/// lineage, and the old one's checkpoints are left to the strategy. Anything not known (a
-/// failed fetch, an unreadable node) keeps nothing past the strategy either: the strategy
-/// already never removes early on a failed lookup.
-fn live_lineages(observation: &Observation) -> BTreeSet<Lineage> {
-    let Fetched::Found(node) = &observation.node else {
+/// lineage, and the old one's checkpoints are left to the strategy. Only a read that
+/// succeeded lets a lineage go (issue 36: a failed, timed-out or forbidden read keeps the
+/// last safe state): a DaemonSet whose GET failed, or one that asks for checkpoints while
+/// this node's Node cannot be read (or is not registered), keeps its lineage protected. A
+/// DaemonSet not looked up is no read at all: the observer looks up every orphan's, so
+/// that is never an orphan's, and its lineage is left to the strategy.
+fn live_lineages(observation: &Observation, disk: &BTreeMap<PodId, DiskCheckpoint>) -> BTreeSet<Lineage> {
+    if observation.daemon_sets.is_empty() {
         return BTreeSet::new();
-    };
-    (observation.daemon_sets.iter())
-        .filter_map(|(key, fetched)| {
-            let Fetched::Found(ds) = fetched else { return None };
-            let uid = ds.metadata.uid.as_deref().filter(|uid| !uid.is_empty())?;
-            let template = &ds.spec.as_ref()?.template;
-            let annotated = (template.metadata.as_ref())
-                .and_then(|m| m.annotations.as_ref())
-                .and_then(|a| a.get(ANNOTATION_CHECKPOINT))
-                .is_some_and(|v| v == "true");
-            let targets = daemon_pod_continues_running(template.spec.as_ref()?, node).is_ok();
-            (annotated && targets).then(|| Lineage::DaemonSet {
-                namespace: key.namespace.clone(),
-                uid: uid.to_owned(),
-            })
+    }
+    let mut owners: BTreeMap<Lineage, &ControllerOwner> = BTreeMap::new();
+    for (id, checkpoint) in disk {
+        if let Some(owner) = checkpoint.meta().and_then(|m| m.owner.as_ref()) {
+            let lineage = Lineage::of(id, Some(owner));
+            if matches!(lineage, Lineage::DaemonSet { .. }) {
+                owners.entry(lineage).or_insert(owner);
+            }
+        }
+    }
+    (owners.into_iter())
+        .filter(|(lineage, owner)| {
+            let Lineage::DaemonSet { namespace, uid } = lineage else {
+                return false;
+            };
+            match observation.daemon_set(&OwnerKey::new(namespace, owner)) {
+                Fetched::Found(ds) => daemon_set_keeps(ds, uid, &observation.node),
+                Fetched::Failed(_) => true,
+                Fetched::NotFound | Fetched::NotFetched => false,
+            }
         })
+        .map(|(lineage, _)| lineage)
         .collect()
+}
+
+/// Whether a DaemonSet read as `ds` keeps the lineage of UID `uid` on this node (`node`, as
+/// fetched): the same DaemonSet, asking for checkpoints, and targeting the node or the node
+/// unknown.
+fn daemon_set_keeps(ds: &DaemonSet, uid: &str, node: &Fetched<Node>) -> bool {
+    let Some(template) = ds.spec.as_ref().map(|s| &s.template) else {
+        return false;
+    };
+    let annotated = (template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(ANNOTATION_CHECKPOINT))
+        .is_some_and(|v| v == "true");
+    if ds.metadata.uid.as_deref() != Some(uid) || !annotated {
+        return false;
+    }
+    match (node, template.spec.as_ref()) {
+        (Fetched::Found(node), Some(spec)) => daemon_pod_continues_running(spec, node).is_ok(),
+        (Fetched::Found(_), None) => false,
+        // A node that cannot be read (or is not registered) is never a descheduling.
+        (Fetched::Failed(_) | Fetched::NotFound | Fetched::NotFetched, _) => true,
+    }
 }
 
 /// Whether the agent's own DaemonSet targets this node, from the observation; and a

@@ -33,6 +33,12 @@ pub struct PersistentState {
     /// outage (ARCHITECTURE.md, a known-good revision that crash-loops).
     #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
     pub restarts_seen: BTreeMap<PodId, RestartsSeen>,
+    /// When a successful read first said that the agent's own DaemonSet is deleted or no
+    /// longer targets this node: self-GC comes no sooner than the grace period after it
+    /// (issue 36: one mistaken edit must not wipe the node in a pass). Cleared by a read
+    /// saying targeted; a failed read neither starts nor clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_gc_since: Option<Timestamp>,
 }
 
 /// A content (spec hash) and a time: when it became known-good, or since when its parent

@@ -370,12 +370,31 @@ pub enum SelfScheduling {
     /// agent's own pod being absent is a rollout, an eviction or a controller outage. Keep
     /// everything, whatever the strategy says.
     Targeted,
-    /// It exists but no longer targets this node (why attached): self-GC now.
+    /// It exists but no longer targets this node (why attached): self-GC once the grace
+    /// period has passed since the first read saying so (journalled).
     Descheduled(String),
     /// It is deleted (404) and nothing of the same name took its place: self-GC once the
-    /// agent's own pod has been absent for the grace period.
+    /// grace period has passed since the first read saying so and since the agent's own
+    /// pod left.
     Deleted,
-    /// Not known (why attached: no owner known, not a DaemonSet, no permission, the node
-    /// unreadable): the strategy's verdict, never sooner than the grace period.
+    /// Not known (why attached: no owner known, not a DaemonSet, a failed or forbidden
+    /// read, this node's Node not registered): keep everything, whatever the strategy says
+    /// (issue 36: only positive evidence removes).
     Unknown(String),
+}
+
+impl SelfScheduling {
+    /// Every [`SelfScheduling::as_str`] name, in declaration order, for metrics.
+    pub const NAMES: [&'static str; 4] = ["targeted", "descheduled", "deleted", "unknown"];
+
+    /// `targeted`, `descheduled`, `deleted` or `unknown` (the reason left out), for
+    /// metrics: an `unknown` one holds self-GC back.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SelfScheduling::Targeted => "targeted",
+            SelfScheduling::Descheduled(_) => "descheduled",
+            SelfScheduling::Deleted => "deleted",
+            SelfScheduling::Unknown(_) => "unknown",
+        }
+    }
 }

@@ -21,7 +21,9 @@
 //!   unless it is active and its parent is not seen running (it may be serving).
 //! - **Completed parents** are not checkpointed; their checkpoints go on a synced view.
 //! - **Self** is always active, never stopped, follows its newest parent, is superseded
-//!   by a rolled pod of its own DaemonSet, and is removed last, on a self-GC plan only.
+//!   by a rolled pod of its own DaemonSet, and is removed last, on a self-GC plan only:
+//!   the grace period after the first successful read saying its DaemonSet is deleted or
+//!   descheduled, never on an unknown one (issue 36: only positive evidence removes).
 //! - **Revisions** ([`crate::revisions`]): a DaemonSet's checkpoints on this node are one
 //!   lineage; only the revision an activation runs (the newest known-good, else the
 //!   newest) is ever active, "the parent runs" means a pod of the lineage runs, the newest
@@ -143,8 +145,8 @@ pub(crate) struct Plan {
     pub(crate) removes: Vec<Removal>,
     /// This is a self-GC plan: once executed, the agent exits.
     pub(crate) self_gc: bool,
-    /// When self-GC is due if nothing changes (a deleted DaemonSet, or an unknown one
-    /// past the strategy's verdict): when to look again.
+    /// When self-GC is due if nothing changes (the grace period after the first read
+    /// saying deleted or descheduled): when to look again.
     pub(crate) self_gc_at: Option<Timestamp>,
     /// The persistent state to save after executing.
     pub(crate) state: PersistentState,
@@ -275,6 +277,7 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             handoffs: BTreeMap::new(),
             rejected: BTreeMap::new(),
             restarts_seen: BTreeMap::new(),
+            self_gc_since: None,
         },
         ..Plan::default()
     };
@@ -307,17 +310,20 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
     (out.handoffs, out.handoff_at, out.set_aside) = (handoffs, handoff_at, set_aside);
 
     // Self-GC: the agent's own pod is gone from a synced view, no rolled pod replaces it,
-    // and its DaemonSet no longer runs it here.
+    // and a successful read says its DaemonSet is deleted or no longer runs it here, for
+    // the grace period at least (issue 36: only positive evidence removes).
     let self_parent_present = rows.iter().any(|row| row.is_self && row.parent.is_some());
+    out.state.self_gc_since = self_gc_since(inputs, synced && !self_parent_present, now);
     if synced && !self_parent_present {
         let own = rows.iter().filter(|row| row.is_self && row.disk.is_some());
-        let due_at = own.filter_map(|row| self_gc_at(row, inputs, now)).min();
+        let since = out.state.self_gc_since;
+        let due_at = own.filter_map(|row| self_gc_at(row, inputs, since, now)).min();
         if due_at.is_some_and(|at| now >= at) {
             let why = match inputs.scheduling {
                 SelfScheduling::Descheduled(why) => why.clone(),
                 SelfScheduling::Deleted => "the agent's DaemonSet is deleted".to_owned(),
-                SelfScheduling::Unknown(why) => format!("the GC strategy's verdict ({why})"),
-                SelfScheduling::Targeted => String::new(),
+                // Never due (`self_gc_at`).
+                SelfScheduling::Unknown(_) | SelfScheduling::Targeted => String::new(),
             };
             let on_disk = || rows.iter().filter(|row| row.disk.is_some());
             for row in on_disk()
@@ -337,6 +343,7 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             out.state.handoffs.clear();
             out.state.rejected.clear();
             out.state.restarts_seen.clear();
+            out.state.self_gc_since = None;
             out.watch_restarts.clear();
             out.set_aside.clear();
             return out;
@@ -524,21 +531,41 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
     out
 }
 
-/// When the agent's own checkpoint `row` (its pod absent from a synced view) makes this
-/// a self-GC plan; `None`: not while the scheduling stays as it is.
-fn self_gc_at(row: &Row<'_>, inputs: &PlanInputs<'_>, now: Timestamp) -> Option<Timestamp> {
-    let after_grace = absent_since(row, true, now)
-        .unwrap_or(now)
-        .saturating_add(inputs.grace);
-    match inputs.scheduling {
-        SelfScheduling::Targeted => None,
-        SelfScheduling::Descheduled(_) => Some(now),
-        SelfScheduling::Deleted => Some(after_grace),
-        SelfScheduling::Unknown(_) => match row.verdict.map(|v| v.verdict) {
-            Some(GcVerdict::RemoveNow) => Some(after_grace),
-            Some(GcVerdict::RemoveAt(at)) => Some(at.max(after_grace)),
-            Some(GcVerdict::Keep) | None => None,
+/// Since when successful reads have said that the agent's own DaemonSet is deleted or no
+/// longer targets this node: started by the first such read (a time later than now, the
+/// clock gone back, restarts at now), cleared by one saying targeted or by the agent's own
+/// pod listed again; a failed read (`Unknown`) or a view that is not synced keeps it.
+fn self_gc_since(inputs: &PlanInputs<'_>, own_pod_gone: bool, now: Timestamp) -> Option<Timestamp> {
+    let previous = inputs.state.self_gc_since.map(|t| t.min(now));
+    match inputs.api {
+        ApiView::Synced { .. } if !own_pod_gone => None,
+        ApiView::Synced { .. } => match inputs.scheduling {
+            SelfScheduling::Deleted | SelfScheduling::Descheduled(_) => previous.or(Some(now)),
+            SelfScheduling::Targeted => None,
+            SelfScheduling::Unknown(_) => previous,
         },
+        ApiView::Unreachable | ApiView::Reachable => previous,
+    }
+}
+
+/// When the agent's own checkpoint `row` (its pod absent from a synced view) makes this
+/// a self-GC plan; `None`: not while the scheduling stays as it is. Only a read that
+/// succeeded and says deleted or descheduled counts, and never sooner than the grace
+/// period after the first such read (`since`), nor after the agent's own pod left. An
+/// unknown scheduling keeps everything whatever the strategy says (issue 36's rule: a
+/// failed, forbidden or unreadable observation never removes).
+fn self_gc_at(
+    row: &Row<'_>,
+    inputs: &PlanInputs<'_>,
+    since: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    match inputs.scheduling {
+        SelfScheduling::Targeted | SelfScheduling::Unknown(_) => None,
+        SelfScheduling::Deleted | SelfScheduling::Descheduled(_) => {
+            let left = absent_since(row, true, now).unwrap_or(now);
+            Some(left.max(since.unwrap_or(now)).saturating_add(inputs.grace))
+        }
     }
 }
 

@@ -17,7 +17,7 @@
 //! gc-strategy: keep-forever
 //! gc:
 //!   keep-forever:
-//!     except-self: true   # the agent's own checkpoint follows grace-period (default false)
+//!     except-self: true   # the verdict on the agent's own checkpoint is grace-period's (default false)
 //! ```
 //!
 //! [inventory#7]: https://github.com/dtolnay/inventory/issues/7
@@ -31,8 +31,9 @@ const NAME: &str = "keep-forever";
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 struct Settings {
-    /// Let the agent's own checkpoint go after the grace period, so that unscheduling the
-    /// agent from a node still cleans the node up (self-GC), while everything else stays.
+    /// Answer `grace-period`'s verdict for the agent's own checkpoint. The agent no longer
+    /// acts on it (self-GC follows its DaemonSet's reads, whatever the strategy); kept so
+    /// configs that set it still load.
     except_self: bool,
 }
 

@@ -8,8 +8,8 @@ use crate::{GcPolicy, GcStrategyRegistration, NoSettings, Result, StrategyConfig
 const NAME: &str = "immediate";
 
 /// Removes a checkpoint in the first pass that sees its parent absent from a synced API
-/// view. For the agent's own checkpoint that means self-GC as soon as its DaemonSet pod
-/// is gone from the node.
+/// view. The agent's own checkpoint gets the same verdict, but self-GC follows its
+/// DaemonSet, not the verdict (see [`GcPolicy`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Immediate;
 

@@ -21,8 +21,8 @@ const NAME: &str = "owner-reference";
 /// 5. The owner exists but has no pod here (the node was deselected): as [`GracePeriod`].
 /// 6. The owner lookup failed: as [`GracePeriod`]; a failed lookup never removes early.
 ///
-/// The agent's own checkpoint follows the same rules, so deleting the agent's DaemonSet
-/// triggers self-GC at once and deselecting the node triggers it after the grace period.
+/// The agent's own checkpoint gets a verdict by the same rules, but self-GC follows its
+/// DaemonSet, not the verdict (see [`GcPolicy`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OwnerReference {
     fallback: GracePeriod,

@@ -14,9 +14,11 @@ use ckpt_core::{GcDecision, Orphan, Timestamp};
 /// [`RemoveAt`](ckpt_core::GcVerdict::RemoveAt) deadline with the clock
 /// (`now >= deadline` removes).
 ///
-/// The agent's own checkpoint ([`Orphan::is_self`]) goes through the same policy: the
-/// strategy decides when self-GC happens. A rolling update of the agent's own DaemonSet
-/// never reaches a policy; the agent follows it by rewriting its static copy.
+/// The agent's own checkpoint ([`Orphan::is_self`]) is asked about too, but its verdict does
+/// not decide self-GC: only a successful read saying the agent's own DaemonSet is deleted or
+/// no longer targets the node does, the grace period after the first such read, whatever
+/// the strategy (issue 36: only positive evidence removes). A rolling update of the agent's
+/// own DaemonSet never reaches a policy; the agent follows it by rewriting its static copy.
 ///
 /// Deciding is infallible on purpose: the planner needs exactly one verdict per orphan, and
 /// a lookup that failed must never remove anything. The agent reports a failed owner

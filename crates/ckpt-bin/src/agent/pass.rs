@@ -122,7 +122,7 @@ impl Agent {
         let report = &decision.report;
         let events = self.link.as_ref().map(|l| &l.events);
         self.reporter.checkpointing(report, &self.health, events);
-        self.reporter.scheduling(report);
+        self.reporter.scheduling(report, &self.health);
         if let Some(link) = &self.link {
             // Probe the API often only while seeing an outage late would cost the node.
             link.observer.set_at_stake(report.at_stake);

@@ -128,9 +128,16 @@ impl Reporter {
         }
     }
 
-    /// Says once per change why the agent's own pod is absent and what that means.
-    pub(super) fn scheduling(&mut self, report: &Report) {
-        if self.scheduling == report.scheduling {
+    /// Says once per change why the agent's own pod is absent and what that means; an
+    /// unknown scheduling once per streak, however its reason changes (one timeout after
+    /// another says nothing new), and it is a metric too.
+    pub(super) fn scheduling(&mut self, report: &Report, health: &Health) {
+        health.record_self_scheduling(report.scheduling.as_ref().map(SelfScheduling::as_str));
+        let same = match (&self.scheduling, &report.scheduling) {
+            (Some(SelfScheduling::Unknown(_)), Some(SelfScheduling::Unknown(_))) => true,
+            (before, now) => before == now,
+        };
+        if same {
             return;
         }
         match &report.scheduling {
@@ -139,16 +146,18 @@ impl Reporter {
                  (a rollout, an eviction or a controller outage): keeping every checkpoint"
             ),
             Some(SelfScheduling::Deleted) => warn!(
-                "the agent's DaemonSet is deleted: every checkpoint goes after the grace period \
-                 unless a DaemonSet of the same name takes its place"
+                "the agent's DaemonSet is deleted: every checkpoint goes once the grace period has passed \
+                 since this was first read, unless a DaemonSet of the same name takes its place"
             ),
-            Some(SelfScheduling::Descheduled(why)) => {
-                warn!(%why, "the agent is descheduled from this node: self-GC")
-            }
+            Some(SelfScheduling::Descheduled(why)) => warn!(
+                %why,
+                "the agent is descheduled from this node: self-GC once the grace period has passed since \
+                 this was first read, unless the DaemonSet targets the node again"
+            ),
             Some(SelfScheduling::Unknown(why)) => warn!(
                 %why,
-                "cannot tell whether the agent's DaemonSet still targets this node: the GC strategy decides \
-                 self-GC, never sooner than the grace period"
+                "cannot tell whether the agent's DaemonSet still targets this node: self-GC is held back \
+                 and every checkpoint kept until a read succeeds"
             ),
             None => {}
         }

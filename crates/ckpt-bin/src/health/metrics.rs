@@ -163,6 +163,22 @@ fn api_and_lock(out: &mut Exposition, c: &Counters, phase: Phase) {
             })
             .collect(),
     );
+    out.family(
+        "self_scheduling",
+        "gauge",
+        "While the agent's own pod is gone from a synced view: whether its DaemonSet targets this node \
+         (targeted), no longer does (descheduled), is deleted, or cannot be read (unknown: self-GC held \
+         back, every checkpoint kept). All 0 while the pod is listed.",
+        ckpt_core::SelfScheduling::NAMES
+            .iter()
+            .map(|s| {
+                (
+                    format!("{{state=\"{s}\"}}"),
+                    u8::from(c.self_scheduling == Some(*s)).to_string(),
+                )
+            })
+            .collect(),
+    );
     out.value(
         "local_view_available",
         "gauge",

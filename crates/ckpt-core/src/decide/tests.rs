@@ -1017,10 +1017,12 @@ fn known_good_tracking_follows_the_plans_outcome() {
         ready_since: since(ready_since),
         ..PersistentState::default()
     };
-    // The agent's own DaemonSet not looked up: its checkpoint goes by its verdict (self-GC).
-    let self_gc = World::synced(&[])
-        .disk(&[("pc-abc", "h1"), ("b", "h1")])
-        .verdict("pc-abc", GcVerdict::RemoveNow);
+    // The agent's own DaemonSet read as deleted (no grace period): self-GC. It used to be
+    // not looked up, its checkpoint going by its verdict; an unknown scheduling never
+    // self-GCs now (issue 36: only positive evidence removes).
+    let mut self_gc = World::synced(&[]).disk(&[("pc-abc", "h1"), ("b", "h1")]);
+    (self_gc.observation.daemon_sets)
+        .insert(OwnerKey::new(NS, &owner("pod-checkpointer")), Fetched::NotFound);
     // Two known-good revisions of a DaemonSet, the newer one active and crash-looping
     // while the API is unreachable.
     let mut crash_loop = World::synced(&[])
@@ -1110,6 +1112,7 @@ fn an_older_journal_reads_with_nothing_known_good() {
     let state: PersistentState = serde_json::from_str(old).expect("an older journal");
     assert_eq!(state.absent_since.len(), 1);
     assert!(state.known_good.is_empty() && state.ready_since.is_empty());
+    assert_eq!(state.self_gc_since, None, "no self-GC clock started");
     let written = serde_json::to_string(&state).unwrap();
     assert_eq!(
         written,
@@ -1118,11 +1121,23 @@ fn an_older_journal_reads_with_nothing_known_good() {
     );
     let round_trip: PersistentState = serde_json::from_str(&written).expect("reads back");
     assert_eq!(round_trip, state);
+    let clock = PersistentState {
+        self_gc_since: Some(Timestamp(2_000)),
+        ..state
+    };
+    let written = serde_json::to_string(&clock).unwrap();
+    assert!(written.ends_with(r#","self_gc_since":2000}"#), "{written}");
+    assert_eq!(
+        serde_json::from_str::<PersistentState>(&written).expect("reads back"),
+        clock
+    );
 }
 
 /// A checkpoint whose pod is gone while its DaemonSet still targets this node and asks
 /// for checkpoints is kept past the strategy's verdict (a rollout, an eviction or a
-/// controller outage); anything less known leaves it to the strategy.
+/// controller outage), and so is one whose DaemonSet or node cannot be read (issue 36: a
+/// failed read keeps the last safe state); only a read saying otherwise leaves it to the
+/// strategy.
 #[test]
 fn a_checkpoint_stays_while_its_daemon_set_targets_the_node() {
     let cp = json!({"node-role.kubernetes.io/control-plane": ""});
@@ -1157,18 +1172,48 @@ fn a_checkpoint_stays_while_its_daemon_set_targets_the_node() {
             true,
         ),
         ("deleted", Fetched::NotFound, node(cp.clone()), true),
+        // The next three were removed: one flaky GET dropped the protection of a due
+        // active kube-apiserver revision. Issue 36's rule: a failed, timed-out or
+        // forbidden read keeps the last safe state.
         (
             "unreadable",
             Fetched::Failed("403".into()),
             node(cp.clone()),
-            true,
+            false,
         ),
         (
             "the node unreadable",
             api(uid, cp.clone(), "true"),
             Fetched::Failed("403".into()),
+            false,
+        ),
+        (
+            "the node not registered (404)",
+            api(uid, cp.clone(), "true"),
+            Fetched::NotFound,
+            false,
+        ),
+        // What the DaemonSet read says needs no node.
+        (
+            "the node unreadable, the DaemonSet deleted",
+            Fetched::NotFound,
+            Fetched::Failed("timed out".into()),
             true,
         ),
+        (
+            "the node unreadable, the DaemonSet's pods no longer checkpointed",
+            api(uid, cp.clone(), "false"),
+            Fetched::Failed("timed out".into()),
+            true,
+        ),
+        (
+            "the node unreadable, the DaemonSet re-created",
+            api("uid-new", cp.clone(), "true"),
+            Fetched::Failed("timed out".into()),
+            true,
+        ),
+        // Not a failed read: the observer looks up every orphan's DaemonSet, so this is
+        // never an orphan's in an agent; left to the strategy as before.
         ("not looked up", Fetched::NotFetched, node(cp.clone()), true),
     ];
     for (what, ds, node, removed) in cases {

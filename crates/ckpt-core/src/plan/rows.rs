@@ -31,7 +31,7 @@ pub(crate) struct PlanInputs<'a> {
     /// synced view without the agent's own pod).
     pub(crate) scheduling: &'a SelfScheduling,
     /// `--checkpoint-grace-period`: self-GC never comes sooner after the agent's own pod
-    /// left, unless its DaemonSet no longer targets the node.
+    /// left, nor after the first read saying its DaemonSet is deleted or descheduled.
     pub(crate) grace: std::time::Duration,
     /// `--namespaces`: checkpoints outside it are only wound down.
     pub(crate) allowed: &'a NamespaceAllowList,
@@ -42,8 +42,9 @@ pub(crate) struct PlanInputs<'a> {
     /// `--revisions` and `--handoff-timeout`.
     pub(crate) revisions: &'a RevisionSettings,
     /// DaemonSet lineages whose DaemonSet (same UID) still targets this node and
-    /// checkpoints its pods, on a synced view: a pod of theirs being absent is a rollout,
-    /// an eviction or a controller outage, so the revisions they keep stay whatever the GC
+    /// checkpoints its pods, or cannot be read (issue 36: a failed read keeps the last
+    /// safe state), on a synced view: a pod of theirs being absent is a rollout, an
+    /// eviction or a controller outage, so the revisions they keep stay whatever the GC
     /// strategy says (as the agent's own checkpoint does while its DaemonSet targets it).
     pub(crate) live: &'a BTreeSet<Lineage>,
 }

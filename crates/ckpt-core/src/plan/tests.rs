@@ -72,8 +72,8 @@ struct World {
     verdicts: BTreeMap<PodId, GcDecision>,
     state: PersistentState,
     me: SelfIdentity,
-    /// Unknown with no grace by default: the strategy's verdict decides self-GC, as it
-    /// does when the agent's own DaemonSet cannot be read.
+    /// Unknown with no grace by default: as when the agent's own DaemonSet cannot be read,
+    /// nothing self-GCs (issue 36: only a read saying deleted or descheduled does).
     scheduling: SelfScheduling,
     grace: Duration,
     allowed: NamespaceAllowList,
@@ -579,21 +579,20 @@ fn self_is_always_active_and_follows_its_spec() {
 
 #[test]
 fn self_gc_removes_everything_then_itself() {
-    let later = Timestamp(NOW.0 + 1);
-    let base = World::new(&[("pc-abc", "IA"), ("zz", "I"), ("api", "IA"), ("etcd", "I")])
+    // Self-GC needs a read saying the agent's DaemonSet is deleted (issue 36: an unknown
+    // scheduling, the tests' default, never self-GCs); with no grace period it is due at
+    // once.
+    let mut base = World::new(&[("pc-abc", "IA"), ("zz", "I"), ("api", "IA"), ("etcd", "I")])
         .synced(&["api", "etcd", "zz"]);
-    // Pending: nothing happens yet.
-    check(
-        &base.clone().verdict("pc-abc", GcVerdict::RemoveAt(later)),
-        expect(&[], &[], &[], &[]),
-        &[("pc-abc", SelfActive)],
-    );
+    base.scheduling = SelfScheduling::Deleted;
+    // Pending (within the grace period): nothing happens yet.
+    let mut pending = base.clone();
+    pending.grace = Duration::from_millis(1);
+    let p = check(&pending, expect(&[], &[], &[], &[]), &[("pc-abc", SelfActive)]);
+    assert_eq!(p.self_gc_at, Some(Timestamp(NOW.0 + 1)));
     // Due: every other checkpoint, sorted, then self; nothing written any more.
     let p = check(
-        &base
-            .clone()
-            .desired(&[("api", "h2")])
-            .verdict("pc-abc", GcVerdict::RemoveAt(NOW)),
+        &base.clone().desired(&[("api", "h2")]),
         Expect {
             removes: vec!["api", "etcd", "zz", "pc-abc"],
             self_gc: true,
@@ -660,9 +659,9 @@ fn bug2_no_resurrection_of_kubelet_only_parents() {
 #[test]
 fn bug3_self_gc_removes_checkpoints_that_were_never_activated() {
     // bootkube skipped `none`-state entries on remove-all and left their files behind.
-    let w = World::new(&[("pc-abc", "IA"), ("never-started", "I")])
-        .synced(&["never-started"])
-        .verdict("pc-abc", GcVerdict::RemoveNow);
+    // The agent's DaemonSet read as deleted: an unknown scheduling never self-GCs (issue 36).
+    let mut w = World::new(&[("pc-abc", "IA"), ("never-started", "I")]).synced(&["never-started"]);
+    w.scheduling = SelfScheduling::Deleted;
     check(
         &w,
         Expect {
@@ -922,52 +921,68 @@ fn arb_world() -> impl Strategy<Value = World> {
     let desired = prop::collection::vec(prop::option::of(prop::sample::select(vec!["h1", "h2"])), 5);
     let verdicts = prop::collection::vec(prop::sample::select(vec![0u8, 1, 2, 3, 4]), 5);
     let local_known = any::<bool>();
-    (names, codes, api, listed, running, desired, verdicts, local_known).prop_map(
-        |(names, codes, api, listed, running, desired, verdicts, local_known)| {
-            let all = ["a", "b", "c", "pc-abc", "pc-xyz"];
-            let disk: Vec<(&str, &str)> = names.iter().zip(&codes).map(|(n, c)| (*n, *c)).collect();
-            let mut w = World::new(&disk);
-            let listed: Vec<&str> = all
-                .iter()
-                .zip(&listed)
-                .filter(|(_, l)| **l)
-                .map(|(n, _)| *n)
-                .collect();
-            w = match api {
-                0 => w.api(ApiView::Unreachable),
-                1 => w.api(ApiView::Reachable),
-                _ => w.synced(&listed),
-            };
-            let running_names: Vec<&str> = all
-                .iter()
-                .zip(&running)
-                .filter(|(_, r)| **r == Some(true))
-                .map(|(n, _)| *n)
-                .collect();
-            w = if local_known {
-                w.running(&running_names)
-            } else {
-                w.local_unknown()
-            };
-            let desired: Vec<(&str, &str)> = all
-                .iter()
-                .zip(&desired)
-                .filter_map(|(n, h)| h.map(|h| (*n, h)))
-                .collect();
-            w = w.desired(&desired);
-            for (n, v) in all.iter().zip(verdicts) {
-                let verdict = match v {
-                    0 => continue,
-                    1 => GcVerdict::Keep,
-                    2 => GcVerdict::RemoveNow,
-                    3 => GcVerdict::RemoveAt(NOW),
-                    _ => GcVerdict::RemoveAt(NOW.saturating_add(Duration::from_secs(60))),
-                };
-                w = w.verdict(n, verdict);
-            }
-            w
-        },
+    // Unknown never self-GCs (issue 36); a deleted DaemonSet (no grace period) does.
+    let deleted = any::<bool>();
+    (
+        names,
+        codes,
+        api,
+        listed,
+        running,
+        desired,
+        verdicts,
+        local_known,
+        deleted,
     )
+        .prop_map(
+            |(names, codes, api, listed, running, desired, verdicts, local_known, deleted)| {
+                let all = ["a", "b", "c", "pc-abc", "pc-xyz"];
+                let disk: Vec<(&str, &str)> = names.iter().zip(&codes).map(|(n, c)| (*n, *c)).collect();
+                let mut w = World::new(&disk);
+                let listed: Vec<&str> = all
+                    .iter()
+                    .zip(&listed)
+                    .filter(|(_, l)| **l)
+                    .map(|(n, _)| *n)
+                    .collect();
+                w = match api {
+                    0 => w.api(ApiView::Unreachable),
+                    1 => w.api(ApiView::Reachable),
+                    _ => w.synced(&listed),
+                };
+                let running_names: Vec<&str> = all
+                    .iter()
+                    .zip(&running)
+                    .filter(|(_, r)| **r == Some(true))
+                    .map(|(n, _)| *n)
+                    .collect();
+                w = if local_known {
+                    w.running(&running_names)
+                } else {
+                    w.local_unknown()
+                };
+                let desired: Vec<(&str, &str)> = all
+                    .iter()
+                    .zip(&desired)
+                    .filter_map(|(n, h)| h.map(|h| (*n, h)))
+                    .collect();
+                w = w.desired(&desired);
+                for (n, v) in all.iter().zip(verdicts) {
+                    let verdict = match v {
+                        0 => continue,
+                        1 => GcVerdict::Keep,
+                        2 => GcVerdict::RemoveNow,
+                        3 => GcVerdict::RemoveAt(NOW),
+                        _ => GcVerdict::RemoveAt(NOW.saturating_add(Duration::from_secs(60))),
+                    };
+                    w = w.verdict(n, verdict);
+                }
+                if deleted {
+                    w.scheduling = SelfScheduling::Deleted;
+                }
+                w
+            },
+        )
 }
 
 proptest! {
@@ -1100,88 +1115,164 @@ proptest! {
 
 /// Self-GC follows the agent's own DaemonSet, not its pod: a rollout, an eviction or a
 /// controller outage (own pod absent, DaemonSet still targeting the node) never removes
-/// anything, whatever the strategy; without a readable DaemonSet the strategy decides,
-/// never sooner than the grace period.
+/// anything, whatever the strategy. Issue 36's rule: only positive evidence removes, so
+/// only a successful read saying deleted or descheduled self-GCs, never sooner than the
+/// grace period after the first such read (journalled); an unknown scheduling (a failed
+/// read, a Node 404, an unknown or non-DaemonSet controller) keeps everything.
 #[test]
 fn self_gc_follows_the_daemon_sets_scheduling() {
     use SelfScheduling::{Deleted, Descheduled, Targeted, Unknown};
     const GRACE: Duration = Duration::from_secs(60);
-    let absent_for = |secs: i64| Timestamp(NOW.0 - secs * 1000);
+    let ago = |secs: i64| Timestamp(NOW.0 - secs * 1000);
     let everything = || Expect {
         removes: vec!["api", "pc-abc"],
         self_gc: true,
         ..Expect::default()
     };
-    let world = |scheduling: SelfScheduling, verdict: Option<GcVerdict>, absent: i64| {
+    // `since`: how long ago a read first said deleted or descheduled (the journal).
+    let world = |scheduling: SelfScheduling, verdict: Option<GcVerdict>, absent: i64, since: Option<i64>| {
         let mut w = World::new(&[("pc-abc", "IA"), ("api", "IA")]).synced(&["api"]);
         w.scheduling = scheduling;
         w.grace = GRACE;
-        w.state.absent_since.insert(id("pc-abc"), absent_for(absent));
+        w.state.absent_since.insert(id("pc-abc"), ago(absent));
+        w.state.self_gc_since = since.map(ago);
         match verdict {
             Some(v) => w.verdict("pc-abc", v),
             None => w,
         }
     };
     let unknown = || Unknown("cannot read the DaemonSet".into());
-    let cases: Vec<(&str, World, Expect<'_>, Option<Timestamp>)> = vec![
+    // (case, world, expected, self_gc_at, the journal's self_gc_since after the pass)
+    type Case<'a> = (&'a str, World, Expect<'a>, Option<Timestamp>, Option<Timestamp>);
+    let cases: Vec<Case<'_>> = vec![
         (
             "targeted, immediate strategy (a rollout with maxUnavailable): keep everything",
-            world(Targeted, Some(GcVerdict::RemoveNow), 600),
+            world(Targeted, Some(GcVerdict::RemoveNow), 600, None),
             Expect::default(),
+            None,
             None,
         ),
         (
-            "descheduled: at once, whatever the strategy",
-            world(Descheduled("nodeSelector".into()), Some(GcVerdict::Keep), 0),
+            "targeted again: a read saying so resets the clock",
+            world(Targeted, None, 600, Some(30)),
+            Expect::default(),
+            None,
+            None,
+        ),
+        // Was "descheduled: at once, whatever the strategy": one mistaken edit of the
+        // DaemonSet (nodeSelector, affinity, taint) then wiped every control-plane node in
+        // a pass (issue 36). Now the grace period after the first read saying so.
+        (
+            "descheduled, first read: not before the grace period, whatever the strategy",
+            world(
+                Descheduled("nodeSelector".into()),
+                Some(GcVerdict::RemoveNow),
+                600,
+                None,
+            ),
+            Expect::default(),
+            Some(NOW.saturating_add(GRACE)),
+            Some(NOW),
+        ),
+        (
+            "descheduled for less than the grace period: not yet",
+            world(
+                Descheduled("nodeSelector".into()),
+                Some(GcVerdict::Keep),
+                600,
+                Some(59),
+            ),
+            Expect::default(),
+            Some(ago(59).saturating_add(GRACE)),
+            Some(ago(59)),
+        ),
+        (
+            "descheduled for the grace period: everything, whatever the strategy",
+            world(
+                Descheduled("nodeSelector".into()),
+                Some(GcVerdict::Keep),
+                600,
+                Some(60),
+            ),
             everything(),
             None,
+            None,
         ),
         (
-            "deleted: not before the grace period",
-            world(Deleted, Some(GcVerdict::RemoveNow), 30),
+            "deleted: not before the grace period after the pod left",
+            world(Deleted, Some(GcVerdict::RemoveNow), 30, Some(30)),
             Expect::default(),
-            Some(absent_for(30).saturating_add(GRACE)),
+            Some(ago(30).saturating_add(GRACE)),
+            Some(ago(30)),
+        ),
+        (
+            "deleted, first read, the pod long gone: not before the grace period after the read",
+            world(Deleted, None, 600, None),
+            Expect::default(),
+            Some(NOW.saturating_add(GRACE)),
+            Some(NOW),
         ),
         (
             "deleted: after the grace period",
-            world(Deleted, None, 60),
+            world(Deleted, None, 60, Some(60)),
             everything(),
+            None,
             None,
         ),
         (
-            "unknown: the strategy's verdict, not sooner than the grace period",
-            world(unknown(), Some(GcVerdict::RemoveNow), 10),
+            "a clock later than now (the clock went back) restarts at now",
+            world(Deleted, None, 60, Some(-30)),
             Expect::default(),
-            Some(absent_for(10).saturating_add(GRACE)),
+            Some(NOW.saturating_add(GRACE)),
+            Some(NOW),
+        ),
+        // Was "unknown: due and past the grace period → everything": one failed
+        // DaemonSet or Node GET (timeout, 5xx, 429, a 403 after an RBAC change) a minute
+        // after the own pod vanished removed every checkpoint, active ones included.
+        // Issue 36's rule: a failed observation keeps the last safe state.
+        (
+            "unknown, the strategy's verdict due and past the grace period: keep everything",
+            world(unknown(), Some(GcVerdict::RemoveNow), 600, None),
+            Expect::default(),
+            None,
+            None,
         ),
         (
-            "unknown: due and past the grace period",
-            world(unknown(), Some(GcVerdict::RemoveNow), 61),
-            everything(),
+            "unknown: a clock started by an earlier read is neither reset nor fired",
+            world(unknown(), Some(GcVerdict::RemoveNow), 600, Some(600)),
+            Expect::default(),
+            None,
+            Some(ago(600)),
+        ),
+        (
+            "unknown (this node's Node is not registered, a 404): keep everything",
+            world(
+                Unknown("this node's Node object does not exist".into()),
+                Some(GcVerdict::RemoveNow),
+                600,
+                None,
+            ),
+            Expect::default(),
+            None,
             None,
         ),
         (
             "unknown: the strategy keeps",
-            world(unknown(), Some(GcVerdict::Keep), 600),
+            world(unknown(), Some(GcVerdict::Keep), 600, None),
             Expect::default(),
             None,
-        ),
-        (
-            "unknown: a later deadline of the strategy wins",
-            world(
-                unknown(),
-                Some(GcVerdict::RemoveAt(Timestamp(NOW.0 + 5_000))),
-                600,
-            ),
-            Expect::default(),
-            Some(Timestamp(NOW.0 + 5_000)),
+            None,
         ),
     ];
-    for (name, w, expected, self_gc_at) in cases {
+    for (name, w, expected, self_gc_at, since_after) in cases {
         eprintln!("case: {name}");
         let p = check(&w, expected, &[]);
         assert_eq!(p.self_gc_at, self_gc_at, "{name}");
+        assert_eq!(p.state.self_gc_since, since_after, "{name}: the journal's clock");
     }
+    // A view that is not synced reads nothing: the clock stays as it was.
+    let w = world(Deleted, None, 600, Some(30)).api(ApiView::Reachable);
+    assert_eq!(w.plan(NOW).state.self_gc_since, Some(ago(30)));
 }
 
 #[test]

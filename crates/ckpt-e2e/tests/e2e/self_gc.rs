@@ -2,7 +2,7 @@
 //! Self-checkpoint, lock and self-GC): with the real API server, the agent's pod deleted
 //! while its DaemonSet still targets the node removes nothing, even under `immediate`;
 //! the DaemonSet no longer targeting the node, or deleted, removes everything, the agent
-//! last.
+//! last, once the grace period has passed since the first read saying so (issue 36).
 
 use std::time::{Duration, Instant};
 
@@ -11,9 +11,14 @@ use ckpt_e2e::harness::agent::{Agent, AgentDirs};
 use crate::suite::{Parent, Scenario};
 
 /// `immediate`: the agent's pod deleted (a rollout with `maxUnavailable`, an eviction)
-/// keeps everything; then the DaemonSet's nodeSelector excludes the node: self-GC.
+/// keeps everything; then the DaemonSet's nodeSelector excludes the node: self-GC, not
+/// before the grace period (3 s). It used to come at once, with the default grace period
+/// (1 m) unused; issue 36 makes a descheduling wait for the grace period after the first
+/// read saying so (one mistaken edit must not wipe the node), so the scenario sets a short
+/// one and checks it is waited for.
 pub(crate) fn deselected(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
-    let (me, parent, dirs, mut agent) = start(ctx, "immediate", None)?;
+    const GRACE: Duration = Duration::from_secs(3);
+    let (me, parent, dirs, mut agent) = start(ctx, "immediate", Some("3s"))?;
 
     ctx.step("delete the agent's own pod; its DaemonSet still targets the node: nothing is removed");
     ctx.delete_pod(&me)?;
@@ -30,7 +35,10 @@ pub(crate) fn deselected(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
     }
     anyhow::ensure!(agent.exit_status().is_none(), "the agent must keep running");
 
-    ctx.step("the DaemonSet's nodeSelector now excludes the node: every checkpoint goes, the agent's last");
+    ctx.step(
+        "the DaemonSet's nodeSelector now excludes the node: after the grace period every checkpoint goes, \
+         the agent's last",
+    );
     let patch =
         r#"{"spec":{"template":{"spec":{"nodeSelector":{"e2e.pod-checkpointer/elsewhere":"true"}}}}}"#;
     (ctx.suite.kubectl).run(
@@ -47,7 +55,14 @@ pub(crate) fn deselected(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
         ],
         None,
     )?;
-    expect_self_gc(ctx, &mut agent, &dirs, &[&parent.name, &me])
+    let deselected = Instant::now();
+    expect_self_gc(ctx, &mut agent, &dirs, &[&parent.name, &me])?;
+    let after = deselected.elapsed();
+    anyhow::ensure!(
+        after >= GRACE,
+        "self-GC {after:?} after the descheduling, before the grace period"
+    );
+    Ok(())
 }
 
 /// `grace-period` (3 s): the agent's DaemonSet and pod deleted: self-GC after the grace
