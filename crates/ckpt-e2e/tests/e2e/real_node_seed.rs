@@ -346,10 +346,11 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
             Ok(if pods.is_empty() {
                 Probe::Ready(())
             } else {
-                Probe::Waiting(format!("pods {:?}", pods.iter().map(name_of).collect::<Vec<_>>()))
+                Probe::Waiting(format!("pods {:?}", pods.iter().map(pod_summary).collect::<Vec<_>>()))
             })
         })())
-    })?;
+    })
+    .with_context(|| format!("the agents' logs:{}", logs.tails(25)))?;
     wait_for("no checkpoint on the node", TIMEOUT, || {
         logs.collect(run);
         let report = inspect_node(run)?;
@@ -824,6 +825,16 @@ pub(crate) fn is_mirror(pod: &Value) -> bool {
     pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
 }
 
+/// A pod's name, phase, and deletion time if it is terminating: what a timeout needs to
+/// say why a pod is still listed.
+fn pod_summary(pod: &Value) -> String {
+    let phase = pod["status"]["phase"].as_str().unwrap_or("no phase");
+    match pod["metadata"]["deletionTimestamp"].as_str() {
+        Some(at) => format!("{} ({phase}, terminating since {at})", name_of(pod)),
+        None => format!("{} ({phase})", name_of(pod)),
+    }
+}
+
 pub(crate) fn name_of(object: &Value) -> String {
     object["metadata"]["name"].as_str().unwrap_or_default().to_owned()
 }
@@ -1043,6 +1054,20 @@ impl AgentLogs {
             .map(cri_log_message)
             .filter(|line| line.contains("checkpoint removed") && line.contains(&needle))
             .max()
+    }
+
+    /// The last `n` lines of each agent log collected, for a timeout's message.
+    fn tails(&self, n: usize) -> String {
+        let mut out = String::new();
+        for (path, (_, text)) in &self.0 {
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("\n--- {} (last {n} lines)\n", path.display()));
+            for line in &lines[lines.len().saturating_sub(n)..] {
+                out.push_str(&cri_log_message(line));
+                out.push('\n');
+            }
+        }
+        out
     }
 }
 
