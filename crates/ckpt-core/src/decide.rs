@@ -23,8 +23,8 @@ use crate::admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
 use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{
-    ANNOTATION_CHECKPOINT, ControllerOwner, NamespaceAllowList, PodId, SelfIdentity, has_completed,
-    is_parent, retires_when_ready,
+    ANNOTATION_CHECKPOINT, ANNOTATION_DECOMMISSION, ControllerOwner, NamespaceAllowList, PodId, SelfIdentity,
+    has_completed, is_parent, retires_when_ready,
 };
 use crate::journal::PersistentState;
 use crate::known_good;
@@ -150,6 +150,11 @@ pub struct Report {
     pub watch_restarts: BTreeSet<PodId>,
     /// Revisions set aside in this pass because they crash-looped while active.
     pub set_aside: Vec<SetAside>,
+    /// A self-GC is due but these active checkpoints serve DaemonSets that still target
+    /// this node: they and the agent's own checkpoint stay, everything else was removed.
+    /// Each goes when its pod runs here, when its DaemonSet stops targeting the node, on
+    /// `drain --force`, or once the Node is marked [`ANNOTATION_DECOMMISSION`].
+    pub self_gc_deferred: Vec<PodId>,
 }
 
 impl Report {
@@ -188,6 +193,8 @@ pub struct Assessment<'a> {
     /// DaemonSet lineages whose DaemonSet still targets this node, or cannot be read
     /// (synced views only).
     live: BTreeSet<Lineage>,
+    /// This node's Node, as read in this pass, is marked for decommissioning.
+    decommissioned: bool,
     orphans: Vec<Orphan>,
     report: Report,
 }
@@ -222,6 +229,7 @@ impl Assessment<'_> {
             terminating: &self.terminating,
             revisions: &self.revisions,
             live: &self.live,
+            decommissioned: self.decommissioned,
         };
         let planned = plan(&inputs, self.now);
         let now = self.now;
@@ -249,6 +257,7 @@ impl Assessment<'_> {
         self.report.handoffs = planned.handoffs;
         self.report.watch_restarts = planned.watch_restarts;
         self.report.set_aside = planned.set_aside;
+        self.report.self_gc_deferred = planned.self_gc_deferred;
         let writes = (planned.writes.iter())
             .filter_map(|id| self.checkpoints.remove(id))
             .collect();
@@ -412,6 +421,7 @@ pub fn assess<'a>(
         } else {
             BTreeSet::new()
         },
+        decommissioned: synced && decommissioned(&observation.node),
         orphans: found,
         report,
     }
@@ -458,6 +468,16 @@ fn live_lineages(observation: &Observation, disk: &BTreeMap<PodId, DiskCheckpoin
         })
         .map(|(lineage, _)| lineage)
         .collect()
+}
+
+/// Whether this node's Node, read successfully, carries [`ANNOTATION_DECOMMISSION`] `"true"`.
+fn decommissioned(node: &Fetched<Node>) -> bool {
+    let Fetched::Found(node) = node else {
+        return false;
+    };
+    (node.metadata.annotations.as_ref())
+        .and_then(|a| a.get(ANNOTATION_DECOMMISSION))
+        .is_some_and(|v| v == "true")
 }
 
 /// Whether a DaemonSet read as `ds` keeps the lineage of UID `uid` on this node (`node`, as

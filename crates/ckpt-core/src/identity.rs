@@ -27,6 +27,10 @@ pub(crate) const ANNOTATION_OWNER: &str = "checkpointer.alpha.coreos.com/owner";
 pub(crate) const ANNOTATION_SPEC_HASH: &str = "checkpointer.alpha.coreos.com/spec-hash";
 /// Our addition: when this content was first checkpointed (RFC 3339, UTC).
 pub(crate) const ANNOTATION_CHECKPOINTED_AT: &str = "checkpointer.alpha.coreos.com/checkpointed-at";
+/// On this node's Node, `"true"`: the operator retires the node, so a self-GC removes
+/// every checkpoint, even an active one serving a DaemonSet that still targets the node
+/// (issue 36). Under the project's own domain, as every key added from now on.
+pub const ANNOTATION_DECOMMISSION: &str = "pod-checkpointer.github.io/decommission";
 /// Set by the kubelet on pods it read from a file (static pods).
 pub(crate) const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 /// Set by the kubelet on the API mirror of a static pod.

@@ -78,8 +78,8 @@ pub use decide::{Assessment, DecideConfig, Decision, Refusal, Report, assess, de
 pub use error::{Error, Result, error_chain};
 pub use gc::{GcDecision, GcVerdict, Orphan, Sibling};
 pub use identity::{
-    ANNOTATION_CHECKPOINT, ANNOTATION_CHECKPOINT_OF, ControllerOwner, LockIdentity, NamespaceAllowList,
-    PodId, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
+    ANNOTATION_CHECKPOINT, ANNOTATION_CHECKPOINT_OF, ANNOTATION_DECOMMISSION, ControllerOwner, LockIdentity,
+    NamespaceAllowList, PodId, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
 };
 pub use journal::{PersistentState, RestartsSeen, SpecSince};
 pub use known_good::KNOWN_GOOD_AFTER;

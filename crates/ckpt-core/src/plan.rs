@@ -39,7 +39,7 @@ use crate::identity::{NamespaceAllowList, PodId, SelfIdentity};
 use crate::journal::PersistentState;
 use crate::known_good;
 use crate::observation::{ApiView, DiskCheckpoint, OwnerStatus, SelfScheduling};
-use crate::revisions::{Handoff, Serving, SetAside};
+use crate::revisions::{Handoff, Lineage, Serving, SetAside};
 use crate::time::Timestamp;
 
 mod lineages;
@@ -148,6 +148,9 @@ pub(crate) struct Plan {
     /// When self-GC is due if nothing changes (the grace period after the first read
     /// saying deleted or descheduled): when to look again.
     pub(crate) self_gc_at: Option<Timestamp>,
+    /// A self-GC is due but these active checkpoints serve lineages that still target the
+    /// node (`self_gc_deferred`): they, and the agent's own, stay; the rest is removed.
+    pub(crate) self_gc_deferred: Vec<PodId>,
     /// The persistent state to save after executing.
     pub(crate) state: PersistentState,
     /// Every checkpoint's state after the pass.
@@ -318,13 +321,37 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         let own = rows.iter().filter(|row| row.is_self && row.disk.is_some());
         let since = out.state.self_gc_since;
         let due_at = own.filter_map(|row| self_gc_at(row, inputs, since, now)).min();
+        let deferred = if due_at.is_some_and(|at| now >= at) {
+            self_gc_deferred(inputs, &rows)
+        } else {
+            BTreeSet::new()
+        };
+        if due_at.is_some_and(|at| now >= at) && !deferred.is_empty() {
+            // Everything else goes; the serving copies, and the agent's own checkpoint with
+            // the process running this plan, stay until they may go too.
+            let why = self_gc_reason(inputs.scheduling);
+            for row in rows.iter().filter(|row| row.disk.is_some()) {
+                let state = if row.is_self {
+                    CheckpointState::SelfActive
+                } else if deferred.contains(row.id) {
+                    CheckpointState::Active
+                } else {
+                    out.removes.push(Removal {
+                        id: row.id.clone(),
+                        reason: RemovalReason::SelfGc(why.clone()),
+                        is_self: false,
+                    });
+                    out.state.absent_since.remove(row.id);
+                    CheckpointState::Removed
+                };
+                out.states.insert(row.id.clone(), state);
+            }
+            out.at_stake = true;
+            out.self_gc_deferred = deferred.into_iter().cloned().collect();
+            return out;
+        }
         if due_at.is_some_and(|at| now >= at) {
-            let why = match inputs.scheduling {
-                SelfScheduling::Descheduled(why) => why.clone(),
-                SelfScheduling::Deleted => "the agent's DaemonSet is deleted".to_owned(),
-                // Never due (`self_gc_at`).
-                SelfScheduling::Unknown(_) | SelfScheduling::Targeted => String::new(),
-            };
+            let why = self_gc_reason(inputs.scheduling);
             let on_disk = || rows.iter().filter(|row| row.disk.is_some());
             for row in on_disk()
                 .filter(|row| !row.is_self)
@@ -546,6 +573,49 @@ fn self_gc_since(inputs: &PlanInputs<'_>, own_pod_gone: bool, now: Timestamp) ->
         },
         ApiView::Unreachable | ApiView::Reachable => previous,
     }
+}
+
+/// Why self-GC removes (the DaemonSet's reading); empty for a scheduling that never
+/// self-GCs (`self_gc_at`).
+fn self_gc_reason(scheduling: &SelfScheduling) -> String {
+    match scheduling {
+        SelfScheduling::Descheduled(why) => why.clone(),
+        SelfScheduling::Deleted => "the agent's DaemonSet is deleted".to_owned(),
+        SelfScheduling::Unknown(_) | SelfScheduling::Targeted => String::new(),
+    }
+}
+
+/// The checkpoints a due self-GC leaves in place (issue 36): each active one that is this
+/// node's serving copy of a DaemonSet lineage that still targets the node (or whose
+/// DaemonSet cannot be read: `live`), while no pod of that lineage runs here (or the
+/// runtime cannot tell). After a failed handoff that copy may be the node's only working
+/// API server, so the agent's own checkpoint stays with it. None on a Node marked
+/// [`ANNOTATION_DECOMMISSION`](crate::ANNOTATION_DECOMMISSION): the operator retires the
+/// node, every checkpoint goes.
+fn self_gc_deferred<'a>(inputs: &PlanInputs<'_>, rows: &[Row<'a>]) -> BTreeSet<&'a PodId> {
+    if inputs.decommissioned {
+        return BTreeSet::new();
+    }
+    let lineage_of = |row: &Row<'_>| {
+        let owner = (row.parent.and_then(|p| p.owner.as_ref())).or_else(|| {
+            row.disk
+                .and_then(DiskCheckpoint::meta)
+                .and_then(|m| m.owner.as_ref())
+        });
+        Some(Lineage::of(row.id, owner)).filter(|l| matches!(l, Lineage::DaemonSet { .. }))
+    };
+    let runs_here: BTreeSet<Lineage> = (rows.iter())
+        .filter(|row| row.runs == Some(true))
+        .filter_map(lineage_of)
+        .collect();
+    (rows.iter())
+        .filter(|row| !row.is_self && row.allowed && row.disk.is_some_and(|d| d.active.is_some()))
+        .filter(|row| {
+            lineage_of(row)
+                .is_some_and(|lineage| inputs.live.contains(&lineage) && !runs_here.contains(&lineage))
+        })
+        .map(|row| row.id)
+        .collect()
 }
 
 /// When the agent's own checkpoint `row` (its pod absent from a synced view) makes this

@@ -47,6 +47,9 @@ pub(crate) struct PlanInputs<'a> {
     /// eviction or a controller outage, so the revisions they keep stay whatever the GC
     /// strategy says (as the agent's own checkpoint does while its DaemonSet targets it).
     pub(crate) live: &'a BTreeSet<Lineage>,
+    /// This node's Node carries [`ANNOTATION_DECOMMISSION`](crate::ANNOTATION_DECOMMISSION)
+    /// (a successful read): self-GC defers to no serving copy.
+    pub(crate) decommissioned: bool,
 }
 
 /// Everything the planner knows about one pod id. The inputs are all sorted by id, so

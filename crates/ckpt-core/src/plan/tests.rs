@@ -81,6 +81,8 @@ struct World {
     terminating: BTreeSet<PodId>,
     revisions: RevisionSettings,
     live: BTreeSet<Lineage>,
+    /// The Node is marked for decommissioning.
+    decommissioned: bool,
     /// When [`World::apply`] says a write happened.
     clock: Timestamp,
 }
@@ -118,6 +120,7 @@ impl World {
             terminating: BTreeSet::new(),
             revisions: RevisionSettings::default(),
             live: BTreeSet::new(),
+            decommissioned: false,
             clock: NOW,
         }
     }
@@ -219,6 +222,7 @@ impl World {
             terminating: &self.terminating,
             revisions: &self.revisions,
             live: &self.live,
+            decommissioned: self.decommissioned,
         }
     }
 
@@ -1273,6 +1277,110 @@ fn self_gc_follows_the_daemon_sets_scheduling() {
     // A view that is not synced reads nothing: the clock stays as it was.
     let w = world(Deleted, None, 600, Some(30)).api(ApiView::Reachable);
     assert_eq!(w.plan(NOW).state.self_gc_since, Some(ago(30)));
+}
+
+/// Issue 36: a due self-GC removes every checkpoint except an active one serving a
+/// DaemonSet lineage that still targets the node (after a failed handoff it may be the
+/// node's only working API server); that one and the agent's own stay, until its pod runs
+/// here, its DaemonSet stops targeting the node, or the Node is marked for
+/// decommissioning. Before, self-GC removed them all in one pass.
+#[test]
+fn self_gc_spares_a_serving_copy_of_a_daemon_set_that_targets_the_node() {
+    let everything = || Expect {
+        removes: vec!["api-0", "api-1", "etcd", "zz", "pc-abc"],
+        self_gc: true,
+        ..Expect::default()
+    };
+    let deferred = || Expect {
+        removes: vec!["api-0", "etcd", "zz"],
+        ..Expect::default()
+    };
+    // The agent's DaemonSet deleted, no grace: self-GC is due. api-1 serves (active, its
+    // listed pod not running here: a failed handoff); api-0 is an older revision; etcd is
+    // active too, but no DaemonSet's.
+    let base = || {
+        let mut w = World::new(&[
+            ("pc-abc", "IA"),
+            ("api-0", "I"),
+            ("api-1", "IA"),
+            ("etcd", "IA"),
+            ("zz", "I"),
+        ])
+        .synced(&["api-1", "zz"]);
+        w.scheduling = SelfScheduling::Deleted;
+        w.live.insert(api_lineage("uid-kube-apiserver"));
+        w
+    };
+    // (case, world, expected, deferred after the pass)
+    let cases: Vec<(&str, World, Expect<'_>, Vec<&str>)> = vec![
+        (
+            "the lineage targets the node and no pod of it runs here: it and self stay",
+            base(),
+            deferred(),
+            vec!["api-1"],
+        ),
+        (
+            "the runtime cannot tell whether it runs: it stays",
+            base().local_unknown(),
+            deferred(),
+            vec!["api-1"],
+        ),
+        (
+            "its pod runs here: everything goes",
+            base().running(&["api-1"]),
+            everything(),
+            vec![],
+        ),
+        (
+            "its DaemonSet no longer targets the node: everything goes",
+            {
+                let mut w = base();
+                w.live.clear();
+                w
+            },
+            everything(),
+            vec![],
+        ),
+        (
+            "the Node is marked for decommissioning: everything goes",
+            {
+                let mut w = base();
+                w.decommissioned = true;
+                w
+            },
+            everything(),
+            vec![],
+        ),
+        (
+            "its copy is not active (nothing serves): everything goes",
+            {
+                let mut w = base();
+                w.disk.insert(id("api-1"), on_disk("api-1", "I").1);
+                w
+            },
+            everything(),
+            vec![],
+        ),
+    ];
+    for (name, w, expected, deferred_after) in cases {
+        eprintln!("case: {name}");
+        let p = check(&w, expected, &[]);
+        assert_eq!(names(&p.self_gc_deferred), deferred_after, "{name}");
+        if !deferred_after.is_empty() {
+            assert_eq!(p.states.get(&id("api-1")), Some(&Active), "{name}");
+            assert_eq!(p.states.get(&id("pc-abc")), Some(&SelfActive), "{name}");
+            assert!(p.at_stake, "{name}: an active checkpoint waits for its parent");
+            assert!(
+                (p.removes.iter()).all(|r| matches!(r.reason, RemovalReason::SelfGc(_)) && !r.is_self),
+                "{name}"
+            );
+        }
+    }
+    // The next pass, nothing changed: nothing more to do (a fixpoint).
+    let mut w = base();
+    w.apply(&w.plan(NOW));
+    let p = check(&w, Expect::default(), &[("api-1", Active)]);
+    assert_eq!(names(&p.self_gc_deferred), ["api-1"]);
 }
 
 #[test]

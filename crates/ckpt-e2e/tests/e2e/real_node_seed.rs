@@ -346,7 +346,10 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
             Ok(if pods.is_empty() {
                 Probe::Ready(())
             } else {
-                Probe::Waiting(format!("pods {:?}", pods.iter().map(pod_summary).collect::<Vec<_>>()))
+                Probe::Waiting(format!(
+                    "pods {:?}",
+                    pods.iter().map(pod_summary).collect::<Vec<_>>()
+                ))
             })
         })())
     })
