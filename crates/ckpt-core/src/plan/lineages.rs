@@ -96,8 +96,15 @@ pub(super) fn plan(
                 let proven = (content(row, written))
                     .zip(inputs.state.known_good.get(row.id))
                     .is_some_and(|(content, proof)| proof.spec_hash == content);
+                // What the written checkpoint records: the listed pod's label.
+                let generation = if written {
+                    row.parent.and_then(|p| p.template_generation)
+                } else {
+                    (row.disk.and_then(DiskCheckpoint::meta)).and_then(|m| m.template_generation)
+                };
                 let revision = Revision {
                     id: row.id,
+                    generation,
                     checkpointed_at,
                     proven,
                 };

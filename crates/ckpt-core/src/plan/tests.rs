@@ -46,6 +46,7 @@ fn copy(name: &str, hash: &str, owner: Option<ControllerOwner>) -> StoredCopy {
             parent_uid: Some(format!("uid-{name}")),
             owner,
             spec_hash: Some(hash.into()),
+            template_generation: None,
             checkpointed_at: None,
             retires_when_ready: when_ready(name),
         },
@@ -154,11 +155,24 @@ impl World {
                         owner,
                         completed: false,
                         retires_when_ready: when_ready(n),
+                        template_generation: None,
                     },
                 )
             })
             .collect();
         self.api = ApiView::Synced { parents };
+        self
+    }
+
+    /// The listed parents' `pod-template-generation` labels.
+    fn generations(mut self, entries: &[(&str, i64)]) -> Self {
+        if let ApiView::Synced { parents } = &mut self.api {
+            for (name, generation) in entries {
+                if let Some(parent) = parents.get_mut(&id(name)) {
+                    parent.template_generation = Some(*generation);
+                }
+            }
+        }
         self
     }
 
@@ -230,16 +244,18 @@ impl World {
     fn apply(&mut self, p: &Plan) {
         for w in &p.writes {
             let hash = &self.desired[w];
-            let owner = match &self.api {
-                ApiView::Synced { parents } => parents.get(w).and_then(|p| p.owner.clone()),
+            let parent = match &self.api {
+                ApiView::Synced { parents } => parents.get(w),
                 _ => None,
             };
+            let owner = parent.and_then(|p| p.owner.clone());
             let entry = self.disk.entry(w.clone()).or_insert(DiskCheckpoint {
                 inactive: None,
                 active: None,
             });
             let mut written = copy(&w.name, hash, owner);
             written.meta.checkpointed_at = Some(self.clock);
+            written.meta.template_generation = parent.and_then(|p| p.template_generation);
             entry.inactive = Some(written);
         }
         for s in &p.stops {
@@ -997,7 +1013,7 @@ proptest! {
         let desired: BTreeMap<PodId, String> = desired.iter().map(|n| (id(n), format!("h-{n}"))).collect();
         let parents: Option<BTreeMap<PodId, ApiParent>> = listed.map(|l| {
             l.iter()
-                .map(|n| (id(n), ApiParent { uid: Some(format!("uid-{n}")), owner: None, completed: false, retires_when_ready: false }))
+                .map(|n| (id(n), ApiParent { uid: Some(format!("uid-{n}")), owner: None, completed: false, retires_when_ready: false, template_generation: None }))
                 .collect()
         });
         let gathered: Vec<Gathered<'_>> = gather(&disk, &desired, parents.as_ref()).collect();
@@ -1543,6 +1559,31 @@ fn a_parent_of_the_lineage_running_retires_the_known_good_revision_it_proved() {
     proven(&mut w, "api-1", "h1");
     w = w.running(&["api-1"]);
     step(&mut w, 10, expect(&[], &["api-1"], &[], &[]), &[]);
+}
+
+/// A rollout's old and new pods overlap (the new one waits for a port the old one holds,
+/// say) and the old one's Secret is rotated: its checkpoint is rewritten after the new
+/// one's. When "newest" was the last write time, the old revision was the newest from then
+/// on: every outage ran its content, and while its DaemonSet targets the node it was kept
+/// past its verdict for good. The newest is the newest template generation.
+#[test]
+fn a_rewritten_old_revision_does_not_become_the_newest() {
+    let mut w = World::new(&[])
+        .synced(&["api-1", "api-2"])
+        .generations(&[("api-1", 1), ("api-2", 2)])
+        .desired(&[("api-1", "h1"), ("api-2", "h2")]);
+    w.live.insert(api_lineage("uid-kube-apiserver"));
+    step(&mut w, 0, expect(&["api-1", "api-2"], &[], &[], &[]), &[]);
+    // The old pod's Secret rotated: its checkpoint is written again, after the new one's.
+    w = w.desired(&[("api-1", "h1b"), ("api-2", "h2")]);
+    step(&mut w, 10, expect(&["api-1"], &[], &[], &[]), &[]);
+    // An outage: the activation runs the new pod's revision.
+    let mut outage = w.clone().api(ApiView::Unreachable);
+    step(&mut outage, 20, expect(&[], &[], &["api-2"], &[]), &[]);
+    // The old pod is gone: its revision goes by its verdict though its DaemonSet targets
+    // the node (it is neither the newest nor known-good).
+    w = superseded(w.synced(&["api-2"]).generations(&[("api-2", 2)]), "api-1");
+    step(&mut w, 20, expect(&[], &[], &[], &["api-1"]), &[]);
 }
 
 /// The `kube-apiserver` DaemonSet's lineage (the owner [`owner_of`] gives `api-*` pods).
