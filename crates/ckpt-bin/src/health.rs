@@ -90,6 +90,10 @@ struct Counters {
     handoffs: [u64; 3],
     /// Revisions set aside because they crash-looped while active.
     set_aside: u64,
+    /// State journals found unusable at start (kept aside).
+    journals_unusable: u64,
+    /// The known-good and rejected marks are unknown (the journal was lost).
+    marks_unknown: bool,
     handovers: u64,
     passes: u64,
     pass_buckets: [u64; BUCKETS.len()],
@@ -273,6 +277,17 @@ impl Health {
     /// A revision set aside because it crash-looped while active.
     pub(crate) fn set_aside(&self) {
         self.with(|c| c.set_aside += 1);
+    }
+
+    /// A state journal found unusable at start.
+    pub(crate) fn journal_unusable(&self) {
+        self.with(|c| c.journals_unusable += 1);
+    }
+
+    /// Whether the known-good and rejected marks are unknown after this pass; returns
+    /// whether that changed.
+    pub(crate) fn set_marks_unknown(&self, unknown: bool) -> bool {
+        self.with(|c| std::mem::replace(&mut c.marks_unknown, unknown) != unknown)
     }
 
     /// A handoff step ([`ckpt_core::revisions::Handoff`]).

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use ckpt_core::revisions::RevisionSettings;
 use ckpt_core::{DataKind, PersistentState, PodId, Timestamp};
-use ckpt_store::{Store, StoredCheckpoint};
+use ckpt_store::{LoadedJournal, Store, StoredCheckpoint};
 use serde::Serialize;
 
 use crate::config::{DiskSettings, OutputFormat};
@@ -60,6 +60,15 @@ pub(crate) struct InspectReport {
     /// targets this node (the journal's clock): self-GC comes the grace period after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) self_gc_pending_since: Option<String>,
+    /// The known-good and rejected marks are unknown: the journal was lost (found
+    /// unusable and set aside by the agent, or unusable now) and no synced pass has made
+    /// them known again; `known_good` and the revisions' roles then say less than the
+    /// node once knew.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) revision_marks_unknown: bool,
+    /// Why the journal on disk cannot be used, if it cannot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) journal_unusable: Option<String>,
 }
 
 /// The kept kubeconfig: whether the static copy will still reach the API server.
@@ -83,7 +92,13 @@ pub(crate) fn report(
     let all = store
         .read_all()
         .map_err(|e| Error::runtime("cannot read the checkpoints", e))?;
-    let state: PersistentState = store.read_journal().ok().flatten().unwrap_or_default();
+    // Read-only: an unusable journal is reported, left where it is.
+    let (state, journal_unusable) = match store.load_journal::<PersistentState>() {
+        Ok(LoadedJournal::Read(state)) => (state, None),
+        Ok(LoadedJournal::Missing) => (PersistentState::default(), None),
+        Ok(LoadedJournal::Unusable { reason, .. }) => (PersistentState::default(), Some(reason)),
+        Err(e) => (PersistentState::default(), Some(ckpt_core::error_chain(&e))),
+    };
     let lock_holder = ckpt_lock::read_holder(&disk.lock_file)
         .ok()
         .flatten()
@@ -119,6 +134,8 @@ pub(crate) fn report(
             now,
         ),
         self_gc_pending_since: state.self_gc_since.map(|t| t.to_rfc3339()),
+        revision_marks_unknown: state.marks_unknown || journal_unusable.is_some(),
+        journal_unusable,
     })
 }
 
@@ -285,6 +302,17 @@ fn render_table(report: &InspectReport) -> String {
              node at {since}; everything goes once the grace period has passed since then, unless a read \
              says it targets the node again\n"
         ));
+    }
+    if let Some(reason) = &report.journal_unusable {
+        out.push_str(&format!(
+            "State journal unusable ({reason}): the agent sets it aside when it starts\n"
+        ));
+    }
+    if report.revision_marks_unknown {
+        out.push_str(
+            "Known-good and rejected marks unknown: the state journal was lost; an active older revision \
+             serves on until its DaemonSet's newest pod is Ready, no handoff, no set-aside\n",
+        );
     }
     out.push_str(&format!(
         "Lock: {}\n",

@@ -2332,3 +2332,64 @@ async fn an_active_revision_that_crash_loops_is_replaced_by_the_previous_known_g
     .await;
     agent.stop().await.expect("SIGTERM exits 0");
 }
+
+/// Issue 36: a journal that cannot be used (torn, garbage, a read failing with EIO) was
+/// read as a new node's: the known-good and rejected marks silently gone, and the next
+/// save wrote over it. It is set aside now, as unusable manifests are, kept byte for byte
+/// in the quarantine dir; it is counted, and the marks count as unknown until a synced
+/// pass (the gauge says so meanwhile).
+#[tokio::test]
+async fn an_unusable_journal_is_kept_aside_and_its_marks_count_as_unknown() {
+    use ckpt_store::failpoint::{self, Action};
+
+    let quarantined = |world: &World| -> Vec<Vec<u8>> {
+        let dir = world.path("ck/checkpoint-quarantine");
+        let mut found: Vec<_> = (std::fs::read_dir(dir).into_iter().flatten().flatten())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("state.json."))
+            .map(|e| std::fs::read(e.path()).expect("a quarantined journal reads"))
+            .collect();
+        found.sort();
+        found
+    };
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.stop().await.expect("SIGTERM exits 0");
+
+    // A torn journal, read in an outage: set aside; nothing proves anything, so the marks
+    // stay unknown.
+    let torn = br#"{"version":1,"state":{"absent_since":[],"known_good":[{"namespace":"#;
+    world.write_journal(json!({}));
+    std::fs::write(world.path(JOURNAL), torn).expect("torn journal");
+    world.api.set_outage(Reply::Refuse);
+    let agent = world.start_agent(AGENT, &[]);
+    agent.expect_api("unreachable").await;
+    agent.expect_count("journal_unusable_total", 1.0).await;
+    agent.expect_count("revision_marks_unknown", 1.0).await;
+    assert_eq!(quarantined(&world), [torn.to_vec()], "kept as it was");
+    // Back: a synced pass makes them known again, and the journal is saved afresh.
+    world.api.end_outage();
+    agent.expect_api("synced").await;
+    eventually("the marks known again", || async {
+        agent.metric("revision_marks_unknown").await == 0.0
+    })
+    .await;
+    eventually("a journal saved afresh", || async {
+        std::fs::read(world.path(JOURNAL)).is_ok_and(|b| b.starts_with(br#"{"version":1,"state":"#))
+    })
+    .await;
+    assert_eq!(quarantined(&world), [torn.to_vec()], "not written over");
+    agent.stop().await.expect("SIGTERM exits 0");
+
+    // A journal whose read fails (EIO): set aside too, never written over.
+    let saved = std::fs::read(world.path(JOURNAL)).expect("the saved journal");
+    failpoint::set("fsops.read", &world.path(JOURNAL), Action::Error(5));
+    let agent = world.start_agent(AGENT, &[]);
+    agent.expect_api("synced").await;
+    agent.expect_count("journal_unusable_total", 1.0).await;
+    failpoint::clear("fsops.read", &world.path(JOURNAL));
+    let mut expected = vec![torn.to_vec(), saved];
+    expected.sort();
+    assert_eq!(quarantined(&world), expected, "both kept as they were");
+    agent.stop().await.expect("SIGTERM exits 0");
+}

@@ -368,6 +368,37 @@ fn inspect_reports_a_pending_self_gc() {
     );
 }
 
+/// `inspect` says when the known-good and rejected marks are unknown: the journal holds
+/// the flag the agent set when it found the journal unusable, or the journal is unusable
+/// now (left in place: `inspect` moves nothing).
+#[test]
+fn inspect_reports_unknown_marks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    seed_checkpoint(dir.path(), "kube-apiserver-abc", false);
+    let report = inspect_json(dir.path());
+    assert!(report.get("revision_marks_unknown").is_none() && report.get("journal_unusable").is_none());
+
+    let state = ckpt_core::PersistentState {
+        marks_unknown: true,
+        ..Default::default()
+    };
+    let store = Store::open(Layout::new(dir.path().join("ck"), dir.path().join("manifests"))).expect("store");
+    store.write_journal(&state).expect("journal");
+    assert_eq!(inspect_json(dir.path())["revision_marks_unknown"], true);
+
+    let journal = store.layout().journal_path();
+    std::fs::write(&journal, "{").expect("torn journal");
+    let report = inspect_json(dir.path());
+    assert_eq!(report["revision_marks_unknown"], true);
+    assert!(
+        report["journal_unusable"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("not a state journal")),
+        "{report}"
+    );
+    assert_eq!(std::fs::read_to_string(&journal).expect("left in place"), "{");
+}
+
 #[test]
 fn inspect_reports_the_static_copys_credentials_and_their_expiry() {
     let dir = tempfile::tempdir().expect("tempdir");

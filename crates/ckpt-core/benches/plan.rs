@@ -72,6 +72,7 @@ fn world(n: usize) -> World {
             parent_uid: Some(format!("uid-{i}")),
             owner: Some(owner.clone()),
             spec_hash: Some(hash.into()),
+            template_generation: None,
             checkpointed_at: None,
             retires_when_ready: false,
         },

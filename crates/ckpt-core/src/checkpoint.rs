@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 use crate::identity::{
     ANNOTATION_CHECKPOINT_OF, ANNOTATION_CHECKPOINTED_AT, ANNOTATION_OWNER, ANNOTATION_PARENT_UID,
-    ANNOTATION_SPEC_HASH, ControllerOwner, PodId, retires_when_ready,
+    ANNOTATION_SPEC_HASH, ControllerOwner, PodId, retires_when_ready, template_generation,
 };
 use crate::time::Timestamp;
 
@@ -150,6 +150,9 @@ pub struct CheckpointMeta {
     pub owner: Option<ControllerOwner>,
     /// The spec hash, if written by us.
     pub spec_hash: Option<String>,
+    /// The parent's `pod-template-generation` label (a DaemonSet's pods carry it): what
+    /// orders a lineage's revisions, before the checkpoint time.
+    pub template_generation: Option<i64>,
     /// When the content was checkpointed, if written by us.
     pub checkpointed_at: Option<Timestamp>,
     /// Its parent asked for the checkpoint to stay until it is Ready
@@ -174,6 +177,7 @@ impl CheckpointMeta {
             parent_uid,
             owner: get(ANNOTATION_OWNER).and_then(|v| ControllerOwner::from_annotation(&v)),
             spec_hash: get(ANNOTATION_SPEC_HASH),
+            template_generation: template_generation(pod),
             checkpointed_at: get(ANNOTATION_CHECKPOINTED_AT).and_then(|v| Timestamp::parse_rfc3339(&v)),
             retires_when_ready: retires_when_ready(pod),
         })

@@ -24,7 +24,7 @@ use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{
     ANNOTATION_CHECKPOINT, ANNOTATION_DECOMMISSION, ControllerOwner, NamespaceAllowList, PodId, SelfIdentity,
-    has_completed, is_parent, retires_when_ready,
+    has_completed, is_parent, retires_when_ready, template_generation,
 };
 use crate::journal::PersistentState;
 use crate::known_good;
@@ -363,6 +363,7 @@ pub fn assess<'a>(
                         owner: ControllerOwner::of(pod),
                         completed: has_completed(pod),
                         retires_when_ready: retires_when_ready(pod),
+                        template_generation: template_generation(pod),
                     };
                     ((*id).clone(), parent)
                 })

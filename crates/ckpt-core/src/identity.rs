@@ -31,6 +31,9 @@ pub(crate) const ANNOTATION_CHECKPOINTED_AT: &str = "checkpointer.alpha.coreos.c
 /// every checkpoint, even an active one serving a DaemonSet that still targets the node
 /// (issue 36). Under the project's own domain, as every key added from now on.
 pub const ANNOTATION_DECOMMISSION: &str = "pod-checkpointer.github.io/decommission";
+/// Set by the DaemonSet controller on its pods: the DaemonSet's `metadata.generation` whose
+/// template made the pod. Checkpoints keep it (sanitization keeps a pod's labels).
+pub(crate) const LABEL_POD_TEMPLATE_GENERATION: &str = "pod-template-generation";
 /// Set by the kubelet on pods it read from a file (static pods).
 pub(crate) const ANNOTATION_CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 /// Set by the kubelet on the API mirror of a static pod.
@@ -218,6 +221,13 @@ pub(crate) fn has_completed(pod: &Pod) -> bool {
     let policy = pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref());
     let job = ControllerOwner::of(pod).is_some_and(|o| o.kind == "Job");
     job && matches!(policy, Some("Never" | "OnFailure")) && matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// A DaemonSet pod's template generation ([`LABEL_POD_TEMPLATE_GENERATION`]), for a parent
+/// or a checkpoint made of one; `None` when absent or not a number.
+pub(crate) fn template_generation(pod: &Pod) -> Option<i64> {
+    let labels = pod.metadata.labels.as_ref()?;
+    labels.get(LABEL_POD_TEMPLATE_GENERATION)?.parse().ok()
 }
 
 /// Whether a pod (a parent, or a checkpoint made of one) asks for its checkpoint to stay
@@ -557,6 +567,22 @@ mod tests {
             !is_parent(&Pod::default(), &allowed),
             "a pod without a name is never a parent"
         );
+    }
+
+    #[test]
+    fn template_generation_from_the_label() {
+        let check = |label: Option<&str>, expected: Option<i64>| {
+            let mut p = pod("kube-system", "api-x", &[]);
+            p.metadata.labels =
+                label.map(|v| [(LABEL_POD_TEMPLATE_GENERATION.to_owned(), v.to_owned())].into());
+            assert_eq!(template_generation(&p), expected, "{label:?}");
+        };
+        check(Some("7"), Some(7));
+        check(Some("9223372036854775807"), Some(i64::MAX));
+        check(None, None);
+        check(Some(""), None);
+        check(Some("seven"), None);
+        check(Some("99999999999999999999"), None);
     }
 
     #[test]

@@ -39,6 +39,14 @@ pub struct PersistentState {
     /// saying targeted; a failed read neither starts nor clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_gc_since: Option<Timestamp>,
+    /// The journal was lost (unreadable at start, set aside): which contents were
+    /// known-good and which handoffs were rejected is not known, so a missing mark proves
+    /// nothing. While set, an older revision that is active serves on until the lineage's
+    /// newest parent is Ready on a synced view (no handoff), and no revision is set aside;
+    /// cleared by a synced pass in which no revision is held so (ARCHITECTURE.md,
+    /// Known-good content).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub marks_unknown: bool,
 }
 
 /// A content (spec hash) and a time: when it became known-good, or since when its parent

@@ -360,6 +360,9 @@ pub(crate) struct ApiParent {
     /// It asks for its checkpoint to stay until it is Ready
     /// ([`crate::identity::HANDOFF_WHEN_READY`]).
     pub(crate) retires_when_ready: bool,
+    /// Its `pod-template-generation` label: the newest of a DaemonSet's revisions is the
+    /// one of the highest.
+    pub(crate) template_generation: Option<i64>,
 }
 
 /// Whether the agent's own DaemonSet still targets this node: what decides self-GC

@@ -281,6 +281,8 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             rejected: BTreeMap::new(),
             restarts_seen: BTreeMap::new(),
             self_gc_since: None,
+            // Set below, by the lineages.
+            marks_unknown: false,
         },
         ..Plan::default()
     };

@@ -5,7 +5,8 @@
 //! a new name: the checkpoints of a DaemonSet's pods on this node are the *revisions* of one
 //! `Lineage`, each with its own manifest and the data it mounted when its pod was last
 //! listed. Any other pod is a lineage of its own. `plan_lineages` chooses, per lineage:
-//! - the **newest** revision (the one checkpointed last: the current pod's);
+//! - the **newest** revision (the current pod's: the highest `pod-template-generation`,
+//!   then the one checkpointed last);
 //! - the one an activation **runs**: the newest *known-good* revision (its parent was Ready
 //!   for a minute with exactly that content, [`KNOWN_GOOD_AFTER`](crate::KNOWN_GOOD_AFTER)), else the newest (what
 //!   the original always ran);
@@ -101,10 +102,19 @@ impl Lineage {
 pub(crate) struct Revision<'a> {
     /// Its checkpoint.
     pub(crate) id: &'a PodId,
+    /// Its pod's `pod-template-generation` (`None`: not recorded, e.g. its labels lost).
+    pub(crate) generation: Option<i64>,
     /// When its content was checkpointed (`None`: not recorded, a bootkube file: oldest).
     pub(crate) checkpointed_at: Option<Timestamp>,
     /// Its parent proved exactly this content (known-good).
     pub(crate) proven: bool,
+}
+
+impl Revision<'_> {
+    /// What orders revisions, oldest first.
+    fn age_key(&self) -> (Option<i64>, Option<Timestamp>, &PodId) {
+        (self.generation, self.checkpointed_at, self.id)
+    }
 }
 
 /// What [`plan_lineages`] chose for one lineage.
@@ -129,8 +139,12 @@ pub(crate) fn plan_lineages<'a>(
     }
     (grouped.into_iter())
         .filter_map(|(lineage, mut revisions)| {
-            // Newest first; equal times by name, so the choice never depends on input order.
-            revisions.sort_by(|a, b| (b.checkpointed_at, b.id).cmp(&(a.checkpointed_at, a.id)));
+            // Newest first: the highest template generation (a write time alone lets a
+            // rewrite of an old pod's checkpoint, a Secret rotated while a rollout's pods
+            // overlap, outrank the new pod's for good), then the last written, then by name,
+            // so the choice never depends on input order. A revision without a generation
+            // (`None` sorts first) is older than any with one.
+            revisions.sort_by(|a, b| b.age_key().cmp(&a.age_key()));
             let newest = revisions.first()?.id.clone();
             let runs = if settings.enabled() {
                 revisions
@@ -184,6 +198,7 @@ pub fn roles(
         let lineage = Lineage::of(id, meta.owner.as_ref());
         let revision = Revision {
             id,
+            generation: meta.template_generation,
             checkpointed_at: meta.checkpointed_at,
             proven: proven(id, d),
         };

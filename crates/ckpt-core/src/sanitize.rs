@@ -1203,6 +1203,22 @@ mod tests {
         check("", false);
     }
 
+    /// A checkpoint records its pod's template generation (what orders a DaemonSet's
+    /// revisions) through the labels it keeps.
+    #[test]
+    fn the_template_generation_goes_with_the_checkpoint() {
+        let mut parent = pod(json!({"containers": [container(json!({}))]}));
+        (parent.metadata.labels.get_or_insert_default()).insert(
+            crate::identity::LABEL_POD_TEMPLATE_GENERATION.to_owned(),
+            "3".to_owned(),
+        );
+        let cp = sanitize(&parent, &objects(), &options()).expect("ok").checkpoint;
+        assert_eq!(
+            CheckpointMetaCheck::from(&cp.manifest).0.template_generation,
+            Some(3)
+        );
+    }
+
     struct CheckpointMetaCheck(crate::checkpoint::CheckpointMeta);
     impl From<&Pod> for CheckpointMetaCheck {
         fn from(p: &Pod) -> Self {

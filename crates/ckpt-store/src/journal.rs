@@ -8,15 +8,17 @@
 //! {"version":1,"state":{…}}
 //! ```
 
+use std::path::PathBuf;
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::error::{Error, Result};
-use crate::fsops::ReadOutcome;
+use crate::fsops::{Dir, ReadOutcome};
 use crate::layout::Layout;
 use crate::store::Store;
-use crate::store::scan::quarantine_file;
+use crate::store::scan::{move_to_quarantine, quarantine_file};
 
 /// The envelope format version this crate writes and reads.
 pub const JOURNAL_FORMAT_VERSION: u32 = 1;
@@ -38,46 +40,63 @@ struct VersionOnly {
     version: u32,
 }
 
+/// What [`Store::load_journal`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LoadedJournal<T> {
+    /// There is no journal yet.
+    Missing,
+    /// The journal's state.
+    Read(T),
+    /// A journal that exists but cannot be used (why): kept for a human, never read as
+    /// "no journal". `set_aside` is where it was moved (the quarantine dir); `None` when
+    /// it could not be moved or the store is read-only: it is still at its place then, and
+    /// a write would replace it ([`Store::set_journal_aside`] first).
+    Unusable {
+        /// Why it cannot be used.
+        reason: String,
+        /// Its path in the quarantine dir, if it was moved there.
+        set_aside: Option<PathBuf>,
+    },
+}
+
 impl Store {
-    /// Reads the state journal; `None` if there is none yet.
+    /// Reads the state journal; `None` if there is none yet, or it cannot be used
+    /// ([`Store::load_journal`] tells the two apart).
+    pub fn read_journal<T: DeserializeOwned>(&self) -> Result<Option<T>> {
+        Ok(match self.load_journal()? {
+            LoadedJournal::Read(state) => Some(state),
+            LoadedJournal::Missing | LoadedJournal::Unusable { .. } => None,
+        })
+    }
+
+    /// Reads the state journal.
     ///
     /// A journal that cannot be used (not JSON, another format version, a state that
-    /// does not deserialize into `T`, a symlink) is moved to the quarantine dir with a
-    /// warning and reads as `None`: the planner starts its clocks afresh, which delays
-    /// garbage collection rather than hastening it.
-    pub fn read_journal<T: DeserializeOwned>(&self) -> Result<Option<T>> {
-        let Some(checkpoint_dir) = crate::fsops::Dir::open_trusted(self.layout().checkpoint_dir())? else {
-            return Ok(None);
-        };
-        // Earlier versions kept it directly in the checkpoint dir: read from there until
-        // the first write moves it.
-        let (source_dir, name) = match self.existing_agent_dir()? {
-            Some(agent_dir)
-                if !matches!(
-                    agent_dir.read_file(Layout::JOURNAL_FILE_NAME, 0)?,
-                    ReadOutcome::Missing
-                ) =>
-            {
-                (agent_dir, Layout::JOURNAL_FILE_NAME)
-            }
-            _ => match crate::fsops::Dir::open_trusted(self.layout().checkpoint_dir())? {
-                Some(dir) => (dir, Layout::LEGACY_FILE_NAMES[0]),
-                None => return Ok(None),
-            },
+    /// does not deserialize into `T`, a symlink, a read that fails) is moved to the
+    /// quarantine dir (as unusable manifests are) with a warning and reported as
+    /// [`LoadedJournal::Unusable`]: what it held is lost to the agent, which must say so
+    /// rather than start as on a new node.
+    pub fn load_journal<T: DeserializeOwned>(&self) -> Result<LoadedJournal<T>> {
+        let Some((checkpoint_dir, source_dir, name)) = self.journal_source()? else {
+            return Ok(LoadedJournal::Missing);
         };
         let unusable = |reason: String| {
-            if self.is_writable() {
-                quarantine_file(&checkpoint_dir, &source_dir, name.as_ref(), &reason);
+            let set_aside = if self.is_writable() {
+                quarantine_file(&checkpoint_dir, &source_dir, name.as_ref(), &reason)
             } else {
-                warn!(path = %self.layout().journal_path().display(), reason, "ignoring an unusable state journal");
-            }
-            Ok(None)
+                warn!(path = %source_dir.child_path(name).display(), reason, "ignoring an unusable state journal");
+                None
+            };
+            Ok(LoadedJournal::Unusable { reason, set_aside })
         };
-        let contents = match source_dir.read_file(name, MAX_JOURNAL_BYTES)? {
-            ReadOutcome::Missing => return Ok(None),
-            ReadOutcome::NotRegular(kind) => return unusable(format!("a {kind}, not a regular file")),
-            ReadOutcome::TooLarge(len) => return unusable(format!("{len} bytes, too large")),
-            ReadOutcome::Read(contents) => contents,
+        let contents = match source_dir.read_file(name, MAX_JOURNAL_BYTES) {
+            Ok(ReadOutcome::Missing) => return Ok(LoadedJournal::Missing),
+            Ok(ReadOutcome::NotRegular(kind)) => return unusable(format!("a {kind}, not a regular file")),
+            Ok(ReadOutcome::TooLarge(len)) => return unusable(format!("{len} bytes, too large")),
+            Ok(ReadOutcome::Read(contents)) => contents,
+            // A file that is there but cannot be read (EIO) holds what it held: set aside
+            // like one that reads as garbage, never written over.
+            Err(e) => return unusable(ckpt_core::error_chain(&e)),
         };
         match serde_json::from_slice::<VersionOnly>(&contents.bytes) {
             Ok(VersionOnly {
@@ -91,9 +110,42 @@ impl Store {
             Err(e) => return unusable(format!("not a state journal: {e}")),
         }
         match serde_json::from_slice::<Envelope<T>>(&contents.bytes) {
-            Ok(envelope) => Ok(Some(envelope.state)),
+            Ok(envelope) => Ok(LoadedJournal::Read(envelope.state)),
             Err(e) => unusable(format!("the state does not match this agent's schema: {e}")),
         }
+    }
+
+    /// Moves the state journal, as it is, to the quarantine dir: for a journal
+    /// [`Store::load_journal`] found unusable but could not move. Returns its new path;
+    /// `None` if there is no journal any more.
+    pub fn set_journal_aside(&self) -> Result<Option<PathBuf>> {
+        self.require_writable()?;
+        let Some((checkpoint_dir, source_dir, name)) = self.journal_source()? else {
+            return Ok(None);
+        };
+        if source_dir.kind_of(name)?.is_none() {
+            return Ok(None);
+        }
+        move_to_quarantine(&checkpoint_dir, &source_dir, name.as_ref()).map(Some)
+    }
+
+    /// The checkpoint dir, and the directory and name of the journal to read: the agent's
+    /// dir, or where earlier versions kept it directly in the checkpoint dir (read from
+    /// there until the first write moves it). `None` without a checkpoint dir.
+    fn journal_source(&self) -> Result<Option<(Dir, Dir, &'static str)>> {
+        let Some(checkpoint_dir) = Dir::open_trusted(self.layout().checkpoint_dir())? else {
+            return Ok(None);
+        };
+        let source = match self.existing_agent_dir()? {
+            Some(agent_dir) if agent_dir.kind_of(Layout::JOURNAL_FILE_NAME)?.is_some() => {
+                (agent_dir, Layout::JOURNAL_FILE_NAME)
+            }
+            _ => match Dir::open_trusted(self.layout().checkpoint_dir())? {
+                Some(dir) => (dir, Layout::LEGACY_FILE_NAMES[0]),
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((checkpoint_dir, source.0, source.1)))
     }
 
     /// Writes the state journal atomically (mode 0600); nothing is written when it is
@@ -166,6 +218,51 @@ mod tests {
         assert!(!path.exists());
         assert!(!store.remove_journal().unwrap(), "already gone");
         assert_eq!(store.read_journal::<State>().unwrap(), None);
+    }
+
+    /// An unusable journal is reported as such (never as no journal), kept byte for byte
+    /// in the quarantine dir; a read-only store leaves it in place, and
+    /// `set_journal_aside` moves it before anything is written over it.
+    #[test]
+    fn unusable_journals_are_reported_and_kept_as_they_were() {
+        let torn = r#"{"version":1,"state":{"absent_since":["#;
+        let (_tmp, store) = store();
+        std::fs::create_dir_all(store.layout().agent_dir()).unwrap();
+        std::fs::write(store.layout().journal_path(), torn).unwrap();
+
+        let read_only = Store::open_read_only(store.layout().clone()).unwrap();
+        match read_only.load_journal::<State>().unwrap() {
+            LoadedJournal::Unusable { reason, set_aside } => {
+                assert!(reason.starts_with("not a state journal"), "{reason}");
+                assert_eq!(set_aside, None, "a read-only store moves nothing");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            std::fs::read_to_string(store.layout().journal_path()).unwrap(),
+            torn
+        );
+        let moved = store.set_journal_aside().unwrap().expect("moved");
+        assert!(
+            moved.starts_with(store.layout().quarantine_dir()),
+            "{}",
+            moved.display()
+        );
+        assert_eq!(std::fs::read_to_string(&moved).unwrap(), torn);
+        assert!(!store.layout().journal_path().exists());
+        assert_eq!(store.set_journal_aside().unwrap(), None, "nothing left to move");
+        assert_eq!(store.load_journal::<State>().unwrap(), LoadedJournal::Missing);
+
+        std::fs::write(store.layout().journal_path(), torn).unwrap();
+        let LoadedJournal::Unusable {
+            set_aside: Some(kept),
+            ..
+        } = store.load_journal::<State>().unwrap()
+        else {
+            panic!("set aside by a writable store");
+        };
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), torn);
+        assert_ne!(kept, moved, "a name of its own");
     }
 
     #[test]

@@ -105,7 +105,7 @@ extern crate self as ckpt_store;
 
 pub use credentials::KeptCredentials;
 pub use error::{Error, Result};
-pub use journal::JOURNAL_FORMAT_VERSION;
+pub use journal::{JOURNAL_FORMAT_VERSION, LoadedJournal};
 pub use layout::Layout;
 pub use store::Store;
 pub use store::scan::{ReadBack, StoredCheckpoint, StoredManifest};

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use ckpt_core::{DecideConfig, LocalView, NamespaceAllowList, PersistentState, SelfIdentity, Timestamp};
 use ckpt_gc::GcPolicy;
 use ckpt_lock::{Confirmed, LockFile, LockGuard};
-use ckpt_store::Store;
+use ckpt_store::{LoadedJournal, Store};
 use ckpt_watch::{CriClient, KubeletClient, KubeletConfig, LocalObserver};
 use tracing::{debug, error, info, warn};
 
@@ -132,19 +132,13 @@ async fn hold_and_run(
         let layout = settings.disk.layout();
         let (store, journal) = blocking(move || {
             Store::open(layout).map(|store| {
-                let journal = store.read_journal::<PersistentState>();
+                let journal = store.load_journal::<PersistentState>();
                 (store, journal)
             })
         })
         .await
         .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
-        let state = match journal {
-            Ok(state) => state.unwrap_or_default(),
-            Err(e) => {
-                warn!(error = %error_chain(&e), "the state journal is unreadable; starting with empty GC timers");
-                PersistentState::default()
-            }
-        };
+        let (state, journal_in_place) = loaded_state(journal, &health);
         let link = match connect.take() {
             Some(connect) => Some(connect.link(&settings)?),
             // The credentials the other copy keeps may have appeared while this one waited.
@@ -159,6 +153,7 @@ async fn hold_and_run(
             link,
             guard,
         )?;
+        agent.journal_in_place = journal_in_place;
         let exit = agent.run(shutdown.as_mut()).await?;
         if exit == Exit::Done {
             return Ok(());
@@ -185,6 +180,37 @@ async fn hold_and_run(
         // Fresh credentials: the other copy may have renewed the kept ones.
         connect = Connect::prepare(api.clone(), &settings).await?;
     }
+}
+
+/// The state to start from, and whether an unusable journal is still where a save would
+/// write over it. A journal that cannot be used is never read as a new node's: its
+/// known-good and rejected marks are unknown (`marks_unknown`, which the planner heeds)
+/// until parents prove their content again, and it is said (a warning, a metric).
+fn loaded_state(
+    journal: ckpt_store::Result<LoadedJournal<PersistentState>>,
+    health: &Health,
+) -> (PersistentState, bool) {
+    let (reason, set_aside) = match journal {
+        Ok(LoadedJournal::Read(state)) => return (state, false),
+        Ok(LoadedJournal::Missing) => return (PersistentState::default(), false),
+        Ok(LoadedJournal::Unusable { reason, set_aside }) => (reason, set_aside),
+        // Not even its directory could be read: it may be there, so it is set aside (or
+        // found gone) before the first save.
+        Err(e) => (error_chain(&e), None),
+    };
+    health.journal_unusable();
+    warn!(
+        reason,
+        set_aside = ?set_aside.as_ref().map(|p| p.display().to_string()),
+        "the state journal is unusable and kept aside: GC timers start afresh, and known-good and \
+         rejected marks are unknown until parents prove their content again (an active older \
+         revision serves on, no handoff, no set-aside)"
+    );
+    let state = PersistentState {
+        marks_unknown: true,
+        ..PersistentState::default()
+    };
+    (state, set_aside.is_none())
 }
 
 /// Keeps the static copy's credentials fresh while this copy waits; never ends.
@@ -242,6 +268,9 @@ struct Agent {
     state: PersistentState,
     /// The journal on disk is behind `state`: the last save failed.
     journal_behind: bool,
+    /// An unusable journal could not be moved to the quarantine dir at start: it is moved
+    /// before the first save, which never writes over it.
+    journal_in_place: bool,
     /// The last check of the lock failed (said once per streak).
     lock_unconfirmed: bool,
     last_local: Option<LocalView>,
@@ -297,6 +326,7 @@ impl Agent {
             local,
             state,
             journal_behind: false,
+            journal_in_place: false,
             lock_unconfirmed: false,
             last_local: None,
             reporter: Reporter::default(),

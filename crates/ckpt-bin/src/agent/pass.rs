@@ -164,6 +164,25 @@ impl Agent {
             return;
         }
         self.state = decision.state.clone();
+        if self.journal_in_place {
+            // The unusable journal is kept for a human, never written over.
+            match on_disk(&self.store, |s| s.set_journal_aside()).await {
+                Ok(moved) => {
+                    if let Some(to) = moved {
+                        warn!(quarantined_to = %to.display(), "moved the unusable state journal to quarantine");
+                    }
+                    self.journal_in_place = false;
+                }
+                Err(e) => {
+                    if !self.journal_behind {
+                        warn!(error = %error_chain(&e), "cannot move the unusable state journal aside; not saving over it, GC timers go on in memory");
+                    }
+                    self.journal_behind = true;
+                    self.health.write_error();
+                    return;
+                }
+            }
+        }
         let state = self.state.clone();
         match on_disk(&self.store, move |s| s.write_journal(&state)).await {
             Ok(_) => {
@@ -204,6 +223,10 @@ impl Agent {
             .chain(handover_at)
             .min();
         self.reporter.metrics(&self.health, report, now, elapsed);
+        let marks_unknown = decision.state.marks_unknown;
+        if self.health.set_marks_unknown(marks_unknown) && !marks_unknown {
+            info!("the known-good and rejected marks lost with the state journal count as known again");
+        }
         self.health
             .record_cri_answers_too_large(self.local.cri_answers_too_large());
         if self.health.phase() == Phase::Starting {

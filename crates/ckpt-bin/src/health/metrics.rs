@@ -138,6 +138,18 @@ fn checkpoints(out: &mut Exposition, c: &Counters) {
         "Active revisions that crash-looped while the API server was unreachable, replaced by the previous known-good revision.",
         c.set_aside,
     );
+    out.value(
+        "journal_unusable_total",
+        "counter",
+        "State journals found unusable at start (unreadable, not JSON, another schema), moved to the quarantine dir.",
+        c.journals_unusable,
+    );
+    out.value(
+        "revision_marks_unknown",
+        "gauge",
+        "Whether the known-good and rejected marks are unknown (the state journal was lost): an active older revision serves on, no handoff, no set-aside.",
+        u8::from(c.marks_unknown),
+    );
 }
 
 /// What this copy sees of the API server and the node, and whether it holds the lock.

@@ -127,6 +127,7 @@ fn stored(name: &str, hash: &str) -> (PodId, DiskCheckpoint) {
             parent_uid: Some(format!("uid-{name}")),
             owner: ds,
             spec_hash: Some(hash.into()),
+            template_generation: None,
             checkpointed_at: None,
             retires_when_ready: false,
         },

@@ -96,8 +96,15 @@ pub(super) fn plan(
                 let proven = (content(row, written))
                     .zip(inputs.state.known_good.get(row.id))
                     .is_some_and(|(content, proof)| proof.spec_hash == content);
+                // What the written checkpoint records: the listed pod's label.
+                let generation = if written {
+                    row.parent.and_then(|p| p.template_generation)
+                } else {
+                    (row.disk.and_then(DiskCheckpoint::meta)).and_then(|m| m.template_generation)
+                };
                 let revision = Revision {
                     id: row.id,
+                    generation,
                     checkpointed_at,
                     proven,
                 };
@@ -111,19 +118,39 @@ pub(super) fn plan(
         LocalView::Known { restarts, .. } => Some(restarts),
         LocalView::Unknown => None,
     };
+    let marks_unknown = inputs.state.marks_unknown;
+    let mut held_any = false;
     let mut passes = BTreeMap::new();
     let (mut handoffs, mut handoff_at, mut set_asides) = (Vec::new(), None, Vec::new());
     for (lineage, mut plan) in plan_lineages(revisions.iter().cloned(), inputs.revisions) {
         let Some(indices) = groups.get(&lineage) else {
             continue;
         };
+        // The journal was lost: an older revision that is active is what the node chose
+        // with the marks it had (the known-good one serving through a handoff that failed,
+        // say), so it serves on and is kept until the newest parent proves itself Ready;
+        // with no marks the newest would run and the older one stop.
+        let held = (marks_unknown && !inputs.ready.contains(&plan.newest))
+            .then(|| {
+                (indices.iter().map(|&i| &rows[i]))
+                    .find(|row| *row.id != plan.newest && row.disk.is_some_and(|d| d.active.is_some()))
+            })
+            .flatten();
+        if let Some(held) = held {
+            held_any = true;
+            plan.runs = held.id.clone();
+            plan.kept.insert(held.id.clone());
+        }
         let Some(mut runner) = index(&plan.runs) else {
             continue;
         };
         // The revision it runs crash-loops while the API is unreachable: the previous
-        // known-good one replaces it (ARCHITECTURE.md, Revisions).
+        // known-good one replaces it (ARCHITECTURE.md, Revisions). Not while the marks are
+        // unknown: nothing says which revision the node could fall back to.
         let fallback = |revisions: &[(Lineage, Revision<'_>)], runs: &PodId| {
-            unreachable && (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && r.id != runs)
+            unreachable
+                && !marks_unknown
+                && (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && r.id != runs)
         };
         let look = crash_loop(
             &CrashLoopInput {
@@ -175,7 +202,11 @@ pub(super) fn plan(
             && due(newest_row.verdict, now)
             && !inputs.live.contains(&lineage);
         let mut serving = Serving::AsUsual;
-        if newest != runner
+        if held.is_some() {
+            // No handoff while the marks are unknown: the newest parent may be one
+            // already rejected.
+            serving = Serving::Serve;
+        } else if newest != runner
             && let Some(hash) = content(newest_row, written[newest])
         {
             let input = HandoffInput {
@@ -213,6 +244,9 @@ pub(super) fn plan(
         };
         passes.insert(lineage, pass);
     }
+    // Known again once a synced pass holds nothing: every lineage then runs what the
+    // marks proven since say.
+    state.marks_unknown = marks_unknown && (held_any || !synced);
     Lineages {
         passes,
         members,

@@ -46,6 +46,7 @@ fn copy(name: &str, hash: &str, owner: Option<ControllerOwner>) -> StoredCopy {
             parent_uid: Some(format!("uid-{name}")),
             owner,
             spec_hash: Some(hash.into()),
+            template_generation: None,
             checkpointed_at: None,
             retires_when_ready: when_ready(name),
         },
@@ -157,11 +158,24 @@ impl World {
                         owner,
                         completed: false,
                         retires_when_ready: when_ready(n),
+                        template_generation: None,
                     },
                 )
             })
             .collect();
         self.api = ApiView::Synced { parents };
+        self
+    }
+
+    /// The listed parents' `pod-template-generation` labels.
+    fn generations(mut self, entries: &[(&str, i64)]) -> Self {
+        if let ApiView::Synced { parents } = &mut self.api {
+            for (name, generation) in entries {
+                if let Some(parent) = parents.get_mut(&id(name)) {
+                    parent.template_generation = Some(*generation);
+                }
+            }
+        }
         self
     }
 
@@ -234,16 +248,18 @@ impl World {
     fn apply(&mut self, p: &Plan) {
         for w in &p.writes {
             let hash = &self.desired[w];
-            let owner = match &self.api {
-                ApiView::Synced { parents } => parents.get(w).and_then(|p| p.owner.clone()),
+            let parent = match &self.api {
+                ApiView::Synced { parents } => parents.get(w),
                 _ => None,
             };
+            let owner = parent.and_then(|p| p.owner.clone());
             let entry = self.disk.entry(w.clone()).or_insert(DiskCheckpoint {
                 inactive: None,
                 active: None,
             });
             let mut written = copy(&w.name, hash, owner);
             written.meta.checkpointed_at = Some(self.clock);
+            written.meta.template_generation = parent.and_then(|p| p.template_generation);
             entry.inactive = Some(written);
         }
         for s in &p.stops {
@@ -1001,7 +1017,7 @@ proptest! {
         let desired: BTreeMap<PodId, String> = desired.iter().map(|n| (id(n), format!("h-{n}"))).collect();
         let parents: Option<BTreeMap<PodId, ApiParent>> = listed.map(|l| {
             l.iter()
-                .map(|n| (id(n), ApiParent { uid: Some(format!("uid-{n}")), owner: None, completed: false, retires_when_ready: false }))
+                .map(|n| (id(n), ApiParent { uid: Some(format!("uid-{n}")), owner: None, completed: false, retires_when_ready: false, template_generation: None }))
                 .collect()
         });
         let gathered: Vec<Gathered<'_>> = gather(&disk, &desired, parents.as_ref()).collect();
@@ -1653,6 +1669,31 @@ fn a_parent_of_the_lineage_running_retires_the_known_good_revision_it_proved() {
     step(&mut w, 10, expect(&[], &["api-1"], &[], &[]), &[]);
 }
 
+/// A rollout's old and new pods overlap (the new one waits for a port the old one holds,
+/// say) and the old one's Secret is rotated: its checkpoint is rewritten after the new
+/// one's. When "newest" was the last write time, the old revision was the newest from then
+/// on: every outage ran its content, and while its DaemonSet targets the node it was kept
+/// past its verdict for good. The newest is the newest template generation.
+#[test]
+fn a_rewritten_old_revision_does_not_become_the_newest() {
+    let mut w = World::new(&[])
+        .synced(&["api-1", "api-2"])
+        .generations(&[("api-1", 1), ("api-2", 2)])
+        .desired(&[("api-1", "h1"), ("api-2", "h2")]);
+    w.live.insert(api_lineage("uid-kube-apiserver"));
+    step(&mut w, 0, expect(&["api-1", "api-2"], &[], &[], &[]), &[]);
+    // The old pod's Secret rotated: its checkpoint is written again, after the new one's.
+    w = w.desired(&[("api-1", "h1b"), ("api-2", "h2")]);
+    step(&mut w, 10, expect(&["api-1"], &[], &[], &[]), &[]);
+    // An outage: the activation runs the new pod's revision.
+    let mut outage = w.clone().api(ApiView::Unreachable);
+    step(&mut outage, 20, expect(&[], &[], &["api-2"], &[]), &[]);
+    // The old pod is gone: its revision goes by its verdict though its DaemonSet targets
+    // the node (it is neither the newest nor known-good).
+    w = superseded(w.synced(&["api-2"]).generations(&[("api-2", 2)]), "api-1");
+    step(&mut w, 20, expect(&[], &[], &[], &["api-1"]), &[]);
+}
+
 /// The `kube-apiserver` DaemonSet's lineage (the owner [`owner_of`] gives `api-*` pods).
 fn api_lineage(uid: &str) -> Lineage {
     Lineage::DaemonSet {
@@ -1820,4 +1861,128 @@ fn a_crash_looping_revision_without_a_fallback_stays() {
     let p = step(&mut w, 0, expect(&[], &[], &[], &[]), &[]);
     assert!(p.set_aside.is_empty() && p.watch_restarts.is_empty() && p.state.restarts_seen.is_empty());
     assert_eq!(p.states[&id("api-1")], Active);
+}
+
+/// The journal was lost (`marks_unknown`): the known-good and rejected marks are gone, so a
+/// missing mark proves nothing. Without the flag the newest revision runs and an older one
+/// serving (the known-good checkpoint after a failed handoff) stops for a parent that may
+/// be the very one rejected. Disk: `api-1` older, `api-2` newest.
+#[test]
+fn while_the_marks_are_unknown_an_active_older_revision_serves_on() {
+    let lost = |disk: &[(&str, &str)]| {
+        let mut w = World::new(disk);
+        w.state.marks_unknown = true;
+        w
+    };
+    let live = |mut w: World| {
+        w.live.insert(api_lineage("uid-kube-apiserver"));
+        w
+    };
+    let ready = |mut w: World, name: &str| {
+        w.ready.insert(id(name));
+        w
+    };
+    /// (what, world, expected, states, marks unknown after)
+    type Case<'a> = (&'a str, World, Expect<'a>, Vec<(&'a str, CheckpointState)>, bool);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "the newest parent runs, not Ready: no handoff, the older revision serves on",
+            lost(&[("api-1", "IA"), ("api-2", "I")])
+                .synced(&["api-2"])
+                .running(&["api-2"]),
+            expect(&[], &[], &[], &[]),
+            vec![("api-1", Active), ("api-2", Inactive)],
+            true,
+        ),
+        (
+            "the same with the marks known (an empty journal): the newest runs",
+            World::new(&[("api-1", "IA"), ("api-2", "I")])
+                .synced(&["api-2"])
+                .running(&["api-2"]),
+            expect(&[], &["api-1"], &[], &[]),
+            vec![("api-1", Inactive), ("api-2", Inactive)],
+            false,
+        ),
+        (
+            "the newest parent Ready on a synced view: the older revision steps aside, the \
+             marks are known again",
+            ready(
+                lost(&[("api-1", "IA"), ("api-2", "I")])
+                    .synced(&["api-2"])
+                    .running(&["api-2"]),
+                "api-2",
+            ),
+            expect(&[], &["api-1"], &[], &[]),
+            vec![("api-1", Inactive), ("api-2", Inactive)],
+            false,
+        ),
+        (
+            "in an outage the active older revision stays; the newest is not started",
+            lost(&[("api-1", "IA"), ("api-2", "I")]),
+            expect(&[], &[], &[], &[]),
+            vec![("api-1", Active), ("api-2", Inactive)],
+            true,
+        ),
+        (
+            "its verdict due while its DaemonSet targets the node: kept, as a known-good \
+             revision would be",
+            live(
+                lost(&[("api-1", "IA"), ("api-2", "I")])
+                    .synced(&["api-2"])
+                    .running(&["api-2"])
+                    .verdict("api-1", GcVerdict::RemoveNow),
+            ),
+            expect(&[], &[], &[], &[]),
+            vec![("api-1", Active)],
+            true,
+        ),
+        (
+            "nothing older active: as usual, and a synced pass makes the marks known",
+            lost(&[("api-1", "I"), ("api-2", "IA")]).synced(&["api-2"]),
+            expect(&[], &[], &[], &[]),
+            vec![("api-1", Inactive), ("api-2", Active)],
+            false,
+        ),
+        (
+            "nothing older active in an outage: still unknown (nothing proven yet)",
+            lost(&[("api-1", "I"), ("api-2", "IA")]),
+            expect(&[], &[], &[], &[]),
+            vec![("api-2", Active)],
+            true,
+        ),
+    ];
+    for (what, world, expected, states, unknown_after) in cases {
+        let p = world.plan(NOW);
+        expect_plan(&p, &expected, || what.to_owned());
+        for (name, state) in states {
+            assert_eq!(p.states.get(&id(name)), Some(&state), "{what}: state of {name}");
+        }
+        assert!(p.handoffs.is_empty(), "{what}: no handoff");
+        assert_eq!(
+            p.state.marks_unknown, unknown_after,
+            "{what}: marks unknown after"
+        );
+    }
+}
+
+/// No revision is set aside while the marks are unknown: the restarts may be the
+/// environment's, and which revision is good is what was lost.
+#[test]
+fn while_the_marks_are_unknown_no_revision_is_set_aside() {
+    let mut w = World::new(&[("api-1", "I"), ("api-2", "IA")]);
+    // Both proven since the loss: still unknown until a synced pass.
+    proven(&mut w, "api-1", "h1");
+    proven(&mut w, "api-2", "h1");
+    w.state
+        .restarts_seen
+        .insert(id("api-2"), RestartsSeen { first: 0, since: NOW });
+    w = w.restarts(&[("api-2", 50)]);
+    let mut known = w.clone();
+    w.state.marks_unknown = true;
+    let p = step(&mut w, 0, expect(&[], &[], &[], &[]), &[]);
+    assert!(p.set_aside.is_empty() && p.watch_restarts.is_empty(), "{p:?}");
+    assert!(p.state.known_good.contains_key(&id("api-2")));
+    // The same with the marks known: set aside.
+    let p = step(&mut known, 0, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
+    assert_eq!(p.set_aside.len(), 1);
 }

@@ -15,21 +15,22 @@ fn ds(uid: &str) -> Lineage {
     }
 }
 
-/// Revisions as `(lineage uid, name, checkpointed at, proven)`; the expected plans as
-/// `(lineage uid, newest, runs, kept)`.
+/// Revisions as `(lineage uid, name, pod-template-generation, checkpointed at, proven)`;
+/// the expected plans as `(lineage uid, newest, runs, kept)`.
 #[allow(clippy::type_complexity)]
 fn check_lineages(
     what: &str,
     keep: usize,
-    revisions: &[(&str, &str, Option<i64>, bool)],
+    revisions: &[(&str, &str, Option<i64>, Option<i64>, bool)],
     expected: &[(&str, &str, &str, &[&str])],
 ) {
     let ids: Vec<PodId> = revisions.iter().map(|r| id(r.1)).collect();
     let input = (revisions.iter().zip(&ids)).map(|(r, id)| {
         let revision = Revision {
             id,
-            checkpointed_at: r.2.map(t),
-            proven: r.3,
+            generation: r.2,
+            checkpointed_at: r.3.map(t),
+            proven: r.4,
         };
         (ds(r.0), revision)
     });
@@ -56,28 +57,34 @@ fn lineages() {
     check_lineages(
         "one revision, unproven: it runs",
         2,
-        &[("a", "api-1", Some(10), false)],
+        &[("a", "api-1", None, Some(10), false)],
         &[("a", "api-1", "api-1", &["api-1"])],
     );
     check_lineages(
         "a bad upgrade: the known-good one runs, both are kept",
         2,
-        &[("a", "api-1", Some(10), true), ("a", "api-2", Some(20), false)],
+        &[
+            ("a", "api-1", None, Some(10), true),
+            ("a", "api-2", None, Some(20), false),
+        ],
         &[("a", "api-2", "api-1", &["api-2", "api-1"])],
     );
     check_lineages(
         "the upgrade proved itself: it runs; the previous known-good one is kept",
         2,
-        &[("a", "api-1", Some(10), true), ("a", "api-2", Some(20), true)],
+        &[
+            ("a", "api-1", None, Some(10), true),
+            ("a", "api-2", None, Some(20), true),
+        ],
         &[("a", "api-2", "api-2", &["api-2", "api-1"])],
     );
     check_lineages(
         "two bad upgrades in a row: the unproven middle one is not kept",
         2,
         &[
-            ("a", "api-1", Some(10), true),
-            ("a", "api-2", Some(20), false),
-            ("a", "api-3", Some(30), false),
+            ("a", "api-1", None, Some(10), true),
+            ("a", "api-2", None, Some(20), false),
+            ("a", "api-3", None, Some(30), false),
         ],
         &[("a", "api-3", "api-1", &["api-3", "api-1"])],
     );
@@ -85,38 +92,84 @@ fn lineages() {
         "three kept: the two newest known-good ones beside the newest",
         3,
         &[
-            ("a", "api-1", Some(10), true),
-            ("a", "api-2", Some(20), true),
-            ("a", "api-3", Some(30), true),
-            ("a", "api-4", Some(40), false),
+            ("a", "api-1", None, Some(10), true),
+            ("a", "api-2", None, Some(20), true),
+            ("a", "api-3", None, Some(30), true),
+            ("a", "api-4", None, Some(40), false),
         ],
         &[("a", "api-4", "api-3", &["api-4", "api-3", "api-2"])],
     );
     check_lineages(
         "revisions off: the newest runs and is the only one kept",
         1,
-        &[("a", "api-1", Some(10), true), ("a", "api-2", Some(20), false)],
+        &[
+            ("a", "api-1", None, Some(10), true),
+            ("a", "api-2", None, Some(20), false),
+        ],
         &[("a", "api-2", "api-2", &["api-2"])],
     );
     check_lineages(
         "a bootkube checkpoint (no time) is the oldest",
         2,
-        &[("a", "api-1", None, false), ("a", "api-2", Some(5), false)],
+        &[
+            ("a", "api-1", None, None, false),
+            ("a", "api-2", None, Some(5), false),
+        ],
         &[("a", "api-2", "api-2", &["api-2"])],
     );
     check_lineages(
         "equal times: by name, whatever the input order",
         2,
-        &[("a", "api-b", Some(5), false), ("a", "api-a", Some(5), false)],
+        &[
+            ("a", "api-b", None, Some(5), false),
+            ("a", "api-a", None, Some(5), false),
+        ],
         &[("a", "api-b", "api-b", &["api-b"])],
+    );
+    check_lineages(
+        "the old pod's Secret rotated after the new pod was checkpointed: the newer \
+         template generation is still the newest",
+        2,
+        &[
+            ("a", "api-1", Some(1), Some(30), true),
+            ("a", "api-2", Some(2), Some(20), false),
+        ],
+        &[("a", "api-2", "api-1", &["api-2", "api-1"])],
+    );
+    check_lineages(
+        "a rollback is a new template generation: newest though its content is older",
+        2,
+        &[
+            ("a", "api-2", Some(2), Some(20), true),
+            ("a", "api-3", Some(3), Some(10), false),
+        ],
+        &[("a", "api-3", "api-2", &["api-3", "api-2"])],
+    );
+    check_lineages(
+        "equal generations (a pod re-created from the same template): by write time",
+        2,
+        &[
+            ("a", "api-x", Some(4), Some(30), false),
+            ("a", "api-y", Some(4), Some(20), false),
+        ],
+        &[("a", "api-x", "api-x", &["api-x"])],
+    );
+    check_lineages(
+        "a checkpoint without a generation (its labels lost) is older than any with one",
+        2,
+        &[
+            ("a", "api-1", None, Some(50), false),
+            ("a", "api-2", Some(2), Some(20), false),
+        ],
+        &[("a", "api-2", "api-2", &["api-2"])],
     );
     check_lineages(
         "lineages apart",
         2,
         &[
-            ("a", "api-1", Some(10), true),
-            ("b", "proxy-1", Some(20), false),
-            ("a", "api-2", Some(30), false),
+            ("a", "api-1", None, Some(10), true),
+            ("b", "proxy-1", None, Some(20), false),
+            ("a", "api-2", None, Some(30), false),
         ],
         &[
             ("a", "api-2", "api-1", &["api-2", "api-1"]),

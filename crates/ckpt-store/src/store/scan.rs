@@ -273,7 +273,7 @@ impl Store {
         let path = dir.child_path(name);
         match (place, checkpoint_dir) {
             (Place::Inactive, Some(checkpoint_dir)) if self.writable => {
-                quarantine_file(checkpoint_dir, dir, name, reason)
+                quarantine_file(checkpoint_dir, dir, name, reason);
             }
             (Place::Inactive, _) => {
                 warn!(path = %path.display(), reason, "skipping an unusable inactive checkpoint")
@@ -370,37 +370,47 @@ fn load(dir: &Dir, name: &str) -> Loaded {
 }
 
 /// Moves an unusable file from `dir` to the quarantine dir under a unique name, with a
-/// warning. If even that fails the file stays where it is (never deleted).
-pub(crate) fn quarantine_file(checkpoint_dir: &Dir, dir: &Dir, name: &OsStr, reason: &str) {
+/// warning; returns where it went. If even that fails the file stays where it is (never
+/// deleted), and the warning says so.
+pub(crate) fn quarantine_file(
+    checkpoint_dir: &Dir,
+    dir: &Dir,
+    name: &OsStr,
+    reason: &str,
+) -> Option<PathBuf> {
     let path = dir.child_path(name);
-    let moved = (|| {
-        let quarantine_dir =
-            checkpoint_dir.ensure_child(Layout::QUARANTINE_DIR_NAME, DIR_MODE, None, false)?;
-        let mut base = name.to_string_lossy().into_owned();
-        // Leave room for the suffix within the 255-byte name limit.
-        while base.len() > 200 {
-            base.pop();
-        }
-        let base = format!("{base}.{}", ckpt_core::Timestamp::now().0);
-        let mut target = base.clone();
-        let mut n = 0;
-        while quarantine_dir.kind_of(&target)?.is_some() {
-            n += 1;
-            target = format!("{base}-{n}");
-        }
-        dir.rename(name, &quarantine_dir, &target)?;
-        dir.sync()?;
-        quarantine_dir.sync()?;
-        Ok::<_, Error>(quarantine_dir.child_path(&target))
-    })();
-    match moved {
+    match move_to_quarantine(checkpoint_dir, dir, name) {
         Ok(to) => {
-            warn!(path = %path.display(), reason, quarantined_to = %to.display(), "moved an unusable file to quarantine")
+            warn!(path = %path.display(), reason, quarantined_to = %to.display(), "moved an unusable file to quarantine");
+            Some(to)
         }
         Err(error) => {
-            warn!(path = %path.display(), reason, %error, "could not quarantine an unusable file; left in place")
+            warn!(path = %path.display(), reason, %error, "could not quarantine an unusable file; left in place");
+            None
         }
     }
+}
+
+/// Moves `name` from `dir` to the quarantine dir under a unique name (`<name>.<ms since
+/// the epoch>`, then `-1`, `-2`, …), both directories synced; returns its new path.
+pub(crate) fn move_to_quarantine(checkpoint_dir: &Dir, dir: &Dir, name: &OsStr) -> Result<PathBuf> {
+    let quarantine_dir = checkpoint_dir.ensure_child(Layout::QUARANTINE_DIR_NAME, DIR_MODE, None, false)?;
+    let mut base = name.to_string_lossy().into_owned();
+    // Leave room for the suffix within the 255-byte name limit.
+    while base.len() > 200 {
+        base.pop();
+    }
+    let base = format!("{base}.{}", ckpt_core::Timestamp::now().0);
+    let mut target = base.clone();
+    let mut n = 0;
+    while quarantine_dir.kind_of(&target)?.is_some() {
+        n += 1;
+        target = format!("{base}-{n}");
+    }
+    dir.rename(name, &quarantine_dir, &target)?;
+    dir.sync()?;
+    quarantine_dir.sync()?;
+    Ok(quarantine_dir.child_path(&target))
 }
 
 #[cfg(test)]
