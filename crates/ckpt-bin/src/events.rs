@@ -62,6 +62,7 @@ pub(crate) enum EventKind {
     HandoffReady,
     HandoffFailed,
     SetAside,
+    SelfGcDeferred,
 }
 
 impl EventKind {
@@ -76,6 +77,7 @@ impl EventKind {
             EventKind::HandoffReady => ("Normal", "HandoffReady", "Handoff"),
             EventKind::HandoffFailed => ("Warning", "HandoffFailed", "Handoff"),
             EventKind::SetAside => ("Warning", "RevisionCrashLooping", "Fallback"),
+            EventKind::SelfGcDeferred => ("Warning", "SelfGcDeferred", "Keep"),
         }
     }
 }

@@ -102,6 +102,9 @@ struct Counters {
     /// Whether the agent's own DaemonSet targets this node, while its own pod is gone
     /// from a synced view (`None` otherwise): `SelfScheduling::as_str`.
     self_scheduling: Option<&'static str>,
+    /// Active checkpoints holding a due self-GC back (they serve DaemonSets that still
+    /// target the node).
+    self_gc_deferred: usize,
     local_view_available: bool,
     cri_answers_too_large: u64,
     last_sync: Option<Timestamp>,
@@ -240,6 +243,11 @@ impl Health {
     /// The agent's own scheduling as the last pass saw it (`None`: it did not matter).
     pub(crate) fn record_self_scheduling(&self, scheduling: Option<&'static str>) {
         self.with(|c| c.self_scheduling = scheduling);
+    }
+
+    /// How many active checkpoints hold a due self-GC back, as the last synced pass saw it.
+    pub(crate) fn record_self_gc_deferred(&self, count: usize) {
+        self.with(|c| c.self_gc_deferred = count);
     }
 
     /// The runtime answers refused for their size so far (see `ckpt_cri::MAX_ANSWER_BYTES`).

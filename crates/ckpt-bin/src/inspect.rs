@@ -60,6 +60,9 @@ pub(crate) struct InspectReport {
     /// targets this node (the journal's clock): self-GC comes the grace period after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) self_gc_pending_since: Option<String>,
+    /// The active checkpoints holding a due self-GC back, as the last synced pass saw them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) self_gc_deferred: Vec<String>,
     /// The known-good and rejected marks are unknown: the journal was lost (found
     /// unusable and set aside by the agent, or unusable now) and no synced pass has made
     /// them known again; `known_good` and the revisions' roles then say less than the
@@ -134,6 +137,7 @@ pub(crate) fn report(
             now,
         ),
         self_gc_pending_since: state.self_gc_since.map(|t| t.to_rfc3339()),
+        self_gc_deferred: state.self_gc_deferred.iter().map(ToString::to_string).collect(),
         revision_marks_unknown: state.marks_unknown || journal_unusable.is_some(),
         journal_unusable,
     })
@@ -301,6 +305,15 @@ fn render_table(report: &InspectReport) -> String {
             "Self-GC pending: the agent's DaemonSet was first read as deleted or no longer targeting this \
              node at {since}; everything goes once the grace period has passed since then, unless a read \
              says it targets the node again\n"
+        ));
+    }
+    if !report.self_gc_deferred.is_empty() {
+        out.push_str(&format!(
+            "Self-GC held back by: {} (each serves a DaemonSet that still targets this node; the agent \
+             stays with them until its pod runs here, its DaemonSet stops targeting the node, `drain \
+             --force`, or the Node is annotated {}=true)\n",
+            report.self_gc_deferred.join(", "),
+            ckpt_core::ANNOTATION_DECOMMISSION
         ));
     }
     if let Some(reason) = &report.journal_unusable {

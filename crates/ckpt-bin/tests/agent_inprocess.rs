@@ -1266,6 +1266,86 @@ async fn self_gc_is_held_back_while_the_agents_daemon_set_cannot_be_read() {
     );
 }
 
+/// Issue 36: self-GC never takes the checkpoint that serves a DaemonSet still targeting
+/// the node. The kube-apiserver's checkpoint runs (its pod stopped during an outage and
+/// has not run since: as after a failed handoff), then the agent's own DaemonSet is
+/// deleted. Past the grace period every other checkpoint goes, but that one and the
+/// agent's own stay, and the agent runs on and says so: a warning, an Event on the pod,
+/// `/metrics`. Once the kube-apiserver's pod runs here again, everything goes and the
+/// agent exits. It used to remove them all in one pass.
+#[tokio::test]
+async fn self_gc_spares_the_checkpoint_serving_a_daemon_set_that_targets_the_node() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    // The kube-apiserver's DaemonSet asks for checkpoints and targets every node.
+    world.api.set_get(
+        &format!("/apis/apps/v1/namespaces/{NS}/daemonsets/kube-apiserver"),
+        200,
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+               "metadata": {"name": "kube-apiserver", "namespace": NS, "uid": "uid-ds-kube-apiserver"},
+               "spec": {"selector": {}, "template": {
+                   "metadata": {"annotations": {"checkpointer.alpha.coreos.com/checkpoint": "true"}},
+                   "spec": {"containers": [{"name": "main", "image": "kube-apiserver:v1.20.2"}]}}}}),
+    );
+    world.api.set_get(
+        &format!("/api/v1/nodes/{NODE}"),
+        200,
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}),
+    );
+    let gc = ["--gc-strategy", "immediate", "--checkpoint-grace-period", "1s"];
+    let agent = world.start_agent(AGENT, &gc);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    world.api.set_outage(Reply::Refuse);
+    agent.expect_api("unreachable").await;
+    world.kill(APISERVER);
+    let serving = with(checkpointed(AGENT), &[active(APISERVER)]);
+    world
+        .expect_files("the outage starts the checkpoint", &serving)
+        .await;
+    world.api.end_outage();
+    agent.expect_api("synced").await;
+
+    world.api.set_get(
+        &format!("/apis/apps/v1/namespaces/{NS}/daemonsets/pod-checkpointer"),
+        404,
+        ckpt_testkit::status_body(404, "daemonsets.apps \"pod-checkpointer\" not found"),
+    );
+    assert!(world.api.delete("pods", NS, AGENT), "listed");
+    world.kill(AGENT);
+    let kept: Vec<String> = (serving.iter())
+        .filter(|f| !f.contains(NETWORK))
+        .cloned()
+        .chain([JOURNAL.to_owned()])
+        .collect();
+    world
+        .expect_files("the others go; the serving one and the agent's own stay", &kept)
+        .await;
+    eventually("self-GC held back on /metrics", || async {
+        agent.metric("self_gc_deferred").await == 1.0
+    })
+    .await;
+    eventually("the SelfGcDeferred Event", || async {
+        !events_created(&world, APISERVER, "SelfGcDeferred").is_empty()
+    })
+    .await;
+    world.looked_twice("held back").await;
+    assert!(agent.is_running(), "the agent stays with the checkpoint it keeps");
+    assert_eq!(world.logs.removed_by(AGENT), [format!("{NS}/{NETWORK}")]);
+
+    // Its pod runs here again: nothing holds self-GC back any more.
+    world.run(APISERVER);
+    agent.exited().await.expect("exit 0 after self-GC");
+    world
+        .expect_files("self-GC removed everything", &[ETCD.to_owned()])
+        .await;
+    assert_eq!(
+        world.logs.removed_by(AGENT),
+        [NETWORK, APISERVER, AGENT].map(|p| format!("{NS}/{p}")),
+        "the held-back one after the others, self last"
+    );
+}
+
 /// The lock file deleted while the DaemonSet copy holds it: the holder locks the file at
 /// the path again, so a copy started afterwards waits. Replaced by a file another process
 /// locked first: the holder steps down, so that one copy acts, and takes the lock again

@@ -349,10 +349,12 @@ fn inspect_reports_a_pending_self_gc() {
     };
     assert!(!table().contains("Self-GC pending"), "{}", table());
     assert!(inspect_json(dir.path()).get("self_gc_pending_since").is_none());
+    assert!(inspect_json(dir.path()).get("self_gc_deferred").is_none());
 
     let since = Timestamp(1_764_892_800_000);
     let state = ckpt_core::PersistentState {
         self_gc_since: Some(since),
+        self_gc_deferred: vec![PodId::new("kube-system", "kube-apiserver-abc")],
         ..Default::default()
     };
     let store = Store::open(Layout::new(dir.path().join("ck"), dir.path().join("manifests"))).expect("store");
@@ -365,6 +367,15 @@ fn inspect_reports_a_pending_self_gc() {
     assert_eq!(
         inspect_json(dir.path())["self_gc_pending_since"].as_str(),
         Some(&*since.to_rfc3339())
+    );
+    // Held back by a checkpoint serving a DaemonSet that still targets the node.
+    assert!(
+        table.contains("Self-GC held back by: kube-system/kube-apiserver-abc"),
+        "{table}"
+    );
+    assert_eq!(
+        inspect_json(dir.path())["self_gc_deferred"],
+        serde_json::json!(["kube-system/kube-apiserver-abc"])
     );
 }
 

@@ -47,6 +47,11 @@ pub struct PersistentState {
     /// Known-good content).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub marks_unknown: bool,
+    /// A self-GC is due but held back for these active checkpoints, each serving a
+    /// DaemonSet that still targets this node (the agent's own checkpoint stays with them):
+    /// for `inspect`, which reads no API. Rewritten by every pass.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub self_gc_deferred: Vec<PodId>,
 }
 
 /// A content (spec hash) and a time: when it became known-good, or since when its parent

@@ -84,7 +84,10 @@ pub fn scheduling_lookup(
 /// strategy: whether such a DaemonSet still targets this node tells a rollout, an eviction
 /// or a controller outage from the end of the workload here (ARCHITECTURE.md, a lineage
 /// lives while its DaemonSet targets this node).
-/// Empty unless synced, and, on a node whose parents all run, empty.
+/// While the agent's own pod is gone, also the DaemonSets of the active checkpoints: a
+/// due self-GC spares one that serves a DaemonSet still targeting this node (its pod may
+/// be listed, as after a failed handoff). Empty unless synced, and, on a node whose
+/// parents all run, empty.
 pub fn daemon_set_lookups(
     api: ApiState,
     pods: &BTreeMap<PodId, Arc<Pod>>,
@@ -94,7 +97,16 @@ pub fn daemon_set_lookups(
 ) -> BTreeSet<OwnerKey> {
     let mut keys = orphan_owners(api, pods, disk, allowed);
     keys.retain(|key| key.kind == "DaemonSet");
-    keys.extend(scheduling_lookup(api, pods, disk, me));
+    let Some(own) = scheduling_lookup(api, pods, disk, me) else {
+        return keys;
+    };
+    keys.extend(
+        (disk.iter())
+            .filter(|(id, d)| d.active.is_some() && allowed.allows(&id.namespace))
+            .filter_map(|(id, d)| Some(OwnerKey::new(&id.namespace, d.meta()?.owner.as_ref()?)))
+            .filter(|key| key.kind == "DaemonSet"),
+    );
+    keys.insert(own);
     keys
 }
 

@@ -283,6 +283,12 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             self_gc_since: None,
             // Set below, by the lineages.
             marks_unknown: false,
+            // Set by a synced pass's self-GC; a pass that reads nothing says what was said.
+            self_gc_deferred: if synced {
+                Vec::new()
+            } else {
+                inputs.state.self_gc_deferred.clone()
+            },
         },
         ..Plan::default()
     };
@@ -348,8 +354,11 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
                 };
                 out.states.insert(row.id.clone(), state);
             }
+            // Nothing new is checkpointed on a node the agent leaves.
+            out.writes.clear();
             out.at_stake = true;
             out.self_gc_deferred = deferred.into_iter().cloned().collect();
+            out.state.self_gc_deferred.clone_from(&out.self_gc_deferred);
             return out;
         }
         if due_at.is_some_and(|at| now >= at) {

@@ -69,6 +69,15 @@ const CASES: &[Case] = &[
         quiet_at: "30m",
         fires_at: "70m",
     },
+    Case {
+        alert: "PodCheckpointerSelfGcDeferred",
+        series: &[
+            ("pod_checkpointer_self_gc_deferred", r#"node="n1""#),
+            ("pod_checkpointer_self_gc_deferred", r#"node="n2""#),
+        ],
+        quiet_at: "20m",
+        fires_at: "40m",
+    },
 ];
 
 /// The values of a case's series, one sample a minute: n1 in trouble, n2 healthy.
@@ -84,6 +93,8 @@ fn values(alert: &str) -> [&'static str; 2] {
         "PodCheckpointerApiNotSynced" => ["0x40", "0+60x40"],
         // n1's token expires in an hour; n2's in eleven days.
         "PodCheckpointerKeptCredentialsExpiring" => ["3600x120", "1000000x120"],
+        // n1 holds self-GC back for a serving checkpoint all along; n2 holds nothing.
+        "PodCheckpointerSelfGcDeferred" => ["1x60", "0x60"],
         other => panic!("no values for {other}"),
     }
 }

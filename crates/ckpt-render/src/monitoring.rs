@@ -68,6 +68,14 @@ pub const ALERTS: &[Alert] = &[
         summary: "The token kept for pod-checkpointer's static copy expires within a day.",
         description: "The token is renewed every hour with a 7-day lifetime; one this close to expiry means renewal fails (RBAC for serviceaccounts/token, or an API server capping token lifetimes below a day: then raise this threshold). After a power cut the static copy could not reach the API server once it expires.",
     },
+    Alert {
+        name: "PodCheckpointerSelfGcDeferred",
+        expr: "max by (node) (pod_checkpointer_self_gc_deferred{JOB}) > 0",
+        for_: "30m",
+        severity: "warning",
+        summary: "pod-checkpointer no longer runs on a node but stays for a checkpoint that serves there.",
+        description: "The agent's DaemonSet no longer targets the node (or is deleted), but an active checkpoint serves a DaemonSet that still targets it (after a failed handoff it may be the node's only API server): it and the agent stay. `pod-checkpointer inspect` names it; let its pod run on the node, stop its DaemonSet targeting the node, or annotate the Node pod-checkpointer.github.io/decommission=true to let everything go.",
+    },
 ];
 
 /// The PodMonitor's job label, `<namespace>/<name>`, as the Prometheus operator sets it.

@@ -123,6 +123,7 @@ impl Agent {
         let events = self.link.as_ref().map(|l| &l.events);
         self.reporter.checkpointing(report, &self.health, events);
         self.reporter.scheduling(report, &self.health);
+        self.reporter.self_gc_deferred(report, &self.health, events);
         if let Some(link) = &self.link {
             // Probe the API often only while seeing an outage late would cost the node.
             link.observer.set_at_stake(report.at_stake);

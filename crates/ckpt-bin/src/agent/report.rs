@@ -20,6 +20,7 @@ pub(super) struct Reporter {
     waiting_for_access: BTreeMap<PodId, String>,
     warnings: BTreeMap<PodId, Vec<String>>,
     scheduling: Option<SelfScheduling>,
+    self_gc_deferred: Vec<PodId>,
 }
 
 impl Reporter {
@@ -126,6 +127,40 @@ impl Reporter {
             self.waiting_for_access.clone_from(&report.waiting_for_access);
             self.warnings.clone_from(&report.warnings);
         }
+    }
+
+    /// Says once per change which checkpoints hold a due self-GC back (each serves a
+    /// DaemonSet that still targets the node), with an Event on each newly held one; the
+    /// count is a metric (and an alert).
+    pub(super) fn self_gc_deferred(&mut self, report: &Report, health: &Health, events: Option<&EventSink>) {
+        // Only a synced pass decides it; the others keep what was said.
+        if report.api != Some(ApiState::Synced) {
+            return;
+        }
+        health.record_self_gc_deferred(report.self_gc_deferred.len());
+        if self.self_gc_deferred == report.self_gc_deferred {
+            return;
+        }
+        if report.self_gc_deferred.is_empty() {
+            info!("no checkpoint holds self-GC back any more");
+        }
+        for id in &report.self_gc_deferred {
+            if self.self_gc_deferred.contains(id) {
+                continue;
+            }
+            let note = format!(
+                "the agent no longer runs on this node, but the checkpoint of {id} serves a DaemonSet that \
+                 still targets it: it and the agent stay until its pod runs here, its DaemonSet stops \
+                 targeting the node, `drain --force`, or the Node is annotated {}=true",
+                ckpt_core::ANNOTATION_DECOMMISSION
+            );
+            warn!(pod = %id, "self-GC held back: {note}");
+            if let Some(events) = events {
+                let uid = report.parent_uids.get(id).map(String::as_str);
+                events.publish(ApiState::Synced, id, uid, EventKind::SelfGcDeferred, note);
+            }
+        }
+        self.self_gc_deferred.clone_from(&report.self_gc_deferred);
     }
 
     /// Says once per change why the agent's own pod is absent and what that means; an

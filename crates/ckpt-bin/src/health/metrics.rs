@@ -192,6 +192,13 @@ fn api_and_lock(out: &mut Exposition, c: &Counters, phase: Phase) {
             .collect(),
     );
     out.value(
+        "self_gc_deferred",
+        "gauge",
+        "Active checkpoints holding a due self-GC back: the agent's DaemonSet no longer runs it here, but \
+         each serves a DaemonSet that still targets this node, so it and the agent stay.",
+        c.self_gc_deferred,
+    );
+    out.value(
         "local_view_available",
         "gauge",
         "Whether the container runtime (or kubelet) answered on the last pass.",

@@ -1253,6 +1253,30 @@ fn daemon_sets_to_look_up_are_the_agents_and_those_of_absent_parents() {
     check(ApiState::Reachable, &[]);
 }
 
+/// Issue 36: while the agent's own pod is gone, the DaemonSet of an active checkpoint is
+/// looked up even though its pod is listed (a failed handoff): a due self-GC spares it if
+/// that DaemonSet still targets the node, so it must be read.
+#[test]
+fn daemon_sets_of_active_checkpoints_are_looked_up_while_the_agents_pod_is_gone() {
+    let check = |what: &str, listed: &[&str], expected: &[&str]| {
+        let pods: Vec<(&str, PodSpec<'_>)> = listed.iter().map(|n| (*n, parent(n))).collect();
+        let mut world = World::synced(&pods).disk(&[("api-new", "h1"), ("pc-abc", "h1")]);
+        for d in world.disk.values_mut() {
+            d.active.clone_from(&d.inactive);
+        }
+        let (pods, disk, me) = (&world.observation.pods, &world.disk, &world.config.me);
+        let wanted = daemon_set_lookups(ApiState::Synced, pods, disk, me, &world.config.allowed);
+        let actual: Vec<&str> = wanted.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(actual, expected, "{what}");
+    };
+    check(
+        "the agent's pod gone: its DaemonSet and the active one's",
+        &["api-new"],
+        &["kube-apiserver", "pod-checkpointer"],
+    );
+    check("the agent's pod listed: neither", &["api-new", "pc-abc"], &[]);
+}
+
 #[test]
 fn checkpoints_whose_files_cannot_be_read_are_left_alone() {
     let check = |what: &str,

@@ -1322,7 +1322,8 @@ fn self_gc_spares_a_serving_copy_of_a_daemon_set_that_targets_the_node() {
             ("etcd", "IA"),
             ("zz", "I"),
         ])
-        .synced(&["api-1", "zz"]);
+        .synced(&["api-1", "zz"])
+        .desired(&[("api-1", "h1"), ("zz", "h2")]);
         w.scheduling = SelfScheduling::Deleted;
         w.live.insert(api_lineage("uid-kube-apiserver"));
         w
@@ -1382,6 +1383,10 @@ fn self_gc_spares_a_serving_copy_of_a_daemon_set_that_targets_the_node() {
         eprintln!("case: {name}");
         let p = check(&w, expected, &[]);
         assert_eq!(names(&p.self_gc_deferred), deferred_after, "{name}");
+        assert_eq!(
+            p.state.self_gc_deferred, p.self_gc_deferred,
+            "{name}: journalled for inspect"
+        );
         if !deferred_after.is_empty() {
             assert_eq!(p.states.get(&id("api-1")), Some(&Active), "{name}");
             assert_eq!(p.states.get(&id("pc-abc")), Some(&SelfActive), "{name}");
