@@ -25,10 +25,11 @@ pub struct PersistentState {
     /// Handoffs under way from a known-good checkpoint to the newest revision of its
     /// lineage, by the newest revision, since when (ARCHITECTURE.md, the handoff).
     #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
-    pub handoffs: BTreeMap<PodId, SpecSince>,
-    /// Newest revisions whose handoff failed, with the content that failed.
+    pub handoffs: BTreeMap<PodId, HandoffRecord>,
+    /// Newest revisions whose handoff failed, with the content that failed, since when,
+    /// and how many of their handoffs failed (the retry's back-off).
     #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
-    pub rejected: BTreeMap<PodId, SpecSince>,
+    pub rejected: BTreeMap<PodId, HandoffRecord>,
     /// The restart count of each active revision with a fallback, as first seen in this
     /// outage (ARCHITECTURE.md, a known-good revision that crash-loops).
     #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
@@ -52,6 +53,25 @@ pub struct PersistentState {
     /// for `inspect`, which reads no API. Rewritten by every pass.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub self_gc_deferred: Vec<PodId>,
+}
+
+/// A handoff to a newest revision's pod: under way since, or rejected since, with its
+/// content, and how many handoffs of that pod failed before (under way) or in all
+/// (rejected; journals from before retries say 0, read as 1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandoffRecord {
+    /// The newest revision's spec hash.
+    pub spec_hash: String,
+    /// When the handoff started, or failed.
+    pub since: Timestamp,
+    /// Failed handoffs of the pod.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: u32,
+}
+
+// serde's `skip_serializing_if` passes a reference.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A content (spec hash) and a time: when it became known-good, or since when its parent

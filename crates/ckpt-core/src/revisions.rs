@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::identity::{ControllerOwner, PodId};
-use crate::journal::{RestartsSeen, SpecSince};
+use crate::journal::{HandoffRecord, RestartsSeen, SpecSince};
 use crate::observation::DiskCheckpoint;
 use crate::time::Timestamp;
 
@@ -292,9 +292,9 @@ pub(crate) struct HandoffInput<'a> {
     /// The known-good checkpoint is active.
     pub(crate) active: bool,
     /// The handoff in progress to the newest revision, from the journal.
-    pub(crate) handoff: Option<&'a SpecSince>,
+    pub(crate) handoff: Option<&'a HandoffRecord>,
     /// The newest revision's failed handoff, from the journal.
-    pub(crate) rejected: Option<&'a SpecSince>,
+    pub(crate) rejected: Option<&'a HandoffRecord>,
     /// `--handoff-timeout`.
     pub(crate) timeout: Duration,
 }
@@ -305,9 +305,9 @@ pub(crate) struct HandoffOutcome {
     /// How the known-good checkpoint serves.
     pub(crate) serving: Serving,
     /// The handoff in progress, to journal.
-    pub(crate) handoff: Option<SpecSince>,
+    pub(crate) handoff: Option<HandoffRecord>,
     /// The failed handoff, to journal.
-    pub(crate) rejected: Option<SpecSince>,
+    pub(crate) rejected: Option<HandoffRecord>,
     /// What happened in this pass.
     pub(crate) step: Option<Handoff>,
     /// When to look again.
@@ -321,17 +321,21 @@ pub(crate) struct HandoffOutcome {
 /// |---|---|---|---|---|
 /// | Ready (synced view) | any | as usual | nothing | `Ready` if a handoff was under way |
 /// | binds beside the checkpoint (`when-ready`) | any | serve if active, else as usual | nothing | — |
+/// | runs, checkpoint active, not being deleted | rejected, its back-off passed | standby | handoff (now) | `Started` |
 /// | any | rejected | serve | rejected | — |
-/// | any | handoff, deadline passed | serve | rejected (now) | `Failed` |
+/// | any | handoff, deadline passed | serve | rejected (now, one more failure) | `Failed` |
 /// | any | handoff | standby | handoff | — |
 /// | being deleted, checkpoint active | nothing | serve | nothing | — |
 /// | runs, checkpoint active | nothing | standby | handoff (now) | `Started` |
 /// | otherwise | — | as usual | nothing | — |
 ///
-/// At most one handoff per revision (per pod): a rejected parent gets the node again only
-/// as a new pod (a rollback or a fix of the spec is one) or once it is seen Ready (with
-/// `--permit-port-sharing` it can bind and prove itself beside the checkpoint, after a fix
-/// of the data it mounts, say). A pod being deleted (its DaemonSet replacing it, a
+/// A rejected parent gets the node again once its back-off has passed
+/// ([`handoff_retry_after`]: 5 minutes after the first failure, doubling to an hour), as a
+/// new pod (a rollback or a fix of the spec is one), or once it is seen Ready (with
+/// `--permit-port-sharing` it can bind and prove itself beside the checkpoint). A parent
+/// only slow to start (it cannot bind while the checkpoint holds its port) so gets its
+/// turn again, at the cost of at most a handoff timeout without a server per retry for a
+/// parent that is bad. A pod being deleted (its DaemonSet replacing it, a
 /// rollback) gets no handoff: the node would go without a server for a pod that is going
 /// anyway; the known-good checkpoint serves until the replacement runs.
 pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcome {
@@ -362,8 +366,34 @@ pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcom
         };
         return outcome(serving, None, None, None, None);
     }
-    if rejected.is_some() {
-        return outcome(Serving::Serve, None, rejected, None, None);
+    if let Some(rejected) = rejected {
+        let since = rejected.since.min(now);
+        let failures = rejected.failures.max(1);
+        let retry_at = since.saturating_add(handoff_retry_after(failures));
+        let may_retry = input.newest_runs == Some(true) && input.active && !input.newest_terminating;
+        if may_retry && now >= retry_at {
+            let started = HandoffRecord {
+                spec_hash: input.newest_hash.to_owned(),
+                since: now,
+                failures,
+            };
+            let deadline = now.saturating_add(input.timeout);
+            return outcome(
+                Serving::Standby,
+                Some(started),
+                None,
+                Some(Handoff::Started),
+                Some(deadline),
+            );
+        }
+        let kept = HandoffRecord { since, ..rejected };
+        return outcome(
+            Serving::Serve,
+            None,
+            Some(kept),
+            None,
+            may_retry.then_some(retry_at),
+        );
     }
     if let Some(started) = handoff {
         // A time recorded before the clock went back counts from now: the deadline moves
@@ -371,22 +401,24 @@ pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcom
         let since = started.since.min(now);
         let deadline = since.saturating_add(input.timeout);
         if now >= deadline {
-            let failed = SpecSince {
+            let failed = HandoffRecord {
                 spec_hash: input.newest_hash.to_owned(),
                 since: now,
+                failures: started.failures.saturating_add(1),
             };
             return outcome(Serving::Serve, None, Some(failed), Some(Handoff::Failed), None);
         }
-        let kept = SpecSince { since, ..started };
+        let kept = HandoffRecord { since, ..started };
         return outcome(Serving::Standby, Some(kept), None, None, Some(deadline));
     }
     if input.newest_terminating && input.active {
         return outcome(Serving::Serve, None, None, None, None);
     }
     if input.newest_runs == Some(true) && input.active {
-        let started = SpecSince {
+        let started = HandoffRecord {
             spec_hash: input.newest_hash.to_owned(),
             since: now,
+            failures: 0,
         };
         let deadline = now.saturating_add(input.timeout);
         return outcome(
@@ -398,6 +430,17 @@ pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcom
         );
     }
     outcome(Serving::AsUsual, None, None, None, None)
+}
+
+/// How long after its `failures`-th failed handoff (≥ 1) a pod gets the node again: 5
+/// minutes, doubling with each failure, at most an hour. Each retry of a bad parent costs
+/// the node at most a handoff timeout without a server; a good but slow one (it could
+/// not bind its port beside the checkpoint) gets through on a retry.
+pub(crate) fn handoff_retry_after(failures: u32) -> Duration {
+    const FIRST: Duration = Duration::from_secs(5 * 60);
+    const MOST: Duration = Duration::from_secs(60 * 60);
+    let doublings = failures.saturating_sub(1).min(8);
+    FIRST.saturating_mul(1 << doublings).min(MOST)
 }
 
 /// Restarts of an active revision's static pod, counted from the first look in an outage,

@@ -1537,13 +1537,22 @@ fn a_bad_upgrade_is_served_by_the_known_good_revision_until_a_rollback() {
     // Deadline passed without a Ready parent: the known-good revision returns.
     let p = step(&mut w, 140, expect(&[], &[], &["api-1"], &[]), &[Failed]);
     assert!(p.state.rejected.contains_key(&id("api-2")));
-    // It stays while the rejected parent crash-loops, API or not, and across a power cut.
+    // It stays while the rejected parent crash-loops, API or not, and across a power cut,
+    // until the retry's back-off has passed (5 minutes after the failure).
     w = superseded(w.synced(&["api-2"]).running(&["api-2"]), "api-1");
-    step(&mut w, 150, expect(&[], &[], &[], &[]), &[]);
+    let p = step(&mut w, 150, expect(&[], &[], &[], &[]), &[]);
+    assert_eq!(p.handoff_at, Some(NOW.saturating_add(Duration::from_secs(440))));
     w = w.api(ApiView::Unreachable).running(&[]);
-    step(&mut w, 900, expect(&[], &[], &[], &[]), &[]);
+    step(&mut w, 300, expect(&[], &[], &[], &[]), &[]);
+    // Past the back-off, its pod running: it gets the node again (issue 36: it used to be
+    // rejected for good, so a parent only slow to start hung the rollout)...
     w = w.running(&["api-2"]);
-    step(&mut w, 905, expect(&[], &[], &[], &[]), &[]);
+    step(&mut w, 440, expect(&[], &["api-1"], &[], &[]), &[Started]);
+    // ... and fails again: the known-good revision returns, the back-off doubles.
+    let p = step(&mut w, 560, expect(&[], &[], &["api-1"], &[]), &[Failed]);
+    assert_eq!(p.state.rejected[&id("api-2")].failures, 2);
+    let p = step(&mut w, 905, expect(&[], &[], &[], &[]), &[]);
+    assert_eq!(p.handoff_at, Some(NOW.saturating_add(Duration::from_secs(1160))));
     // The rollback: a third pod with the old spec. The failed revision goes, the
     // known-good one stays and serves until the new pod runs.
     w = w.synced(&["api-3"]).running(&[]).desired(&[("api-3", "h3")]);

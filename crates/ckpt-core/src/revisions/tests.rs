@@ -206,9 +206,9 @@ struct Pass {
     terminating: bool,
     when_ready: bool,
     active: bool,
-    /// `(hash, since)`.
-    handoff: Option<(&'static str, i64)>,
-    rejected: Option<(&'static str, i64)>,
+    /// `(hash, since, failures)`.
+    handoff: Option<(&'static str, i64, u32)>,
+    rejected: Option<(&'static str, i64, u32)>,
     now: i64,
 }
 
@@ -230,16 +230,17 @@ fn check_handoff(
     pass: Pass,
     expected: (
         Serving,
-        Option<(&str, i64)>,
-        Option<(&str, i64)>,
+        Option<(&str, i64, u32)>,
+        Option<(&str, i64, u32)>,
         Option<Handoff>,
         Option<i64>,
     ),
 ) {
-    let since = |e: Option<(&str, i64)>| {
-        e.map(|(h, s)| SpecSince {
+    let since = |e: Option<(&str, i64, u32)>| {
+        e.map(|(h, s, failures)| HandoffRecord {
             spec_hash: h.to_owned(),
             since: t(s),
+            failures,
         })
     };
     let (handoff_in, rejected_in) = (since(pass.handoff), since(pass.rejected));
@@ -290,7 +291,7 @@ fn handoffs() {
         },
         (
             Standby,
-            Some(("new", 1000)),
+            Some(("new", 1000, 0)),
             None,
             Some(Handoff::Started),
             Some(1120),
@@ -333,7 +334,7 @@ fn handoffs() {
             runs: Some(true),
             when_ready: true,
             active: true,
-            handoff: Some(("new", 880)),
+            handoff: Some(("new", 880, 0)),
             ..QUIET
         },
         (Serve, None, None, None, None),
@@ -370,26 +371,26 @@ fn handoffs() {
     check_handoff(
         "under way, the parent crashed: the checkpoint waits for the deadline",
         Pass {
-            handoff: Some(("new", 950)),
+            handoff: Some(("new", 950, 0)),
             ..QUIET
         },
-        (Standby, Some(("new", 950)), None, None, Some(1070)),
+        (Standby, Some(("new", 950, 0)), None, None, Some(1070)),
     );
     check_handoff(
         "deadline passed, not Ready: the known-good checkpoint returns",
         Pass {
             runs: Some(true),
-            handoff: Some(("new", 880)),
+            handoff: Some(("new", 880, 0)),
             ..QUIET
         },
-        (Serve, None, Some(("new", 1000)), Some(Handoff::Failed), None),
+        (Serve, None, Some(("new", 1000, 1)), Some(Handoff::Failed), None),
     );
     check_handoff(
         "Ready on a synced view: the parent keeps the node",
         Pass {
             runs: Some(true),
             ready: true,
-            handoff: Some(("new", 990)),
+            handoff: Some(("new", 990, 0)),
             ..QUIET
         },
         (AsUsual, None, None, Some(Handoff::Ready), None),
@@ -398,49 +399,146 @@ fn handoffs() {
         "rejected: the known-good checkpoint serves while the parent runs",
         Pass {
             runs: Some(true),
-            rejected: Some(("new", 500)),
+            rejected: Some(("new", 500, 1)),
             ..QUIET
         },
-        (Serve, None, Some(("new", 500)), None, None),
+        (Serve, None, Some(("new", 500, 1)), None, None),
     );
     check_handoff(
         "rejected, then seen Ready after all: forgotten",
         Pass {
             runs: Some(true),
             ready: true,
-            rejected: Some(("new", 500)),
+            rejected: Some(("new", 500, 1)),
             ..QUIET
         },
         (AsUsual, None, None, None, None),
     );
     check_handoff(
-        "rejected with other content (a Secret it mounts rewritten since): still rejected, \
-         at most one handoff per pod",
+        "rejected with other content (a Secret it mounts rewritten since): still rejected \
+         until its back-off has passed, when it is looked at again",
         Pass {
             runs: Some(true),
             active: true,
-            rejected: Some(("old", 500)),
+            rejected: Some(("old", 900, 1)),
             ..QUIET
         },
-        (Serve, None, Some(("old", 500)), None, None),
+        (Serve, None, Some(("old", 900, 1)), None, Some(1200)),
+    );
+    // Issue 36: a rejection used to be for good while the pod lived, so a parent only slow
+    // to start (it cannot bind its port while the checkpoint holds it) hung the rollout
+    // until someone deleted it. It is retried with a back-off.
+    check_handoff(
+        "rejected, its back-off passed, the parent runs: a new handoff",
+        Pass {
+            runs: Some(true),
+            active: true,
+            rejected: Some(("new", 700, 1)),
+            ..QUIET
+        },
+        (
+            Standby,
+            Some(("new", 1000, 1)),
+            None,
+            Some(Handoff::Started),
+            Some(1120),
+        ),
+    );
+    check_handoff(
+        "a journal from before retries (no failures recorded) counts one failure",
+        Pass {
+            runs: Some(true),
+            active: true,
+            rejected: Some(("new", 700, 0)),
+            ..QUIET
+        },
+        (
+            Standby,
+            Some(("new", 1000, 1)),
+            None,
+            Some(Handoff::Started),
+            Some(1120),
+        ),
+    );
+    check_handoff(
+        "rejected twice: the back-off doubled, not yet",
+        Pass {
+            runs: Some(true),
+            active: true,
+            rejected: Some(("new", 700, 2)),
+            ..QUIET
+        },
+        (Serve, None, Some(("new", 700, 2)), None, Some(1300)),
+    );
+    check_handoff(
+        "a retried handoff fails: one more failure",
+        Pass {
+            runs: Some(true),
+            handoff: Some(("new", 880, 1)),
+            ..QUIET
+        },
+        (Serve, None, Some(("new", 1000, 2)), Some(Handoff::Failed), None),
+    );
+    check_handoff(
+        "rejected, its back-off passed, but the parent is being deleted: no retry",
+        Pass {
+            runs: Some(true),
+            terminating: true,
+            active: true,
+            rejected: Some(("new", 500, 1)),
+            ..QUIET
+        },
+        (Serve, None, Some(("new", 500, 1)), None, None),
+    );
+    check_handoff(
+        "rejected, its back-off passed, the parent does not run: no retry, no deadline",
+        Pass {
+            active: true,
+            rejected: Some(("new", 500, 1)),
+            ..QUIET
+        },
+        (Serve, None, Some(("new", 500, 1)), None, None),
     );
     check_handoff(
         "under way with other content: the same handoff, the same deadline",
         Pass {
             runs: Some(true),
-            handoff: Some(("old", 950)),
+            handoff: Some(("old", 950, 0)),
             ..QUIET
         },
-        (Standby, Some(("old", 950)), None, None, Some(1070)),
+        (Standby, Some(("old", 950, 0)), None, None, Some(1070)),
     );
     check_handoff(
         "a start recorded in the future (the clock went back): counted from now",
         Pass {
-            handoff: Some(("new", 5000)),
+            handoff: Some(("new", 5000, 0)),
             ..QUIET
         },
-        (Standby, Some(("new", 1000)), None, None, Some(1120)),
+        (Standby, Some(("new", 1000, 0)), None, None, Some(1120)),
     );
+}
+
+#[test]
+fn handoff_retries_back_off_from_five_minutes_to_an_hour() {
+    let check = |failures: u32, minutes: u64| {
+        assert_eq!(
+            handoff_retry_after(failures),
+            Duration::from_secs(minutes * 60),
+            "after {failures} failures"
+        );
+    };
+    for (failures, minutes) in [
+        (0, 5),
+        (1, 5),
+        (2, 10),
+        (3, 20),
+        (4, 40),
+        (5, 60),
+        (6, 60),
+        (u32::MAX, 60),
+    ] {
+        check(failures, minutes);
+    }
 }
 
 /// `crash_loop` for (unreachable, active, fallback, restarts now, first seen): the first
