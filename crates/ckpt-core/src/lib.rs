@@ -81,7 +81,7 @@ pub use identity::{
     ANNOTATION_CHECKPOINT, ANNOTATION_CHECKPOINT_OF, ANNOTATION_DECOMMISSION, ControllerOwner, LockIdentity,
     NamespaceAllowList, PodId, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
 };
-pub use journal::{HandoffRecord, PersistentState, RestartsSeen, SpecSince};
+pub use journal::{HandoffRecord, PersistentState, RestartsSeen, SpecSince, Suspension};
 pub use known_good::KNOWN_GOOD_AFTER;
 pub use lookups::{daemon_set_lookups, orphan_owners, required_by_namespace, scheduling_lookup};
 pub use observation::{
