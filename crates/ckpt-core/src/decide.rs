@@ -551,7 +551,7 @@ fn sanitize_parents(
     };
     let none = Default::default();
     let mut out = BTreeMap::new();
-    let mut over_budget = over_watch_budget(parents.iter().map(|(&id, &pod)| (id, pod)));
+    let mut over_budget = over_watch_budget(parents.iter().map(|(&id, &pod)| (id, pod)), &config.me);
     for (&id, &pod) in parents {
         if let Some(message) = over_budget.remove(id) {
             let refusal = Refusal {

@@ -698,7 +698,7 @@ fn watches_cover_what_parents_need_in_every_allowed_namespace() {
     ]);
     let mut allowed = world.config.allowed.clone();
     allowed = NamespaceAllowList::new(allowed.namespaces().chain(["default"]));
-    let required = required_by_namespace(&world.observation.pods, &allowed);
+    let required = required_by_namespace(&world.observation.pods, &allowed, &world.config.me);
     let secrets: Vec<(&str, Vec<&str>)> = (required.iter())
         .map(|(ns, r)| (ns.as_str(), r.secrets.iter().map(String::as_str).collect()))
         .collect();
@@ -729,12 +729,12 @@ fn a_pod_referencing_too_many_objects_is_refused_and_not_watched() {
             "references 65 Secrets and ConfigMaps, more than the {MAX_OBJECTS_PER_POD} the agent watches for one pod"
         )
     );
-    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed, &world.config.me);
     assert!(watched[NS].is_empty(), "{:?}", watched[NS]);
 
     let (id, pod) = many(MAX_OBJECTS_PER_POD);
     world.observation.pods.insert(id, pod);
-    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed, &world.config.me);
     assert_eq!(watched[NS].len(), MAX_OBJECTS_PER_POD);
 }
 
@@ -1325,7 +1325,7 @@ fn checkpoints_whose_files_cannot_be_read_are_left_alone() {
     );
 }
 
-/// The node's watch budget: parents in order of namespace and name, objects shared
+/// The node's watch budget: parents in order (the same age here: by namespace and name), objects shared
 /// between parents counted once; one whose new objects would go past the bound is
 /// refused and nothing of it is watched, and a later one that fits is served.
 #[test]
@@ -1365,11 +1365,11 @@ fn parents_past_the_nodes_watch_budget_are_refused_and_not_watched() {
     assert_eq!(
         d.report.refusals[&over].message,
         format!(
-            "references 1 Secrets and ConfigMaps not watched yet, and the agent already watches {MAX_WATCHED_OBJECTS} of the {MAX_WATCHED_OBJECTS} it watches on a node (for parents before it by namespace and name)"
+            "references 1 Secrets and ConfigMaps not watched yet, and the agent already watches {MAX_WATCHED_OBJECTS} of the {MAX_WATCHED_OBJECTS} it watches on a node (for parents before it: its own pod, the control plane's, then the older ones)"
         )
     );
     assert!(!d.report.refusals.contains_key(&shared));
-    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed, &world.config.me);
     assert_eq!(watched[NS].len(), MAX_WATCHED_OBJECTS);
     assert!(
         !watched[NS].secrets.contains("new"),
