@@ -31,6 +31,10 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use name::event_name;
+
+mod name;
+
 /// Events kept while they cannot be published; later ones are counted and dropped (the
 /// first transitions of an outage say the most: what was started).
 pub(crate) const QUEUE_BOUND: usize = 256;
@@ -384,7 +388,7 @@ impl Publisher {
             note: Some(pending.note.chars().take(NOTE_LIMIT).collect()),
             metadata: ObjectMeta {
                 namespace: Some(parent.namespace.to_string()),
-                name: Some(format!("{}.{:x}", parent.name, pending.at.as_nanosecond())),
+                name: Some(event_name(&parent.name, pending.at)),
                 ..ObjectMeta::default()
             },
             reporting_controller: Some(CONTROLLER.into()),
