@@ -1376,3 +1376,74 @@ fn parents_past_the_nodes_watch_budget_are_refused_and_not_watched() {
         "nothing of the refused pod is watched"
     );
 }
+
+/// The pods whose data directories a pass removes: `with_data` are the pods with data
+/// on disk, `everything_read` whether every checkpoint file was read.
+fn check_orphan_data(world: &World, with_data: &[&str], everything_read: bool, expected: &[&str]) {
+    let mut d = world.decide();
+    let with_data: BTreeSet<PodId> = with_data.iter().map(|n| id(n)).collect();
+    d.remove_orphan_data(&with_data, &world.disk, everything_read);
+    assert_eq!(names(&d.remove_data), list(expected));
+    assert!(expected.is_empty() || !d.is_noop(), "removing data is a change");
+}
+
+/// Data directories that belong to no checkpoint (a crash between the data and the
+/// manifest, or during a removal) go on a synced pass that read everything; only `drain`
+/// removed them before.
+#[test]
+fn data_of_no_checkpoint_is_removed_on_a_synced_pass_only() {
+    let on_disk = || World::synced(&[("a", parent("a"))]).disk(&[("a", "x"), ("b", "y")]);
+    let a_written = on_disk();
+    let a_hash = a_written.hash_of("a");
+    let settled = World::synced(&[("a", parent("a")), ("b", parent("b"))]).disk(&[("a", &a_hash)]);
+    // (case, world, pods with data, every file read, data removed)
+    type Case<'a> = (&'a str, World, &'a [&'a str], bool, &'a [&'a str]);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "data of checkpoints on disk stays",
+            on_disk(),
+            &["a", "b"],
+            true,
+            &[],
+        ),
+        (
+            "data of no checkpoint goes",
+            on_disk(),
+            &["a", "c", "d"],
+            true,
+            &["c", "d"],
+        ),
+        (
+            "not while a checkpoint file could not be read",
+            on_disk(),
+            &["c"],
+            false,
+            &[],
+        ),
+        (
+            "not on a view that is not synced",
+            on_disk().api(ApiState::Reachable),
+            &["c"],
+            true,
+            &[],
+        ),
+        (
+            "not in an outage",
+            on_disk().api(ApiState::Unreachable),
+            &["c"],
+            true,
+            &[],
+        ),
+        (
+            "not the data of a checkpoint this pass writes (a crash left its data, not its manifest)",
+            settled,
+            &["a", "b"],
+            true,
+            &[],
+        ),
+    ];
+    for (name, world, with_data, everything_read, expected) in cases {
+        eprintln!("case: {name}");
+        check_orphan_data(&world, with_data, everything_read, expected);
+    }
+}

@@ -211,6 +211,24 @@ impl Store {
         Ok(summary)
     }
 
+    /// Removes a pod's data directories, and nothing else (no manifest): data a crash
+    /// left without its checkpoint. Returns how many went.
+    pub fn remove_data(&self, id: &PodId) -> Result<usize> {
+        self.require_writable()?;
+        check_pod_id(id)?;
+        let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        for kind in DataKind::ALL {
+            removed += self.remove_pod_data(&checkpoint_dir, kind, id, &BTreeSet::new())?;
+        }
+        if removed > 0 {
+            info!(pod = %id, data_dirs = removed, "removed data that belongs to no checkpoint");
+        }
+        Ok(removed)
+    }
+
     fn remove_data_and_inactive(&self, id: &PodId, summary: &mut RemoveSummary) -> Result<()> {
         let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
             return Ok(());
