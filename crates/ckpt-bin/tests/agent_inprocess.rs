@@ -81,6 +81,15 @@ fn apiserver_pod() -> Value {
     );
     pod["spec"]["containers"][0]["volumeMounts"] = json!([
         {"name": "certs", "mountPath": "/etc/certs"}, {"name": "config", "mountPath": "/etc/config"}]);
+    // Its data belongs to the user it runs as: root, unless the tests run as another user,
+    // who cannot give files to root.
+    if !running_as_root() {
+        let (uid, gid) = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        pod["spec"]["securityContext"] = json!({"runAsUser": uid, "fsGroup": gid});
+    }
     pod
 }
 
@@ -1816,8 +1825,51 @@ async fn kubelet_down_with_the_cri_off() {
     local_view_unknown(Local::Kubelet).await;
 }
 
+/// Whether this process runs as root (the owner of `/proc/self`): `chattr +i` needs it.
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// The tests of this file that need root.
+const ROOT_ONLY: &[&str] = &[
+    "self_gc_goes_on_past_a_checkpoint_it_cannot_remove",
+    "gc_timers_advance_while_the_journal_cannot_be_saved",
+];
+
+/// The root-only tests, run by another user (this test binary again, under `setpriv`):
+/// each says it is skipped and why, and passes (was: failed, `chattr` refused).
+#[test]
+fn root_only_tests_skip_with_a_reason_when_not_root() {
+    if !running_as_root() {
+        eprintln!("skipped: running the tests as another user needs root");
+        return;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(std::env::current_exe().expect("this test binary"))
+        .args(ROOT_ONLY)
+        .args(["--exact", "--nocapture", "--test-threads=1"])
+        .output();
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("skipped: setpriv is not available: {e}");
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("{} passed", ROOT_ONLY.len())),
+        "{stdout}"
+    );
+    assert_eq!(stderr.matches("skipped: ").count(), ROOT_ONLY.len(), "{stderr}");
+}
+
 /// `chattr +i` on a path while this lives: even root cannot remove what is inside, so a
-/// removal fails for real.
+/// removal fails for real (root only: see [`running_as_root`]).
 struct Immutable(PathBuf);
 
 impl Immutable {
@@ -1890,6 +1942,10 @@ async fn checkpointed_on_a_short_grace_period() -> (World, Agent) {
 /// and exits 0.
 #[tokio::test]
 async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
+    if !running_as_root() {
+        eprintln!("skipped: a directory even the agent cannot remove (chattr +i) needs root");
+        return;
+    }
     let (world, agent) = checkpointed_on_a_short_grace_period().await;
 
     // The apiserver's secrets (sorted first among the removals) cannot be removed.
@@ -1930,6 +1986,10 @@ async fn self_gc_goes_on_past_a_checkpoint_it_cannot_remove() {
 /// period, and the journal catches up once it can be written.
 #[tokio::test]
 async fn gc_timers_advance_while_the_journal_cannot_be_saved() {
+    if !running_as_root() {
+        eprintln!("skipped: a journal dir even the agent cannot write (chattr +i) needs root");
+        return;
+    }
     let (world, agent) = checkpointed_on_a_short_grace_period().await;
 
     let state_dir = world.path("ck/pod-checkpointer");
