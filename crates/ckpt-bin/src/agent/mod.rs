@@ -47,7 +47,8 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const COALESCE: Duration = Duration::from_millis(20);
 /// Timeout for every request the agent makes itself.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the agent reads its DaemonSet and node again while its own pod is gone.
+/// How often the agent reads its DaemonSet and node again while its own pod is gone
+/// (jittered: a DaemonSet deleted for good is read again by every node of the fleet).
 const SCHEDULING_RECHECK: Duration = Duration::from_secs(10);
 /// How often an offline agent tries to load its API credentials again.
 const RECONNECT: Duration = Duration::from_secs(10);

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ckpt_core::{
     ApiState, Decision, DiskCheckpoint, GcDecision, LocalView, Observation, PodId, Timestamp, error_chain,
 };
+use ckpt_watch::jitter::equal_jitter;
 use tracing::{info, warn};
 
 use super::{Agent, PassResult, SCHEDULING_RECHECK};
@@ -209,7 +210,7 @@ impl Agent {
         let recheck = report
             .scheduling
             .is_some()
-            .then(|| now.saturating_add(SCHEDULING_RECHECK));
+            .then(|| now.saturating_add(equal_jitter(SCHEDULING_RECHECK)));
         self.next_deadline = (report.next_deadline.into_iter())
             .chain(recheck)
             .chain(handover_at)
