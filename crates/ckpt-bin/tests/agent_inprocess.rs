@@ -1815,6 +1815,31 @@ async fn local_view_unknown(local: Local) {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
+/// The CRI runtime's answer past the client's 16 MiB (a busy node's annotations): the
+/// local view is unknown, never "nothing runs", and `/metrics` counts the oversized
+/// answers (`cri_answers_too_large_total`, issue 36: never asserted before).
+#[tokio::test]
+async fn a_cri_answer_too_large_is_counted_on_metrics() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    assert_eq!(agent.metric("cri_answers_too_large_total").await, 0.0);
+    {
+        let mut st = world.cri.state.lock().unwrap_or_else(|e| e.into_inner());
+        let pad = || [("pad".to_owned(), "x".repeat(17 << 20))].into();
+        for c in &mut st.containers {
+            c.annotations = pad();
+        }
+    }
+    eventually("an oversized answer counted on /metrics", || async {
+        agent.metric("cri_answers_too_large_total").await >= 1.0
+    })
+    .await;
+    assert_eq!(agent.metric("local_view_available").await, 0.0, "unknown");
+    world.assert_files("nothing changed on an unknown view", &checkpointed(AGENT));
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 #[tokio::test]
 async fn cri_and_kubelet_down_with_the_cri_on() {
     local_view_unknown(Local::Cri).await;
