@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ckpt_core::{ApiState, PodId};
+use ckpt_watch::jitter::equal_jitter;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -29,6 +30,10 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
+
+use name::event_name;
+
+mod name;
 
 /// Events kept while they cannot be published; later ones are counted and dropped (the
 /// first transitions of an outage say the most: what was started).
@@ -41,7 +46,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts at an Event that fails for a reason that may pass before it is given up.
 const ATTEMPTS: u32 = 5;
 /// The wait before the second attempt; it doubles for each further one (1 + 2 + 4 + 8 s:
-/// the API server's authorizer loads RBAC within seconds of a restart).
+/// the API server's authorizer loads RBAC within seconds of a restart), each jittered
+/// between half and all of it.
 const RETRY_BASE: Duration = if cfg!(test) {
     Duration::from_millis(20)
 } else {
@@ -287,7 +293,8 @@ impl Publisher {
                         outbox.queue.pop_front();
                         continue;
                     }
-                    let backoff = RETRY_BASE * 2u32.pow(attempts - 1);
+                    // Jittered: after an outage every node publishes at once.
+                    let backoff = equal_jitter(RETRY_BASE * 2u32.pow(attempts - 1));
                     debug!(%error, reason = next.kind.describe().1, pod = %next.parent, retry_ms = backoff.as_millis() as u64, "cannot publish an Event; trying again later");
                     if let Some(front) = outbox.queue.front_mut() {
                         front.attempts = attempts;
@@ -383,7 +390,7 @@ impl Publisher {
             note: Some(pending.note.chars().take(NOTE_LIMIT).collect()),
             metadata: ObjectMeta {
                 namespace: Some(parent.namespace.to_string()),
-                name: Some(format!("{}.{:x}", parent.name, pending.at.as_nanosecond())),
+                name: Some(event_name(&parent.name, pending.at)),
                 ..ObjectMeta::default()
             },
             reporting_controller: Some(CONTROLLER.into()),

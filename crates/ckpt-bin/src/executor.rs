@@ -1,5 +1,6 @@
 //! Applies a [`Decision`] to the [`Store`], in the order writes → stops → starts →
-//! removes, each step idempotent and crash-safe (the store writes atomically).
+//! data of no checkpoint → removes, each step idempotent and crash-safe (the store writes
+//! atomically).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -99,6 +100,15 @@ pub(crate) async fn execute(store: &Arc<Store>, plan: &Arc<Decision>, report: &R
             }
             Ok(false) => {}
             Err(e) => fail("activating", id, &e),
+        }
+    }
+    for id in &plan.remove_data {
+        let target = id.clone();
+        match on_disk(store, move |s| s.remove_data(&target)).await {
+            Ok(dirs) => {
+                info!(pod = %id, data_dirs = dirs, "removed data directories that belong to no checkpoint")
+            }
+            Err(e) => fail("removing data of no checkpoint", id, &e),
         }
     }
     let mut removes_ok = true;

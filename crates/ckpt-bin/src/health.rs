@@ -811,6 +811,7 @@ mod tests {
         h.record_pass(Duration::from_millis(20), [("active", 2)].into());
         h.record_views("synced", true, Some(Timestamp(1_000)));
         h.record_self_scheduling(Some("unknown"));
+        h.record_cri_answers_too_large(2);
         let text = h.render_metrics();
         for line in [
             "pod_checkpointer_activations_total 1",
@@ -819,6 +820,7 @@ mod tests {
             "pod_checkpointer_api_state{state=\"synced\"} 1",
             "pod_checkpointer_self_scheduling{state=\"unknown\"} 1",
             "pod_checkpointer_self_scheduling{state=\"deleted\"} 0",
+            "pod_checkpointer_cri_answers_too_large_total 2",
             "pod_checkpointer_last_api_sync_timestamp_seconds 1.000",
             concat!(
                 "pod_checkpointer_build_info{version=\"",

@@ -443,6 +443,30 @@ fn inspect_reports_the_static_copys_credentials_and_their_expiry() {
     );
 }
 
+/// The probe `cargo xtask image` runs on the release binary (ckpt-e2e's
+/// `check_failpoints_compiled_out`), on this test build, which has the failpoints: a
+/// `drain` whose every unlink fails with EIO. Here it fails and the data stays; the
+/// release binary must drain as if the variable were not set.
+#[test]
+fn a_test_build_honours_ckpt_failpoints() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("ck/checkpoint-secrets/ns/p/s/k");
+    std::fs::create_dir_all(data.parent().unwrap()).unwrap();
+    std::fs::write(&data, "v").unwrap();
+    let mut args = vec!["drain".to_owned(), "--force".into()];
+    args.extend(disk_args(dir.path()));
+    let out = bin()
+        .args(&args)
+        .env("CKPT_FAILPOINTS", "fsops.unlink=error(5)")
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(data.exists(), "the failpoint failed the removal");
+    let out = bin().args(&args).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!data.exists());
+}
+
 #[test]
 fn drain_refuses_while_an_agent_holds_the_lock_unless_forced() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -44,7 +44,7 @@ fn id(name: &str) -> PodId {
 /// A host-network parent with a Secret and a ConfigMap volume, sanitized at `version`
 /// (the data and the image change with it).
 fn checkpoint(root: &Path, name: &str, version: &str) -> Checkpoint {
-    let pod: Pod = serde_json::from_value(json!({
+    let mut pod = json!({
         "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
                      "annotations": {"checkpointer.alpha.coreos.com/checkpoint": "true"}},
         "spec": {"hostNetwork": true,
@@ -53,8 +53,17 @@ fn checkpoint(root: &Path, name: &str, version: &str) -> Checkpoint {
                                                   {"name": "config", "mountPath": "/config"}]}],
                  "volumes": [{"name": "certs", "secret": {"secretName": format!("{name}-certs")}},
                              {"name": "config", "configMap": {"name": format!("{name}-config")}}]}
-    }))
-    .expect("a pod");
+    });
+    // Its files belong to the user it runs as: root, unless the test runs as another user,
+    // who cannot give files to root.
+    if !running_as_root() {
+        let (uid, gid) = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        pod["spec"]["securityContext"] = json!({"runAsUser": uid, "fsGroup": gid});
+    }
+    let pod: Pod = serde_json::from_value(pod).expect("a pod");
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": format!("{name}-certs"), "namespace": NS},
         "stringData": {},
@@ -291,4 +300,10 @@ fn files_under(dir: &Path) -> Vec<String> {
     walk(dir, dir, &mut out);
     out.sort();
     out
+}
+
+/// Whether this process runs as root (the owner of `/proc/self`).
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }

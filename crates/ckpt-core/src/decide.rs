@@ -57,7 +57,8 @@ pub struct DecideConfig {
     pub revisions: RevisionSettings,
 }
 
-/// What one pass does, in execution order (writes → stops → starts → removes), with the
+/// What one pass does, in execution order (writes → stops → starts → orphan data →
+/// removes), with the
 /// state to persist and what to report.
 #[derive(Clone, Debug, Default)]
 pub struct Decision {
@@ -69,6 +70,9 @@ pub struct Decision {
     pub starts: Vec<PodId>,
     /// Remove the checkpoint entirely; the agent's own last.
     pub removes: Vec<Removal>,
+    /// Remove the data directories of these pods, which belong to no checkpoint (set by
+    /// [`Decision::remove_orphan_data`]); before the removals.
+    pub remove_data: Vec<PodId>,
     /// A self-GC decision: once executed, the agent exits.
     pub self_gc: bool,
     /// The persistent state to save after executing.
@@ -80,7 +84,34 @@ pub struct Decision {
 impl Decision {
     /// Whether the decision changes anything on disk.
     pub fn is_noop(&self) -> bool {
-        self.writes.is_empty() && self.stops.is_empty() && self.starts.is_empty() && self.removes.is_empty()
+        self.writes.is_empty()
+            && self.stops.is_empty()
+            && self.starts.is_empty()
+            && self.removes.is_empty()
+            && self.remove_data.is_empty()
+    }
+
+    /// Also removes the data directories, of `with_data` (every pod with data on disk),
+    /// that belong to no checkpoint: a crash between a checkpoint's data and its manifest,
+    /// or in the middle of its removal, leaves them, and only `drain` removed them. Only
+    /// on a synced pass that read every checkpoint file (`everything_read`): otherwise a
+    /// checkpoint missing from `disk` may be one whose file could not be read, or whose
+    /// parent the view does not show yet. Never the data of a checkpoint on disk, nor of
+    /// one this pass writes.
+    pub fn remove_orphan_data(
+        &mut self,
+        with_data: &BTreeSet<PodId>,
+        disk: &BTreeMap<PodId, DiskCheckpoint>,
+        everything_read: bool,
+    ) {
+        if !everything_read || self.report.api != Some(ApiState::Synced) {
+            return;
+        }
+        let written: BTreeSet<&PodId> = self.writes.iter().map(|c| &c.parent).collect();
+        self.remove_data = (with_data.iter())
+            .filter(|id| !disk.contains_key(*id) && !written.contains(id))
+            .cloned()
+            .collect();
     }
 
     /// Drops every step on these checkpoints, whose files could not be read this pass (a
@@ -266,6 +297,7 @@ impl Assessment<'_> {
             stops: planned.stops,
             starts: planned.starts,
             removes: planned.removes,
+            remove_data: Vec::new(),
             self_gc: planned.self_gc,
             state: planned.state,
             report: self.report,
@@ -572,7 +604,7 @@ fn sanitize_parents(
     };
     let none = Default::default();
     let mut out = BTreeMap::new();
-    let mut over_budget = over_watch_budget(parents.iter().map(|(&id, &pod)| (id, pod)));
+    let mut over_budget = over_watch_budget(parents.iter().map(|(&id, &pod)| (id, pod)), &config.me);
     for (&id, &pod) in parents {
         if let Some(message) = over_budget.remove(id) {
             let refusal = Refusal {

@@ -16,10 +16,12 @@ use crate::references::{RequiredObjects, over_watch_budget, required_objects};
 
 /// What the objects of every parent in `pods` need, by allowed namespace (each allowed
 /// namespace present, possibly empty): what the Secret/ConfigMap watches must cover. A
-/// parent past the node's watch budget (refused by [`assess`](crate::assess)) is left out.
+/// parent past the node's watch budget (refused by [`assess`](crate::assess)) is left out;
+/// `me` is the agent, whose own pod comes first in it.
 pub fn required_by_namespace(
     pods: &BTreeMap<PodId, Arc<Pod>>,
     allowed: &NamespaceAllowList,
+    me: &SelfIdentity,
 ) -> BTreeMap<String, RequiredObjects> {
     let mut out: BTreeMap<String, RequiredObjects> = (allowed.namespaces())
         .map(|ns| (ns.to_owned(), RequiredObjects::default()))
@@ -27,7 +29,7 @@ pub fn required_by_namespace(
     // The parents `assess` checkpoints, in its order (a completed one never is).
     let parents = || (pods.iter()).filter(|(_, pod)| is_parent(pod, allowed) && !has_completed(pod));
     // Refused in `assess`: nothing of them is watched.
-    let over_budget = over_watch_budget(parents().map(|(id, pod)| (id, &**pod)));
+    let over_budget = over_watch_budget(parents().map(|(id, pod)| (id, &**pod)), me);
     for (id, pod) in parents().filter(|(id, _)| !over_budget.contains_key(*id)) {
         let required = required_objects(pod);
         let ns = out.entry(id.namespace.to_string()).or_default();

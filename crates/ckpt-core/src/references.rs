@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, Pod, Volume};
 
-use crate::identity::PodId;
+use crate::identity::{ControllerOwner, PodId, SelfIdentity};
 
 /// The most Secrets and ConfigMaps one parent may reference, together: the agent watches
 /// each one (as the kubelet does), so a pod referencing more is refused, with an Event,
@@ -14,20 +14,63 @@ pub(crate) const MAX_OBJECTS_PER_POD: usize = 64;
 
 /// The most Secrets and ConfigMaps the agent watches on a node, for every parent
 /// together (each watch holds a connection to the API server). Parents are taken in
-/// order of namespace and name; one whose objects not watched yet would go past the
-/// bound is refused, with an Event, before any watch of it starts.
+/// [`WatchPriority`] order; one whose objects not watched yet would go past the bound is
+/// refused, with an Event, before any watch of it starts.
 pub(crate) const MAX_WATCHED_OBJECTS: usize = 256;
 
-/// The parents, of `parents` in the order given, that reference more Secrets and
-/// ConfigMaps than one pod may, or whose objects not referenced by an earlier parent would
+/// The namespace whose pods are the control plane's, whatever their labels.
+const CONTROL_PLANE_NAMESPACE: &str = "kube-system";
+
+/// The order in which parents get the node's watch budget: the agent's own pod, then the
+/// control plane's (namespace `kube-system`, or labelled `tier: control-plane` as kubeadm's
+/// and bootkube's are), then the others; within each, the oldest first, then by namespace
+/// and name. Stable from pass to pass, and a parent created later never takes the watches
+/// of one already served, so a new parent that sorts first by name cannot evict the
+/// kube-apiserver's (it did when the budget went by name).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct WatchPriority<'a> {
+    tier: u8,
+    /// `None` (never from the API server) sorts after every time.
+    created: (bool, Option<jiff::Timestamp>),
+    id: &'a PodId,
+}
+
+impl<'a> WatchPriority<'a> {
+    fn of(id: &'a PodId, pod: &Pod, me: &SelfIdentity) -> Self {
+        let control_plane = &*id.namespace == CONTROL_PLANE_NAMESPACE
+            || (pod.metadata.labels.as_ref())
+                .and_then(|labels| labels.get("tier"))
+                .is_some_and(|tier| tier == "control-plane");
+        let tier = if me.is_self(id, ControllerOwner::of(pod).as_ref()) {
+            0
+        } else if control_plane {
+            1
+        } else {
+            2
+        };
+        let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        Self {
+            tier,
+            created: (created.is_none(), created),
+            id,
+        }
+    }
+}
+
+/// The parents, of `parents`, that reference more Secrets and ConfigMaps than one pod
+/// may, or whose objects not referenced by a parent before them ([`WatchPriority`]) would
 /// take the node past [`MAX_WATCHED_OBJECTS`]: nothing of them is watched.
-pub(crate) fn over_watch_budget<'a, I>(parents: I) -> BTreeMap<PodId, String>
+pub(crate) fn over_watch_budget<'a, I>(parents: I, me: &SelfIdentity) -> BTreeMap<PodId, String>
 where
     I: IntoIterator<Item = (&'a PodId, &'a Pod)>,
 {
+    let mut parents: Vec<(WatchPriority<'a>, &'a Pod)> = (parents.into_iter())
+        .map(|(id, pod)| (WatchPriority::of(id, pod, me), pod))
+        .collect();
+    parents.sort_by(|a, b| a.0.cmp(&b.0));
     let mut watched: BTreeSet<(&str, bool, String)> = BTreeSet::new();
     let mut over = BTreeMap::new();
-    for (id, pod) in parents {
+    for (WatchPriority { id, .. }, pod) in parents {
         let required = required_objects(pod);
         if required.too_many() {
             let why = format!(
@@ -44,7 +87,7 @@ where
             .collect();
         if watched.len() + new.len() > MAX_WATCHED_OBJECTS {
             let why = format!(
-                "references {} Secrets and ConfigMaps not watched yet, and the agent already watches {} of the {MAX_WATCHED_OBJECTS} it watches on a node (for parents before it by namespace and name)",
+                "references {} Secrets and ConfigMaps not watched yet, and the agent already watches {} of the {MAX_WATCHED_OBJECTS} it watches on a node (for parents before it: its own pod, the control plane's, then the older ones)",
                 new.len(),
                 watched.len()
             );
@@ -296,4 +339,145 @@ fn volume_reference(v: &Volume) -> Option<&'static str> {
         return None;
     }
     Some("an unknown volume type")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A parent: `ns/name`, created `created` seconds after the epoch (`None`: no time),
+    /// labelled `tier: control-plane` or not, referencing Secrets `s<first>..s<last>`.
+    struct Parent {
+        id: &'static str,
+        created: Option<u64>,
+        control_plane_label: bool,
+        secrets: std::ops::Range<usize>,
+    }
+
+    fn parent(id: &'static str, created: Option<u64>, secrets: std::ops::Range<usize>) -> Parent {
+        Parent {
+            id,
+            created,
+            control_plane_label: false,
+            secrets,
+        }
+    }
+
+    fn pod(p: &Parent) -> (PodId, Pod) {
+        let (ns, name) = p.id.split_once('/').unwrap();
+        let env: Vec<serde_json::Value> = (p.secrets.clone())
+            .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"secretKeyRef": {"name": format!("s{i}"), "key": "k"}}}))
+            .collect();
+        let created = p
+            .created
+            .map(|s| jiff::Timestamp::from_second(s as i64).unwrap().to_string());
+        let labels = p.control_plane_label.then(|| json!({"tier": "control-plane"}));
+        let pod = serde_json::from_value(json!({
+            "metadata": {"namespace": ns, "name": name, "creationTimestamp": created, "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "i", "env": env}]},
+        }))
+        .unwrap();
+        (PodId::new(ns, name), pod)
+    }
+
+    /// The agent is `ckpt/agent`; the output, the parents refused (`ns/name`).
+    fn check(input: &[Parent], expected: &[&str]) {
+        let pods: Vec<(PodId, Pod)> = input.iter().map(pod).collect();
+        let me = SelfIdentity::new("ckpt", "agent", "node-1");
+        let over = over_watch_budget(pods.iter().map(|(id, pod)| (id, pod)), &me);
+        let refused: Vec<String> = over
+            .keys()
+            .map(|id| format!("{}/{}", id.namespace, id.name))
+            .collect();
+        let ids: Vec<&str> = input.iter().map(|p| p.id).collect();
+        assert_eq!(refused, expected, "{ids:?}");
+    }
+
+    #[test]
+    fn the_watch_budget_goes_to_the_agent_the_control_plane_then_the_oldest() {
+        const PER_POD: usize = MAX_OBJECTS_PER_POD;
+        // Four parents of 64 objects each fill the node's 256.
+        let full = |ns: &'static [&'static str; 4], created: u64| -> Vec<Parent> {
+            (0..4)
+                .map(|i| parent(ns[i], Some(created + i as u64), i * PER_POD..(i + 1) * PER_POD))
+                .collect()
+        };
+        let apps = &["apps/b0", "apps/b1", "apps/b2", "apps/b3"];
+        let with = |mut parents: Vec<Parent>, more: Parent| {
+            parents.push(more);
+            parents
+        };
+        let cases: Vec<(&str, Vec<Parent>, &[&str])> = vec![
+            ("within the budget", full(apps, 100), &[]),
+            (
+                "a new parent that sorts first by name is the one refused",
+                with(full(apps, 100), parent("apps/a-new", Some(200), 1000..1001)),
+                &["apps/a-new"],
+            ),
+            (
+                "among parents as old, by namespace and name",
+                with(full(apps, 100), parent("apps/a-new", Some(100), 1000..1001)),
+                &["apps/b3"],
+            ),
+            (
+                "a parent with no creation time goes last",
+                with(full(apps, 100), parent("apps/a-new", None, 1000..1001)),
+                &["apps/a-new"],
+            ),
+            (
+                "a control-plane pod, even a newer one, before the workloads",
+                with(
+                    full(apps, 100),
+                    parent("kube-system/kube-apiserver", Some(300), 1000..1010),
+                ),
+                &["apps/b3"],
+            ),
+            (
+                "labelled control-plane elsewhere",
+                with(
+                    full(apps, 100),
+                    Parent {
+                        control_plane_label: true,
+                        ..parent("infra/scheduler", Some(300), 1000..1001)
+                    },
+                ),
+                &["apps/b3"],
+            ),
+            (
+                "the agent's own pod first of all",
+                with(
+                    full(
+                        &[
+                            "kube-system/a0",
+                            "kube-system/a1",
+                            "kube-system/a2",
+                            "kube-system/a3",
+                        ],
+                        100,
+                    ),
+                    parent("ckpt/agent", Some(400), 1000..1001),
+                ),
+                &["kube-system/a3"],
+            ),
+            (
+                "objects already watched cost nothing",
+                with(full(apps, 100), parent("apps/a-shared", Some(200), 0..PER_POD)),
+                &[],
+            ),
+            (
+                "too many for one pod, whatever its place",
+                vec![
+                    parent("kube-system/big", Some(1), 0..PER_POD + 1),
+                    parent("apps/small", Some(2), 2000..2001),
+                ],
+                &["kube-system/big"],
+            ),
+        ];
+        for (name, input, expected) in cases {
+            eprintln!("case: {name}");
+            check(&input, expected);
+        }
+    }
 }

@@ -31,11 +31,16 @@ const NAMESPACE: &str = "k8s.io";
 
 #[test]
 fn the_agent_image_runs_alone_resolves_localhost_and_imports_into_containerd() {
-    assert_eq!(
-        std::fs::metadata("/proc/self").unwrap().uid(),
-        0,
-        "this test needs root (chroot, mount namespaces, containerd)"
-    );
+    // With CI=true nothing is skipped (ARCHITECTURE.md, Testing): CI runs as root.
+    if std::fs::metadata("/proc/self").unwrap().uid() != 0 {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "this test needs root (chroot, mount namespaces, containerd)"
+        );
+        eprintln!("skipped: chroot, mount namespaces and containerd need root");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
 

@@ -698,9 +698,14 @@ mod tests {
         assert!(!is_file_at_path(&file, &path).unwrap());
     }
 
-    /// Whether this test process may chown (root): the owner cases need it.
+    /// Whether this test process may chown (root): the owner cases need it; without, it
+    /// says they are skipped.
     fn can_chown() -> bool {
-        rustix::process::geteuid().is_root()
+        let root = rustix::process::geteuid().is_root();
+        if !root {
+            eprintln!("skipped: the cases of files owned by another user need root (chown)");
+        }
+        root
     }
 
     /// `check_lock_file` on a file with `mode` owned by `uid`, for a process of `euid`.

@@ -116,7 +116,8 @@ pub(crate) fn checkpoint_with(
 pub(crate) type DirSpec<'a> = (DataKind, &'a str, &'a [(&'a str, &'a str, u32)]);
 
 /// [`checkpoint_with`] in short: `version` in an annotation (and the spec hash), files
-/// as text, owned by root.
+/// as text, owned by this process (root, as on a node, where the tests run as root; any
+/// other user may run them too: it cannot give files to root).
 pub(crate) fn checkpoint(layout: &Layout, id: &PodId, version: &str, dirs: &[DirSpec<'_>]) -> Checkpoint {
     let dirs: Vec<(DataKind, &str, Vec<FileSpec>)> = dirs
         .iter()
@@ -131,7 +132,7 @@ pub(crate) fn checkpoint(layout: &Layout, id: &PodId, version: &str, dirs: &[Dir
     let annotations = [("test/version", version.to_owned())];
     Checkpoint {
         spec_hash: format!("hash-{version}"),
-        ..checkpoint_with(layout, id, &annotations, &dirs, FileOwner::default())
+        ..checkpoint_with(layout, id, &annotations, &dirs, own_files())
     }
 }
 
@@ -223,6 +224,14 @@ pub(crate) fn snapshot(root: &Path) -> BTreeMap<PathBuf, Snapshot> {
     let mut out = BTreeMap::new();
     walk(root, root, &mut out);
     out
+}
+
+/// Files owned by this process.
+pub(crate) fn own_files() -> FileOwner {
+    FileOwner {
+        uid: rustix::process::geteuid().as_raw(),
+        gid: rustix::process::getegid().as_raw(),
+    }
 }
 
 /// Whether the current process is root (the owner of `/proc/self`).

@@ -20,7 +20,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ckpt_core::ANNOTATION_CHECKPOINT_OF;
-use ckpt_core::{DataKind, FileOwner, PodId};
+use ckpt_core::{DataKind, PodId};
 use ckpt_store::{Error, Layout, Store};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -113,7 +113,7 @@ fn crash_child_writer() {
                 // A large annotation widens the window in which the manifest is half-written.
                 let payload = "x".repeat(rng.below(64 << 10) as usize);
                 let annotations = [("test/version", version.to_string()), ("test/payload", payload)];
-                let cp = common::checkpoint_with(&layout, id, &annotations, &dirs, FileOwner::default());
+                let cp = common::checkpoint_with(&layout, id, &annotations, &dirs, common::own_files());
                 store.write_inactive(&cp).expect("write");
             }
             5..=6 => match store.activate(id) {

@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::error::error_chain;
+use crate::jitter::equal_jitter;
 use crate::reflect::{Driver, SharedSlot, Slot, lock};
 
 /// Settings of [`ApiWatch`].
@@ -479,15 +480,20 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
     // A probe got no answer since the last one that did.
     let mut unanswered = false;
     loop {
-        let (failures, failing) = {
+        let (failures, failing, unreachable) = {
             let st = lock(&inner.status);
             (
                 st.consecutive_failures,
                 !st.reachable || st.consecutive_failures > 0,
+                !st.reachable,
             )
         };
         let fast = *at_stake.borrow_and_update() || failing;
         let pace = probe_pace(&config, fast, failures);
+        // While unreachable a probe is a retry: jittered, so the nodes that lost the server
+        // together do not come back to it in step (never later than the pace: a recovery is
+        // still seen within a second).
+        let pace = if unreachable { equal_jitter(pace) } else { pace };
         if let Some(last) = last_probe {
             tokio::select! {
                 () = tokio::time::sleep_until(last + pace) => {}

@@ -279,5 +279,17 @@ mod tests {
             err.to_string().contains("answered more than 16777216 bytes"),
             "{err}"
         );
+
+        // The local look says so: unknown, never "nothing runs", and counted (what the
+        // agent's `/metrics` reports as `cri_answers_too_large_total`).
+        let local = crate::LocalObserver::new(
+            Some(CriClient::new(&fake.endpoint(), TIMEOUT).unwrap()),
+            None,
+            ckpt_core::NamespaceAllowList::new(["kube-system"]),
+        );
+        assert_eq!(local.cri_answers_too_large(), 0);
+        assert_eq!(local.observe().await, ckpt_core::LocalView::Unknown);
+        assert_eq!(local.observe().await, ckpt_core::LocalView::Unknown);
+        assert_eq!(local.cri_answers_too_large(), 2);
     }
 }

@@ -56,6 +56,7 @@
 mod api;
 pub mod cri;
 mod error;
+pub mod jitter;
 mod kubelet;
 mod local;
 mod objects;

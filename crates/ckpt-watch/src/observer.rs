@@ -122,7 +122,7 @@ impl Observer {
         let synced = snapshot.state == ApiState::Synced;
         if synced {
             self.objects
-                .ensure_all(&required_by_namespace(&snapshot.pods, &self.allowed));
+                .ensure_all(&required_by_namespace(&snapshot.pods, &self.allowed, me));
         }
         let objects = (self.allowed.namespaces())
             .map(|ns| (ns.to_owned(), self.objects.objects(ns)))

@@ -5,8 +5,9 @@
 //! - the initial list is buffered and swapped in at `InitDone` (kube's reflector
 //!   semantics), so a reader never sees half a list;
 //! - any watcher error marks the watch not synced and **restarts** it (a fresh LIST)
-//!   after a backoff: kube's watcher would otherwise resume from its resourceVersion
-//!   without relisting, and "synced" means "a complete list since the last problem";
+//!   after a jittered backoff, reset only by a watch that held a while: kube's watcher
+//!   would otherwise resume from its resourceVersion without relisting, and "synced"
+//!   means "a complete list since the last problem";
 //! - the initial list has a deadline (`request_timeout`): kube ≥ 4 has no global read
 //!   timeout, and a LIST that hangs must not hold the watch forever; a list that runs
 //!   out of time gets twice as long the next time (up to 16 times `request_timeout`),
@@ -32,6 +33,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::error::error_chain;
+use crate::jitter::equal_jitter;
 
 /// Locks a mutex, ignoring poisoning (every critical section leaves the data consistent).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -68,9 +70,13 @@ impl<K> Default for Slot<K> {
 /// A shared slot.
 pub(crate) type SharedSlot<K> = Arc<Mutex<Slot<K>>>;
 
-/// Exponential backoff between restarts: 250 ms doubling to 10 s, reset by a complete list.
-/// Not kube's `DefaultBackoff` (fixed 0.8 s → 30 s, jittered, reset by a timer): a watch
-/// here must retry within 10 s and starts over after a complete list, not after a while.
+/// Exponential backoff between restarts: 250 ms doubling to 10 s, each delay jittered
+/// ([`equal_jitter`]) where it is slept. Not kube's `DefaultBackoff` (fixed 0.8 s → 30 s):
+/// a watch here must retry within 10 s.
+///
+/// Reset only by a watch that held [`Backoff::HELD`] after its complete list, not by the
+/// list itself: with lists allowed and every watch failing at once (refused, cut by a
+/// proxy), a reset per list relisted every object every 250 ms for as long as it lasted.
 #[derive(Debug)]
 struct Backoff {
     next: Duration,
@@ -79,16 +85,21 @@ struct Backoff {
 impl Backoff {
     const MIN: Duration = Duration::from_millis(250);
     const MAX: Duration = Duration::from_secs(10);
+    /// Three times [`Self::MAX`]: a watch that keeps failing sooner after its list relists
+    /// at most once per 10 s, and one that held this long was healthy, so its next problem
+    /// (an etcd leader change, a restarted API server) is retried at once again.
+    const HELD: Duration = Duration::from_secs(30);
 
     fn new() -> Self {
         Self { next: Self::MIN }
     }
 
-    fn reset(&mut self) {
-        self.next = Self::MIN;
-    }
-
-    fn next_delay(&mut self) -> Duration {
+    /// The delay before the next start (unjittered), after a watch that ran `held` since
+    /// its complete list (`None`: it never completed one).
+    fn next_delay(&mut self, held: Option<Duration>) -> Duration {
+        if held.is_some_and(|held| held >= Self::HELD) {
+            self.next = Self::MIN;
+        }
         let d = self.next;
         self.next = (self.next * 2).min(Self::MAX);
         d
@@ -176,6 +187,8 @@ where
             }
             let mut stream = watcher(self.api.clone(), self.config.clone()).boxed();
             let mut deadline = Some(Instant::now() + list_timeout);
+            // When this start's list completed.
+            let mut listed_at: Option<Instant> = None;
             let failure = loop {
                 tokio::select! {
                     alive = gate_down(&mut gate) => {
@@ -204,7 +217,7 @@ where
                             if self.apply(event) {
                                 deadline = None;
                                 list_timeout = self.request_timeout;
-                                backoff.reset();
+                                listed_at.get_or_insert_with(Instant::now);
                             }
                         }
                         Some(Err(err)) => break Stop::Failed(self.describe(&err)),
@@ -224,7 +237,7 @@ where
                 }
                 Stop::Failed(message) => {
                     self.set_problem(Some(message));
-                    let delay = backoff.next_delay();
+                    let delay = equal_jitter(backoff.next_delay(listed_at.map(|at| at.elapsed())));
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         alive = gate_down(&mut gate) => if !alive { return },
@@ -337,14 +350,31 @@ where
 mod tests {
     use super::*;
 
-    #[test]
-    fn backoff_doubles_to_a_cap_and_resets() {
+    /// Each input is how long a failed watch had held since its complete list (`None`: no
+    /// list completed); the output, the delays before each restart.
+    fn check(input: &[Option<u64>], expected: &[u64]) {
         let mut b = Backoff::new();
-        let delays: Vec<_> = (0..8).map(|_| b.next_delay()).collect();
-        assert_eq!(delays[0], Duration::from_millis(250));
-        assert_eq!(delays[1], Duration::from_millis(500));
-        assert_eq!(*delays.last().unwrap(), Backoff::MAX);
-        b.reset();
-        assert_eq!(b.next_delay(), Backoff::MIN);
+        let delays: Vec<u64> = input
+            .iter()
+            .map(|held| b.next_delay(held.map(Duration::from_secs)).as_millis() as u64)
+            .collect();
+        assert_eq!(delays, expected, "{input:?}");
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_cap_and_resets_only_after_a_watch_held() {
+        let cases: &[(&[Option<u64>], &[u64])] = &[
+            // Lists failing.
+            (&[None; 8], &[250, 500, 1000, 2000, 4000, 8000, 10_000, 10_000]),
+            // Lists complete, every watch fails at once: the list does not reset it.
+            (&[Some(0); 7], &[250, 500, 1000, 2000, 4000, 8000, 10_000]),
+            (&[Some(29); 3], &[250, 500, 1000]),
+            // A watch that held 30 s was healthy: its problem is retried at once.
+            (&[Some(0), Some(0), Some(0), Some(30)], &[250, 500, 1000, 250]),
+            (&[None, None, Some(3600), Some(1)], &[250, 500, 250, 500]),
+        ];
+        for (input, expected) in cases {
+            check(input, expected);
+        }
     }
 }

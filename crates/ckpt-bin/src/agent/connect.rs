@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use ckpt_store::KeptCredentials;
+use ckpt_watch::jitter::equal_jitter;
 use ckpt_watch::{ApiWatchConfig, Observer};
 use tracing::{debug, info, warn};
 
@@ -317,8 +318,10 @@ fn credentials_refresh(written: Result<Option<Duration>>, account: &ServiceAccou
             next
         }
         Err(e) => {
-            warn!(error = %error_chain(&e), retry_s = RETRY.as_secs(), "the static copy's API credentials are not refreshed");
-            RETRY
+            // Jittered: every node's mint fails together when the API server does.
+            let retry = equal_jitter(RETRY);
+            warn!(error = %error_chain(&e), retry_s = retry.as_secs(), "the static copy's API credentials are not refreshed");
+            retry
         }
     }
 }

@@ -15,6 +15,7 @@ use ckpt_core::{DecideConfig, LocalView, NamespaceAllowList, PersistentState, Se
 use ckpt_gc::GcPolicy;
 use ckpt_lock::{Confirmed, LockFile, LockGuard};
 use ckpt_store::{LoadedJournal, Store};
+use ckpt_watch::jitter::equal_jitter;
 use ckpt_watch::{CriClient, KubeletClient, KubeletConfig, LocalObserver};
 use tracing::{debug, error, info, warn};
 
@@ -37,7 +38,8 @@ const MAX_FOLLOW_UPS: u32 = 3;
 /// A full pass at least this often, whatever else happens.
 const RESYNC: Duration = Duration::from_secs(30);
 /// After a pass in which a step failed (a failing or full disk), the first retry comes
-/// this soon, then twice as late after each failed retry, up to [`RESYNC`] (passes that
+/// this soon (each delay jittered between half and all of it), then twice as late after
+/// each failed retry, up to [`RESYNC`] (passes that
 /// events bring meanwhile keep the delay): a transient error must not
 /// hold an activation back for a resync, nor a lasting one retry in a tight loop.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -45,7 +47,8 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const COALESCE: Duration = Duration::from_millis(20);
 /// Timeout for every request the agent makes itself.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the agent reads its DaemonSet and node again while its own pod is gone.
+/// How often the agent reads its DaemonSet and node again while its own pod is gone
+/// (jittered: a DaemonSet deleted for good is read again by every node of the fleet).
 const SCHEDULING_RECHECK: Duration = Duration::from_secs(10);
 /// How often an offline agent tries to load its API credentials again.
 const RECONNECT: Duration = Duration::from_secs(10);
@@ -404,7 +407,9 @@ impl Agent {
                 let wait = t.since(Timestamp::now());
                 tokio::time::Instant::now() + wait
             });
-            let retry = retry_after.map(|after| tokio::time::Instant::now() + after);
+            // Jittered: a fault shared by many nodes (a storage backend) must not bring their
+            // retries in step.
+            let retry = retry_after.map(|after| tokio::time::Instant::now() + equal_jitter(after));
             retrying = false;
             local = loop {
                 tokio::select! {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ckpt_core::{
     ApiState, Decision, DiskCheckpoint, GcDecision, LocalView, Observation, PodId, Timestamp, error_chain,
 };
+use ckpt_watch::jitter::equal_jitter;
 use tracing::{info, warn};
 
 use super::{Agent, PassResult, SCHEDULING_RECHECK};
@@ -23,6 +24,8 @@ struct Seen {
     disk: BTreeMap<PodId, DiskCheckpoint>,
     /// Checkpoint files that could not be read, and why: their checkpoints are left alone.
     unreadable: Vec<(PathBuf, String)>,
+    /// Every pod with data directories on disk, with a checkpoint or not.
+    with_data: BTreeSet<PodId>,
     observation: Observation,
 }
 
@@ -51,15 +54,21 @@ impl Agent {
     /// store cannot be read (said, counted; the pass is retried).
     async fn observe(&mut self, local: LocalView) -> Option<Seen> {
         let read = on_disk(&self.store, |s| {
-            s.read_back().map(|read| {
-                let disk = (read.checkpoints.iter())
-                    .map(|(id, s)| (id.clone(), s.disk_checkpoint()))
-                    .collect::<BTreeMap<PodId, DiskCheckpoint>>();
-                (disk, read.unreadable)
-            })
+            let read = s.read_back()?;
+            let disk = (read.checkpoints.iter())
+                .map(|(id, s)| (id.clone(), s.disk_checkpoint()))
+                .collect::<BTreeMap<PodId, DiskCheckpoint>>();
+            Ok::<_, ckpt_store::Error>((disk, read.unreadable, s.data_pods()))
         });
-        let (disk, unreadable) = match read.await {
-            Ok(read) => read,
+        let (disk, unreadable, with_data) = match read.await {
+            Ok((disk, unreadable, with_data)) => {
+                // Without the list, no data is removed: nothing else depends on it.
+                let with_data = with_data.unwrap_or_else(|e| {
+                    warn!(error = %error_chain(&e), "cannot list the checkpoint data directories");
+                    BTreeSet::new()
+                });
+                (disk, unreadable, with_data)
+            }
             Err(e) => {
                 warn!(error = %error_chain(&e), "cannot read the checkpoints; retrying");
                 self.health.write_error();
@@ -94,6 +103,7 @@ impl Agent {
         Some(Seen {
             disk,
             unreadable,
+            with_data,
             observation,
         })
     }
@@ -108,6 +118,7 @@ impl Agent {
         }
         let mut decision = assessment.decide(&verdicts);
         decision.leave_alone(&unreadable_checkpoints(&seen.unreadable));
+        decision.remove_orphan_data(&seen.with_data, &seen.disk, seen.unreadable.is_empty());
         let report = &decision.report;
         if report.own_owner.is_some() && report.own_owner != self.config.me.owner {
             info!(owner = ?report.own_owner, "recognised the agent's own controller");
@@ -144,6 +155,7 @@ impl Agent {
             stops = decision.stops.len(),
             starts = decision.starts.len(),
             removes = decision.removes.len(),
+            orphan_data = decision.remove_data.len(),
             self_gc = decision.self_gc,
             api = api.as_str(),
             "executing plan"
@@ -218,7 +230,7 @@ impl Agent {
         let recheck = report
             .scheduling
             .is_some()
-            .then(|| now.saturating_add(SCHEDULING_RECHECK));
+            .then(|| now.saturating_add(equal_jitter(SCHEDULING_RECHECK)));
         self.next_deadline = (report.next_deadline.into_iter())
             .chain(recheck)
             .chain(handover_at)

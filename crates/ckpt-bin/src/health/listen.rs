@@ -3,8 +3,11 @@
 //! `--metrics-addr`, and only by the copy that holds the lock: both copies share the host
 //! network, so the one that answers on the node's address is always the active one.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,6 +17,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
@@ -22,6 +26,11 @@ use super::{ACCEPT_BACKOFF, Health, MAX_CONNECTIONS, REQUEST_TIMEOUT, Server, ro
 /// How long a bind that failed (the previous holder's socket not closed yet, the address
 /// not yet on the node) waits before the next try.
 const BIND_RETRY: Duration = Duration::from_secs(2);
+
+/// How long an answer may wait for the client to read it once the socket's buffers are
+/// full: a client that never reads would otherwise hold its slot for good (32 of them,
+/// every slot). An answer is a few kB; a scraper reads it at once.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves on `addr` until the returned [`Server`] is dropped, binding in the background
 /// (and again every [`BIND_RETRY`] while that fails, warning once).
@@ -41,14 +50,20 @@ pub(crate) fn serve(addr: SocketAddr, health: Health) -> Server {
             }
         };
         info!(%addr, "serving /metrics, /healthz and /readyz for Prometheus");
-        serve_listener(listener, health, REQUEST_TIMEOUT).await;
+        serve_listener(listener, health, REQUEST_TIMEOUT, WRITE_TIMEOUT).await;
     }))
 }
 
 /// Answers connections on `listener`, at most [`MAX_CONNECTIONS`] at once; a connection
-/// that sends no complete request head within `header_timeout` (the first, or the next
-/// on a kept-alive connection) is closed.
-pub(super) async fn serve_listener(listener: TcpListener, health: Health, header_timeout: Duration) {
+/// that sends no complete request head within `header_timeout` (the first, from the
+/// connection's start, or the next on a kept-alive connection: an idle one), or whose
+/// answer is not read within `write_timeout` of its socket blocking, is closed.
+pub(super) async fn serve_listener(
+    listener: TcpListener,
+    health: Health,
+    header_timeout: Duration,
+    write_timeout: Duration,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut failing = false;
     loop {
@@ -79,12 +94,105 @@ pub(super) async fn serve_listener(listener: TcpListener, health: Health, header
             let served = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(TokioIo::new(WriteDeadline::new(stream, write_timeout)), service);
             if let Err(e) = served.await {
                 debug!(error = %e, "Prometheus connection ended");
             }
             drop(slot);
         });
+    }
+}
+
+/// A connection whose answers must be read: once a write or flush cannot proceed, the
+/// answer must be out within `timeout`, or the write fails (`TimedOut`) and hyper closes
+/// the connection. hyper has a timeout for reading a request head, none for writing.
+struct WriteDeadline<S> {
+    inner: S,
+    timeout: Duration,
+    /// Running from the first write that blocked until a flush completes.
+    blocked: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            blocked: None,
+        }
+    }
+
+    /// `result` of a write (`done`: a flush that completed ends the answer), failed once
+    /// the answer has waited too long.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<std::io::Result<T>>,
+        done: bool,
+    ) -> Poll<std::io::Result<T>> {
+        match result {
+            Poll::Ready(result) => {
+                if done {
+                    self.blocked = None;
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let timeout = self.timeout;
+                let blocked = (self.blocked).get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match blocked.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client has not read its answer",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.watch(cx, result, false)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.watch(cx, result, false)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_flush(cx);
+        this.watch(cx, result, true)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.watch(cx, result, true)
     }
 }
 
@@ -115,7 +223,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let health = Health::new(Duration::from_secs(90));
         health.record_views("synced", true, None);
-        let task = tokio::spawn(serve_listener(listener, health, header_timeout));
+        let task = tokio::spawn(serve_listener(listener, health, header_timeout, header_timeout));
         (addr, Server(task))
     }
 
@@ -189,6 +297,78 @@ mod tests {
             .await
             .unwrap();
         assert!(read_responses(&mut other, 1).await.starts_with("HTTP/1.1 "));
+    }
+
+    /// Whether the server closed `stream` within `within` (a 408 first is a close too).
+    async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 65536];
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+                Err(_) => return false,
+                Ok(Ok(0) | Err(_)) => return true,
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Every slot held by a client that connected and sends nothing: each is closed after
+    /// the header (idle) timeout, which runs from the connection's start, and a new client
+    /// is served then.
+    #[tokio::test]
+    async fn silent_clients_in_every_slot_are_closed_and_a_new_one_is_served() {
+        let (addr, _server) = started(Duration::from_millis(300)).await;
+        let mut silent = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        for stream in &mut silent {
+            assert!(
+                closed_within(stream, Duration::from_secs(5)).await,
+                "a silent connection is closed"
+            );
+        }
+        let mut other = tokio::net::TcpStream::connect(addr).await.unwrap();
+        other
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let text = tokio::time::timeout(Duration::from_secs(5), read_responses(&mut other, 1))
+            .await
+            .expect("a new client served");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    }
+
+    /// A client that asks for `/metrics` again and again and never reads an answer: once
+    /// its socket's buffers are full, the connection is closed after the write timeout.
+    #[tokio::test]
+    async fn a_client_that_never_reads_is_closed() {
+        let (addr, _server) = started(Duration::from_millis(300)).await;
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut reader, mut writer) = stream.into_split();
+        let request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(64);
+        // Writes until the server stops reading (its answers are stuck) or closes.
+        let asking = tokio::spawn(async move {
+            for _ in 0..10_000 {
+                if writer.write_all(&request).await.is_err() {
+                    return;
+                }
+            }
+        });
+        // Some time to fill the buffers, then not a byte read for longer than the timeout.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut buf = vec![0u8; 1 << 20];
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match reader.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        asking.abort();
+        assert!(closed.is_ok(), "the stuck connection is closed");
     }
 
     #[tokio::test]

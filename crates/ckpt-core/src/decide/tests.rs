@@ -699,7 +699,7 @@ fn watches_cover_what_parents_need_in_every_allowed_namespace() {
     ]);
     let mut allowed = world.config.allowed.clone();
     allowed = NamespaceAllowList::new(allowed.namespaces().chain(["default"]));
-    let required = required_by_namespace(&world.observation.pods, &allowed);
+    let required = required_by_namespace(&world.observation.pods, &allowed, &world.config.me);
     let secrets: Vec<(&str, Vec<&str>)> = (required.iter())
         .map(|(ns, r)| (ns.as_str(), r.secrets.iter().map(String::as_str).collect()))
         .collect();
@@ -730,12 +730,12 @@ fn a_pod_referencing_too_many_objects_is_refused_and_not_watched() {
             "references 65 Secrets and ConfigMaps, more than the {MAX_OBJECTS_PER_POD} the agent watches for one pod"
         )
     );
-    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed, &world.config.me);
     assert!(watched[NS].is_empty(), "{:?}", watched[NS]);
 
     let (id, pod) = many(MAX_OBJECTS_PER_POD);
     world.observation.pods.insert(id, pod);
-    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed, &world.config.me);
     assert_eq!(watched[NS].len(), MAX_OBJECTS_PER_POD);
 }
 
@@ -1352,7 +1352,7 @@ fn checkpoints_whose_files_cannot_be_read_are_left_alone() {
     );
 }
 
-/// The node's watch budget: parents in order of namespace and name, objects shared
+/// The node's watch budget: parents in order (the same age here: by namespace and name), objects shared
 /// between parents counted once; one whose new objects would go past the bound is
 /// refused and nothing of it is watched, and a later one that fits is served.
 #[test]
@@ -1392,14 +1392,85 @@ fn parents_past_the_nodes_watch_budget_are_refused_and_not_watched() {
     assert_eq!(
         d.report.refusals[&over].message,
         format!(
-            "references 1 Secrets and ConfigMaps not watched yet, and the agent already watches {MAX_WATCHED_OBJECTS} of the {MAX_WATCHED_OBJECTS} it watches on a node (for parents before it by namespace and name)"
+            "references 1 Secrets and ConfigMaps not watched yet, and the agent already watches {MAX_WATCHED_OBJECTS} of the {MAX_WATCHED_OBJECTS} it watches on a node (for parents before it: its own pod, the control plane's, then the older ones)"
         )
     );
     assert!(!d.report.refusals.contains_key(&shared));
-    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed);
+    let watched = required_by_namespace(&world.observation.pods, &world.config.allowed, &world.config.me);
     assert_eq!(watched[NS].len(), MAX_WATCHED_OBJECTS);
     assert!(
         !watched[NS].secrets.contains("new"),
         "nothing of the refused pod is watched"
     );
+}
+
+/// The pods whose data directories a pass removes: `with_data` are the pods with data
+/// on disk, `everything_read` whether every checkpoint file was read.
+fn check_orphan_data(world: &World, with_data: &[&str], everything_read: bool, expected: &[&str]) {
+    let mut d = world.decide();
+    let with_data: BTreeSet<PodId> = with_data.iter().map(|n| id(n)).collect();
+    d.remove_orphan_data(&with_data, &world.disk, everything_read);
+    assert_eq!(names(&d.remove_data), list(expected));
+    assert!(expected.is_empty() || !d.is_noop(), "removing data is a change");
+}
+
+/// Data directories that belong to no checkpoint (a crash between the data and the
+/// manifest, or during a removal) go on a synced pass that read everything; only `drain`
+/// removed them before.
+#[test]
+fn data_of_no_checkpoint_is_removed_on_a_synced_pass_only() {
+    let on_disk = || World::synced(&[("a", parent("a"))]).disk(&[("a", "x"), ("b", "y")]);
+    let a_written = on_disk();
+    let a_hash = a_written.hash_of("a");
+    let settled = World::synced(&[("a", parent("a")), ("b", parent("b"))]).disk(&[("a", &a_hash)]);
+    // (case, world, pods with data, every file read, data removed)
+    type Case<'a> = (&'a str, World, &'a [&'a str], bool, &'a [&'a str]);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "data of checkpoints on disk stays",
+            on_disk(),
+            &["a", "b"],
+            true,
+            &[],
+        ),
+        (
+            "data of no checkpoint goes",
+            on_disk(),
+            &["a", "c", "d"],
+            true,
+            &["c", "d"],
+        ),
+        (
+            "not while a checkpoint file could not be read",
+            on_disk(),
+            &["c"],
+            false,
+            &[],
+        ),
+        (
+            "not on a view that is not synced",
+            on_disk().api(ApiState::Reachable),
+            &["c"],
+            true,
+            &[],
+        ),
+        (
+            "not in an outage",
+            on_disk().api(ApiState::Unreachable),
+            &["c"],
+            true,
+            &[],
+        ),
+        (
+            "not the data of a checkpoint this pass writes (a crash left its data, not its manifest)",
+            settled,
+            &["a", "b"],
+            true,
+            &[],
+        ),
+    ];
+    for (name, world, with_data, everything_read, expected) in cases {
+        eprintln!("case: {name}");
+        check_orphan_data(&world, with_data, everything_read, expected);
+    }
 }

@@ -99,6 +99,7 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
         "{} --version says {version:?}, not {expected:?}",
         binary.display()
     );
+    check_failpoints_compiled_out(&binary)?;
     PROGRESS.say(&format!(
         "static agent: {} ({:.1} MiB, {version}) in {}",
         binary.display(),
@@ -106,6 +107,40 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
         human_duration(started.elapsed())
     ));
     Ok(binary)
+}
+
+/// Fails unless `binary` ignores `CKPT_FAILPOINTS`: the store's failpoints (feature
+/// `failpoints`, which only test builds enable) must be compiled out of what ships, or
+/// anyone who can set the agent's environment could make its disk fail. The probe is a
+/// `drain` of one data directory with every unlink set to fail with EIO; a build with the
+/// failpoints fails it (ckpt-bin's `a_test_build_honours_ckpt_failpoints` runs the same on
+/// its test build), this one must drain.
+fn check_failpoints_compiled_out(binary: &std::path::Path) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
+    let data = dir.path().join("ck/checkpoint-secrets/ns/p/s/k");
+    std::fs::create_dir_all(dir.path().join("ck/checkpoint-secrets/ns/p/s"))?;
+    std::fs::write(&data, "v")?;
+    let path = |rel: &str| dir.path().join(rel).display().to_string();
+    let out = Command::new(binary)
+        .args(["drain", "--force", "--checkpoint-dir", &path("ck")])
+        .args([
+            "--manifests-dir",
+            &path("manifests"),
+            "--lock-file",
+            &path("lock"),
+        ])
+        .env("CKPT_FAILPOINTS", "fsops.unlink=error(5)")
+        .output()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    ensure!(
+        out.status.success() && !data.exists(),
+        "{} honours CKPT_FAILPOINTS (drain with failing unlinks: {}, the data {}): the failpoints are compiled into a release build\n{}",
+        binary.display(),
+        out.status,
+        if data.exists() { "kept" } else { "removed" },
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// `rustup target add` when the toolchain lacks the musl standard library.

@@ -288,7 +288,8 @@ impl Store {
     }
 
     /// Every pod that has data directories (`<kind root>/<ns>/<pod>`) on disk, whether
-    /// or not it has a manifest: the executor removes the orphans.
+    /// or not it has a manifest: a synced pass removes those of no checkpoint
+    /// (`ckpt_core::Decision::remove_orphan_data`, [`Store::remove_data`]), `drain` all.
     pub fn data_pods(&self) -> Result<BTreeSet<PodId>> {
         let mut pods = BTreeSet::new();
         let Some(checkpoint_dir) = self.existing_checkpoint_dir()? else {
@@ -670,5 +671,33 @@ mod tests {
         assert_eq!(store.data_pods().unwrap(), BTreeSet::from([pod.clone()]));
         assert_eq!(store.remove(&pod).unwrap().data_dirs_removed, 1);
         assert!(store.data_pods().unwrap().is_empty());
+    }
+
+    /// `remove_data` takes a pod's data and nothing else: not its manifests, not a
+    /// neighbour's data, not what is not ours in the data roots.
+    #[test]
+    fn remove_data_takes_the_pods_data_only() {
+        let (_tmp, store) = store();
+        let layout = store.layout().clone();
+        let (orphan, kept) = (id("ns", "orphan"), id("ns", "kept"));
+        store
+            .write_inactive(&checkpoint(
+                &layout,
+                &kept,
+                "1",
+                &[(Secret, "s", &[("k", "v", 0o600)])],
+            ))
+            .unwrap();
+        fs::create_dir_all(layout.pod_data_dir(ConfigMap, &orphan).join("c")).unwrap();
+        fs::create_dir_all(layout.pod_data_dir(Secret, &orphan).join("s")).unwrap();
+        fs::write(layout.data_root(Secret).join("stray-file"), "x").unwrap();
+        assert_eq!(store.remove_data(&orphan).unwrap(), 2);
+        assert_eq!(store.remove_data(&orphan).unwrap(), 0, "idempotent");
+        assert_eq!(store.data_pods().unwrap(), BTreeSet::from([kept.clone()]));
+        assert!(layout.inactive_manifest_path(&kept).exists());
+        assert!(layout.data_root(Secret).join("stray-file").exists());
+        // The kept pod's data goes only when asked for it, its manifest stays.
+        assert_eq!(store.remove_data(&kept).unwrap(), 1);
+        assert!(layout.inactive_manifest_path(&kept).exists());
     }
 }

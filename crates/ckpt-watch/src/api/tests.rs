@@ -205,6 +205,22 @@ async fn a_watch_error_unsyncs_and_relists() {
     );
 }
 
+/// Lists allowed, every watch refused: each list used to reset the backoff, so the pods
+/// were listed again every 250 ms (18 lists in 3 s) for as long as it lasted.
+#[tokio::test]
+async fn a_refused_watch_after_each_list_backs_off_all_the_same() {
+    let (client, fake, _server) = FakeApi::start();
+    fake.set_objects("pods", "a", vec![pod_json("a", "p", NODE, &[])]);
+    fake.set_watch("pods", "a", Reply::Status(500));
+    let api = ApiWatch::spawn(client, config(&["a"]));
+    fake.wait_requests(1, "the first list", is_list("a")).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Delays of at least 125, 250, 500 and 1000 ms (jittered 250 ms doubling): 5 lists.
+    let lists = fake.count(is_list("a"));
+    assert!((3..=5).contains(&lists), "{lists} lists in 3 s");
+    assert_eq!(api.snapshot().outages, 0);
+}
+
 #[tokio::test]
 async fn probe_failures_make_it_unreachable_with_hysteresis_and_recovery_relists() {
     let (client, fake, _server) = FakeApi::start();
