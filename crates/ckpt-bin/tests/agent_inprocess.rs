@@ -1152,7 +1152,11 @@ async fn error_storm_from_a_reachable_api_server(code: u16) {
     for pod in [APISERVER, NETWORK] {
         world.api.delete("pods", NS, pod);
     }
-    agent.expect_api("reachable").await;
+    // Forbidden every pod read, the credentials are as good as rejected (issue 36: the
+    // holder hands the lock over if it lasts); any other error leaves it reachable.
+    agent
+        .expect_api(if code == 403 { "unauthorized" } else { "reachable" })
+        .await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     world.assert_files(&format!("{code}: a storm changes nothing"), &checkpointed(AGENT));
     let secs = since.elapsed().as_secs_f64();
@@ -1816,6 +1820,63 @@ async fn a_holder_whose_credentials_are_rejected_hands_the_lock_over() {
             &checkpointed(AGENT),
         )
         .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// Credentials that authenticate but may not read this node's pods (403 on the pod list
+/// and watch: the RoleBinding gone, the kept token of another account) leave the holder
+/// as blind as rejected ones: it hands the lock over too (issue 36; it used to stay
+/// "reachable" for good). A 403 on Secrets and ConfigMaps only (RBAC for one object) is
+/// no reason to.
+#[tokio::test]
+async fn a_holder_forbidden_to_read_its_pods_hands_the_lock_over() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(AGENT, &["--unauthorized-handover", "1s"]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    for resource in ["secrets", "configmaps"] {
+        world.api.set_list(resource, NS, Reply::Status(403));
+        world.api.set_watch(resource, NS, Reply::Status(403));
+    }
+    world.api.close_watches();
+    // Well past the handover period: the pods are read, the lock stays.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    agent.expect_api("synced").await;
+    assert_eq!(
+        agent.metric("lock_handovers_total").await,
+        0.0,
+        "objects forbidden only"
+    );
+    agent.expect_ready("still ready", 200, "ok").await;
+
+    world.api.set_list("pods", NS, Reply::Status(403));
+    world.api.set_watch("pods", NS, Reply::Status(403));
+    world.api.close_watches();
+    // Even with a parent gone, nothing is activated: a forbidden read says nothing about pods.
+    world.kill(APISERVER);
+    agent.expect_api("unauthorized").await;
+    let lock_path = world.path("run/pod-checkpointer.lock");
+    let waiter = ckpt_lock::LockFile::new(&lock_path, "the other copy");
+    let guard = tokio::time::timeout(Duration::from_secs(WAIT), waiter.acquire())
+        .await
+        .expect("the holder hands the lock over")
+        .expect("the lock is taken");
+    assert_eq!(agent.metric("lock_handovers_total").await, 1.0);
+    agent
+        .expect_ready("waits for the lock again", 200, "standby")
+        .await;
+    world.assert_files("nothing was removed or activated", &checkpointed(AGENT));
+
+    // The bindings are back; the other copy goes away.
+    for resource in ["pods", "secrets", "configmaps"] {
+        world.api.set_list(resource, NS, Reply::Normal);
+        world.api.set_watch(resource, NS, Reply::Normal);
+    }
+    drop(guard);
+    agent.expect_api("synced").await;
+    agent.expect_ready("holds the lock again", 200, "ok").await;
+    world.assert_files("the API is up: nothing started", &checkpointed(AGENT));
     agent.stop().await.expect("SIGTERM exits 0");
 }
 

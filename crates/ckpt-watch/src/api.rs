@@ -146,9 +146,14 @@ impl Inner {
                 self.gate.send_if_modified(|up| !std::mem::replace(up, true));
             }
             let all_synced = self.slots.values().all(|s| lock(s).synced);
+            // Credentials that authenticate but may not read this node's pods anywhere
+            // (their bindings gone, another identity's) serve the agent no better than
+            // rejected ones; a 403 in some namespaces only is an RBAC gap the other copy
+            // shares.
+            let all_forbidden = !self.slots.is_empty() && self.slots.values().all(|s| lock(s).forbidden);
             let state = if !st.reachable {
                 ApiState::Unreachable
-            } else if st.unauthorized {
+            } else if st.unauthorized || all_forbidden {
                 // Even a watch that still streams (a server does not re-check an open
                 // watch's token) proves nothing once the credentials are rejected.
                 ApiState::Unauthorized
@@ -226,7 +231,8 @@ impl Inner {
 /// - only the probe makes the API [`ApiState::Unreachable`]: a connection error, a
 ///   timeout (a hung server) or a 5xx on `/readyz`, `unreachable_after` times in a row.
 ///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success;
-///   a 401 makes the state [`ApiState::Unauthorized`] until a probe is answered otherwise.
+///   a 401 makes the state [`ApiState::Unauthorized`] until a probe is answered otherwise,
+///   and so does a 403 on the pod list or watch of every namespace, until one lists again.
 ///   A failed watch request never makes it unreachable;
 /// - [`ApiState::Synced`] needs a complete list from every namespace since the last
 ///   outage; a watch error un-syncs that namespace and relists it (with a backoff);

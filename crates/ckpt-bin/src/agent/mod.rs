@@ -167,7 +167,7 @@ async fn hold_and_run(
             health.handover();
             warn!(
                 after_s = settings.unauthorized_handover.as_secs(),
-                "the API server keeps rejecting this copy's credentials: handed the lock over to the other copy; checkpoints stay as they are"
+                "the API server keeps rejecting this copy's credentials or forbidding its own reads: handed the lock over to the other copy; checkpoints stay as they are"
             );
             tokio::select! {
                 () = tokio::time::sleep(HANDOVER_PAUSE) => {}
@@ -509,7 +509,7 @@ impl Agent {
         if rejected {
             warn!(
                 handover_in_s = self.settings.unauthorized_handover.as_secs(),
-                "the API server rejects this copy's credentials (401): nothing is activated or removed; the lock goes to the other copy if this lasts"
+                "the API server rejects this copy's credentials (401) or forbids its own reads (403 on every pod list or watch): nothing is activated or removed; the lock goes to the other copy if this lasts"
             );
         } else {
             info!("the API server accepts this copy's credentials again");
