@@ -220,6 +220,16 @@ impl World {
         World::with_api(local, running, client, api, Some(proxy)).await
     }
 
+    /// The same world with the fake API server on a real socket, for a copy that makes
+    /// its own client from a kubeconfig; the server's URL with it.
+    async fn served(local: Local, running: &[&str]) -> (World, String) {
+        let (addr, api, _task) = FakeApi::serve().await;
+        let url = format!("http://{addr}");
+        let config = kube::Config::new(url.parse().expect("the fake's URL"));
+        let client = kube::Client::try_from(config).expect("a client of the fake");
+        (World::with_api(local, running, client, api, None).await, url)
+    }
+
     /// The world for a world constructor's API server.
     async fn with_api(
         local: Local,
@@ -451,6 +461,11 @@ impl World {
 
     /// Starts a copy of the agent with this pod name and extra flags.
     fn start_agent(&self, pod_name: &str, extra: &[&str]) -> Agent {
+        self.start_agent_from(pod_name, extra, ApiSource::Client(self.client.clone()))
+    }
+
+    /// Starts a copy of the agent with its API client from `source`.
+    fn start_agent_from(&self, pod_name: &str, extra: &[&str], source: ApiSource) -> Agent {
         let port = free_port();
         let dir = |d: &str| self.path(d).display().to_string();
         let endpoint = match self.local {
@@ -490,9 +505,7 @@ impl World {
             let _ = stopped.await;
         };
         let span = tracing::info_span!("agent", copy = pod_name);
-        let task = tokio::spawn(
-            ckpt_bin::run_agent(cli, ApiSource::Client(self.client.clone()), shutdown).instrument(span),
-        );
+        let task = tokio::spawn(ckpt_bin::run_agent(cli, source, shutdown).instrument(span));
         Agent {
             port,
             stop: Some(stop),
@@ -1878,6 +1891,63 @@ async fn a_holder_forbidden_to_read_its_pods_hands_the_lock_over() {
     agent.expect_ready("holds the lock again", 200, "ok").await;
     world.assert_files("the API is up: nothing started", &checkpointed(AGENT));
     agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// A copy without credentials (the static copy after a reboot, before the other copy kept
+/// any for it) probes `/readyz` anonymously. While the API server answers, a parent that
+/// stops is left to its controller, as with credentials (it used to count the API as
+/// unreachable and activate every checkpoint beside a healthy server; issue 36); once the
+/// probe fails, the checkpoint starts.
+#[tokio::test]
+async fn a_copy_without_credentials_activates_only_while_the_api_server_does_not_answer() {
+    let service_account = Path::new("/var/run/secrets/kubernetes.io/serviceaccount");
+    if service_account.join("token").exists() {
+        eprintln!("skipped: this process has a service-account token, so it has credentials");
+        return;
+    }
+    let (world, url) = World::served(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let daemonset = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    daemonset.stop().await.expect("SIGTERM exits 0");
+
+    // The kubeconfig the install renders, in the static copy, which has no service account.
+    let kubeconfig = world.path("kubeconfig");
+    let sa = service_account.display();
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {url}\n    \
+             certificate-authority: {sa}/ca.crt\nusers:\n- name: sa\n  user:\n    tokenFile: {sa}/token\n\
+             contexts:\n- name: local\n  context:\n    cluster: local\n    user: sa\ncurrent-context: local\n"
+        ),
+    )
+    .expect("kubeconfig written");
+    let kubeconfig = kubeconfig.display().to_string();
+    let asked_before = world.api.count(|s| s.path != "/readyz");
+    let copy = world.start_agent_from(
+        AGENT_STATIC,
+        &["--kubeconfig", &kubeconfig],
+        ApiSource::Kubeconfig,
+    );
+    copy.expect_api("reachable").await;
+    world.kill(APISERVER);
+    world.looked_twice("the parent stopped").await;
+    copy.expect_api("reachable").await;
+    world.assert_files("the API server answers: nothing activated", &checkpointed(AGENT));
+    assert_eq!(
+        world.api.count(|s| s.path != "/readyz"),
+        asked_before,
+        "without credentials only /readyz is asked"
+    );
+
+    world.api.set_readyz(Reply::Status(503));
+    world
+        .expect_files(
+            "the probe fails: the checkpoint starts",
+            &with(checkpointed(AGENT), &[active(APISERVER)]),
+        )
+        .await;
+    copy.stop().await.expect("SIGTERM exits 0");
 }
 
 /// Modification time and inode: a file rewritten (even with the same bytes) changes.

@@ -120,6 +120,9 @@ struct Inner {
     /// Bumped when the watches should start over: a probe got an answer after one that
     /// got none, so connections to the server may have gone silent.
     relist: watch::Sender<u64>,
+    /// Probing without credentials ([`ApiWatch::spawn_anonymous`]): never synced, and a
+    /// 401 says the server is alive, not that credentials are rejected.
+    anonymous: bool,
 }
 
 impl Inner {
@@ -145,7 +148,7 @@ impl Inner {
             } else {
                 self.gate.send_if_modified(|up| !std::mem::replace(up, true));
             }
-            let all_synced = self.slots.values().all(|s| lock(s).synced);
+            let all_synced = !self.anonymous && self.slots.values().all(|s| lock(s).synced);
             // Credentials that authenticate but may not read this node's pods anywhere
             // (their bindings gone, another identity's) serve the agent no better than
             // rejected ones; a 403 in some namespaces only is an RBAC gap the other copy
@@ -260,9 +263,24 @@ impl ApiWatch {
     /// # Panics
     /// Outside a Tokio runtime (it spawns tasks).
     pub fn spawn(client: kube::Client, config: ApiWatchConfig) -> ApiWatch {
-        let slots: BTreeMap<String, SharedSlot<Pod>> = config
-            .namespaces
-            .namespaces()
+        Self::start(client, config, false)
+    }
+
+    /// Only the `/readyz` probe, for a copy without credentials: reachability needs none
+    /// (kube-apiserver lets anonymous requests read `/readyz` by default), so such a copy
+    /// can still tell a healthy server from a dead one. The state is
+    /// [`ApiState::Unreachable`] or [`ApiState::Reachable`], never synced (no pods are
+    /// read) nor unauthorized (a 401 to an anonymous request is an answer).
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (it spawns a task).
+    pub fn spawn_anonymous(client: kube::Client, config: ApiWatchConfig) -> ApiWatch {
+        Self::start(client, config, true)
+    }
+
+    fn start(client: kube::Client, config: ApiWatchConfig, anonymous: bool) -> ApiWatch {
+        let slots: BTreeMap<String, SharedSlot<Pod>> = (config.namespaces.namespaces())
+            .filter(|_| !anonymous)
             .map(|ns| (ns.to_owned(), Arc::new(Mutex::new(Slot::default()))))
             .collect();
         let (notify, _) = watch::channel(0);
@@ -285,6 +303,7 @@ impl ApiWatch {
             gate,
             at_stake,
             relist,
+            anonymous,
         });
         let mut tasks = Vec::new();
         let field_selector = format!("spec.nodeName={}", config.node);
@@ -526,7 +545,7 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
                 }
                 st.consecutive_failures = 0;
                 st.reachable = true;
-                st.unauthorized = *answered == Answered::Unauthorized;
+                st.unauthorized = !inner.anonymous && *answered == Answered::Unauthorized;
                 st.probe_error = st.unauthorized.then(|| {
                     "GET /readyz answered 401 Unauthorized: the API server rejects the agent's credentials".to_owned()
                 });

@@ -88,7 +88,20 @@ impl Agent {
                     .observe(local, &disk, self.policy.needs_owner_status(), &self.config.me)
                     .await
             }
-            None => Observation::offline(local),
+            None => {
+                let mut observation = Observation::offline(local);
+                if let Some(probe) = &self.anonymous {
+                    // Pods are unknown, so an answer is "reachable, not synced": nothing is
+                    // activated, nothing removed.
+                    let snapshot = probe.snapshot();
+                    observation.api = snapshot.state;
+                    observation.api_error = Some(match snapshot.last_error {
+                        Some(problem) => format!("no API credentials; the anonymous probe fails: {problem}"),
+                        None => "no API credentials; the API server answers an anonymous probe".to_owned(),
+                    });
+                }
+                observation
+            }
         };
         self.reporter.observed(&observation);
         Some(Seen {
@@ -124,9 +137,11 @@ impl Agent {
         self.reporter.checkpointing(report, &self.health, events);
         self.reporter.scheduling(report, &self.health);
         self.reporter.self_gc_deferred(report, &self.health, events);
+        // Probe the API often only while seeing an outage late would cost the node.
         if let Some(link) = &self.link {
-            // Probe the API often only while seeing an outage late would cost the node.
             link.observer.set_at_stake(report.at_stake);
+        } else if let Some(probe) = &self.anonymous {
+            probe.set_at_stake(report.at_stake);
         }
         // Restart counts only of the active revisions that could be replaced.
         let node = &self.settings.node_name;

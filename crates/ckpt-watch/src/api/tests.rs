@@ -430,6 +430,26 @@ async fn a_403_on_the_pod_reads_of_every_namespace_is_unauthorized() {
     check(&["b"], ApiState::Reachable).await;
 }
 
+/// Without credentials only `/readyz` is asked: an answer (a 401 to an anonymous request
+/// too) is reachable, never synced nor unauthorized; no answer is unreachable.
+#[tokio::test]
+async fn an_anonymous_probe_tells_reachable_from_unreachable_and_reads_no_pods() {
+    async fn check(readyz: Reply, expected: ApiState) {
+        let (client, fake, _server) = FakeApi::start();
+        fake.set_readyz(readyz.clone());
+        let api = ApiWatch::spawn_anonymous(client, config(&["a"]));
+        fake.wait_requests(6, "several probes", is_probe).await;
+        assert_eq!(api.state(), expected, "/readyz answering {readyz:?}");
+        assert_eq!(fake.count(|s| !is_probe(s)), 0, "only /readyz is asked");
+        assert!(api.snapshot().namespaces.is_empty());
+    }
+    check(Reply::Normal, ApiState::Reachable).await;
+    check(Reply::Status(401), ApiState::Reachable).await;
+    check(Reply::Status(403), ApiState::Reachable).await;
+    check(Reply::Status(503), ApiState::Unreachable).await;
+    check(Reply::Refuse, ApiState::Unreachable).await;
+}
+
 #[tokio::test]
 async fn dropping_stops_every_task() {
     let (client, fake, _server) = FakeApi::start();
