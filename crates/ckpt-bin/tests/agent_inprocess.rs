@@ -1950,6 +1950,58 @@ async fn a_copy_without_credentials_activates_only_while_the_api_server_does_not
     copy.stop().await.expect("SIGTERM exits 0");
 }
 
+/// The agent's own pod without the checkpoint annotation, or its namespace outside
+/// `--namespaces`, leaves the node with no static copy after a reboot. It is said at start
+/// and once per change, not every pass: a warning, and `/metrics`' `self_checkpointed`
+/// (issue 36; it was silent).
+#[tokio::test]
+async fn an_agent_that_is_not_checkpointed_says_so() {
+    const NOT_CHECKPOINTED: &str = "the agent's own pod is not checkpointed";
+    const GAUGE: &str = "pod_checkpointer_self_checkpointed";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let warnings = |why: &str| {
+        (world.logs.events().iter())
+            .filter_map(|e| e["message"].as_str().map(str::to_owned))
+            .filter(|m| m.contains(NOT_CHECKPOINTED) && m.contains(why))
+            .count()
+    };
+    let mut unannotated = agent_pod(AGENT, "pod-checkpointer:v1");
+    unannotated["metadata"]["annotations"] = json!({});
+    world.api.apply("pods", NS, unannotated);
+    let agent = world.start_agent(AGENT, &[]);
+    eventually("self_checkpointed 0", || async {
+        agent.metrics().await.get(GAUGE) == Some(&0.0)
+    })
+    .await;
+    for round in 0..2 {
+        world.kill(NETWORK);
+        world
+            .looked_twice(&format!("round {round}: a parent stopped"))
+            .await;
+        world.run(NETWORK);
+        world.looked_twice(&format!("round {round}: it runs again")).await;
+    }
+    assert_eq!(warnings("lacks the annotation"), 1, "once, not every pass");
+
+    world
+        .api
+        .apply("pods", NS, agent_pod(AGENT, "pod-checkpointer:v1"));
+    eventually("self_checkpointed 1", || async {
+        agent.metrics().await.get(GAUGE) == Some(&1.0)
+    })
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+
+    let agent = world.start_agent(AGENT, &["--namespaces", "cni"]);
+    eventually("self_checkpointed 0 again", || async {
+        agent.metrics().await.get(GAUGE) == Some(&0.0)
+    })
+    .await;
+    world.looked_twice("more passes").await;
+    assert_eq!(warnings("is not in --namespaces"), 1, "said at start");
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 /// Modification time and inode: a file rewritten (even with the same bytes) changes.
 fn identity_of(world: &World, rel: &str) -> (std::time::SystemTime, u64) {
     use std::os::unix::fs::MetadataExt;

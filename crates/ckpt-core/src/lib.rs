@@ -79,7 +79,8 @@ pub use error::{Error, Result, error_chain};
 pub use gc::{GcDecision, GcVerdict, Orphan, Sibling};
 pub use identity::{
     ANNOTATION_CHECKPOINT, ANNOTATION_CHECKPOINT_OF, ANNOTATION_DECOMMISSION, ControllerOwner, LockIdentity,
-    NamespaceAllowList, PodId, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
+    NamespaceAllowList, PodId, SelfCheckpointing, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
+    self_checkpointing,
 };
 pub use journal::{PersistentState, RestartsSeen, SpecSince};
 pub use known_good::KNOWN_GOOD_AFTER;

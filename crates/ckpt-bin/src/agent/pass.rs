@@ -137,6 +137,7 @@ impl Agent {
         self.reporter.checkpointing(report, &self.health, events);
         self.reporter.scheduling(report, &self.health);
         self.reporter.self_gc_deferred(report, &self.health, events);
+        (self.reporter).self_checkpointing(report, &self.config.me, &self.health);
         // Probe the API often only while seeing an outage late would cost the node.
         if let Some(link) = &self.link {
             link.observer.set_at_stake(report.at_stake);
