@@ -2002,6 +2002,47 @@ async fn an_agent_that_is_not_checkpointed_says_so() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
+/// A namespace removed from `--namespaces` while a checkpoint of it serves (activated in
+/// an outage): its pods are no longer watched, but the local view still says whether its
+/// parent runs, so the checkpoint is kept while it does not and retired once it does
+/// (issue 36; it was kept for good: the local view covered the allowed namespaces only).
+#[tokio::test]
+async fn an_active_checkpoint_of_a_namespace_no_longer_allowed_goes_once_its_parent_runs() {
+    const CNI: &str = "cni";
+    const FLANNEL: &str = "flannel-abc";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let mut flannel = parent(FLANNEL, "flannel", "flannel:v0.13", json!([]));
+    flannel["metadata"]["namespace"] = json!(CNI);
+    world.api.set_objects("pods", CNI, vec![flannel]);
+    let up = [proto::CONTAINER_RUNNING];
+    world.cri.add_pod(CNI, FLANNEL, proto::SANDBOX_READY, &up);
+    let flannel_inactive = format!("ck/inactive-manifests/{CNI}_{FLANNEL}.json");
+    let flannel_active = format!("manifests/{CNI}_{FLANNEL}.json");
+    let both = format!("{NS},{CNI}");
+    let agent = world.start_agent(AGENT, &["--namespaces", &both]);
+    let checkpointed_too = with(checkpointed(AGENT), std::slice::from_ref(&flannel_inactive));
+    world.expect_files("checkpointed", &checkpointed_too).await;
+
+    world.api.set_outage(Reply::Refuse);
+    world.cri.remove_pod(CNI, FLANNEL);
+    let serving = with(checkpointed_too, &[flannel_active]);
+    world.expect_files("flannel's checkpoint serves", &serving).await;
+    agent.stop().await.expect("SIGTERM exits 0");
+
+    // cni is no longer in --namespaces; the API is back.
+    world.api.end_outage();
+    let agent = world.start_agent(AGENT, &[]);
+    agent.expect_api("synced").await;
+    world.looked_twice("flannel still down").await;
+    world.looked_twice("and again").await;
+    world.assert_files("kept while its parent does not run", &serving);
+    world.cri.add_pod(CNI, FLANNEL, proto::SANDBOX_READY, &up);
+    world
+        .expect_files("retired once its parent runs", &checkpointed(AGENT))
+        .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 /// Modification time and inode: a file rewritten (even with the same bytes) changes.
 fn identity_of(world: &World, rel: &str) -> (std::time::SystemTime, u64) {
     use std::os::unix::fs::MetadataExt;

@@ -84,7 +84,9 @@ pub use identity::{
 };
 pub use journal::{PersistentState, RestartsSeen, SpecSince};
 pub use known_good::KNOWN_GOOD_AFTER;
-pub use lookups::{daemon_set_lookups, orphan_owners, required_by_namespace, scheduling_lookup};
+pub use lookups::{
+    daemon_set_lookups, local_namespaces_outside, orphan_owners, required_by_namespace, scheduling_lookup,
+};
 pub use observation::{
     ApiState, DiskCheckpoint, Fetched, LocalView, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey,
     OwnerStatus, SelfScheduling, StoredCopy,

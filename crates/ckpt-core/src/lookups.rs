@@ -37,6 +37,23 @@ pub fn required_by_namespace(
     out
 }
 
+/// The namespaces outside the allow-list where the local view must still say what runs:
+/// those of active checkpoints (not the agent's own), each kept until its parent is seen
+/// running (ARCHITECTURE.md, Planner rules). A namespace removed from `--namespaces` is
+/// no longer watched on the API, and without this its active checkpoints would stay for
+/// good. Only whether a parent runs is read there; nothing of it is checkpointed.
+pub fn local_namespaces_outside(
+    disk: &BTreeMap<PodId, DiskCheckpoint>,
+    allowed: &NamespaceAllowList,
+    me: &SelfIdentity,
+) -> BTreeSet<String> {
+    (disk.iter())
+        .filter(|(id, d)| d.active.is_some() && !allowed.allows(&id.namespace))
+        .filter(|(id, d)| !me.is_self(id, d.meta().and_then(|m| m.owner.as_ref())))
+        .map(|(id, _)| id.namespace.to_string())
+        .collect()
+}
+
 /// The owners to look up before deciding: those of checkpoints on disk whose parents
 /// are absent from a synced view (empty unless synced). Orphan candidates are known
 /// before deciding; their owners' status is an [`Observation`](crate::Observation) fact.

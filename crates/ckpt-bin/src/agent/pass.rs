@@ -67,6 +67,13 @@ impl Agent {
                 return None;
             }
         };
+        // Active checkpoints of namespaces removed from `--namespaces` are retired once
+        // their parents run: the next local looks cover those namespaces too.
+        (self.local).observe_outside(ckpt_core::local_namespaces_outside(
+            &disk,
+            &self.config.allowed,
+            &self.config.me,
+        ));
         // Files under other names in the kubelet's dir are not ours to read.
         let unreadable: Vec<_> = (unreadable.into_iter())
             .filter(|(path, _)| checkpoint_of(path).is_some())
