@@ -7,7 +7,8 @@
 //!   the pods, the Secrets and ConfigMaps they mount, the [`LocalView`], owner facts), the
 //!   checkpoints on disk ([`DiskCheckpoint`], from `ckpt-store`) and the journal
 //!   ([`PersistentState`]). Before deciding, the observer asks what to look up:
-//!   [`required_by_namespace`], [`orphan_owners`], [`daemon_set_lookups`].
+//!   [`required_by_namespace`], [`orphan_owners`], [`daemon_set_lookups`], and where the
+//!   local view must look beyond the allow-list, [`local_namespaces_outside`].
 //! - **Deciding**: [`assess`] finds the parents, sanitizes them into [`Checkpoint`]s
 //!   ([`sanitize`], then [`admit`]: would this node's kubelet run it, for its
 //!   [`KubeletVersion`]) and finds the [`Orphan`]s; the GC strategy's verdicts

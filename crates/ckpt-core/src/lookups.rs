@@ -1,8 +1,9 @@
 //! What the observer looks up before a pass is decided, from what it already holds (the
 //! pods listed, the checkpoints on disk): the Secrets and ConfigMaps to watch
 //! ([`required_by_namespace`]), the owners whose existence the GC strategy may ask about
-//! ([`orphan_owners`]), and the DaemonSets to fetch with this node ([`daemon_set_lookups`],
-//! [`scheduling_lookup`]). `ckpt-watch` calls these; [`assess`](crate::assess) reads the
+//! ([`orphan_owners`]), the DaemonSets to fetch with this node ([`daemon_set_lookups`],
+//! [`scheduling_lookup`]), and the namespaces outside the allow-list whose running pods the
+//! local view reports ([`local_namespaces_outside`]). `ckpt-watch` and the agent call these; [`assess`](crate::assess) reads the
 //! answers from the [`Observation`](crate::Observation).
 
 use std::collections::{BTreeMap, BTreeSet};
