@@ -284,8 +284,13 @@ impl Namespaces {
 /// Checks a YAML config file the way `run` does: the keys, the strategy and its `gc:`
 /// settings, durations, namespaces. The identity (node, pod, namespace) may come from the
 /// environment at run time, so placeholders stand in for it when the file lacks it.
+/// Stricter than `run` in one thing: a file naming the agent's namespace (`pod-namespace`)
+/// must allow it in `namespaces`, or the agent never checkpoints itself and nothing
+/// restarts it after a reboot (`run` only warns: refusing would leave the node with no
+/// agent at all).
 pub fn check_config_file(yaml: &str) -> Result<()> {
     let file = parse_file_config(yaml, "config")?;
+    let own_namespace = file.pod_namespace.clone();
     let identity = Some("placeholder".to_owned());
     let args = RunArgs {
         node_name: file.node_name.clone().or(identity.clone()),
@@ -311,7 +316,7 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
         unauthorized_handover: None,
         disk: DiskArgs::default(),
     };
-    RunSettings::resolve(
+    let settings = RunSettings::resolve(
         args,
         file,
         &Environment {
@@ -319,8 +324,16 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
             in_cluster: true,
             service_account_token: true,
         },
-    )
-    .map(drop)
+    )?;
+    let allowed = ckpt_core::NamespaceAllowList::new(settings.namespaces.iter().cloned());
+    match own_namespace {
+        Some(own) if !allowed.allows(&own) => Err(Error::usage_message(format!(
+            "--namespaces: the agent's own namespace {own} is not among {:?}, so its pod is never \
+             checkpointed and after a reboot nothing restarts it: add {own}",
+            settings.namespaces
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn parse_file_config(text: &str, origin: &str) -> Result<FileConfig> {

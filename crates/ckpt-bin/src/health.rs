@@ -105,6 +105,8 @@ struct Counters {
     /// Active checkpoints holding a due self-GC back (they serve DaemonSets that still
     /// target the node).
     self_gc_deferred: usize,
+    /// Whether the agent's own pod is checkpointed, once a pass could tell.
+    self_checkpointed: Option<bool>,
     local_view_available: bool,
     cri_answers_too_large: u64,
     last_sync: Option<Timestamp>,
@@ -243,6 +245,11 @@ impl Health {
     /// The agent's own scheduling as the last pass saw it (`None`: it did not matter).
     pub(crate) fn record_self_scheduling(&self, scheduling: Option<&'static str>) {
         self.with(|c| c.self_scheduling = scheduling);
+    }
+
+    /// Whether the agent's own pod is checkpointed, as the last pass that could tell saw it.
+    pub(crate) fn record_self_checkpointed(&self, checkpointed: bool) {
+        self.with(|c| c.self_checkpointed = Some(checkpointed));
     }
 
     /// How many active checkpoints hold a due self-GC back, as the last synced pass saw it.

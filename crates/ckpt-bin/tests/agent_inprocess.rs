@@ -229,6 +229,16 @@ impl World {
         World::with_api(local, running, client, api, Some(proxy)).await
     }
 
+    /// The same world with the fake API server on a real socket, for a copy that makes
+    /// its own client from a kubeconfig; the server's URL with it.
+    async fn served(local: Local, running: &[&str]) -> (World, String) {
+        let (addr, api, _task) = FakeApi::serve().await;
+        let url = format!("http://{addr}");
+        let config = kube::Config::new(url.parse().expect("the fake's URL"));
+        let client = kube::Client::try_from(config).expect("a client of the fake");
+        (World::with_api(local, running, client, api, None).await, url)
+    }
+
     /// The world for a world constructor's API server.
     async fn with_api(
         local: Local,
@@ -460,6 +470,11 @@ impl World {
 
     /// Starts a copy of the agent with this pod name and extra flags.
     fn start_agent(&self, pod_name: &str, extra: &[&str]) -> Agent {
+        self.start_agent_from(pod_name, extra, ApiSource::Client(self.client.clone()))
+    }
+
+    /// Starts a copy of the agent with its API client from `source`.
+    fn start_agent_from(&self, pod_name: &str, extra: &[&str], source: ApiSource) -> Agent {
         let port = free_port();
         let dir = |d: &str| self.path(d).display().to_string();
         let endpoint = match self.local {
@@ -499,9 +514,7 @@ impl World {
             let _ = stopped.await;
         };
         let span = tracing::info_span!("agent", copy = pod_name);
-        let task = tokio::spawn(
-            ckpt_bin::run_agent(cli, ApiSource::Client(self.client.clone()), shutdown).instrument(span),
-        );
+        let task = tokio::spawn(ckpt_bin::run_agent(cli, source, shutdown).instrument(span));
         Agent {
             port,
             stop: Some(stop),
@@ -1161,7 +1174,11 @@ async fn error_storm_from_a_reachable_api_server(code: u16) {
     for pod in [APISERVER, NETWORK] {
         world.api.delete("pods", NS, pod);
     }
-    agent.expect_api("reachable").await;
+    // Forbidden every pod read, the credentials are as good as rejected (issue 36: the
+    // holder hands the lock over if it lasts); any other error leaves it reachable.
+    agent
+        .expect_api(if code == 403 { "unauthorized" } else { "reachable" })
+        .await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     world.assert_files(&format!("{code}: a storm changes nothing"), &checkpointed(AGENT));
     let secs = since.elapsed().as_secs_f64();
@@ -1824,6 +1841,213 @@ async fn a_holder_whose_credentials_are_rejected_hands_the_lock_over() {
             "the parent's checkpoint is not started: the API is up",
             &checkpointed(AGENT),
         )
+        .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// Credentials that authenticate but may not read this node's pods (403 on the pod list
+/// and watch: the RoleBinding gone, the kept token of another account) leave the holder
+/// as blind as rejected ones: it hands the lock over too (issue 36; it used to stay
+/// "reachable" for good). A 403 on Secrets and ConfigMaps only (RBAC for one object) is
+/// no reason to.
+#[tokio::test]
+async fn a_holder_forbidden_to_read_its_pods_hands_the_lock_over() {
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let agent = world.start_agent(AGENT, &["--unauthorized-handover", "1s"]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    agent.expect_api("synced").await;
+
+    for resource in ["secrets", "configmaps"] {
+        world.api.set_list(resource, NS, Reply::Status(403));
+        world.api.set_watch(resource, NS, Reply::Status(403));
+    }
+    world.api.close_watches();
+    // Well past the handover period: the pods are read, the lock stays.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    agent.expect_api("synced").await;
+    assert_eq!(
+        agent.metric("lock_handovers_total").await,
+        0.0,
+        "objects forbidden only"
+    );
+    agent.expect_ready("still ready", 200, "ok").await;
+
+    world.api.set_list("pods", NS, Reply::Status(403));
+    world.api.set_watch("pods", NS, Reply::Status(403));
+    world.api.close_watches();
+    // Even with a parent gone, nothing is activated: a forbidden read says nothing about pods.
+    world.kill(APISERVER);
+    agent.expect_api("unauthorized").await;
+    let lock_path = world.path("run/pod-checkpointer.lock");
+    let waiter = ckpt_lock::LockFile::new(&lock_path, "the other copy");
+    let guard = tokio::time::timeout(Duration::from_secs(WAIT), waiter.acquire())
+        .await
+        .expect("the holder hands the lock over")
+        .expect("the lock is taken");
+    assert_eq!(agent.metric("lock_handovers_total").await, 1.0);
+    agent
+        .expect_ready("waits for the lock again", 200, "standby")
+        .await;
+    world.assert_files("nothing was removed or activated", &checkpointed(AGENT));
+
+    // The bindings are back; the other copy goes away.
+    for resource in ["pods", "secrets", "configmaps"] {
+        world.api.set_list(resource, NS, Reply::Normal);
+        world.api.set_watch(resource, NS, Reply::Normal);
+    }
+    drop(guard);
+    agent.expect_api("synced").await;
+    agent.expect_ready("holds the lock again", 200, "ok").await;
+    world.assert_files("the API is up: nothing started", &checkpointed(AGENT));
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// A copy without credentials (the static copy after a reboot, before the other copy kept
+/// any for it) probes `/readyz` anonymously. While the API server answers, a parent that
+/// stops is left to its controller, as with credentials (it used to count the API as
+/// unreachable and activate every checkpoint beside a healthy server; issue 36); once the
+/// probe fails, the checkpoint starts.
+#[tokio::test]
+async fn a_copy_without_credentials_activates_only_while_the_api_server_does_not_answer() {
+    let service_account = Path::new("/var/run/secrets/kubernetes.io/serviceaccount");
+    if service_account.join("token").exists() {
+        eprintln!("skipped: this process has a service-account token, so it has credentials");
+        return;
+    }
+    let (world, url) = World::served(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let daemonset = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    daemonset.stop().await.expect("SIGTERM exits 0");
+
+    // The kubeconfig the install renders, in the static copy, which has no service account.
+    let kubeconfig = world.path("kubeconfig");
+    let sa = service_account.display();
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {url}\n    \
+             certificate-authority: {sa}/ca.crt\nusers:\n- name: sa\n  user:\n    tokenFile: {sa}/token\n\
+             contexts:\n- name: local\n  context:\n    cluster: local\n    user: sa\ncurrent-context: local\n"
+        ),
+    )
+    .expect("kubeconfig written");
+    let kubeconfig = kubeconfig.display().to_string();
+    let asked_before = world.api.count(|s| s.path != "/readyz");
+    let copy = world.start_agent_from(
+        AGENT_STATIC,
+        &["--kubeconfig", &kubeconfig],
+        ApiSource::Kubeconfig,
+    );
+    copy.expect_api("reachable").await;
+    world.kill(APISERVER);
+    world.looked_twice("the parent stopped").await;
+    copy.expect_api("reachable").await;
+    world.assert_files("the API server answers: nothing activated", &checkpointed(AGENT));
+    assert_eq!(
+        world.api.count(|s| s.path != "/readyz"),
+        asked_before,
+        "without credentials only /readyz is asked"
+    );
+
+    world.api.set_readyz(Reply::Status(503));
+    world
+        .expect_files(
+            "the probe fails: the checkpoint starts",
+            &with(checkpointed(AGENT), &[active(APISERVER)]),
+        )
+        .await;
+    copy.stop().await.expect("SIGTERM exits 0");
+}
+
+/// The agent's own pod without the checkpoint annotation, or its namespace outside
+/// `--namespaces`, leaves the node with no static copy after a reboot. It is said at start
+/// and once per change, not every pass: a warning, and `/metrics`' `self_checkpointed`
+/// (issue 36; it was silent).
+#[tokio::test]
+async fn an_agent_that_is_not_checkpointed_says_so() {
+    const NOT_CHECKPOINTED: &str = "the agent's own pod is not checkpointed";
+    const GAUGE: &str = "pod_checkpointer_self_checkpointed";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let warnings = |why: &str| {
+        (world.logs.events().iter())
+            .filter_map(|e| e["message"].as_str().map(str::to_owned))
+            .filter(|m| m.contains(NOT_CHECKPOINTED) && m.contains(why))
+            .count()
+    };
+    let mut unannotated = agent_pod(AGENT, "pod-checkpointer:v1");
+    unannotated["metadata"]["annotations"] = json!({});
+    world.api.apply("pods", NS, unannotated);
+    let agent = world.start_agent(AGENT, &[]);
+    eventually("self_checkpointed 0", || async {
+        agent.metrics().await.get(GAUGE) == Some(&0.0)
+    })
+    .await;
+    for round in 0..2 {
+        world.kill(NETWORK);
+        world
+            .looked_twice(&format!("round {round}: a parent stopped"))
+            .await;
+        world.run(NETWORK);
+        world.looked_twice(&format!("round {round}: it runs again")).await;
+    }
+    assert_eq!(warnings("lacks the annotation"), 1, "once, not every pass");
+
+    world
+        .api
+        .apply("pods", NS, agent_pod(AGENT, "pod-checkpointer:v1"));
+    eventually("self_checkpointed 1", || async {
+        agent.metrics().await.get(GAUGE) == Some(&1.0)
+    })
+    .await;
+    agent.stop().await.expect("SIGTERM exits 0");
+
+    let agent = world.start_agent(AGENT, &["--namespaces", "cni"]);
+    eventually("self_checkpointed 0 again", || async {
+        agent.metrics().await.get(GAUGE) == Some(&0.0)
+    })
+    .await;
+    world.looked_twice("more passes").await;
+    assert_eq!(warnings("is not in --namespaces"), 1, "said at start");
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+/// A namespace removed from `--namespaces` while a checkpoint of it serves (activated in
+/// an outage): its pods are no longer watched, but the local view still says whether its
+/// parent runs, so the checkpoint is kept while it does not and retired once it does
+/// (issue 36; it was kept for good: the local view covered the allowed namespaces only).
+#[tokio::test]
+async fn an_active_checkpoint_of_a_namespace_no_longer_allowed_goes_once_its_parent_runs() {
+    const CNI: &str = "cni";
+    const FLANNEL: &str = "flannel-abc";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT, NETWORK]).await;
+    let mut flannel = parent(FLANNEL, "flannel", "flannel:v0.13", json!([]));
+    flannel["metadata"]["namespace"] = json!(CNI);
+    world.api.set_objects("pods", CNI, vec![flannel]);
+    let up = [proto::CONTAINER_RUNNING];
+    world.cri.add_pod(CNI, FLANNEL, proto::SANDBOX_READY, &up);
+    let flannel_inactive = format!("ck/inactive-manifests/{CNI}_{FLANNEL}.json");
+    let flannel_active = format!("manifests/{CNI}_{FLANNEL}.json");
+    let both = format!("{NS},{CNI}");
+    let agent = world.start_agent(AGENT, &["--namespaces", &both]);
+    let checkpointed_too = with(checkpointed(AGENT), std::slice::from_ref(&flannel_inactive));
+    world.expect_files("checkpointed", &checkpointed_too).await;
+
+    world.api.set_outage(Reply::Refuse);
+    world.cri.remove_pod(CNI, FLANNEL);
+    let serving = with(checkpointed_too, &[flannel_active]);
+    world.expect_files("flannel's checkpoint serves", &serving).await;
+    agent.stop().await.expect("SIGTERM exits 0");
+
+    // cni is no longer in --namespaces; the API is back.
+    world.api.end_outage();
+    let agent = world.start_agent(AGENT, &[]);
+    agent.expect_api("synced").await;
+    world.looked_twice("flannel still down").await;
+    world.looked_twice("and again").await;
+    world.assert_files("kept while its parent does not run", &serving);
+    world.cri.add_pod(CNI, FLANNEL, proto::SANDBOX_READY, &up);
+    world
+        .expect_files("retired once its parent runs", &checkpointed(AGENT))
         .await;
     agent.stop().await.expect("SIGTERM exits 0");
 }

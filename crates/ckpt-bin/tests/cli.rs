@@ -214,6 +214,19 @@ fn check_config_reads_a_file_or_stdin_as_run_would() {
         ("gc-stratgy: immediate\n", 2, "--config"),
         ("checkpoint-grace-period: soon\n", 2, "--checkpoint-grace-period"),
         ("log-level: \"ckpt_watch=[\"\n", 2, "--log-level"),
+        // The agent's own namespace left out: it would never checkpoint itself (issue 36).
+        (
+            "pod-namespace: kube-system\nnamespaces: [cni]\n",
+            2,
+            "--namespaces: the agent's own namespace kube-system is not among",
+        ),
+        (
+            "pod-namespace: kube-system\nnamespaces: [cni, kube-system]\n",
+            0,
+            "",
+        ),
+        // Its namespace comes from the pod at run time: unknown here.
+        ("namespaces: [cni]\n", 0, ""),
     ] {
         let path = dir.path().join("config.yaml");
         std::fs::write(&path, yaml).expect("write");

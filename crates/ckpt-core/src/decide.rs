@@ -23,8 +23,9 @@ use crate::admission::{Inadmissible, KubeletVersion, admit, dropped_fields};
 use crate::checkpoint::Checkpoint;
 use crate::gc::{GcDecision, GcVerdict, Orphan, Sibling};
 use crate::identity::{
-    ANNOTATION_CHECKPOINT, ANNOTATION_DECOMMISSION, ControllerOwner, NamespaceAllowList, PodId, SelfIdentity,
-    has_completed, is_parent, retires_when_ready, template_generation,
+    ANNOTATION_CHECKPOINT, ANNOTATION_DECOMMISSION, ControllerOwner, NamespaceAllowList, PodId,
+    SelfCheckpointing, SelfIdentity, has_completed, is_parent, retires_when_ready, self_checkpointing,
+    template_generation,
 };
 use crate::journal::PersistentState;
 use crate::known_good;
@@ -186,6 +187,9 @@ pub struct Report {
     /// Each goes when its pod runs here, when its DaemonSet stops targeting the node, on
     /// `drain --force`, or once the Node is marked [`ANNOTATION_DECOMMISSION`].
     pub self_gc_deferred: Vec<PodId>,
+    /// Whether the agent's own pod is checkpointed (its static copy after a reboot);
+    /// `None` while that cannot be told (see [`self_checkpointing`]).
+    pub self_checkpointing: Option<SelfCheckpointing>,
 }
 
 impl Report {
@@ -352,6 +356,11 @@ pub fn assess<'a>(
         own_owner,
         on_disk: disk.len(),
         scheduling: (synced && !own_pod_present).then(|| scheduling.clone()),
+        self_checkpointing: self_checkpointing(
+            &me,
+            &config.allowed,
+            synced.then(|| (observation.pods.iter()).map(|(id, pod)| (id, pod.as_ref()))),
+        ),
         ..Report::default()
     };
     let checkpoints = if synced {

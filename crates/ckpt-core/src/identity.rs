@@ -211,6 +211,59 @@ pub fn is_parent(pod: &Pod, allowed: &NamespaceAllowList) -> bool {
         && PodId::of(pod).is_some_and(|id| allowed.allows(&id.namespace))
 }
 
+/// Whether the agent's own pod is checkpointed: without that checkpoint no static copy
+/// restarts the agent after a reboot, and nothing activates the other checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelfCheckpointing {
+    /// Every pod of the agent's own on this node is a parent.
+    Checkpointed,
+    /// The agent's namespace is outside `--namespaces`: its pod is never read, so never
+    /// checkpointed (known without the API).
+    NamespaceNotAllowed,
+    /// A pod of the agent's own lacks [`ANNOTATION_CHECKPOINT`]` = "true"`.
+    NotAnnotated,
+}
+
+impl SelfCheckpointing {
+    /// Why the agent is not checkpointed, for a warning; `None` when it is.
+    pub fn problem(self, me: &SelfIdentity) -> Option<String> {
+        match self {
+            SelfCheckpointing::Checkpointed => None,
+            SelfCheckpointing::NamespaceNotAllowed => {
+                Some(format!("its namespace {} is not in --namespaces", me.namespace))
+            }
+            SelfCheckpointing::NotAnnotated => Some(format!(
+                "its pod lacks the annotation {ANNOTATION_CHECKPOINT}: \"true\""
+            )),
+        }
+    }
+}
+
+/// Whether the agent's own pod is checkpointed, from the pods of a synced view of this
+/// node (`None` when the view is not synced). `None` while that cannot be told: the view
+/// not synced, or no pod of the agent's own listed (the static copy holding the lock while
+/// its DaemonSet pod is not scheduled here).
+pub fn self_checkpointing<'a>(
+    me: &SelfIdentity,
+    allowed: &NamespaceAllowList,
+    synced_pods: Option<impl IntoIterator<Item = (&'a PodId, &'a Pod)>>,
+) -> Option<SelfCheckpointing> {
+    if !allowed.allows(&me.namespace) {
+        return Some(SelfCheckpointing::NamespaceNotAllowed);
+    }
+    let mut own = (synced_pods?.into_iter())
+        .filter(|(id, pod)| me.is_self(id, ControllerOwner::of(pod).as_ref()))
+        .filter(|(_, pod)| !is_static_or_mirror(pod) && !is_checkpoint(pod))
+        .peekable();
+    own.peek()?;
+    // One pod without the annotation is enough: during a rollout that drops it, the new
+    // pod's template is what the node will run.
+    Some(match own.all(|(_, pod)| is_parent(pod, allowed)) {
+        true => SelfCheckpointing::Checkpointed,
+        false => SelfCheckpointing::NotAnnotated,
+    })
+}
+
 /// Whether a pod has completed: a Job's pod (`restartPolicy` `Never` or `OnFailure`) in
 /// phase `Succeeded` or `Failed` — its work is done or given up, and a static copy would
 /// run it again at every reboot. Any other pod that ended stands for a workload meant to
@@ -410,6 +463,56 @@ mod tests {
             },
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn whether_the_agent_checkpoints_itself() {
+        use SelfCheckpointing::*;
+        let me = SelfIdentity::new("kube-system", "pc-abc", "node-1");
+        let on = [(ANNOTATION_CHECKPOINT, "true")];
+        let own = |annotations: &[(&str, &str)]| pod("kube-system", "pc-abc", annotations);
+        let check = |allowed: &[&str], pods: Option<Vec<Pod>>, expected: Option<SelfCheckpointing>| {
+            let pods: Option<BTreeMap<PodId, Pod>> =
+                (pods.clone()).map(|pods| pods.into_iter().map(|p| (PodId::of(&p).unwrap(), p)).collect());
+            let allow = NamespaceAllowList::new(allowed.iter().copied());
+            let got = self_checkpointing(&me, &allow, pods.as_ref().map(|p| p.iter()));
+            assert_eq!(got, expected, "allowed {allowed:?}, pods {pods:?}");
+        };
+        check(&["kube-system"], Some(vec![own(&on)]), Some(Checkpointed));
+        check(&["kube-system"], Some(vec![own(&[])]), Some(NotAnnotated));
+        check(
+            &["kube-system"],
+            Some(vec![own(&[(ANNOTATION_CHECKPOINT, "yes")])]),
+            Some(NotAnnotated),
+        );
+        // Known from the configuration alone, synced or not.
+        check(&["cni"], None, Some(NamespaceNotAllowed));
+        check(
+            &["cni", "kube-system2"],
+            Some(vec![own(&on)]),
+            Some(NamespaceNotAllowed),
+        );
+        // Unknown: not synced, or no pod of its own listed (its static copy is no parent).
+        check(&["kube-system"], None, None);
+        check(&["kube-system"], Some(vec![]), None);
+        let static_copy = pod(
+            "kube-system",
+            "pc-abc-node-1",
+            &[
+                (ANNOTATION_CHECKPOINT, "true"),
+                (ANNOTATION_CONFIG_MIRROR, "hash"),
+            ],
+        );
+        check(
+            &["kube-system"],
+            Some(vec![static_copy.clone(), pod("kube-system", "other", &on)]),
+            None,
+        );
+        check(
+            &["kube-system"],
+            Some(vec![static_copy, own(&on)]),
+            Some(Checkpointed),
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   the pods, the Secrets and ConfigMaps they mount, the [`LocalView`], owner facts), the
 //!   checkpoints on disk ([`DiskCheckpoint`], from `ckpt-store`) and the journal
 //!   ([`PersistentState`]). Before deciding, the observer asks what to look up:
-//!   [`required_by_namespace`], [`orphan_owners`], [`daemon_set_lookups`].
+//!   [`required_by_namespace`], [`orphan_owners`], [`daemon_set_lookups`], and where the
+//!   local view must look beyond the allow-list, [`local_namespaces_outside`].
 //! - **Deciding**: [`assess`] finds the parents, sanitizes them into [`Checkpoint`]s
 //!   ([`sanitize`], then [`admit`]: would this node's kubelet run it, for its
 //!   [`KubeletVersion`]) and finds the [`Orphan`]s; the GC strategy's verdicts
@@ -79,11 +80,14 @@ pub use error::{Error, Result, error_chain};
 pub use gc::{GcDecision, GcVerdict, Orphan, Sibling};
 pub use identity::{
     ANNOTATION_CHECKPOINT, ANNOTATION_CHECKPOINT_OF, ANNOTATION_DECOMMISSION, ControllerOwner, LockIdentity,
-    NamespaceAllowList, PodId, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
+    NamespaceAllowList, PodId, SelfCheckpointing, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
+    self_checkpointing,
 };
 pub use journal::{HandoffRecord, PersistentState, RestartsSeen, SpecSince, Suspension};
 pub use known_good::KNOWN_GOOD_AFTER;
-pub use lookups::{daemon_set_lookups, orphan_owners, required_by_namespace, scheduling_lookup};
+pub use lookups::{
+    daemon_set_lookups, local_namespaces_outside, orphan_owners, required_by_namespace, scheduling_lookup,
+};
 pub use observation::{
     ApiState, DiskCheckpoint, Fetched, LocalView, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey,
     OwnerStatus, SelfScheduling, StoredCopy,

@@ -1,8 +1,9 @@
 //! What the observer looks up before a pass is decided, from what it already holds (the
 //! pods listed, the checkpoints on disk): the Secrets and ConfigMaps to watch
 //! ([`required_by_namespace`]), the owners whose existence the GC strategy may ask about
-//! ([`orphan_owners`]), and the DaemonSets to fetch with this node ([`daemon_set_lookups`],
-//! [`scheduling_lookup`]). `ckpt-watch` calls these; [`assess`](crate::assess) reads the
+//! ([`orphan_owners`]), the DaemonSets to fetch with this node ([`daemon_set_lookups`],
+//! [`scheduling_lookup`]), and the namespaces outside the allow-list whose running pods the
+//! local view reports ([`local_namespaces_outside`]). `ckpt-watch` and the agent call these; [`assess`](crate::assess) reads the
 //! answers from the [`Observation`](crate::Observation).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -37,6 +38,23 @@ pub fn required_by_namespace(
         ns.config_maps.extend(required.config_maps);
     }
     out
+}
+
+/// The namespaces outside the allow-list where the local view must still say what runs:
+/// those of active checkpoints (not the agent's own), each kept until its parent is seen
+/// running (ARCHITECTURE.md, Planner rules). A namespace removed from `--namespaces` is
+/// no longer watched on the API, and without this its active checkpoints would stay for
+/// good. Only whether a parent runs is read there; nothing of it is checkpointed.
+pub fn local_namespaces_outside(
+    disk: &BTreeMap<PodId, DiskCheckpoint>,
+    allowed: &NamespaceAllowList,
+    me: &SelfIdentity,
+) -> BTreeSet<String> {
+    (disk.iter())
+        .filter(|(id, d)| d.active.is_some() && !allowed.allows(&id.namespace))
+        .filter(|(id, d)| !me.is_self(id, d.meta().and_then(|m| m.owner.as_ref())))
+        .map(|(id, _)| id.namespace.to_string())
+        .collect()
 }
 
 /// The owners to look up before deciding: those of checkpoints on disk whose parents

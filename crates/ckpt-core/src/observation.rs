@@ -26,12 +26,14 @@ pub enum ApiState {
     /// activating checkpoints.
     Unreachable,
     /// It answers, but there is no complete list of every namespace since the last
-    /// outage or watch error (e.g. a 403 while RBAC warms up). Neither activates nor
+    /// outage or watch error (e.g. a 403 in one namespace). Neither activates nor
     /// garbage-collects. Also the state at start, before anything is known.
     Reachable,
-    /// It answers, but rejects the agent's credentials (401: an expired or revoked token).
-    /// Treated as [`ApiState::Reachable`] by the planner; the agent hands its lock over
-    /// when it lasts (ARCHITECTURE.md, Credentials).
+    /// It answers, but rejects the agent's credentials (401: an expired or revoked token)
+    /// or forbids the agent's own reads (403 on the pod list or watch of every allowed
+    /// namespace: bindings gone, another identity). Treated as [`ApiState::Reachable`] by
+    /// the planner; the agent hands its lock over when it lasts (ARCHITECTURE.md,
+    /// Credentials).
     Unauthorized,
     /// Every namespace's pod list is complete and current. The only state that allows
     /// removing anything.

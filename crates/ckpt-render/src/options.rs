@@ -236,8 +236,10 @@ impl ManifestArgs {
             bind_users,
         };
         // The agent's own parser: a config it would refuse (a bad duration, strategy
-        // settings) never reaches a cluster.
-        agent.check_config(&options.agent_config()).map_err(|e| {
+        // settings, namespaces that leave out its own) never reaches a cluster. Its
+        // namespace comes from the pod at run time; the check is told it.
+        let checked = format!("{}pod-namespace: {}\n", options.agent_config(), options.namespace);
+        agent.check_config(&checked).map_err(|e| {
             Error::usage_message(format!(
                 "the agent would refuse this config: {}",
                 ckpt_core::error_chain(&e)

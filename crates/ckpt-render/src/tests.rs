@@ -52,6 +52,37 @@ fn legacy_options() -> ManifestOptions {
         .unwrap()
 }
 
+/// The agent checks the config with its own namespace (the pod's, at run time), so a
+/// config that leaves it out of `namespaces` would be refused before rendering: its pod
+/// never checkpointed, nothing restarts it after a reboot (issue 36).
+#[test]
+fn the_agent_checks_the_config_knowing_its_own_namespace() {
+    struct Recording(std::cell::RefCell<Vec<String>>);
+    impl AgentChecks for Recording {
+        fn strategies(&self) -> Result<Vec<String>> {
+            RegisteredStrategies.strategies()
+        }
+        fn check_config(&self, yaml: &str) -> Result<()> {
+            self.0.borrow_mut().push(yaml.to_owned());
+            Ok(())
+        }
+    }
+    let recording = Recording(Default::default());
+    let args = ManifestArgs {
+        namespace: "checkpointer".into(),
+        namespaces: vec!["kube-system".into()],
+        ..ManifestArgs::default()
+    };
+    let options = args.options_for(KubernetesVersion::NEWEST, &recording).unwrap();
+    let checked = recording.0.into_inner();
+    assert_eq!(checked.len(), 1);
+    assert_eq!(
+        checked[0],
+        format!("{}pod-namespace: checkpointer\n", options.agent_config())
+    );
+    assert_eq!(options.namespaces, ["checkpointer", "kube-system"]);
+}
+
 #[test]
 fn yaml_reads_back_into_the_same_objects() {
     let variants = [

@@ -121,6 +121,9 @@ struct Inner {
     /// Bumped when the watches should start over: a probe got an answer after one that
     /// got none, so connections to the server may have gone silent.
     relist: watch::Sender<u64>,
+    /// Probing without credentials ([`ApiWatch::spawn_anonymous`]): never synced, and a
+    /// 401 says the server is alive, not that credentials are rejected.
+    anonymous: bool,
 }
 
 impl Inner {
@@ -146,10 +149,15 @@ impl Inner {
             } else {
                 self.gate.send_if_modified(|up| !std::mem::replace(up, true));
             }
-            let all_synced = self.slots.values().all(|s| lock(s).synced);
+            let all_synced = !self.anonymous && self.slots.values().all(|s| lock(s).synced);
+            // Credentials that authenticate but may not read this node's pods anywhere
+            // (their bindings gone, another identity's) serve the agent no better than
+            // rejected ones; a 403 in some namespaces only is an RBAC gap the other copy
+            // shares.
+            let all_forbidden = !self.slots.is_empty() && self.slots.values().all(|s| lock(s).forbidden);
             let state = if !st.reachable {
                 ApiState::Unreachable
-            } else if st.unauthorized {
+            } else if st.unauthorized || all_forbidden {
                 // Even a watch that still streams (a server does not re-check an open
                 // watch's token) proves nothing once the credentials are rejected.
                 ApiState::Unauthorized
@@ -227,7 +235,8 @@ impl Inner {
 /// - only the probe makes the API [`ApiState::Unreachable`]: a connection error, a
 ///   timeout (a hung server) or a 5xx on `/readyz`, `unreachable_after` times in a row.
 ///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success;
-///   a 401 makes the state [`ApiState::Unauthorized`] until a probe is answered otherwise.
+///   a 401 makes the state [`ApiState::Unauthorized`] until a probe is answered otherwise,
+///   and so does a 403 on the pod list or watch of every namespace, until one lists again.
 ///   A failed watch request never makes it unreachable;
 /// - [`ApiState::Synced`] needs a complete list from every namespace since the last
 ///   outage; a watch error un-syncs that namespace and relists it (with a backoff);
@@ -255,9 +264,24 @@ impl ApiWatch {
     /// # Panics
     /// Outside a Tokio runtime (it spawns tasks).
     pub fn spawn(client: kube::Client, config: ApiWatchConfig) -> ApiWatch {
-        let slots: BTreeMap<String, SharedSlot<Pod>> = config
-            .namespaces
-            .namespaces()
+        Self::start(client, config, false)
+    }
+
+    /// Only the `/readyz` probe, for a copy without credentials: reachability needs none
+    /// (kube-apiserver lets anonymous requests read `/readyz` by default), so such a copy
+    /// can still tell a healthy server from a dead one. The state is
+    /// [`ApiState::Unreachable`] or [`ApiState::Reachable`], never synced (no pods are
+    /// read) nor unauthorized (a 401 to an anonymous request is an answer).
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (it spawns a task).
+    pub fn spawn_anonymous(client: kube::Client, config: ApiWatchConfig) -> ApiWatch {
+        Self::start(client, config, true)
+    }
+
+    fn start(client: kube::Client, config: ApiWatchConfig, anonymous: bool) -> ApiWatch {
+        let slots: BTreeMap<String, SharedSlot<Pod>> = (config.namespaces.namespaces())
+            .filter(|_| !anonymous)
             .map(|ns| (ns.to_owned(), Arc::new(Mutex::new(Slot::default()))))
             .collect();
         let (notify, _) = watch::channel(0);
@@ -280,6 +304,7 @@ impl ApiWatch {
             gate,
             at_stake,
             relist,
+            anonymous,
         });
         let mut tasks = Vec::new();
         let field_selector = format!("spec.nodeName={}", config.node);
@@ -526,7 +551,7 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
                 }
                 st.consecutive_failures = 0;
                 st.reachable = true;
-                st.unauthorized = *answered == Answered::Unauthorized;
+                st.unauthorized = !inner.anonymous && *answered == Answered::Unauthorized;
                 st.probe_error = st.unauthorized.then(|| {
                     "GET /readyz answered 401 Unauthorized: the API server rejects the agent's credentials".to_owned()
                 });

@@ -62,6 +62,9 @@ pub struct LocalObserver {
     /// The checkpoints whose static pods' restart counts are asked for, each with its
     /// static pod's name (see [`LocalObserver::watch_restarts`]).
     restart_watch: Mutex<BTreeMap<PodId, String>>,
+    /// Namespaces outside the allow-list whose running pods are reported too (see
+    /// [`LocalObserver::observe_outside`]).
+    outside: Mutex<BTreeSet<String>>,
 }
 
 /// The default bound of one local look: a runtime that takes longer to say what runs
@@ -85,7 +88,26 @@ impl LocalObserver {
             cri_answers_too_large: Default::default(),
             bound: LOCAL_LOOK_BOUND,
             restart_watch: Mutex::default(),
+            outside: Mutex::default(),
         }
+    }
+
+    /// From now on, each look also says which pods run in these namespaces outside the
+    /// allow-list (in `running` only: nothing there is a parent). They are those of active
+    /// checkpoints whose namespace was removed from `--namespaces`
+    /// (`ckpt_core::local_namespaces_outside`), retired once their parents are seen
+    /// running. One more runtime call per namespace a look, none while the set is empty.
+    pub fn observe_outside(&self, namespaces: BTreeSet<String>) {
+        let mut outside = self.outside.lock().unwrap_or_else(PoisonError::into_inner);
+        if *outside != namespaces {
+            debug!(?namespaces, "namespaces outside the allow-list observed");
+            *outside = namespaces;
+        }
+    }
+
+    /// Whether pods of `namespace` are reported as running: allowed, or observed outside.
+    fn observed(&self, outside: &BTreeSet<String>, namespace: &str) -> bool {
+        self.namespaces.allows(namespace) || outside.contains(namespace)
     }
 
     /// From now on, each look also asks for the restart counts of these checkpoints'
@@ -147,11 +169,19 @@ impl LocalObserver {
     /// each source's whole look by the observer's bound).
     pub async fn observe(&self) -> LocalView {
         let watched = self.watched();
+        let outside = (self.outside.lock())
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let cri = async {
             match &self.cri {
                 Some(cri) => {
                     let look = async {
-                        let running = cri.running_pods(self.namespaces.namespaces()).await?;
+                        // Collected: an iterator borrowing `outside` held across the
+                        // await would make the future's `Send` depend on its lifetimes.
+                        let namespaces: Vec<&str> = (self.namespaces.namespaces())
+                            .chain(outside.iter().map(|ns| ns.as_str()))
+                            .collect();
+                        let running = cri.running_pods(namespaces).await?;
                         let mut restarts = BTreeMap::new();
                         if !watched.is_empty() {
                             let pods: Vec<(String, String)> = (watched.iter())
@@ -201,7 +231,7 @@ impl LocalObserver {
                 LocalView::Known {
                     running: running
                         .into_iter()
-                        .filter(|id| self.namespaces.allows(&id.namespace))
+                        .filter(|id| self.observed(&outside, &id.namespace))
                         .collect(),
                     kubelet_parents: kubelet_pods.as_deref().map(kubelet_parents).unwrap_or_default(),
                     restarts,
@@ -220,7 +250,7 @@ impl LocalObserver {
                         .iter()
                         .filter(|p| runs(p))
                         .filter_map(PodId::of)
-                        .filter(|id| self.namespaces.allows(&id.namespace))
+                        .filter(|id| self.observed(&outside, &id.namespace))
                         .collect(),
                     kubelet_parents: kubelet_parents(&pods),
                     restarts: kubelet_restarts(&pods, &watched),
@@ -407,6 +437,50 @@ mod tests {
         assert_eq!(restarts(observer.observe().await), counts(&[]));
         observer.watch_restarts(watched(&["api-1"]));
         assert_eq!(restarts(observer.observe().await), counts(&[("api-1", 5)]));
+    }
+
+    /// Namespaces outside the allow-list are looked at only once asked for (a namespace
+    /// removed from `--namespaces` with active checkpoints), and only for what runs: no
+    /// pod there is a parent. Both with the CRI and with the kubelet.
+    #[tokio::test]
+    async fn namespaces_outside_the_allow_list_report_running_pods_once_asked_for() {
+        let running = |view: LocalView| match view {
+            LocalView::Known {
+                running,
+                kubelet_parents,
+                ..
+            } => (running, kubelet_parents),
+            LocalView::Unknown => panic!("unknown"),
+        };
+        let cri = FakeCri::start(true, false);
+        let up = [proto::CONTAINER_RUNNING];
+        cri.add_pod("kube-system", "api", proto::SANDBOX_READY, &up);
+        cri.add_pod("cni", "flannel", proto::SANDBOX_READY, &up);
+        cri.add_pod("other", "unrelated", proto::SANDBOX_READY, &up);
+        let (_k, kubelet) = kubelet(vec![
+            kubelet_pod("kube-system", "api", true, "Running", &[true]),
+            kubelet_pod("cni", "flannel", true, "Running", &[true]),
+            kubelet_pod("other", "unrelated", true, "Running", &[true]),
+        ])
+        .await;
+        let with_cri = LocalObserver::new(Some(CriClient::new(&cri.endpoint(), T).unwrap()), None, allowed());
+        let with_kubelet = LocalObserver::new(None, Some(kubelet), allowed());
+        let cni = PodId::new("cni", "flannel");
+        for observer in [with_cri, with_kubelet] {
+            let mode = if observer.cri().is_some() {
+                "CRI"
+            } else {
+                "kubelet"
+            };
+            assert_eq!(running(observer.observe().await).0, ids(&["api"]), "{mode}");
+            observer.observe_outside(BTreeSet::from(["cni".to_owned()]));
+            let (seen, parents) = running(observer.observe().await);
+            let expected: BTreeSet<PodId> = ids(&["api"]).into_iter().chain([cni.clone()]).collect();
+            assert_eq!(seen, expected, "{mode}");
+            assert!(!parents.contains(&cni), "{mode}: never a parent");
+            observer.observe_outside(BTreeSet::new());
+            assert_eq!(running(observer.observe().await).0, ids(&["api"]), "{mode}");
+        }
     }
 
     #[tokio::test]

@@ -53,6 +53,8 @@ pub(crate) struct Slot<K> {
     pub(crate) known: bool,
     /// The current problem, if any.
     pub(crate) error: Option<String>,
+    /// The current problem is a 403: the credentials lack the rights this watch needs.
+    pub(crate) forbidden: bool,
 }
 
 impl<K> Default for Slot<K> {
@@ -63,6 +65,7 @@ impl<K> Default for Slot<K> {
             synced: false,
             known: false,
             error: None,
+            forbidden: false,
         }
     }
 }
@@ -154,6 +157,22 @@ async fn relist_due(relist: &mut Option<watch::Receiver<u64>>) {
     std::future::pending().await
 }
 
+/// Why a watch failed: the message, and whether the server forbade the request (a 403).
+struct Problem {
+    message: String,
+    forbidden: bool,
+}
+
+impl Problem {
+    /// Any problem but a 403.
+    fn other(message: String) -> Self {
+        Self {
+            message,
+            forbidden: false,
+        }
+    }
+}
+
 /// Why a watch stopped.
 enum Stop {
     /// The API server is unreachable: wait for the gate.
@@ -161,7 +180,7 @@ enum Stop {
     /// Told to start over: at once, without a backoff.
     Relist,
     /// A problem: start over after a backoff.
-    Failed(String),
+    Failed(Problem),
 }
 
 impl<K> Driver<K>
@@ -210,7 +229,7 @@ where
                         );
                         // A slow network, not a hung server, gets a longer list next time.
                         list_timeout = (list_timeout * 2).min(self.request_timeout * LIST_TIMEOUT_GROWTH);
-                        break Stop::Failed(problem);
+                        break Stop::Failed(Problem::other(problem));
                     }
                     event = stream.next() => match event {
                         Some(Ok(event)) => {
@@ -221,7 +240,7 @@ where
                             }
                         }
                         Some(Err(err)) => break Stop::Failed(self.describe(&err)),
-                        None => break Stop::Failed(format!("the watch of {} ended", self.what)),
+                        None => break Stop::Failed(Problem::other(format!("the watch of {} ended", self.what))),
                     },
                 }
             };
@@ -282,6 +301,7 @@ where
                     if let Some(problem) = recovered {
                         info!(what = %self.what, %problem, "watch recovered: complete list received");
                     }
+                    slot.forbidden = false;
                     slot.synced = true;
                     slot.known = true;
                     completed = true;
@@ -303,10 +323,12 @@ where
 
     /// Marks the watch not synced, with a problem (logged once per distinct message) or
     /// without one (an API outage: the probe reports it).
-    fn set_problem(&self, problem: Option<String>) {
+    fn set_problem(&self, problem: Option<Problem>) {
+        let forbidden = problem.as_ref().is_some_and(|p| p.forbidden);
+        let problem = problem.map(|p| p.message);
         let changed = {
             let mut slot = lock(&self.slot);
-            let changed = slot.synced || slot.error != problem;
+            let changed = slot.synced || slot.error != problem || slot.forbidden != forbidden;
             if let Some(p) = &problem
                 && slot.error.as_ref() != Some(p)
             {
@@ -317,6 +339,7 @@ where
             slot.synced = false;
             slot.buffer = None;
             slot.error = problem;
+            slot.forbidden = forbidden;
             changed
         };
         if changed {
@@ -324,7 +347,7 @@ where
         }
     }
 
-    fn describe(&self, err: &watcher::Error) -> String {
+    fn describe(&self, err: &watcher::Error) -> Problem {
         let status = match err {
             watcher::Error::InitialListFailed(e)
             | watcher::Error::WatchStartFailed(e)
@@ -336,12 +359,15 @@ where
             watcher::Error::NoResourceVersion => None,
         };
         match status {
-            Some(s) if s.code == 403 => format!(
-                "forbidden: needs {} ({})",
-                self.rbac_hint,
-                if s.message.is_empty() { "403" } else { &s.message }
-            ),
-            _ => format!("watch of {} failed: {}", self.what, error_chain(err)),
+            Some(s) if s.code == 403 => Problem {
+                message: format!(
+                    "forbidden: needs {} ({})",
+                    self.rbac_hint,
+                    if s.message.is_empty() { "403" } else { &s.message }
+                ),
+                forbidden: true,
+            },
+            _ => Problem::other(format!("watch of {} failed: {}", self.what, error_chain(err))),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ckpt_store::KeptCredentials;
 use ckpt_watch::jitter::equal_jitter;
-use ckpt_watch::{ApiWatchConfig, Observer};
+use ckpt_watch::{ApiWatch, ApiWatchConfig, Observer};
 use tracing::{debug, info, warn};
 
 use ckpt_core::error_chain;
@@ -120,6 +120,71 @@ pub(super) async fn reconnect(settings: &RunSettings) -> Option<ApiLink> {
         .ok()?;
     info!("API credentials available: connecting to the API server");
     Some(ApiLink::new(client, server, settings))
+}
+
+/// The `/readyz` probe of a copy without credentials ([`ApiWatch::spawn_anonymous`]), to
+/// the server of the kept kubeconfig or else of the configured one: without it such a copy
+/// would count a healthy API server as unreachable and activate checkpoints beside it.
+/// `None` when no kubeconfig names a server (the copy then counts the API as unreachable).
+pub(super) async fn anonymous_probe(settings: &RunSettings) -> Option<ApiWatch> {
+    let kept = settings.disk.layout().credentials_path();
+    let configured = match &settings.kubeconfig {
+        KubeconfigSource::File(path) | KubeconfigSource::Default(path) => Some(path.clone()),
+        KubeconfigSource::InCluster => None,
+    };
+    let mut found = None;
+    for path in [Some(kept), configured].into_iter().flatten() {
+        match anonymous_config(&path).await {
+            Ok(config) => {
+                found = Some((path, config));
+                break;
+            }
+            Err(e) => {
+                debug!(kubeconfig = %path.display(), error = %error_chain(&e), "no server to probe anonymously")
+            }
+        }
+    }
+    let Some((path, config)) = found else {
+        warn!("no API credentials and no kubeconfig naming the API server: it counts as unreachable");
+        return None;
+    };
+    let server = config.cluster_url.to_string();
+    let unverified = config.accept_invalid_certs;
+    let client = client_from(config)
+        .inspect_err(|e| warn!(error = %error_chain(e), "cannot probe the API server anonymously"))
+        .ok()?;
+    warn!(
+        kubeconfig = %path.display(),
+        %server,
+        certificate_checked = !unverified,
+        "no API credentials: probing the API server's /readyz anonymously; checkpoints are activated only while it does not answer"
+    );
+    let allowed = ckpt_core::NamespaceAllowList::new(settings.namespaces.iter().cloned());
+    Some(ApiWatch::spawn_anonymous(
+        client,
+        ApiWatchConfig::new(settings.node_name.clone(), allowed),
+    ))
+}
+
+/// `path`'s server without its user. A CA file that is absent (the pod's service-account
+/// CA, in the static copy) leaves the server's certificate unchecked: the probe sends
+/// nothing secret and learns only whether an answer came, so an impostor could at worst
+/// keep checkpoints inactive, as one holding the API server's port already does.
+async fn anonymous_config(path: &std::path::Path) -> Result<kube::Config> {
+    let mut kubeconfig = kube::config::Kubeconfig::read_from(path)
+        .map_err(|e| Error::usage(format!("--kubeconfig: cannot read {}", path.display()), e))?;
+    kubeconfig.auth_infos.clear();
+    for cluster in kubeconfig.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+        if (cluster.certificate_authority.as_ref()).is_some_and(|ca| !std::path::Path::new(ca).exists()) {
+            cluster.certificate_authority = None;
+            if cluster.certificate_authority_data.is_none() {
+                cluster.insecure_skip_tls_verify = Some(true);
+            }
+        }
+    }
+    kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::usage(format!("--kubeconfig: {}", path.display()), e))
 }
 
 /// How a configuration reaches the API server, for the static copy's kubeconfig.
@@ -329,6 +394,51 @@ fn credentials_refresh(written: Result<Option<Duration>>, account: &ServiceAccou
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The anonymous probe's configuration keeps the server, drops the user, and checks
+    /// the certificate whenever a CA is at hand.
+    #[tokio::test]
+    async fn an_anonymous_configuration_keeps_the_server_and_drops_the_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.crt");
+        std::fs::write(&ca_file, PEM).unwrap();
+        let absent = dir.path().join("absent/ca.crt");
+        // (the cluster's CA line, whether the certificate goes unchecked)
+        let cases = [
+            (format!("certificate-authority: {}", absent.display()), true),
+            (format!("certificate-authority: {}", ca_file.display()), false),
+            (format!("certificate-authority-data: {}", base64_of(PEM)), false),
+            ("insecure-skip-tls-verify: true".to_owned(), true),
+        ];
+        for (ca, unchecked) in cases {
+            let path = dir.path().join("kubeconfig");
+            std::fs::write(
+                &path,
+                format!(
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n    {ca}\n\
+                     users:\n- name: u\n  user:\n    tokenFile: /absent/token\n    username: admin\n    password: secret\n\
+                     contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+                ),
+            )
+            .unwrap();
+            let config = anonymous_config(&path).await.expect(&ca);
+            assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/", "{ca}");
+            assert_eq!(config.accept_invalid_certs, unchecked, "{ca}");
+            let user = &config.auth_info;
+            assert!(
+                user.token_file.is_none() && user.username.is_none() && user.password.is_none(),
+                "{ca}: no credentials"
+            );
+        }
+    }
+
+    fn base64_of(text: &str) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(text)
+    }
+
+    /// A CA certificate (the probe never connects here).
+    const PEM: &str = include_str!("../../../ckpt-testkit/src/testdata/ca.pem");
 
     /// The rendered kubeconfig in a copy without a service account (the static copy) is
     /// not the operator's mistake: that copy falls back to the kept credentials.

@@ -157,6 +157,9 @@ async fn hold_and_run(
             guard,
         )?;
         agent.journal_in_place = journal_in_place;
+        if agent.link.is_none() {
+            agent.anonymous = connect::anonymous_probe(&settings).await;
+        }
         let exit = agent.run(shutdown.as_mut()).await?;
         if exit == Exit::Done {
             return Ok(());
@@ -170,7 +173,7 @@ async fn hold_and_run(
             health.handover();
             warn!(
                 after_s = settings.unauthorized_handover.as_secs(),
-                "the API server keeps rejecting this copy's credentials: handed the lock over to the other copy; checkpoints stay as they are"
+                "the API server keeps rejecting this copy's credentials or forbidding its own reads: handed the lock over to the other copy; checkpoints stay as they are"
             );
             tokio::select! {
                 () = tokio::time::sleep(HANDOVER_PAUSE) => {}
@@ -262,8 +265,11 @@ struct Agent {
     health: Health,
     policy: Box<dyn GcPolicy>,
     link: Option<ApiLink>,
-    /// Never bumped: what the loop waits on while offline.
+    /// Never bumped: what the loop waits on while offline without a probe.
     offline_changes: tokio::sync::watch::Sender<u64>,
+    /// While offline: the anonymous `/readyz` probe, so that a healthy API server is not
+    /// taken for a dead one (`None` without a server to probe).
+    anonymous: Option<ckpt_watch::ApiWatch>,
     local: LocalObserver,
     /// The GC timers. They advance in memory whether or not the journal could be saved
     /// (a full or read-only disk must not restart every timer, nor stop the GC that
@@ -326,6 +332,7 @@ impl Agent {
             policy,
             link,
             offline_changes: tokio::sync::watch::channel(0).0,
+            anonymous: None,
             local,
             state,
             journal_behind: false,
@@ -340,9 +347,10 @@ impl Agent {
     }
 
     fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
-        match &self.link {
-            Some(link) => link.observer.subscribe(),
-            None => self.offline_changes.subscribe(),
+        match (&self.link, &self.anonymous) {
+            (Some(link), _) => link.observer.subscribe(),
+            (None, Some(probe)) => probe.subscribe(),
+            (None, None) => self.offline_changes.subscribe(),
         }
     }
 
@@ -432,6 +440,7 @@ impl Agent {
                     _ = reconnect.tick(), if self.link.is_none() => {
                         if let Some(link) = connect::reconnect(&self.settings).await {
                             self.link = Some(link);
+                            self.anonymous = None;
                             api_changes = self.subscribe();
                             break self.local.observe().await;
                         }
@@ -514,7 +523,7 @@ impl Agent {
         if rejected {
             warn!(
                 handover_in_s = self.settings.unauthorized_handover.as_secs(),
-                "the API server rejects this copy's credentials (401): nothing is activated or removed; the lock goes to the other copy if this lasts"
+                "the API server rejects this copy's credentials (401) or forbids its own reads (403 on every pod list or watch): nothing is activated or removed; the lock goes to the other copy if this lasts"
             );
         } else {
             info!("the API server accepts this copy's credentials again");

@@ -76,6 +76,13 @@ impl Agent {
                 return None;
             }
         };
+        // Active checkpoints of namespaces removed from `--namespaces` are retired once
+        // their parents run: the next local looks cover those namespaces too.
+        (self.local).observe_outside(ckpt_core::local_namespaces_outside(
+            &disk,
+            &self.config.allowed,
+            &self.config.me,
+        ));
         // Files under other names in the kubelet's dir are not ours to read.
         let unreadable: Vec<_> = (unreadable.into_iter())
             .filter(|(path, _)| checkpoint_of(path).is_some())
@@ -97,7 +104,20 @@ impl Agent {
                     .observe(local, &disk, self.policy.needs_owner_status(), &self.config.me)
                     .await
             }
-            None => Observation::offline(local),
+            None => {
+                let mut observation = Observation::offline(local);
+                if let Some(probe) = &self.anonymous {
+                    // Pods are unknown, so an answer is "reachable, not synced": nothing is
+                    // activated, nothing removed.
+                    let snapshot = probe.snapshot();
+                    observation.api = snapshot.state;
+                    observation.api_error = Some(match snapshot.last_error {
+                        Some(problem) => format!("no API credentials; the anonymous probe fails: {problem}"),
+                        None => "no API credentials; the API server answers an anonymous probe".to_owned(),
+                    });
+                }
+                observation
+            }
         };
         self.reporter.observed(&observation);
         Some(Seen {
@@ -135,9 +155,12 @@ impl Agent {
         self.reporter.checkpointing(report, &self.health, events);
         self.reporter.scheduling(report, &self.health);
         self.reporter.self_gc_deferred(report, &self.health, events);
+        (self.reporter).self_checkpointing(report, &self.config.me, &self.health);
+        // Probe the API often only while seeing an outage late would cost the node.
         if let Some(link) = &self.link {
-            // Probe the API often only while seeing an outage late would cost the node.
             link.observer.set_at_stake(report.at_stake);
+        } else if let Some(probe) = &self.anonymous {
+            probe.set_at_stake(report.at_stake);
         }
         // Restart counts only of the active revisions that could be replaced.
         let node = &self.settings.node_name;

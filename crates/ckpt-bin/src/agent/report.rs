@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckpt_core::{ApiState, LocalView, Observation, PodId, Refusal, Report, SelfScheduling, Timestamp};
+use ckpt_core::{
+    ApiState, LocalView, Observation, PodId, Refusal, Report, SelfCheckpointing, SelfIdentity,
+    SelfScheduling, Timestamp,
+};
 use tracing::{debug, info, warn};
 
 use crate::events::{EventKind, EventSink};
@@ -21,6 +24,7 @@ pub(super) struct Reporter {
     warnings: BTreeMap<PodId, Vec<String>>,
     scheduling: Option<SelfScheduling>,
     self_gc_deferred: Vec<PodId>,
+    self_checkpointing: Option<SelfCheckpointing>,
 }
 
 impl Reporter {
@@ -137,6 +141,27 @@ impl Reporter {
             self.refusals.clone_from(&report.refusals);
             self.waiting_for_access.clone_from(&report.waiting_for_access);
             self.warnings.clone_from(&report.warnings);
+        }
+    }
+
+    /// Says at start and once per change whether the agent's own pod is checkpointed (a
+    /// warning while it is not: after a reboot nothing would restart the agent), and sets
+    /// the metric; a pass that cannot tell keeps what was said.
+    pub(super) fn self_checkpointing(&mut self, report: &Report, me: &SelfIdentity, health: &Health) {
+        let Some(now) = report.self_checkpointing else {
+            return;
+        };
+        health.record_self_checkpointed(now == SelfCheckpointing::Checkpointed);
+        if self.self_checkpointing.replace(now) == Some(now) {
+            return;
+        }
+        match now.problem(me) {
+            Some(problem) => warn!(
+                namespace = %me.namespace,
+                "the agent's own pod is not checkpointed ({problem}): after a reboot no static copy \
+                 restarts the agent, and no checkpoint of this node is activated"
+            ),
+            None => info!("the agent's own pod is checkpointed"),
         }
     }
 

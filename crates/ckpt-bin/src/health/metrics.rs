@@ -191,6 +191,16 @@ fn api_and_lock(out: &mut Exposition, c: &Counters, phase: Phase) {
             })
             .collect(),
     );
+    out.family(
+        "self_checkpointed",
+        "gauge",
+        "Whether the agent's own pod is checkpointed (1), so that its static copy restarts it after a \
+         reboot, or not (0: its pod lacks the checkpoint annotation, or its namespace is outside \
+         --namespaces). Absent until a pass could tell.",
+        (c.self_checkpointed.iter())
+            .map(|checkpointed| (String::new(), u8::from(*checkpointed).to_string()))
+            .collect(),
+    );
     out.value(
         "self_gc_deferred",
         "gauge",

@@ -11,7 +11,9 @@ use serde_json::json;
 use super::*;
 use crate::checkpoint::CheckpointMeta;
 use crate::journal::{RestartsSeen, SpecSince};
-use crate::lookups::{daemon_set_lookups, orphan_owners, required_by_namespace, scheduling_lookup};
+use crate::lookups::{
+    daemon_set_lookups, local_namespaces_outside, orphan_owners, required_by_namespace, scheduling_lookup,
+};
 use crate::observation::{ObjectRef, ObjectsView, OwnerStatus, StoredCopy};
 use crate::plan::RemovalReason;
 use crate::references::{MAX_OBJECTS_PER_POD, MAX_WATCHED_OBJECTS};
@@ -1253,6 +1255,33 @@ fn daemon_sets_to_look_up_are_the_agents_and_those_of_absent_parents() {
     };
     check(ApiState::Synced, &["kube-apiserver", "pod-checkpointer"]);
     check(ApiState::Reachable, &[]);
+}
+
+/// Issue 36: a namespace removed from `--namespaces` stays in the local view for its
+/// active checkpoints only (each is retired once its parent is seen running); not for
+/// inactive ones, nor the agent's own, nor while it is allowed.
+#[test]
+fn the_local_view_covers_namespaces_of_active_checkpoints_outside_the_allow_list() {
+    let check = |what: &str, allowed: &str, active: &[&str], expected: &[&str]| {
+        let mut world =
+            World::synced(&[])
+                .only_allow(allowed)
+                .disk(&[("api-a", "h1"), ("pc-abc", "h1"), ("b", "h1")]);
+        for name in active {
+            let d = world.disk.get_mut(&id(name)).expect("on disk");
+            d.active.clone_from(&d.inactive);
+        }
+        let got = local_namespaces_outside(&world.disk, &world.config.allowed, &world.config.me);
+        assert_eq!(
+            got.iter().map(String::as_str).collect::<Vec<_>>(),
+            expected,
+            "{what}"
+        );
+    };
+    check("allowed", NS, &["api-a", "b"], &[]);
+    check("removed, every checkpoint inactive", "cni", &[], &[]);
+    check("removed, one active", "cni", &["b"], &[NS]);
+    check("removed, the agent's own active only", "cni", &["pc-abc"], &[]);
 }
 
 /// Issue 36: while the agent's own pod is gone, the DaemonSet of an active checkpoint is

@@ -138,7 +138,9 @@ async fn a_forbidden_list_is_reachable_not_synced_with_the_missing_rule() {
     })
     .await;
     let snap = api.snapshot();
-    assert_eq!(snap.state, ApiState::Reachable, "a 403 proves the API is up");
+    // Issue 36: forbidden every namespace it watches, the credentials serve no better than
+    // rejected ones (the agent hands its lock over if it lasts); it was `Reachable`.
+    assert_eq!(snap.state, ApiState::Unauthorized, "a 403 proves the API is up");
     let error = snap.last_error.unwrap();
     assert!(
         error.starts_with("forbidden: needs list and watch on pods in namespace kube-system"),
@@ -407,6 +409,61 @@ async fn a_401_is_unauthorized_never_synced_and_never_an_outage() {
     fake.set_readyz(Reply::Normal);
     wait_state(&api, ApiState::Synced).await;
     assert_eq!(api.snapshot().last_error, None);
+}
+
+/// A 403 on the pod list and watch of every namespace leaves the agent as blind as a
+/// rejected token (the agent hands its lock over on [`ApiState::Unauthorized`]); a 403 in
+/// some namespaces only is an RBAC gap the other copy shares (reachable, not synced).
+/// Either ends once the lists succeed.
+#[tokio::test]
+async fn a_403_on_the_pod_reads_of_every_namespace_is_unauthorized() {
+    async fn check(forbidden: &[&str], expected: ApiState) {
+        let (client, fake, _server) = FakeApi::start();
+        for ns in forbidden {
+            fake.set_list("pods", ns, Reply::Status(403));
+            fake.set_watch("pods", ns, Reply::Status(403));
+        }
+        let api = ApiWatch::spawn(client, config(&["a", "b"]));
+        wait_until(5, "every watch listed or refused", api.subscribe(), || {
+            let snap = api.snapshot();
+            (snap.namespaces.iter()).all(|(ns, w)| match forbidden.contains(&ns.as_str()) {
+                true => w.error.is_some(),
+                false => w.synced,
+            })
+        })
+        .await;
+        assert_eq!(api.state(), expected, "forbidden in {forbidden:?}");
+        fake.wait_requests(6, "several probes", is_probe).await;
+        assert_eq!(api.state(), expected, "forbidden in {forbidden:?}, later");
+        for ns in forbidden {
+            fake.set_list("pods", ns, Reply::Normal);
+            fake.set_watch("pods", ns, Reply::Normal);
+        }
+        wait_state(&api, ApiState::Synced).await;
+    }
+    check(&["a", "b"], ApiState::Unauthorized).await;
+    check(&["a"], ApiState::Reachable).await;
+    check(&["b"], ApiState::Reachable).await;
+}
+
+/// Without credentials only `/readyz` is asked: an answer (a 401 to an anonymous request
+/// too) is reachable, never synced nor unauthorized; no answer is unreachable.
+#[tokio::test]
+async fn an_anonymous_probe_tells_reachable_from_unreachable_and_reads_no_pods() {
+    async fn check(readyz: Reply, expected: ApiState) {
+        let (client, fake, _server) = FakeApi::start();
+        fake.set_readyz(readyz.clone());
+        let api = ApiWatch::spawn_anonymous(client, config(&["a"]));
+        fake.wait_requests(6, "several probes", is_probe).await;
+        assert_eq!(api.state(), expected, "/readyz answering {readyz:?}");
+        assert_eq!(fake.count(|s| !is_probe(s)), 0, "only /readyz is asked");
+        assert!(api.snapshot().namespaces.is_empty());
+    }
+    check(Reply::Normal, ApiState::Reachable).await;
+    check(Reply::Status(401), ApiState::Reachable).await;
+    check(Reply::Status(403), ApiState::Reachable).await;
+    check(Reply::Status(503), ApiState::Unreachable).await;
+    check(Reply::Refuse, ApiState::Unreachable).await;
 }
 
 #[tokio::test]
