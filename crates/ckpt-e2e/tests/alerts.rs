@@ -70,6 +70,15 @@ const CASES: &[Case] = &[
         fires_at: "70m",
     },
     Case {
+        alert: "PodCheckpointerNotSelfCheckpointed",
+        series: &[
+            ("pod_checkpointer_self_checkpointed", r#"node="n1""#),
+            ("pod_checkpointer_self_checkpointed", r#"node="n2""#),
+        ],
+        quiet_at: "10m",
+        fires_at: "20m",
+    },
+    Case {
         alert: "PodCheckpointerSelfGcDeferred",
         series: &[
             ("pod_checkpointer_self_gc_deferred", r#"node="n1""#),
@@ -93,6 +102,8 @@ fn values(alert: &str) -> [&'static str; 2] {
         "PodCheckpointerApiNotSynced" => ["0x40", "0+60x40"],
         // n1's token expires in an hour; n2's in eleven days.
         "PodCheckpointerKeptCredentialsExpiring" => ["3600x120", "1000000x120"],
+        // n1's agent never checkpoints itself; n2's does.
+        "PodCheckpointerNotSelfCheckpointed" => ["0x40", "1x40"],
         // n1 holds self-GC back for a serving checkpoint all along; n2 holds nothing.
         "PodCheckpointerSelfGcDeferred" => ["1x60", "0x60"],
         other => panic!("no values for {other}"),

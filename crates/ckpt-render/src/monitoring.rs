@@ -69,6 +69,14 @@ pub const ALERTS: &[Alert] = &[
         description: "The token is renewed every hour with a 7-day lifetime; one this close to expiry means renewal fails (RBAC for serviceaccounts/token, or an API server capping token lifetimes below a day: then raise this threshold). After a power cut the static copy could not reach the API server once it expires.",
     },
     Alert {
+        name: "PodCheckpointerNotSelfCheckpointed",
+        expr: "min by (node) (pod_checkpointer_self_checkpointed{JOB}) == 0",
+        for_: "15m",
+        severity: "critical",
+        summary: "pod-checkpointer does not checkpoint itself on a node.",
+        description: "The agent's own pod is not annotated checkpointer.alpha.coreos.com/checkpoint=true, or its namespace is not in --namespaces: no static copy of the agent exists, so after a power cut without the API server nothing activates the node's checkpoints. Its logs say which.",
+    },
+    Alert {
         name: "PodCheckpointerSelfGcDeferred",
         expr: "max by (node) (pod_checkpointer_self_gc_deferred{JOB}) > 0",
         for_: "30m",
