@@ -201,9 +201,10 @@ impl Health {
         match self.phase() {
             Phase::Standby => Verdict::ok("standby"),
             // The holder cannot sync: not ready, and says why (it hands the lock over).
-            Phase::Ready if self.api_state() == "unauthorized" => {
-                Verdict::failed("unauthorized: the API server rejects this copy's credentials".into())
-            }
+            Phase::Ready if self.api_state() == "unauthorized" => Verdict::failed(
+                "unauthorized: the API server rejects this copy's credentials or forbids its pod reads"
+                    .into(),
+            ),
             Phase::Ready => Verdict::ok("ok\n"),
             Phase::Starting => Verdict::failed("starting".into()),
             Phase::Stopping => Verdict::failed("stopping".into()),
@@ -665,7 +666,7 @@ mod tests {
             (status, body.as_str()),
             (
                 DOWN,
-                "unauthorized: the API server rejects this copy's credentials"
+                "unauthorized: the API server rejects this copy's credentials or forbids its pod reads"
             )
         );
         assert_eq!(route("GET", "/healthz", &h, Instant::now()).0, OK);

@@ -1804,7 +1804,7 @@ async fn a_holder_whose_credentials_are_rejected_hands_the_lock_over() {
         .expect_ready(
             "not ready while rejected",
             503,
-            "unauthorized: the API server rejects this copy's credentials",
+            "unauthorized: the API server rejects this copy's credentials or forbids its pod reads",
         )
         .await;
     let lock_path = world.path("run/pod-checkpointer.lock");

@@ -513,7 +513,7 @@ impl Agent {
         self.unauthorized_since = rejected.then_some(now);
         let status = rejected.then(|| {
             format!(
-                "api=unauthorized since {}: the API server rejects this copy's credentials",
+                "api=unauthorized since {}: the API server rejects this copy's credentials (401) or forbids its pod reads (403)",
                 now.to_rfc3339()
             )
         });
