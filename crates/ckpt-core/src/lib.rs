@@ -81,8 +81,8 @@ pub use identity::{
     ANNOTATION_CHECKPOINT, ANNOTATION_CHECKPOINT_OF, ANNOTATION_DECOMMISSION, ControllerOwner, LockIdentity,
     NamespaceAllowList, PodId, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
 };
-pub use journal::{HandoffRecord, PersistentState, RestartsSeen, SpecSince, Suspension};
-pub use known_good::KNOWN_GOOD_AFTER;
+pub use journal::{ContentSeen, HandoffRecord, PersistentState, RestartsSeen, SpecSince, Suspension};
+pub use known_good::{KNOWN_GOOD_AFTER, KUBELET_SYNC_ALLOWANCE};
 pub use lookups::{daemon_set_lookups, orphan_owners, required_by_namespace, scheduling_lookup};
 pub use observation::{
     ApiState, DiskCheckpoint, Fetched, LocalView, ObjectKind, ObjectRef, ObjectsView, Observation, OwnerKey,
@@ -90,7 +90,7 @@ pub use observation::{
 };
 pub use plan::{CheckpointState, Removal, RemovalReason};
 pub use references::{RequiredObjects, references_api_objects};
-pub use sanitize::{ApiObjects, SanitizeOptions, Sanitized, sanitize};
+pub use sanitize::{ApiObjects, ContentParts, SanitizeOptions, Sanitized, sanitize};
 pub use scheduling::daemon_pod_continues_running;
 pub use time::Timestamp;
 
