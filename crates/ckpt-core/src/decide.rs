@@ -28,7 +28,7 @@ use crate::identity::{
     template_generation,
 };
 use crate::journal::PersistentState;
-use crate::known_good;
+use crate::known_good::{self, ParentContent};
 use crate::lookups::own_owner;
 use crate::observation::{
     ApiParent, ApiState, ApiView, DiskCheckpoint, Fetched, LocalView, Observation, OwnerKey, SelfScheduling,
@@ -36,7 +36,7 @@ use crate::observation::{
 use crate::plan::{CheckpointState, PlanInputs, Removal, orphans, plan};
 use crate::references::{over_watch_budget, required_objects};
 use crate::revisions::{Handoff, Lineage, RevisionSettings, SetAside};
-use crate::sanitize::{SanitizeOptions, sanitize};
+use crate::sanitize::{ContentParts, SanitizeOptions, sanitize};
 use crate::scheduling::daemon_pod_continues_running;
 use crate::time::Timestamp;
 
@@ -221,6 +221,8 @@ pub struct Assessment<'a> {
     local: &'a LocalView,
     checkpoints: BTreeMap<PodId, Checkpoint>,
     desired: BTreeMap<PodId, String>,
+    /// The same parents' content by part, with what proves it.
+    contents: BTreeMap<PodId, ParentContent>,
     /// The parents whose API pod is Ready (synced views only).
     ready: BTreeSet<PodId>,
     /// The parents being deleted (synced views only).
@@ -254,6 +256,7 @@ impl Assessment<'_> {
             local: self.local,
             disk: self.disk,
             desired: &self.desired,
+            contents: &self.contents,
             verdicts,
             state: self.state,
             me: &self.me,
@@ -373,8 +376,24 @@ pub fn assess<'a>(
     } else {
         BTreeMap::new()
     };
+    let (checkpoints, parts): (BTreeMap<PodId, Checkpoint>, BTreeMap<PodId, ContentParts>) = (checkpoints
+        .into_iter())
+    .map(|(id, (checkpoint, parts))| ((id.clone(), checkpoint), (id, parts)))
+    .unzip();
     let desired: BTreeMap<PodId, String> = (checkpoints.iter())
         .map(|(id, c)| (id.clone(), c.spec_hash.clone()))
+        .collect();
+    let contents: BTreeMap<PodId, ParentContent> = (checkpoints.iter().zip(parts))
+        .filter_map(|((id, c), (_, parts))| {
+            let pod = parents.get(id)?;
+            let content = ParentContent {
+                spec_hash: c.spec_hash.clone(),
+                parts,
+                uid: pod.metadata.uid.clone(),
+                started: known_good::containers_started(pod),
+            };
+            Some((id.clone(), content))
+        })
         .collect();
     let ready: BTreeSet<PodId> = (parents.iter())
         .filter(|(_, pod)| synced && known_good::is_ready(pod))
@@ -456,6 +475,7 @@ pub fn assess<'a>(
         local: &observation.local,
         checkpoints,
         desired,
+        contents,
         ready,
         terminating,
         live: if synced {
@@ -606,7 +626,7 @@ fn sanitize_parents(
     config: &DecideConfig,
     now: Timestamp,
     report: &mut Report,
-) -> BTreeMap<PodId, Checkpoint> {
+) -> BTreeMap<PodId, (Checkpoint, ContentParts)> {
     let options = SanitizeOptions {
         checkpoint_dir: config.checkpoint_dir.clone(),
         checkpointed_at: now,
@@ -665,7 +685,7 @@ fn sanitize_parents(
                 if !sanitized.warnings.is_empty() {
                     report.warnings.insert(id.clone(), sanitized.warnings);
                 }
-                out.insert(id.clone(), sanitized.checkpoint);
+                out.insert(id.clone(), (sanitized.checkpoint, sanitized.parts));
             }
             Err(message) => {
                 let refusal = Refusal {

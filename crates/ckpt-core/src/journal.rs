@@ -22,6 +22,10 @@ pub struct PersistentState {
     /// Since when each parent has been Ready with content not proven yet.
     #[serde(default, with = "pod_id_map")]
     pub ready_since: BTreeMap<PodId, SpecSince>,
+    /// When each parent's current content was first seen, per part: what a proof counts
+    /// from (issue 36: a rotated Secret is not proven by a pod that never read it).
+    #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub content_seen: BTreeMap<PodId, ContentSeen>,
     /// Handoffs under way from a known-good checkpoint to the newest revision of its
     /// lineage, by the newest revision, since when (ARCHITECTURE.md, the handoff).
     #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
@@ -102,6 +106,28 @@ pub struct SpecSince {
     pub spec_hash: String,
     /// When.
     pub since: Timestamp,
+}
+
+/// A parent's content parts ([`ContentParts`](crate::ContentParts)) and when each was
+/// first seen on a synced view. A part that was the pod's content when the agent first saw
+/// the pod has no time: it counts as read at start, as every container started with it as
+/// far as the agent can tell.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContentSeen {
+    /// The pod's UID: a pod of the same name with another one is a first sighting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The hash of the part read at start.
+    pub read_at_start: String,
+    /// When it changed under the running pod: only containers started since prove it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_at_start_since: Option<Timestamp>,
+    /// The hash of the part the kubelet updates in place.
+    pub updated_in_place: String,
+    /// When it changed under the running pod: readiness proves it only once the kubelet
+    /// could have synced it ([`KUBELET_SYNC_ALLOWANCE`](crate::KUBELET_SYNC_ALLOWANCE)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_in_place_since: Option<Timestamp>,
 }
 
 /// An active revision's restart count when the agent first saw it in this outage (the

@@ -83,8 +83,8 @@ pub use identity::{
     NamespaceAllowList, PodId, SelfCheckpointing, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
     self_checkpointing,
 };
-pub use journal::{HandoffRecord, PersistentState, RestartsSeen, SpecSince, Suspension};
-pub use known_good::KNOWN_GOOD_AFTER;
+pub use journal::{ContentSeen, HandoffRecord, PersistentState, RestartsSeen, SpecSince, Suspension};
+pub use known_good::{KNOWN_GOOD_AFTER, KUBELET_SYNC_ALLOWANCE};
 pub use lookups::{
     daemon_set_lookups, local_namespaces_outside, orphan_owners, required_by_namespace, scheduling_lookup,
 };
@@ -94,7 +94,7 @@ pub use observation::{
 };
 pub use plan::{CheckpointState, Removal, RemovalReason};
 pub use references::{RequiredObjects, references_api_objects};
-pub use sanitize::{ApiObjects, SanitizeOptions, Sanitized, sanitize};
+pub use sanitize::{ApiObjects, ContentParts, SanitizeOptions, Sanitized, sanitize};
 pub use scheduling::daemon_pod_continues_running;
 pub use time::Timestamp;
 

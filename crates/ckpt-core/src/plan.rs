@@ -249,17 +249,16 @@ fn track_known_good(inputs: &PlanInputs<'_>, now: Timestamp, out: &mut Plan) {
         .cloned()
         .collect();
     let synced = matches!(inputs.api, ApiView::Synced { .. });
-    let tracked = known_good::track(
-        &out.state.known_good,
-        &inputs.state.ready_since,
-        inputs.desired,
-        inputs.ready,
-        &kept,
-        synced,
-        now,
-    );
-    out.state.known_good = tracked.known_good;
-    out.state.ready_since = tracked.ready_since;
+    let before = known_good::Proofs {
+        // The lineages' outcome: what they set aside or suspended.
+        known_good: std::mem::take(&mut out.state.known_good),
+        ready_since: inputs.state.ready_since.clone(),
+        content_seen: inputs.state.content_seen.clone(),
+    };
+    let tracked = known_good::track(&before, inputs.contents, inputs.ready, &kept, synced, now);
+    out.state.known_good = tracked.proofs.known_good;
+    out.state.ready_since = tracked.proofs.ready_since;
+    out.state.content_seen = tracked.proofs.content_seen;
     out.known_good_at = tracked.next;
 }
 
@@ -276,6 +275,7 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             // Tracked once the actions are planned (`track_known_good`).
             known_good: inputs.state.known_good.clone(),
             ready_since: inputs.state.ready_since.clone(),
+            content_seen: inputs.state.content_seen.clone(),
             // Set below, per lineage.
             handoffs: BTreeMap::new(),
             rejected: BTreeMap::new(),

@@ -7,12 +7,12 @@
 //! objects (see [`references_api_objects`]), and to a kubelet that runs the parent too
 //! (a host-network checkpoint declares no host ports).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, DownwardAPIVolumeFile, EnvVar, HTTPGetAction, HostPathVolumeSource, KeyToPath, Pod,
-    PodSpec, Secret, TCPSocketAction, Volume,
+    PodSpec, Secret, TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -63,6 +63,21 @@ pub struct Sanitized {
     pub checkpoint: Checkpoint,
     /// Deliberate differences worth a log line (a dropped service-account token, …).
     pub warnings: Vec<String>,
+    /// The content split by how the parent's containers see it: what proves it differs
+    /// (ARCHITECTURE.md, Known-good content).
+    pub parts: ContentParts,
+}
+
+/// A checkpoint's content in two parts, each with its own hash; the spec hash covers both.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContentParts {
+    /// What a container reads when it starts: the sanitized spec (resolved `env` and
+    /// `envFrom` included) and the data of volumes mounted with `subPath`/`subPathExpr` or
+    /// by an init container. A running container never sees a change to it.
+    pub read_at_start: String,
+    /// What the kubelet updates in place in a running pod: the data of Secret, ConfigMap
+    /// and projected volumes mounted only by containers and only without `subPath`.
+    pub updated_in_place: String,
 }
 
 /// Sanitizes a parent pod into a checkpoint. Pure and deterministic: the same inputs give
@@ -99,7 +114,7 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
         objects,
         options,
         dirs: BTreeMap::new(),
-        materialized_volumes: Vec::new(),
+        materialized_volumes: BTreeMap::new(),
         group_read: spec
             .security_context
             .as_ref()
@@ -129,7 +144,7 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
             // Read-only like the kubelet's own secret/configMap/projected mounts: the
             // data is the checkpoint's, and the pod must not change it for its next run.
             for mount in c.volume_mounts.iter_mut().flatten() {
-                if cx.materialized_volumes.contains(&mount.name) {
+                if cx.materialized_volumes.contains_key(&mount.name) {
                     mount.read_only = Some(true);
                 }
             }
@@ -179,6 +194,7 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
     let (dirs, warnings, manifest_holds_secrets) = (cx.dirs, cx.warnings, cx.secrets_in_manifest);
     let dirs: Vec<MaterializedDir> = dirs.into_values().collect();
     let spec_hash = spec_hash(&manifest, &dirs, owner);
+    let parts = content_parts(&manifest, &dirs, &cx.materialized_volumes, owner);
     let annotations = manifest.metadata.annotations.get_or_insert_default();
     annotations.insert(ANNOTATION_SPEC_HASH.to_owned(), spec_hash.clone());
     annotations.insert(
@@ -195,7 +211,43 @@ pub fn sanitize(pod: &Pod, objects: &ApiObjects, options: &SanitizeOptions) -> R
             spec_hash,
         },
         warnings,
+        parts,
     })
+}
+
+/// Splits the content hashed by [`spec_hash`] into [`ContentParts`]. A directory shared by
+/// a volume read at start and one updated in place counts as read at start: a change to it
+/// needs a restart to be proven.
+fn content_parts(
+    manifest: &Pod,
+    dirs: &[MaterializedDir],
+    volume_dirs: &BTreeMap<String, DataDir>,
+    owner: FileOwner,
+) -> ContentParts {
+    let Some(spec) = manifest.spec.as_ref() else {
+        return ContentParts::default();
+    };
+    fn mounts(containers: &[Container]) -> impl Iterator<Item = &VolumeMount> {
+        containers.iter().flat_map(|c| c.volume_mounts.iter().flatten())
+    }
+    let has_sub_path = |m: &&VolumeMount| {
+        let set = |p: &Option<String>| p.as_ref().is_some_and(|p| !p.is_empty());
+        set(&m.sub_path) || set(&m.sub_path_expr)
+    };
+    // The kubelet bind-mounts a subPath once, at start; an init container reads what it
+    // reads before the pod runs, once.
+    let read_at_start: BTreeSet<&DataDir> = (mounts(spec.init_containers.as_deref().unwrap_or_default()))
+        .chain(mounts(&spec.containers).filter(has_sub_path))
+        .filter_map(|m| volume_dirs.get(&m.name))
+        .collect();
+    let (at_start, in_place): (Vec<MaterializedDir>, Vec<MaterializedDir>) =
+        (dirs.iter().cloned()).partition(|d| read_at_start.contains(&d.dir));
+    // Serializing plain values cannot fail (as in `spec_hash`).
+    let in_place_bytes = serde_json::to_vec(&in_place).unwrap_or_default();
+    ContentParts {
+        read_at_start: spec_hash(manifest, &at_start, owner),
+        updated_in_place: sha256_hex(&in_place_bytes),
+    }
 }
 
 /// Hash over everything that would be written, except the checkpoint time.
@@ -362,8 +414,9 @@ struct Sanitizer<'a> {
     objects: &'a ApiObjects,
     options: &'a SanitizeOptions,
     dirs: BTreeMap<DataDir, MaterializedDir>,
-    /// Volumes that became hostPath directories of ours: mounted read-only.
-    materialized_volumes: Vec<String>,
+    /// Volumes that became hostPath directories of ours (mounted read-only), with the
+    /// directory each holds.
+    materialized_volumes: BTreeMap<String, DataDir>,
     /// The pod sets `fsGroup`: files get group read, as the kubelet adds it.
     group_read: bool,
     warnings: Vec<String>,
@@ -596,7 +649,7 @@ impl<'a> Sanitizer<'a> {
             path,
             type_: Some("Directory".into()),
         });
-        self.materialized_volumes.push(volume.name.clone());
+        self.materialized_volumes.insert(volume.name.clone(), dir);
         Ok(())
     }
 
@@ -1646,6 +1699,149 @@ mod tests {
         let before = sanitize(&spec, &objects(), &options()).expect("ok").checkpoint;
         let after = sanitize(&spec, &changed, &options()).expect("ok").checkpoint;
         assert_ne!(before.spec_hash, after.spec_hash);
+    }
+
+    /// What a case changes between two sanitizations of the same pod.
+    #[derive(Clone, Copy, Debug)]
+    enum Change {
+        /// The Secret `tls` rotated.
+        Secret,
+        /// The ConfigMap `config` edited.
+        ConfigMap,
+        /// The first container's image.
+        Image,
+    }
+
+    /// Which part of a checkpoint's content a change lands in: what proves it differs
+    /// (issue 36, Known-good content).
+    #[test]
+    fn a_change_lands_in_the_part_its_containers_read_it_by() {
+        fn check(what: &str, spec: Value, change: Change, read_at_start: bool) {
+            let mut after_objects = objects();
+            let mut after_spec = spec.clone();
+            match change {
+                Change::Secret => {
+                    let tls = after_objects.secrets.get_mut("tls").expect("tls");
+                    let data = Arc::make_mut(tls).data.get_or_insert_default();
+                    data.insert("tls.crt".into(), ByteString(b"NEW".to_vec()));
+                }
+                Change::ConfigMap => {
+                    let config = after_objects.config_maps.get_mut("config").expect("config");
+                    let data = Arc::make_mut(config).data.get_or_insert_default();
+                    data.insert("a.yaml".into(), "a: 2".into());
+                    data.insert("LOG_LEVEL".into(), "info".into());
+                }
+                Change::Image => {
+                    after_spec["containers"][0]["image"] = json!("registry.k8s.io/kube-apiserver:v1.34.0")
+                }
+            }
+            let before = sanitize(&pod(spec), &objects(), &options()).expect("sanitizes");
+            let after = sanitize(&pod(after_spec), &after_objects, &options()).expect("sanitizes");
+            assert_ne!(
+                before.checkpoint.spec_hash, after.checkpoint.spec_hash,
+                "{what}: spec hash"
+            );
+            let changed = (
+                before.parts.read_at_start != after.parts.read_at_start,
+                before.parts.updated_in_place != after.parts.updated_in_place,
+            );
+            assert_eq!(
+                changed,
+                (read_at_start, !read_at_start),
+                "{what}: (read at start, updated in place) changed"
+            );
+        }
+        let tls = json!([{"name": "tls", "secret": {"secretName": "tls"}}]);
+        let config = json!([{"name": "config", "configMap": {"name": "config"}}]);
+        let mount = |name: &str, extra: Value| {
+            let mut m = json!({"name": name, "mountPath": "/m"});
+            if let (Some(m), Some(extra)) = (m.as_object_mut(), extra.as_object()) {
+                m.extend(extra.clone());
+            }
+            json!({"volumeMounts": [m]})
+        };
+        let cases = [
+            (
+                "a Secret volume: the kubelet updates it in place",
+                json!({"containers": [container(mount("tls", json!({})))], "volumes": tls}),
+                Change::Secret,
+                false,
+            ),
+            (
+                "a Secret volume mounted with subPath: bound once, at start",
+                json!({"containers": [container(mount("tls", json!({"subPath": "tls.crt"})))], "volumes": tls}),
+                Change::Secret,
+                true,
+            ),
+            (
+                "a ConfigMap volume mounted with subPath",
+                json!({"containers": [container(mount("config", json!({"subPath": "a.yaml"})))], "volumes": config}),
+                Change::ConfigMap,
+                true,
+            ),
+            (
+                "a ConfigMap volume mounted with subPathExpr",
+                json!({"containers": [container(mount("config", json!({"subPathExpr": "$(X)"})))], "volumes": config}),
+                Change::ConfigMap,
+                true,
+            ),
+            (
+                "a ConfigMap volume mounted with an empty subPath is the whole volume",
+                json!({"containers": [container(mount("config", json!({"subPath": ""})))], "volumes": config}),
+                Change::ConfigMap,
+                false,
+            ),
+            (
+                "a volume mounted with subPath by one container and whole by another",
+                json!({"containers": [
+                    container(mount("tls", json!({}))),
+                    {"name": "d", "image": "busybox", "volumeMounts": [{"name": "tls", "mountPath": "/m", "subPath": "tls.crt"}]}
+                ], "volumes": tls}),
+                Change::Secret,
+                true,
+            ),
+            (
+                "a volume an init container mounts: read once, before the pod runs",
+                json!({"initContainers": [{"name": "i", "image": "busybox", "volumeMounts": [{"name": "tls", "mountPath": "/m"}]}],
+                       "containers": [container(mount("tls", json!({})))], "volumes": tls}),
+                Change::Secret,
+                true,
+            ),
+            (
+                "a projected volume's Secret: updated in place",
+                json!({"containers": [container(mount("p", json!({})))],
+                       "volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": "tls"}}]}}]}),
+                Change::Secret,
+                false,
+            ),
+            (
+                "a volume no container mounts is nobody's start",
+                json!({"containers": [container(json!({}))], "volumes": tls}),
+                Change::Secret,
+                false,
+            ),
+            (
+                "a Secret in env: resolved into the spec",
+                json!({"containers": [container(json!({"env": [{"name": "CRT", "valueFrom": {"secretKeyRef": {"name": "tls", "key": "tls.crt"}}}]}))]}),
+                Change::Secret,
+                true,
+            ),
+            (
+                "a ConfigMap in envFrom",
+                json!({"containers": [container(json!({"envFrom": [{"configMapRef": {"name": "config"}}]}))]}),
+                Change::ConfigMap,
+                true,
+            ),
+            (
+                "the spec itself",
+                json!({"containers": [container(mount("tls", json!({})))], "volumes": tls}),
+                Change::Image,
+                true,
+            ),
+        ];
+        for (what, spec, change, read_at_start) in cases {
+            check(what, spec, change, read_at_start);
+        }
     }
 
     #[test]

@@ -983,6 +983,116 @@ fn a_ready_parents_content_becomes_known_good_after_a_minute() {
     assert_eq!(offline.state.known_good, second.state.known_good);
 }
 
+/// Issue 36, through `decide` and the journal: a Secret a container reads in `env` rotated
+/// under the running pod is not proven by the pod staying Ready, only once its container
+/// restarted after the rotation was seen; the Secret's volume alone would be proven after
+/// the kubelet's sync allowance.
+#[test]
+fn a_rotated_secret_is_proven_by_how_its_container_reads_it() {
+    let secs = |s: i64| Timestamp(s * 1000);
+    let with_pod = |world: &mut World, env: bool, started: Timestamp| {
+        let spec = PodSpec {
+            mounts: Some("present"),
+            ..parent("a")
+        };
+        let (id_a, pod) = pod("a", spec);
+        let mut pod = (*pod).clone();
+        let mut container = json!({"name": "c", "image": "registry.example/c:1",
+                                   "volumeMounts": [{"name": "s", "mountPath": "/s"}]});
+        if env {
+            container["env"] =
+                json!([{"name": "K", "valueFrom": {"secretKeyRef": {"name": "present", "key": "k"}}}]);
+        }
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers = vec![serde_json::from_value(container).expect("a container")];
+        }
+        pod.status = Some(
+            serde_json::from_value(json!({
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "", "imageID": "",
+                                       "state": {"running": {"startedAt": started.to_rfc3339()}}}]
+            }))
+            .expect("a status"),
+        );
+        world.observation.pods.insert(id_a, Arc::new(pod));
+    };
+    let rotate = |world: &mut World| {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "present", "namespace": NS}, "data": {"k": "dzI="}}))
+        .expect("a valid secret");
+        let view = world
+            .observation
+            .objects
+            .get_mut(NS)
+            .expect("the namespace's objects");
+        view.objects.secrets.insert("present".into(), secret.into());
+    };
+    let pass = |world: &World, state: &PersistentState, now: Timestamp| {
+        decide(
+            &world.observation,
+            &world.disk,
+            state,
+            &world.verdicts,
+            &world.config,
+            now,
+        )
+    };
+    let proven = |state: &PersistentState| state.known_good.get(&id("a")).map(|k| k.spec_hash.clone());
+
+    for env in [true, false] {
+        let what = if env { "in env" } else { "in a volume only" };
+        let mut world = World::synced(&[]);
+        with_pod(&mut world, env, secs(900));
+        let first = pass(&world, &PersistentState::default(), NOW);
+        let old = first.state.ready_since[&id("a")].spec_hash.clone();
+        let proved = pass(&world, &first.state, secs(1_060));
+        assert_eq!(
+            proven(&proved.state),
+            Some(old.clone()),
+            "{what}: first content, a minute"
+        );
+
+        rotate(&mut world);
+        let seen = pass(&world, &proved.state, secs(1_100));
+        let new = seen.state.ready_since[&id("a")].spec_hash.clone();
+        assert_ne!(new, old, "{what}: the rotation is new content");
+        let later = pass(&world, &seen.state, secs(1_600));
+        if env {
+            // Was proven at 1 160: the container still had the old value.
+            assert_eq!(
+                proven(&later.state),
+                Some(old.clone()),
+                "{what}: Ready for 500 s, not restarted"
+            );
+            assert_eq!(
+                seen.report.next_deadline, None,
+                "{what}: nothing due before a restart"
+            );
+            with_pod(&mut world, env, secs(1_700));
+            let restarted = pass(&world, &later.state, secs(1_700));
+            assert_eq!(
+                restarted.report.next_deadline,
+                Some(secs(1_760)),
+                "{what}: due a minute after the restart"
+            );
+            let after = pass(&world, &restarted.state, secs(1_760));
+            assert_eq!(
+                proven(&after.state),
+                Some(new),
+                "{what}: proven by the restarted container"
+            );
+        } else {
+            assert_eq!(
+                seen.report.next_deadline,
+                Some(secs(1_310)),
+                "{what}: after the sync allowance and a minute"
+            );
+            assert_eq!(proven(&later.state), Some(new), "{what}: proven with no restart");
+        }
+    }
+}
+
 /// A pod like [`pod`]'s, Ready on a synced view.
 fn ready_pod(name: &str, spec: PodSpec<'_>) -> (PodId, Arc<Pod>) {
     let (id, pod) = pod(name, spec);
@@ -1108,6 +1218,34 @@ fn known_good_tracking_follows_the_plans_outcome() {
             "{what}: ready since"
         );
     }
+}
+
+/// The content records round-trip through the journal's JSON, a part without a time
+/// (seen with the pod) without the field.
+#[test]
+fn content_records_round_trip_through_the_journal() {
+    let state = PersistentState {
+        content_seen: BTreeMap::from([(
+            id("a"),
+            crate::ContentSeen {
+                uid: Some("uid-a".into()),
+                read_at_start: "s1".into(),
+                read_at_start_since: None,
+                updated_in_place: "v1".into(),
+                updated_in_place_since: Some(Timestamp(5_000)),
+            },
+        )]),
+        ..PersistentState::default()
+    };
+    let written = serde_json::to_string(&state).expect("writes");
+    assert!(
+        written.contains(
+            r#""content_seen":[{"namespace":"kube-system","name":"a","uid":"uid-a","read_at_start":"s1","updated_in_place":"v1","updated_in_place_since":5000}]"#
+        ),
+        "{written}"
+    );
+    let read: PersistentState = serde_json::from_str(&written).expect("reads back");
+    assert_eq!(read, state);
 }
 
 /// The journal of an agent from before known-good tracking still reads.

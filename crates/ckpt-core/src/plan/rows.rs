@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::gc::{GcDecision, GcVerdict};
 use crate::identity::{NamespaceAllowList, PodId, SelfIdentity};
 use crate::journal::PersistentState;
+use crate::known_good::ParentContent;
 use crate::observation::{ApiParent, ApiView, DiskCheckpoint, LocalView, SelfScheduling};
 use crate::revisions::{Lineage, RevisionSettings};
 use crate::time::Timestamp;
@@ -21,6 +22,8 @@ pub(crate) struct PlanInputs<'a> {
     pub(crate) disk: &'a BTreeMap<PodId, DiskCheckpoint>,
     /// Spec hash of the sanitized API copy of each parent that could be sanitized.
     pub(crate) desired: &'a BTreeMap<PodId, String>,
+    /// The same parents' content by part, with what proves it (known-good tracking).
+    pub(crate) contents: &'a BTreeMap<PodId, ParentContent>,
     /// GC verdicts for the [`orphans`](super::orphans), computed by the strategy.
     pub(crate) verdicts: &'a BTreeMap<PodId, GcDecision>,
     /// The persisted state from the previous pass.

@@ -11,6 +11,7 @@ use crate::checkpoint::CheckpointMeta;
 use crate::gc::GcDecision;
 use crate::identity::ControllerOwner;
 use crate::journal::{RestartsSeen, SpecSince};
+use crate::known_good::ParentContent;
 use crate::observation::{ApiParent, LocalView, StoredCopy};
 use crate::revisions::{Lineage, RevisionSettings};
 
@@ -70,6 +71,9 @@ struct World {
     local: LocalView,
     disk: BTreeMap<PodId, DiskCheckpoint>,
     desired: BTreeMap<PodId, String>,
+    /// Made from `desired`: each content wholly read at start, so a pod's content counts
+    /// as it did before content parts (`known_good`'s tables cover them).
+    contents: BTreeMap<PodId, ParentContent>,
     verdicts: BTreeMap<PodId, GcDecision>,
     state: PersistentState,
     me: SelfIdentity,
@@ -111,6 +115,7 @@ impl World {
             },
             disk: disk.iter().map(|(n, c)| on_disk(n, c)).collect(),
             desired: BTreeMap::new(),
+            contents: BTreeMap::new(),
             verdicts: BTreeMap::new(),
             state: PersistentState::default(),
             me: me(),
@@ -212,6 +217,20 @@ impl World {
 
     fn desired(mut self, entries: &[(&str, &str)]) -> Self {
         self.desired = entries.iter().map(|(n, h)| (id(n), (*h).to_owned())).collect();
+        self.contents = (self.desired.iter())
+            .map(|(id, hash)| {
+                let content = ParentContent {
+                    spec_hash: hash.clone(),
+                    parts: crate::ContentParts {
+                        read_at_start: hash.clone(),
+                        updated_in_place: String::new(),
+                    },
+                    uid: None,
+                    started: None,
+                };
+                (id.clone(), content)
+            })
+            .collect();
         self
     }
 
@@ -226,6 +245,7 @@ impl World {
             local: &self.local,
             disk: &self.disk,
             desired: &self.desired,
+            contents: &self.contents,
             verdicts: &self.verdicts,
             state: &self.state,
             me: &self.me,
