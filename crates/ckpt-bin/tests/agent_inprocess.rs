@@ -2063,6 +2063,54 @@ fn identity_of(world: &World, rel: &str) -> (std::time::SystemTime, u64) {
 /// (not "nothing runs"): with the API up nothing starts or stops; with the API down the
 /// checkpoints start once (availability first) and are never rewritten or stopped while
 /// the API comes and goes.
+/// Issue 36: with the CRI off, the static copy has no service-account token (a static pod
+/// mounts none), so a kubelet with webhook authentication answered its `/pods` 401 and its
+/// local view stayed unknown for as long as it held the lock: checkpoints it activated in
+/// an outage were never stopped. It now calls a kubelet whose certificate `--kubelet-ca`
+/// verifies with the kept token of its account, once the DaemonSet copy has written it.
+#[tokio::test]
+async fn the_static_copy_reads_the_kubelet_with_its_kept_token() {
+    let mut world = World::new(Local::Kubelet, &[]).await;
+    world.kubelet = FakeKubelet::start(true).await;
+    world.kubelet.require_token("kept-token");
+    for pod in [APISERVER, AGENT, NETWORK] {
+        world.run(pod);
+    }
+    let ca = world.path("kubelet-ca.pem");
+    std::fs::write(&ca, ckpt_testkit::TEST_CA_PEM).expect("write the CA");
+    let ca = ca.display().to_string();
+    let agent = world.start_agent(AGENT_STATIC, &["--kubelet-ca", &ca]);
+    agent.expect_api("synced").await;
+    // No kept token yet: the kubelet refuses, the local view is unknown.
+    eventually("the kubelet refusing a request without a token", || async {
+        lock_kubelet(&world).auth.iter().any(Option::is_none)
+    })
+    .await;
+    assert_eq!(agent.metric("local_view_available").await, 0.0);
+
+    let layout = ckpt_store::Layout::new(world.path("ck"), world.path("manifests"));
+    let kept = layout.credentials_token_path();
+    std::fs::create_dir_all(kept.parent().expect("a parent")).expect("the agent's dir");
+    std::fs::write(&kept, "kept-token\n").expect("write the kept token");
+    eventually("the local view known through the kept token", || async {
+        agent.metric("local_view_available").await == 1.0
+    })
+    .await;
+    assert_eq!(
+        lock_kubelet(&world).auth.last().cloned().flatten().as_deref(),
+        Some("Bearer kept-token")
+    );
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
+fn lock_kubelet(world: &World) -> std::sync::MutexGuard<'_, ckpt_testkit::KubeletState> {
+    world
+        .kubelet
+        .state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 async fn local_view_unknown(local: Local) {
     let world = World::new(local, &[APISERVER, AGENT, NETWORK]).await;
     let agent = world.start_agent(AGENT, &["--gc-strategy", "immediate"]);

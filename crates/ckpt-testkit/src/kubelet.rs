@@ -22,6 +22,9 @@ pub struct KubeletState {
     pub auth: Vec<Option<String>>,
     /// Paths requested.
     pub paths: Vec<String>,
+    /// When set, `/pods/` answers 401 to a request without `Authorization: Bearer <this>`,
+    /// as a kubelet with webhook authentication does.
+    pub required_token: Option<String>,
 }
 
 /// A kubelet on `127.0.0.1:<random port>`, plain HTTP or TLS with the test certificate.
@@ -118,6 +121,11 @@ impl FakeKubelet {
         }
     }
 
+    /// From now on `/pods/` answers 401 unless the request carries this bearer token.
+    pub fn require_token(&self, token: &str) {
+        lock(&self.state).required_token = Some(token.to_owned());
+    }
+
     /// Answers `/pods/` with this status from now on (200 = the pod list).
     pub fn set_status(&self, status: u16) {
         lock(&self.state).status = status;
@@ -142,8 +150,14 @@ fn kubelet_handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
     );
+    let authorized = match &st.required_token {
+        Some(token) => st.auth.last().cloned().flatten() == Some(format!("Bearer {token}")),
+        None => true,
+    };
     let (code, body) = if req.uri().path() != "/pods/" {
         (404, "404 page not found".to_owned())
+    } else if !authorized {
+        (401, "Unauthorized".to_owned())
     } else if st.status == 200 {
         (
             200,

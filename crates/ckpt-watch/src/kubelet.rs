@@ -197,7 +197,12 @@ impl KubeletClient {
             path: path.clone(),
             source,
         };
-        let meta = std::fs::metadata(path).map_err(read_err)?;
+        // A token not written yet (the kept one, before the DaemonSet copy first mints it)
+        // is none: the request goes without, as with no token file.
+        let meta = match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            other => other.map_err(read_err)?,
+        };
         let stamp = (meta.modified().unwrap_or(SystemTime::UNIX_EPOCH), meta.len());
         let mut cached = lock(&self.token);
         if cached.stamp != Some(stamp) || cached.header.is_none() {

@@ -533,11 +533,33 @@ impl Agent {
     }
 }
 
+/// The token file the kubelet API is called with: the pod's service-account token; without
+/// one (the static copy: a static pod mounts no service-account token) the kept token of
+/// the static copy's account, which the rendered RBAC lets read `/pods`, but only to a
+/// kubelet whose certificate `--kubelet-ca` verifies. Without it a kubelet with webhook
+/// authentication answered the static copy 401, its local view stayed unknown for as long
+/// as it held the lock, and checkpoints it activated were never stopped (issue 36). The
+/// kept token is read when it exists (the DaemonSet copy writes it, and renews it hourly).
+fn kubelet_token(
+    trust: &KubeletTrust,
+    sa_token_exists: bool,
+    sa_token: &std::path::Path,
+    kept_token: &std::path::Path,
+) -> Option<std::path::PathBuf> {
+    if sa_token_exists {
+        Some(sa_token.to_path_buf())
+    } else {
+        matches!(trust, KubeletTrust::Ca(_)).then(|| kept_token.to_path_buf())
+    }
+}
+
 /// The kubelet `/pods` client: the service-account token, sent only to a kubelet whose
 /// certificate `--kubelet-ca` verifies, or to any with `--kubelet-insecure` (the settings
 /// refuse https with a token and neither).
 fn kubelet_client(settings: &RunSettings) -> Result<KubeletClient> {
-    let token = std::path::Path::new(crate::config::SERVICE_ACCOUNT_TOKEN);
+    let sa_token = std::path::Path::new(crate::config::SERVICE_ACCOUNT_TOKEN);
+    let kept_token = settings.disk.layout().credentials_token_path();
+    let token_file = kubelet_token(&settings.kubelet_trust, sa_token.exists(), sa_token, &kept_token);
     let (ca_file, insecure) = match &settings.kubelet_trust {
         KubeletTrust::Ca(path) => (Some(path.clone()), false),
         KubeletTrust::Unverified => (None, true),
@@ -545,7 +567,7 @@ fn kubelet_client(settings: &RunSettings) -> Result<KubeletClient> {
     KubeletClient::new(KubeletConfig {
         url: settings.kubelet_url.clone(),
         readonly_url: settings.kubelet_readonly_url.clone(),
-        token_file: token.exists().then(|| token.to_path_buf()),
+        token_file,
         ca_file,
         insecure_skip_tls_verify: insecure,
         timeout: REQUEST_TIMEOUT,
