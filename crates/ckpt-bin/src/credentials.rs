@@ -39,8 +39,20 @@ use crate::error::{Error, Result};
 pub(crate) const TOKEN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often a connected copy mints a fresh token.
 pub(crate) const REFRESH: Duration = Duration::from_secs(3600);
-/// After a failed attempt (no permission yet, API hiccup), try again this soon.
+/// After a failed attempt (no permission yet, the API server not back yet after a power
+/// cut), try again this soon, doubling with each failure up to [`RETRY`].
+pub(crate) const RETRY_FIRST: Duration = Duration::from_secs(10);
+/// The longest wait between failed attempts.
 pub(crate) const RETRY: Duration = Duration::from_secs(300);
+
+/// The wait after `failures` failed attempts in a row (≥ 1): [`RETRY_FIRST`] doubling to
+/// [`RETRY`]. A copy whose first mint after a power cut failed (the API server not serving
+/// yet) used to wait the full 5 minutes, while the static copy's kept token might be
+/// revoked or close to expiry.
+pub(crate) fn retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    RETRY_FIRST.saturating_mul(1 << doublings).min(RETRY)
+}
 
 /// Who the kept credentials are for: the agent's own service account.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -209,6 +221,20 @@ pub(crate) fn refresh_after(lifetime: Option<Duration>) -> Duration {
 mod tests {
 
     use super::*;
+
+    #[test]
+    fn a_failed_mint_is_retried_from_ten_seconds_doubling_to_five_minutes() {
+        let check = |failures: u32, secs: u64| {
+            assert_eq!(
+                retry_after(failures),
+                Duration::from_secs(secs),
+                "after {failures} failures"
+            );
+        };
+        for (failures, secs) in [(1, 10), (2, 20), (3, 40), (5, 160), (6, 300), (40, 300)] {
+            check(failures, secs);
+        }
+    }
 
     fn account() -> ServiceAccountRef {
         ServiceAccountRef {

@@ -14,7 +14,7 @@ use ckpt_core::error_chain;
 
 use crate::config::{KubeconfigSource, RunSettings};
 use crate::credentials::{
-    RETRY, ServerAccess, ServiceAccountRef, mint_token, refresh_after, render_kubeconfig,
+    ServerAccess, ServiceAccountRef, mint_token, refresh_after, render_kubeconfig, retry_after,
 };
 use crate::error::{Error, Result};
 use crate::events::EventSink;
@@ -307,6 +307,8 @@ pub(super) struct CredentialKeeper {
     kept: KeptCredentials,
     token_file: std::path::PathBuf,
     due: Instant,
+    /// Failed attempts in a row: the retry's back-off.
+    failures: u32,
 }
 
 impl CredentialKeeper {
@@ -328,6 +330,7 @@ impl CredentialKeeper {
             kept,
             token_file,
             due: Instant::now(),
+            failures: 0,
         })
     }
 
@@ -358,7 +361,12 @@ impl CredentialKeeper {
             }
             Err(e) => Err(e),
         };
-        self.due = Instant::now() + credentials_refresh(written, account);
+        self.failures = if written.is_ok() {
+            0
+        } else {
+            self.failures.saturating_add(1)
+        };
+        self.due = Instant::now() + credentials_refresh(written, account, self.failures);
     }
 
     /// Keeps them fresh for as long as it is polled (while waiting for the lock).
@@ -370,7 +378,11 @@ impl CredentialKeeper {
     }
 }
 /// When to mint again: logs the outcome.
-fn credentials_refresh(written: Result<Option<Duration>>, account: &ServiceAccountRef) -> Duration {
+fn credentials_refresh(
+    written: Result<Option<Duration>>,
+    account: &ServiceAccountRef,
+    failures: u32,
+) -> Duration {
     match written {
         Ok(lifetime) => {
             let next = refresh_after(lifetime);
@@ -384,7 +396,7 @@ fn credentials_refresh(written: Result<Option<Duration>>, account: &ServiceAccou
         }
         Err(e) => {
             // Jittered: every node's mint fails together when the API server does.
-            let retry = equal_jitter(RETRY);
+            let retry = equal_jitter(retry_after(failures));
             warn!(error = %error_chain(&e), retry_s = retry.as_secs(), "the static copy's API credentials are not refreshed");
             retry
         }
