@@ -183,23 +183,15 @@ pub(super) fn plan(
         // unknown: nothing says which revision the node could fall back to. While one is
         // suspended, the one run instead is watched too: if it crash-loops as well, the
         // restarts are the environment's, and the suspended one runs again; after that
-        // nothing more is set aside. Only while no pod of the lineage runs here: one that
-        // does may hold the port the replacement needs (a handoff that failed, its parent
-        // still running), so the replacement's restarts are its doing, not the
-        // environment's (the real node's rollback after a set-aside hit exactly that).
+        // nothing more is set aside.
         let in_lineage = |id: &PodId| indices.iter().any(|&i| rows[i].id == id);
-        let pod_runs_here = indices.iter().any(|&i| rows[i].runs == Some(true));
         let fallback = |revisions: &[(Lineage, Revision<'_>)], runs: &PodId, state: &PersistentState| {
             let (trial, failed_alike) = suspensions(state, in_lineage);
-            let other_proven = || (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && r.id != runs);
             unreachable
                 && !marks_unknown
                 && !failed_alike
-                && if trial.is_some() {
-                    !pod_runs_here
-                } else {
-                    other_proven()
-                }
+                && (trial.is_some()
+                    || (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && r.id != runs))
         };
         let (trial, _) = suspensions(state, in_lineage);
         let look = crash_loop(

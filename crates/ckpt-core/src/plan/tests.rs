@@ -10,7 +10,7 @@ use super::*;
 use crate::checkpoint::CheckpointMeta;
 use crate::gc::GcDecision;
 use crate::identity::ControllerOwner;
-use crate::journal::{HandoffRecord, RestartsSeen, SpecSince};
+use crate::journal::{RestartsSeen, SpecSince};
 use crate::known_good::ParentContent;
 use crate::observation::{ApiParent, LocalView, StoredCopy};
 use crate::revisions::{Lineage, RevisionSettings};
@@ -1911,43 +1911,6 @@ fn revisions_that_crash_loop_alike_go_back_to_the_newest() {
     let p = step(&mut w, 600, expect(&[], &[], &[], &[]), &[]);
     assert!(p.set_aside.is_empty());
     assert_eq!(p.states[&id("api-2")], Active);
-}
-
-/// The replacement of a suspended revision restarting while a pod of the lineage runs
-/// here is not the environment's doing: that pod may hold the port (a handoff that failed,
-/// its parent running on). Nothing is set aside then, and the suspended revision stays
-/// suspended (the real node's rollback after a set-aside restored the crash-looping one).
-#[test]
-fn a_replacement_restarting_beside_a_running_parent_does_not_fail_alike() {
-    let mut w = two_known_good_revisions();
-    step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
-    w = w.restarts(&[("api-2", 0)]);
-    step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
-    w = w.restarts(&[("api-2", 3)]);
-    step(&mut w, 150, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
-    // The rolled-back pod runs here, its handoff rejected (the replacement serves beside
-    // it), the API down, and the replacement restarts: not watched, nothing changes.
-    let (api_3, mut disk) = on_disk("api-3", "I");
-    disk.inactive.as_mut().unwrap().meta.checkpointed_at = Some(NOW.saturating_add(Duration::from_secs(20)));
-    w.disk.insert(api_3.clone(), disk);
-    let rejected = HandoffRecord {
-        spec_hash: "h1".into(),
-        since: NOW.saturating_add(Duration::from_secs(150)),
-        failures: 1,
-    };
-    w.state.rejected.insert(api_3, rejected);
-    w = w.running(&["api-3"]).restarts(&[("api-2", 3), ("api-1", 0)]);
-    let p = step(&mut w, 155, expect(&[], &[], &[], &[]), &[]);
-    assert_eq!(
-        p.states[&id("api-1")],
-        Active,
-        "it serves beside the rejected parent"
-    );
-    assert!(p.watch_restarts.is_empty(), "{p:?}");
-    w = w.restarts(&[("api-2", 3), ("api-1", 5)]);
-    let p = step(&mut w, 200, expect(&[], &[], &[], &[]), &[]);
-    assert!(p.set_aside.is_empty(), "{p:?}");
-    assert!(!p.state.suspended[&id("api-2")].failed_alike);
 }
 
 /// Two known-good revisions on disk, api-2 the newer.
