@@ -528,16 +528,12 @@ pub(crate) fn crash_loop(input: &CrashLoopInput<'_>, now: Timestamp) -> CrashLoo
 /// A revision set aside because it crash-looped while active, and the one that replaced it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetAside {
-    /// The crash-looping revision (its known-good mark suspended).
+    /// The crash-looping revision (its known-good mark is gone).
     pub revision: PodId,
     /// The known-good revision the lineage runs instead.
     pub replacement: PodId,
     /// The restarts counted (since the first look).
     pub restarts: u32,
-    /// `revision` is the older one run in place of a suspended `replacement`, and it
-    /// crash-looped too: the restarts are the environment's, so `replacement` runs again,
-    /// its mark holds, and nothing more is set aside.
-    pub failed_alike: bool,
 }
 
 #[cfg(test)]
