@@ -250,7 +250,7 @@ fn track_known_good(inputs: &PlanInputs<'_>, now: Timestamp, out: &mut Plan) {
         .collect();
     let synced = matches!(inputs.api, ApiView::Synced { .. });
     let before = known_good::Proofs {
-        // The lineages' outcome: what they set aside or suspended.
+        // The lineages' outcome: what they set aside.
         known_good: std::mem::take(&mut out.state.known_good),
         ready_since: inputs.state.ready_since.clone(),
         content_seen: inputs.state.content_seen.clone(),
