@@ -352,6 +352,23 @@ pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcom
         step,
         deadline,
     };
+    // The new parent gets the node until the deadline; `failures` of its earlier handoffs
+    // carry on, for the next retry's back-off.
+    let start = |failures| {
+        let started = HandoffRecord {
+            spec_hash: input.newest_hash.to_owned(),
+            since: now,
+            failures,
+        };
+        let deadline = now.saturating_add(input.timeout);
+        outcome(
+            Serving::Standby,
+            Some(started),
+            None,
+            Some(Handoff::Started),
+            Some(deadline),
+        )
+    };
     if input.newest_ready {
         let step = handoff.is_some().then_some(Handoff::Ready);
         return outcome(Serving::AsUsual, None, None, step, None);
@@ -372,19 +389,7 @@ pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcom
         let retry_at = since.saturating_add(handoff_retry_after(failures));
         let may_retry = input.newest_runs == Some(true) && input.active && !input.newest_terminating;
         if may_retry && now >= retry_at {
-            let started = HandoffRecord {
-                spec_hash: input.newest_hash.to_owned(),
-                since: now,
-                failures,
-            };
-            let deadline = now.saturating_add(input.timeout);
-            return outcome(
-                Serving::Standby,
-                Some(started),
-                None,
-                Some(Handoff::Started),
-                Some(deadline),
-            );
+            return start(failures);
         }
         let kept = HandoffRecord { since, ..rejected };
         return outcome(
@@ -415,19 +420,7 @@ pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcom
         return outcome(Serving::Serve, None, None, None, None);
     }
     if input.newest_runs == Some(true) && input.active {
-        let started = HandoffRecord {
-            spec_hash: input.newest_hash.to_owned(),
-            since: now,
-            failures: 0,
-        };
-        let deadline = now.saturating_add(input.timeout);
-        return outcome(
-            Serving::Standby,
-            Some(started),
-            None,
-            Some(Handoff::Started),
-            Some(deadline),
-        );
+        return start(0);
     }
     outcome(Serving::AsUsual, None, None, None, None)
 }
