@@ -31,6 +31,11 @@ pub(crate) struct CheckpointReport {
     pub(crate) known_good: bool,
     /// When the parent last proved a content, this one or an earlier one.
     pub(crate) known_good_since: Option<String>,
+    /// Set aside since then because it crash-looped while active: its mark is suspended
+    /// (`known_good` says false) while the revision run instead is on trial, until the API
+    /// server is reached (the mark then goes for good: the other one brought it back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) known_good_suspended_since: Option<String>,
     /// The kubelet runs this after a reboot (its manifest is in the manifests dir).
     pub(crate) runs_after_reboot: bool,
     /// Its place among the revisions of its DaemonSet on this node, when there are several.
@@ -109,7 +114,10 @@ pub(crate) fn report(
     let on_disk = (all.iter())
         .map(|(id, stored)| (id.clone(), stored.disk_checkpoint()))
         .collect();
-    let roles = ckpt_core::revisions::roles(&on_disk, &state.known_good, revisions);
+    // The marks the planner goes by: a suspended one counts as none.
+    let mut known_good = state.known_good.clone();
+    known_good.retain(|id, _| suspension(&state, id).is_none());
+    let roles = ckpt_core::revisions::roles(&on_disk, &known_good, revisions);
     let checkpoints: Vec<CheckpointReport> = all
         .iter()
         .map(|(id, stored)| {
@@ -197,11 +205,19 @@ fn checkpoint_report(
         parent_absent_since: state.absent_since.get(id).map(|t| t.to_rfc3339()),
         known_good: (state.known_good.get(id))
             .zip(meta.and_then(|m| m.spec_hash.as_deref()))
-            .is_some_and(|(proven, on_disk)| proven.spec_hash == on_disk),
+            .is_some_and(|(proven, on_disk)| proven.spec_hash == on_disk)
+            && suspension(state, id).is_none(),
         known_good_since: state.known_good.get(id).map(|k| k.since.to_rfc3339()),
+        known_good_suspended_since: suspension(state, id).map(|s| s.since.to_rfc3339()),
         runs_after_reboot: stored.active.is_some(),
         revision: None,
     }
+}
+
+/// A revision's suspended mark, unless the revision run instead failed alike (then the mark
+/// holds again).
+fn suspension<'s>(state: &'s PersistentState, id: &PodId) -> Option<&'s ckpt_core::Suspension> {
+    state.suspended.get(id).filter(|s| !s.failed_alike)
 }
 
 /// `newest`/`older` of N, and `runs if the API is lost` for the one an activation runs.

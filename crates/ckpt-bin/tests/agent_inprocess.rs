@@ -2782,11 +2782,15 @@ async fn an_active_revision_that_crash_loops_is_replaced_by_the_previous_known_g
         .iter())
     .filter_map(|k| k["name"].as_str())
     .collect();
-    assert_eq!(
-        proven,
-        [APISERVER],
-        "the set-aside revision is no longer known-good"
-    );
+    // Was: its mark dropped. Issue 36: suspended, not dropped (restarts alone never
+    // take a mark for good).
+    assert_eq!(proven, [APISERVER, NEW], "both marks kept");
+    let suspended: Vec<&str> = (journal["state"]["suspended"].as_array())
+        .expect("suspended")
+        .iter()
+        .filter_map(|k| k["name"].as_str())
+        .collect();
+    assert_eq!(suspended, [NEW], "the set-aside revision's mark is suspended");
     // Back through the replacement, the API gets the Event on the set-aside revision's pod.
     world.api.end_outage();
     eventually(
@@ -2796,6 +2800,17 @@ async fn an_active_revision_that_crash_loops_is_replaced_by_the_previous_known_g
                 .any(|(_, e)| e["regarding"]["name"] == NEW && e["reason"] == "RevisionCrashLooping")
         },
     )
+    .await;
+    // The replacement brought the API back: the set-aside holds, the suspended mark goes.
+    eventually("the suspended mark gone for good", || async {
+        let journal: Value = serde_json::from_str(&world.read(JOURNAL)).expect("the journal");
+        let marks = |key: &str| -> Vec<String> {
+            (journal["state"][key].as_array().into_iter().flatten())
+                .filter_map(|k| k["name"].as_str().map(str::to_owned))
+                .collect()
+        };
+        marks("known_good") == [APISERVER] && marks("suspended").is_empty()
+    })
     .await;
     agent.stop().await.expect("SIGTERM exits 0");
 }

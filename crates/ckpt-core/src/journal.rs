@@ -57,6 +57,27 @@ pub struct PersistentState {
     /// for `inspect`, which reads no API. Rewritten by every pass.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub self_gc_deferred: Vec<PodId>,
+    /// Known-good revisions set aside because they crash-looped while active, their marks
+    /// suspended, not dropped (issue 36: restarts alone never take a mark for good). While
+    /// the API stays unreachable the lineage runs an older known-good revision, on trial:
+    /// if it crash-loops too, the restarts are the environment's (etcd without quorum after
+    /// a multi-master power cut), so the suspended one runs again and nothing more is set
+    /// aside. The first pass that reaches the API ends the trial: a suspended mark goes for
+    /// good (the older revision brought the API back), one restored stays. ARCHITECTURE.md,
+    /// a known-good revision that crash-loops.
+    #[serde(default, with = "pod_id_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub suspended: BTreeMap<PodId, Suspension>,
+}
+
+/// A known-good revision's mark suspended because it crash-looped while active.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspension {
+    /// When it was set aside.
+    pub since: Timestamp,
+    /// The older revision run instead crash-looped too: the mark holds again, and the
+    /// lineage sets nothing more aside until the API is reached.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed_alike: bool,
 }
 
 /// A handoff to a newest revision's pod: under way since, or rejected since, with its

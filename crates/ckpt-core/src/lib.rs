@@ -83,7 +83,7 @@ pub use identity::{
     NamespaceAllowList, PodId, SelfCheckpointing, SelfIdentity, is_dns_label, is_dns_subdomain, is_parent,
     self_checkpointing,
 };
-pub use journal::{ContentSeen, HandoffRecord, PersistentState, RestartsSeen, SpecSince};
+pub use journal::{ContentSeen, HandoffRecord, PersistentState, RestartsSeen, SpecSince, Suspension};
 pub use known_good::{KNOWN_GOOD_AFTER, KUBELET_SYNC_ALLOWANCE};
 pub use lookups::{
     daemon_set_lookups, local_namespaces_outside, orphan_owners, required_by_namespace, scheduling_lookup,

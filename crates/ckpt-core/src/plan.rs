@@ -280,6 +280,7 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             handoffs: BTreeMap::new(),
             rejected: BTreeMap::new(),
             restarts_seen: BTreeMap::new(),
+            suspended: BTreeMap::new(),
             self_gc_since: None,
             // Set below, by the lineages.
             marks_unknown: false,
@@ -381,6 +382,7 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
             out.state.handoffs.clear();
             out.state.rejected.clear();
             out.state.restarts_seen.clear();
+            out.state.suspended.clear();
             out.state.self_gc_since = None;
             out.watch_restarts.clear();
             out.set_aside.clear();

@@ -29,7 +29,8 @@
 //! **A known-good revision that crash-loops.** While the API is unreachable, `crash_loop`
 //! counts the restarts of the active revision's static pod (from the container runtime)
 //! when another known-good revision could replace it; after `CRASH_LOOP_RESTARTS` (3) it is
-//! set aside: it loses its known-good mark and the previous known-good revision runs.
+//! set aside: its known-good mark is suspended and the previous known-good revision runs,
+//! on trial until the API is reached (the planner, `PersistentState::suspended`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -478,9 +479,9 @@ pub(crate) struct CrashLoopOutcome {
 /// | yes | at least first + [`CRASH_LOOP_RESTARTS`] | first | nothing | **yes** |
 /// | yes | fewer | first | first | no |
 ///
-/// Setting aside takes the revision's known-good mark: it is then an unproven revision
-/// like any other, never run while a known-good one is on disk, so each revision is set
-/// aside at most once, and a parent with its content takes over through the handoff, which
+/// Setting aside suspends the revision's known-good mark while the one run instead is on
+/// trial (it is watched by this same table); the mark goes for good once that one brought
+/// the API back, and a parent with its content then takes over through the handoff, which
 /// gives it back its mark once it is Ready for [`crate::KNOWN_GOOD_AFTER`]. A
 /// revision without a fallback is never set aside: it is the best the node has. Readiness
 /// is not looked at: the CRI has none, and the kubelet's `/pods` has none of its own for a
@@ -521,12 +522,16 @@ pub(crate) fn crash_loop(input: &CrashLoopInput<'_>, now: Timestamp) -> CrashLoo
 /// A revision set aside because it crash-looped while active, and the one that replaced it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetAside {
-    /// The crash-looping revision (its known-good mark is gone).
+    /// The crash-looping revision (its known-good mark suspended).
     pub revision: PodId,
     /// The known-good revision the lineage runs instead.
     pub replacement: PodId,
     /// The restarts counted (since the first look).
     pub restarts: u32,
+    /// `revision` is the older one run in place of a suspended `replacement`, and it
+    /// crash-looped too: the restarts are the environment's, so `replacement` runs again,
+    /// its mark holds, and nothing more is set aside.
+    pub failed_alike: bool,
 }
 
 #[cfg(test)]

@@ -113,11 +113,23 @@ impl Reporter {
         for set_aside in &report.set_aside {
             health.set_aside();
             let (revision, replacement) = (&set_aside.revision, &set_aside.replacement);
-            let note = format!(
-                "the checkpoint of {revision} restarted {} times while active with the API server unreachable: \
-                 it is no longer known-good, and the known-good checkpoint of {replacement} runs instead",
-                set_aside.restarts
-            );
+            let note = if set_aside.failed_alike {
+                format!(
+                    "the checkpoint of {revision}, run in place of {replacement}, restarted {} times too: the \
+                     restarts are the environment's (etcd without quorum, say), so the checkpoint of \
+                     {replacement} runs again, still known-good, and nothing more is set aside until the API \
+                     server is back",
+                    set_aside.restarts
+                )
+            } else {
+                format!(
+                    "the checkpoint of {revision} restarted {} times while active with the API server \
+                     unreachable: its known-good mark is suspended, and the known-good checkpoint of \
+                     {replacement} runs instead, on trial: if it brings the API server back, the mark \
+                     goes; if it crash-loops too, {revision} runs again",
+                    set_aside.restarts
+                )
+            };
             warn!(pod = %revision, known_good = %replacement, restarts = set_aside.restarts, "revision crash-loops: {note}");
             if let Some(events) = events {
                 let api = report.api.unwrap_or(ApiState::Unreachable);

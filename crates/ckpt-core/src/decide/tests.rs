@@ -1180,12 +1180,14 @@ fn known_good_tracking_follows_the_plans_outcome() {
             &[],
             &[],
         ),
+        // Was: the set-aside revision lost its mark. Issue 36: restarts alone never take a
+        // mark for good; it is suspended (`PersistentState::suspended`) instead.
         (
-            "a revision set aside loses its mark; the one replacing it keeps its own, and an \
-             outage keeps the streaks",
+            "a revision set aside keeps its mark, suspended; the one replacing it keeps its \
+             own, and an outage keeps the streaks",
             crash_loop,
             crash_loop_journal,
-            &["api-1"],
+            &["api-1", "api-2"],
             &["api-2"],
         ),
         (

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::rows::{PlanInputs, Row, content, due};
 use crate::identity::PodId;
-use crate::journal::PersistentState;
+use crate::journal::{PersistentState, Suspension};
 use crate::observation::{ApiView, DiskCheckpoint, LocalView};
 use crate::revisions::{
     CrashLoopInput, Handoff, HandoffInput, Lineage, LineagePlan, Revision, Serving, SetAside, crash_loop,
@@ -48,6 +48,20 @@ pub(super) struct Lineages {
     pub(super) set_aside: Vec<SetAside>,
 }
 
+/// The lineage's suspended revision whose replacement is on trial (if any), and whether
+/// one failed alike (`PersistentState::suspended`), for the ids `in_lineage`.
+fn suspensions(state: &PersistentState, in_lineage: impl Fn(&PodId) -> bool) -> (Option<PodId>, bool) {
+    (state.suspended.iter()).filter(|(id, _)| in_lineage(id)).fold(
+        (None, false),
+        |(trial, alike), (id, s)| {
+            (
+                trial.or_else(|| (!s.failed_alike).then(|| id.clone())),
+                alike || s.failed_alike,
+            )
+        },
+    )
+}
+
 /// Plans the lineages of several revisions ([`crate::revisions`]) of `rows`, and records
 /// the handoffs' and crash loops' journal entries in `state`.
 pub(super) fn plan(
@@ -82,6 +96,20 @@ pub(super) fn plan(
         }
     }
     groups.retain(|_, indices| indices.len() >= 2);
+    // Marks suspended by a crash loop (`PersistentState::suspended`) are on trial only while
+    // the API is unreachable. The first pass that reaches it ends the trial: the API came
+    // back with the older revision serving, so that one did better and the set-aside holds
+    // (the suspended mark goes for good, as an unproven revision's parent can still earn it
+    // back); or the older one had failed alike and the suspended one runs again, its mark
+    // holding (the environment came back).
+    let unreachable = matches!(inputs.api, ApiView::Unreachable);
+    for (id, suspension) in &inputs.state.suspended {
+        if unreachable {
+            state.suspended.insert(id.clone(), suspension.clone());
+        } else if !suspension.failed_alike {
+            state.known_good.remove(id);
+        }
+    }
     let mut revisions: Vec<(Lineage, Revision<'_>)> = (groups.iter())
         .flat_map(|(lineage, indices)| {
             indices.iter().map(|&i| {
@@ -93,9 +121,11 @@ pub(super) fn plan(
                         .and_then(DiskCheckpoint::meta)
                         .and_then(|m| m.checkpointed_at)
                 };
+                // A suspended mark counts as none, unless its replacement failed alike.
                 let proven = (content(row, written))
-                    .zip(inputs.state.known_good.get(row.id))
-                    .is_some_and(|(content, proof)| proof.spec_hash == content);
+                    .zip(state.known_good.get(row.id))
+                    .is_some_and(|(content, proof)| proof.spec_hash == content)
+                    && state.suspended.get(row.id).is_none_or(|s| s.failed_alike);
                 // What the written checkpoint records: the listed pod's label.
                 let generation = if written {
                     row.parent.and_then(|p| p.template_generation)
@@ -113,7 +143,6 @@ pub(super) fn plan(
         })
         .collect();
     let index = |id: &PodId| rows.binary_search_by(|row| row.id.cmp(id)).ok();
-    let unreachable = matches!(inputs.api, ApiView::Unreachable);
     let restarts = match inputs.local {
         LocalView::Known { restarts, .. } => Some(restarts),
         LocalView::Unknown => None,
@@ -146,17 +175,25 @@ pub(super) fn plan(
         };
         // The revision it runs crash-loops while the API is unreachable: the previous
         // known-good one replaces it (ARCHITECTURE.md, Revisions). Not while the marks are
-        // unknown: nothing says which revision the node could fall back to.
-        let fallback = |revisions: &[(Lineage, Revision<'_>)], runs: &PodId| {
+        // unknown: nothing says which revision the node could fall back to. While one is
+        // suspended, the one run instead is watched too: if it crash-loops as well, the
+        // restarts are the environment's, and the suspended one runs again; after that
+        // nothing more is set aside.
+        let in_lineage = |id: &PodId| indices.iter().any(|&i| rows[i].id == id);
+        let fallback = |revisions: &[(Lineage, Revision<'_>)], runs: &PodId, state: &PersistentState| {
+            let (trial, failed_alike) = suspensions(state, in_lineage);
             unreachable
                 && !marks_unknown
-                && (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && r.id != runs)
+                && !failed_alike
+                && (trial.is_some()
+                    || (revisions.iter()).any(|(l, r)| *l == lineage && r.proven && r.id != runs))
         };
+        let (trial, _) = suspensions(state, in_lineage);
         let look = crash_loop(
             &CrashLoopInput {
                 unreachable,
                 active: rows[runner].disk.is_some_and(|d| d.active.is_some()),
-                fallback: fallback(&revisions, &plan.runs),
+                fallback: fallback(&revisions, &plan.runs, state),
                 restarts: restarts.and_then(|r| r.get(&plan.runs).copied()),
                 seen: inputs.state.restarts_seen.get(&plan.runs),
             },
@@ -165,7 +202,43 @@ pub(super) fn plan(
         if let Some(seen) = look.seen {
             state.restarts_seen.insert(plan.runs.clone(), seen);
         }
-        if look.set_aside {
+        if look.set_aside
+            && let Some(restored) = &trial
+        {
+            // The revision run in place of the suspended one crash-loops too: the restarts
+            // are the environment's. The suspended one runs again, its mark holding.
+            let crashing = plan.runs.clone();
+            let first = inputs.state.restarts_seen.get(&crashing).map_or(0, |s| s.first);
+            let restarts_now = restarts.and_then(|r| r.get(&crashing).copied()).unwrap_or(first);
+            if let Some(s) = state.suspended.get_mut(restored) {
+                s.failed_alike = true;
+            }
+            let proven = index(restored).is_some_and(|i| {
+                (content(&rows[i], written[i]))
+                    .zip(state.known_good.get(restored))
+                    .is_some_and(|(content, proof)| proof.spec_hash == content)
+            });
+            for (_, r) in revisions
+                .iter_mut()
+                .filter(|(l, r)| *l == lineage && r.id == restored)
+            {
+                r.proven = proven;
+            }
+            state.restarts_seen.remove(&crashing);
+            let lineage_revisions = (revisions.iter()).filter(|(l, _)| *l == lineage).cloned();
+            if let Some((replacement, replanned)) = (plan_lineages(lineage_revisions, inputs.revisions)
+                .pop_first())
+            .and_then(|(_, p)| Some((index(&p.runs)?, p)))
+            {
+                set_asides.push(SetAside {
+                    revision: crashing,
+                    replacement: replanned.runs.clone(),
+                    restarts: restarts_now.saturating_sub(first),
+                    failed_alike: true,
+                });
+                (plan, runner) = (replanned, replacement);
+            }
+        } else if look.set_aside {
             let set_aside = plan.runs.clone();
             let without = (revisions.iter()).filter(|(l, _)| *l == lineage).map(|(l, r)| {
                 let proven = r.proven && *r.id != set_aside;
@@ -179,11 +252,17 @@ pub(super) fn plan(
                 }
                 let first = inputs.state.restarts_seen.get(&set_aside).map_or(0, |s| s.first);
                 let restarts_now = restarts.and_then(|r| r.get(&set_aside).copied()).unwrap_or(first);
-                state.known_good.remove(&set_aside);
+                // Suspended, not dropped: restarts alone never take a mark for good.
+                let suspension = Suspension {
+                    since: now,
+                    failed_alike: false,
+                };
+                state.suspended.insert(set_aside.clone(), suspension);
                 set_asides.push(SetAside {
                     revision: set_aside,
                     replacement: replanned.runs.clone(),
                     restarts: restarts_now.saturating_sub(first),
+                    failed_alike: false,
                 });
                 (plan, runner) = (replanned, replacement);
             }
@@ -234,7 +313,7 @@ pub(super) fn plan(
             handoff_at = outcome.deadline.into_iter().chain(handoff_at).min();
         }
         let pass = LineagePass {
-            fallback: fallback(&revisions, &plan.runs),
+            fallback: fallback(&revisions, &plan.runs, state),
             plan,
             runs,
             newest_due,

@@ -1821,10 +1821,141 @@ fn a_lineage_stays_while_its_daemon_set_targets_the_node() {
 
 /// Two known-good revisions of a self-hosted kube-apiserver; the newer one, activated by an
 /// outage, crash-loops (a file its flags name was on a tmpfs the power cut emptied): the
-/// previous known-good revision replaces it, once, and the parent with the set-aside
-/// content takes over through the handoff once the API is back.
+/// previous known-good revision replaces it, its mark suspended (not dropped: issue 36)
+/// while the replacement is on trial; the replacement brings the API back, so the
+/// set-aside holds and the mark goes; the parent with the set-aside content takes over
+/// through the handoff, as any unproven one.
 #[test]
 fn an_active_revision_that_crash_loops_is_replaced_by_the_previous_known_good_one() {
+    let mut w = two_known_good_revisions();
+    // The power cut: the newest known-good revision starts; its restarts are watched.
+    let p = step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
+    assert_eq!(p.watch_restarts, [id("api-2")].into());
+    w = w.restarts(&[("api-2", 0)]);
+    step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
+    w = w.restarts(&[("api-2", 2)]);
+    step(&mut w, 130, expect(&[], &[], &[], &[]), &[]);
+    // Three restarts since the first look: set aside, the previous known-good one runs.
+    w = w.restarts(&[("api-2", 3)]);
+    let p = step(&mut w, 150, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
+    let set_aside = SetAside {
+        revision: id("api-2"),
+        replacement: id("api-1"),
+        restarts: 3,
+        failed_alike: false,
+    };
+    assert_eq!(p.set_aside, [set_aside]);
+    // Was: its mark dropped at once, on restarts alone.
+    assert!(p.state.known_good.contains_key(&id("api-2")), "the mark is kept");
+    assert!(p.state.suspended.contains_key(&id("api-2")), "and suspended");
+    assert_eq!(
+        p.watch_restarts,
+        [id("api-1")].into(),
+        "the replacement is on trial"
+    );
+    assert_eq!(p.states[&id("api-2")], Inactive);
+    // It crash-loops on: nothing changes; the replacement runs without restarting.
+    let p = step(&mut w, 300, expect(&[], &[], &[], &[]), &[]);
+    assert!(p.set_aside.is_empty());
+    w = w.restarts(&[("api-2", 9), ("api-1", 0)]);
+    step(&mut w, 400, expect(&[], &[], &[], &[]), &[]);
+    // The replacement brought the API back: it did better, the set-aside holds.
+    w = w.api(ApiView::Reachable);
+    let p = step(&mut w, 450, expect(&[], &[], &[], &[]), &[]);
+    assert!(p.state.suspended.is_empty(), "the trial ended");
+    assert!(!p.state.known_good.contains_key(&id("api-2")), "the mark went");
+    assert!(p.state.known_good.contains_key(&id("api-1")));
+    // The API lists the DaemonSet's pod with the set-aside content: as any unproven parent
+    // it gets the node through the handoff.
+    w = superseded(w.synced(&["api-2"]).running(&["api-2"]), "api-1");
+    step(
+        &mut w,
+        500,
+        expect(&[], &["api-1"], &[], &[]),
+        &[Handoff::Started],
+    );
+}
+
+/// Issue 36, the real node's rollback after a set-aside (stop 42's failure): once the
+/// replacement brought the API back, a later outage in which it restarts (a parent holding
+/// its port) is not its trial: the set-aside revision, crash-looping, never runs again.
+#[test]
+fn a_set_aside_that_held_is_not_undone_by_later_restarts() {
+    let mut w = two_known_good_revisions();
+    step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
+    w = w.restarts(&[("api-2", 0)]);
+    step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
+    w = w.restarts(&[("api-2", 3)]);
+    step(&mut w, 150, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
+    w = w.restarts(&[("api-1", 0)]);
+    step(&mut w, 155, expect(&[], &[], &[], &[]), &[]);
+    // The API is back, served by api-1; api-2's parent runs (crash-looping, never Ready):
+    // it gets the node, and the API goes with the checkpoint that served it.
+    w = w.synced(&["api-2"]).running(&["api-2"]);
+    step(
+        &mut w,
+        200,
+        expect(&[], &["api-1"], &[], &[]),
+        &[Handoff::Started],
+    );
+    w = w.api(ApiView::Unreachable);
+    step(&mut w, 250, expect(&[], &[], &[], &[]), &[]);
+    // Rejected at the deadline: api-1 serves again, beside the parent that may hold its
+    // port, and restarts; that is no trial: nothing is set aside, api-2 is not restored.
+    step(&mut w, 330, expect(&[], &[], &["api-1"], &[]), &[Handoff::Failed]);
+    w = w.restarts(&[("api-1", 0)]);
+    step(&mut w, 335, expect(&[], &[], &[], &[]), &[]);
+    w = w.restarts(&[("api-1", 5)]);
+    let p = step(&mut w, 400, expect(&[], &[], &[], &[]), &[]);
+    assert!(p.set_aside.is_empty());
+    assert_eq!(p.states[&id("api-1")], Active);
+    assert_eq!(p.states[&id("api-2")], Inactive);
+    assert!(p.state.suspended.is_empty());
+}
+
+/// Issue 36: after a multi-master power cut kube-apiserver exits until etcd has quorum,
+/// so every revision crash-loops alike. The older one run in place of the newest
+/// crash-loops too: the newest runs again, its mark holding, and nothing more is set
+/// aside in that outage (it used to drop the newest mark and run the older revision with
+/// its frozen certificates from then on).
+#[test]
+fn revisions_that_crash_loop_alike_go_back_to_the_newest() {
+    let mut w = two_known_good_revisions();
+    step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
+    w = w.restarts(&[("api-2", 0)]);
+    step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
+    w = w.restarts(&[("api-2", 3)]);
+    step(&mut w, 150, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
+    w = w.restarts(&[("api-2", 3), ("api-1", 0)]);
+    step(&mut w, 155, expect(&[], &[], &[], &[]), &[]);
+    // The older one crash-loops as well: back to the newest.
+    w = w.restarts(&[("api-2", 3), ("api-1", 3)]);
+    let p = step(&mut w, 200, expect(&[], &["api-1"], &["api-2"], &[]), &[]);
+    let alike = SetAside {
+        revision: id("api-1"),
+        replacement: id("api-2"),
+        restarts: 3,
+        failed_alike: true,
+    };
+    assert_eq!(p.set_aside, [alike]);
+    assert!(p.state.known_good.contains_key(&id("api-1")) && p.state.known_good.contains_key(&id("api-2")));
+    assert!(p.state.suspended[&id("api-2")].failed_alike);
+    assert!(p.watch_restarts.is_empty(), "nothing more is set aside");
+    // It crash-loops on until etcd has quorum: it waits, and runs.
+    w = w.restarts(&[("api-2", 20), ("api-1", 3)]);
+    let p = step(&mut w, 600, expect(&[], &[], &[], &[]), &[]);
+    assert!(p.set_aside.is_empty());
+    assert_eq!(p.states[&id("api-2")], Active);
+    // Quorum: the API is back, the trial ends, both marks hold.
+    w = w.api(ApiView::Reachable);
+    let p = step(&mut w, 700, expect(&[], &[], &[], &[]), &[]);
+    assert!(p.state.suspended.is_empty());
+    assert!(p.state.known_good.contains_key(&id("api-1")) && p.state.known_good.contains_key(&id("api-2")));
+    assert_eq!(p.states[&id("api-2")], Active);
+}
+
+/// Two known-good revisions on disk, api-2 the newer.
+fn two_known_good_revisions() -> World {
     let dated = |w: &mut World, name: &str, secs: u64| {
         let d = w.disk.get_mut(&id(name)).unwrap();
         d.inactive.as_mut().unwrap().meta.checkpointed_at =
@@ -1835,47 +1966,7 @@ fn an_active_revision_that_crash_loops_is_replaced_by_the_previous_known_good_on
     dated(&mut w, "api-2", 10);
     proven(&mut w, "api-1", "h1");
     proven(&mut w, "api-2", "h1");
-    // The power cut: the newest known-good revision starts; its restarts are watched.
-    let p = step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
-    assert_eq!(p.watch_restarts, [id("api-2")].into());
-    // The first count seen is what restarts are counted from (the kubelet's count may
-    // carry on from an earlier outage).
-    w = w.restarts(&[("api-2", 4)]);
-    let p = step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
-    assert_eq!(p.state.restarts_seen[&id("api-2")].first, 4);
-    w = w.restarts(&[("api-2", 6)]);
-    step(&mut w, 140, expect(&[], &[], &[], &[]), &[]);
-    // The third restart since: set aside, the previous known-good revision runs.
-    w = w.restarts(&[("api-2", 7)]);
-    let p = step(&mut w, 200, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
-    let set_aside = SetAside {
-        revision: id("api-2"),
-        replacement: id("api-1"),
-        restarts: 3,
-    };
-    assert_eq!(p.set_aside, [set_aside]);
-    assert!(
-        !p.state.known_good.contains_key(&id("api-2")),
-        "no longer known-good"
-    );
-    assert!(p.watch_restarts.is_empty(), "nothing left to fall back to");
-    assert!(p.state.restarts_seen.is_empty());
-    assert_eq!(p.states[&id("api-2")], Inactive);
-    // Once only: it crash-loops on, nothing changes; the replacement crash-looping too has
-    // no fallback left and stays.
-    let p = step(&mut w, 300, expect(&[], &[], &[], &[]), &[]);
-    assert!(p.set_aside.is_empty());
-    w = w.restarts(&[("api-1", 9)]);
-    step(&mut w, 400, expect(&[], &[], &[], &[]), &[]);
-    // Served by the replacement, the API lists the DaemonSet's pod with the set-aside
-    // content: as any unproven parent it gets the node through the handoff.
-    w = superseded(w.synced(&["api-2"]).running(&["api-2"]), "api-1");
-    step(
-        &mut w,
-        500,
-        expect(&[], &["api-1"], &[], &[]),
-        &[Handoff::Started],
-    );
+    w
 }
 
 /// A revision is set aside only for a known-good one, and only while the API is unreachable.
