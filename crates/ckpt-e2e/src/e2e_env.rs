@@ -14,6 +14,7 @@
 // cannot name the real node: a node has the plane stop it first, `ControlPlane::stop_first`).
 // This file is their face: what the layers above use, and `cargo xtask e2e-env` on top.
 pub(crate) mod build;
+pub mod modules;
 
 // Small clients and records: curl, the CRI, the state files, the node network.
 pub mod cri;
@@ -58,7 +59,13 @@ enum E2eEnvCommand {
     /// Kubernetes v1.20.2 (kube-apiserver, kubemark, kubelet, kube-controller-manager,
     /// kube-scheduler) and the pause binary into the cache ($E2E_CACHE_DIR, default
     /// /var/cache/pod-checkpointer-e2e); ~15 min cold on 2 cores, ~1 s cached.
-    Build,
+    Build {
+        /// `1.37`: build instead the current components from their Go modules (the
+        /// repository's `go/`: Kubernetes v1.37.2 as one multi-call binary, etcd 3.6,
+        /// containerd 2, runc 1.5, the CNI plugins), each cached by version.
+        #[arg(long, default_value = "1.20", value_parser = ["1.20", "1.37"])]
+        kubernetes: String,
+    },
     /// Start etcd + kube-apiserver (+ hollow node, or + a real node) in a fresh work dir;
     /// prints WORKDIR=, KUBECONFIG=, STATIC_POD_DIR=, REAL_NODE_… lines on stdout.
     Start(StartArgs),
@@ -158,7 +165,8 @@ enum ApiserverAction {
 impl E2eEnv {
     pub fn run(&self) -> anyhow::Result<()> {
         match &self.command {
-            E2eEnvCommand::Build => ensure_built().map(drop),
+            E2eEnvCommand::Build { kubernetes } if kubernetes == "1.37" => modules::ensure_built(),
+            E2eEnvCommand::Build { .. } => ensure_built().map(drop),
             E2eEnvCommand::Start(args) => {
                 // Ctrl-C while starting stops what was started (the plane's and node's Drop).
                 interrupt::run(PROGRESS, "everything started so far is stopped", || start(args))

@@ -482,17 +482,16 @@ fn install(source_dir: &Path, bin_dir: &Path) -> anyhow::Result<String> {
 /// Runs `command` with its output appended to `log`; its heartbeat also names the Go
 /// package being compiled.
 fn run_logged(label: &str, command: &mut Command, log: &Path) -> anyhow::Result<()> {
-    process::run_logged(
-        label,
-        command,
-        log,
-        PROGRESS,
-        &|| match go_packages_compiling().as_slice() {
-            [] => String::new(),
-            [one] => format!(" [compiling {one}]"),
-            [first, rest @ ..] => format!(" [compiling {first} +{}]", rest.len()),
-        },
-    )
+    process::run_logged(label, command, log, PROGRESS, &compiling_heartbeat)
+}
+
+/// The heartbeat of a silent Go build: the packages being compiled right now.
+pub(crate) fn compiling_heartbeat() -> String {
+    match go_packages_compiling().as_slice() {
+        [] => String::new(),
+        [one] => format!(" [compiling {one}]"),
+        [first, rest @ ..] => format!(" [compiling {first} +{}]", rest.len()),
+    }
 }
 
 /// Import paths of the Go packages being compiled right now (the `-p` argument of running

@@ -1,0 +1,384 @@
+//! Building the current components from their Go modules (issue 37): Kubernetes v1.37 as
+//! one multi-call binary (as hyperkube was), etcd 3.6, containerd 2 with its runc shim,
+//! runc and the CNI plugins, each an ordinary `go build` of a small module committed in
+//! the repository's `go/` dir (go.mod and go.sum pinned; the Kubernetes one pins every
+//! `k8s.io/*` staging module with a `replace` line, since k8s.io/kubernetes lists them at
+//! v0.0.0).
+//!
+//! Each component is cached by version under `$E2E_CACHE_DIR/modules/NAME-VERSION`, with a
+//! stamp naming the hash of its module's files: editing a go.mod, go.sum or main.go
+//! rebuilds that component, nothing else does. Go's build cache is kept beside them
+//! (`modules/go-build`), so a rebuild after a bump compiles only what changed. The
+//! machine's Go (1.26, `/usr/local/go/bin` first on PATH) builds them all; a module that
+//! named a newer Go would need `GOTOOLCHAIN` (none does).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use sha2::{Digest, Sha256};
+
+use crate::apt::{Apt, missing_packages};
+use crate::process;
+use crate::progress::{Progress, human_duration};
+
+const PROGRESS: Progress = Progress::new("e2e-env modules");
+
+/// Bump when the recipe (this file's commands) changes, so components built the old way
+/// are rebuilt; a change of the module files themselves is seen by their hash.
+const RECIPE_REVISION: u32 = 1;
+
+const STAMP_FILE: &str = "build-info.txt";
+
+/// The Kubernetes release the modules build.
+pub const KUBERNETES_MODULE_VERSION: &str = "1.37.2";
+
+/// One component: a module under `go/` and the binaries built from it.
+#[derive(Clone, Copy, Debug)]
+pub struct GoComponent {
+    /// The cache dir's name, with `version`.
+    pub name: &'static str,
+    /// The module's dir under the repository's `go/`.
+    pub module_dir: &'static str,
+    /// The upstream version it pins.
+    pub version: &'static str,
+    /// Each binary and the package it is built from (`.`: the module's own main).
+    pub binaries: &'static [(&'static str, &'static str)],
+    /// Names linked to the first binary (a multi-call binary's commands).
+    pub links: &'static [&'static str],
+    /// cgo is needed (runc's seccomp through libseccomp).
+    pub cgo: bool,
+    /// Build tags.
+    pub tags: &'static [&'static str],
+    /// Debian packages the build needs besides Go.
+    pub build_packages: &'static [&'static str],
+}
+
+/// What the real node and the control plane run, in build order (the longest first).
+pub const COMPONENTS: [GoComponent; 5] = [
+    GoComponent {
+        name: "kubernetes",
+        module_dir: "kubernetes-1.37",
+        version: KUBERNETES_MODULE_VERSION,
+        binaries: &[("kube", ".")],
+        links: &[
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubelet",
+            "kubemark",
+        ],
+        cgo: false,
+        tags: &[],
+        build_packages: &[],
+    },
+    GoComponent {
+        name: "etcd",
+        module_dir: "etcd-3.6",
+        version: "3.6.16",
+        binaries: &[("etcd", ".")],
+        links: &[],
+        cgo: false,
+        tags: &[],
+        build_packages: &[],
+    },
+    GoComponent {
+        name: "containerd",
+        module_dir: "containerd-2.4",
+        version: "2.4.2",
+        binaries: &[
+            ("containerd", "github.com/containerd/containerd/v2/cmd/containerd"),
+            (
+                "containerd-shim-runc-v2",
+                "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+            ),
+            ("ctr", "github.com/containerd/containerd/v2/cmd/ctr"),
+        ],
+        links: &[],
+        cgo: false,
+        // btrfs snapshots need its C headers; the node uses overlayfs.
+        tags: &["no_btrfs"],
+        build_packages: &[],
+    },
+    GoComponent {
+        name: "runc",
+        module_dir: "runc-1.5",
+        version: "1.5.3",
+        binaries: &[("runc", "github.com/opencontainers/runc")],
+        links: &[],
+        cgo: true,
+        tags: &["seccomp"],
+        build_packages: &["gcc", "libc6-dev", "pkg-config", "libseccomp-dev"],
+    },
+    GoComponent {
+        name: "cni",
+        module_dir: "cni-1.10",
+        version: "1.10.0",
+        binaries: &[
+            (
+                "bridge",
+                "github.com/containernetworking/plugins/plugins/main/bridge",
+            ),
+            (
+                "host-local",
+                "github.com/containernetworking/plugins/plugins/ipam/host-local",
+            ),
+            (
+                "loopback",
+                "github.com/containernetworking/plugins/plugins/main/loopback",
+            ),
+            (
+                "portmap",
+                "github.com/containernetworking/plugins/plugins/meta/portmap",
+            ),
+        ],
+        links: &[],
+        cgo: false,
+        tags: &[],
+        build_packages: &[],
+    },
+];
+
+impl GoComponent {
+    /// Its cache dir.
+    pub fn dir(&self) -> PathBuf {
+        super::cache_root()
+            .join("modules")
+            .join(format!("{}-{}", self.name, self.version))
+    }
+
+    /// The path of one of its binaries (or links).
+    pub fn binary(&self, name: &str) -> PathBuf {
+        self.dir().join(name)
+    }
+
+    fn module_path(&self) -> PathBuf {
+        crate::project_root().join("go").join(self.module_dir)
+    }
+
+    /// The stamp's first line: recipe, name, version and the hash of the module's files.
+    fn stamp_header(&self) -> anyhow::Result<String> {
+        Ok(format!(
+            "pod-checkpointer e2e-env modules recipe {RECIPE_REVISION}: {} {} {}",
+            self.name,
+            self.version,
+            module_hash(&self.module_path())?
+        ))
+    }
+
+    fn is_complete(&self) -> anyhow::Result<bool> {
+        let dir = self.dir();
+        let header = self.stamp_header()?;
+        let stamp_ok = fs::read_to_string(dir.join(STAMP_FILE))
+            .is_ok_and(|stamp| stamp.lines().next() == Some(header.as_str()));
+        Ok(stamp_ok
+            && (self.binaries.iter().map(|(b, _)| *b))
+                .chain(self.links.iter().copied())
+                .all(|bin| dir.join(bin).is_file()))
+    }
+
+    /// The `-ldflags`: stripped, and for Kubernetes the version its components report
+    /// (without it they say v0.0.0-master, and whatever decides by version is misled).
+    fn ldflags(&self) -> String {
+        let mut flags = String::from("-s -w");
+        if self.name == "kubernetes" {
+            let minor = self.version.split('.').nth(1).unwrap_or_default();
+            for package in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
+                flags.push_str(&format!(
+                    " -X {package}.gitVersion=v{v} -X {package}.gitMajor=1 -X {package}.gitMinor={minor} \
+                     -X {package}.gitTreeState=clean",
+                    v = self.version
+                ));
+            }
+        }
+        flags
+    }
+}
+
+/// sha256 over the module's go.mod, go.sum and Go files, by name.
+fn module_hash(module: &Path) -> anyhow::Result<String> {
+    let mut files: Vec<PathBuf> = fs::read_dir(module)
+        .with_context(|| format!("cannot read {}", module.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n == "go.mod" || n == "go.sum" || n.ends_with(".go")
+            })
+        })
+        .collect();
+    files.sort();
+    let mut hash = Sha256::new();
+    for file in &files {
+        let name = file.file_name().unwrap_or_default().to_string_lossy();
+        hash.update(name.as_bytes());
+        hash.update([0]);
+        hash.update(fs::read(file).with_context(|| format!("cannot read {}", file.display()))?);
+        hash.update([0]);
+    }
+    let digest = hash.finalize();
+    Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
+}
+
+/// Builds every component that is not cached (installing what its build needs first), and
+/// prints each one's time.
+pub fn ensure_built() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let root = super::cache_root().join("modules");
+    fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
+    let log = root.join("build.log");
+    for component in &COMPONENTS {
+        ensure_component(component, &log)?;
+    }
+    PROGRESS.say(&format!(
+        "Go module components ready in {}: {}",
+        human_duration(started.elapsed()),
+        root.display()
+    ));
+    Ok(())
+}
+
+fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
+    let label = format!("{} v{}", component.name, component.version);
+    if component.is_complete()? {
+        PROGRESS.say(&format!("{label}: cached in {}", component.dir().display()));
+        return Ok(());
+    }
+    let packages = missing_packages(component.build_packages)?;
+    if !packages.is_empty() {
+        let mut apt = Apt::new(log.to_path_buf(), PROGRESS);
+        apt.update()?;
+        apt.install(component.build_packages)?;
+    }
+    let go = go_binary()?;
+    let started = Instant::now();
+    let dir = component.dir();
+    // Built into a fresh dir beside the cache entry, which is swapped in once complete: an
+    // interrupted build never leaves a stamp beside missing or partial binaries.
+    let partial = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&partial);
+    fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    PROGRESS.say(&format!(
+        "{label}: go build in {} (log: {})",
+        component.module_path().display(),
+        log.display()
+    ));
+    for (binary, package) in component.binaries {
+        let mut build = Command::new(&go);
+        build
+            .current_dir(component.module_path())
+            .env("GOCACHE", super::cache_root().join("modules/go-build"))
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-mod=readonly")
+            .env("CGO_ENABLED", if component.cgo { "1" } else { "0" })
+            .args(["build", "-trimpath", "-ldflags"])
+            .arg(component.ldflags());
+        if !component.tags.is_empty() {
+            build.arg(format!("-tags={}", component.tags.join(",")));
+        }
+        build.arg("-o").arg(partial.join(binary)).arg(package);
+        process::run_logged(
+            &format!("go build {binary}"),
+            &mut build,
+            log,
+            PROGRESS,
+            &super::build::compiling_heartbeat,
+        )?;
+    }
+    if let Some((first, _)) = component.binaries.first() {
+        for link in component.links {
+            std::os::unix::fs::symlink(first, partial.join(link))
+                .with_context(|| format!("cannot link {link} to {first}"))?;
+        }
+    }
+    fs::write(
+        partial.join(STAMP_FILE),
+        format!(
+            "{}\nbuilt in {}\n",
+            component.stamp_header()?,
+            human_duration(started.elapsed())
+        ),
+    )?;
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&partial, &dir).with_context(|| format!("cannot move the build into {}", dir.display()))?;
+    PROGRESS.say(&format!(
+        "{label}: built in {} ({})",
+        human_duration(started.elapsed()),
+        (component.binaries.iter().map(|(b, _)| *b))
+            .chain(component.links.iter().copied())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    Ok(())
+}
+
+/// The machine's Go: `/usr/local/go/bin/go`, else the first `go` on PATH.
+fn go_binary() -> anyhow::Result<PathBuf> {
+    let local = Path::new("/usr/local/go/bin/go");
+    if local.is_file() {
+        return Ok(local.to_path_buf());
+    }
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("go"))
+        .find(|go| go.is_file());
+    match on_path {
+        Some(go) => Ok(go),
+        None => bail!("no Go toolchain: /usr/local/go/bin/go is missing and no `go` is on PATH"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_module_dir_is_committed_with_its_sums() {
+        for component in &COMPONENTS {
+            let module = component.module_path();
+            for file in ["go.mod", "go.sum"] {
+                assert!(module.join(file).is_file(), "{} has no {file}", module.display());
+            }
+            let go_mod = fs::read_to_string(module.join("go.mod")).expect("go.mod");
+            assert!(
+                go_mod.contains(&format!("v{}", component.version)),
+                "{}'s go.mod does not pin v{}",
+                component.name,
+                component.version
+            );
+        }
+    }
+
+    #[test]
+    fn every_staging_module_is_pinned_to_the_release() {
+        let go_mod =
+            fs::read_to_string(crate::project_root().join("go/kubernetes-1.37/go.mod")).expect("go.mod");
+        let minor = KUBERNETES_MODULE_VERSION.trim_start_matches('1');
+        let replaces: Vec<&str> = go_mod.lines().filter(|l| l.contains("=>")).collect();
+        assert!(
+            replaces.len() >= 30,
+            "the staging modules are pinned: {replaces:?}"
+        );
+        for line in replaces {
+            assert!(line.trim_end().ends_with(&format!("v0{minor}")), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_kubernetes_version_is_stamped() {
+        let flags = COMPONENTS[0].ldflags();
+        assert!(
+            flags.contains("k8s.io/component-base/version.gitVersion=v1.37.2"),
+            "{flags}"
+        );
+        assert!(
+            flags.contains("k8s.io/component-base/version.gitMinor=37"),
+            "{flags}"
+        );
+        assert!(!COMPONENTS[1].ldflags().contains("-X"));
+    }
+}
