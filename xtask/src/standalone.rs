@@ -16,7 +16,7 @@ use serde_json::Value;
 /// Library crates do not choose k8s-openapi's Kubernetes version (only the binary does);
 /// built without their dev-dependencies they get it from this variable, as k8s-openapi
 /// asks. It must name the binary's version: k8s-openapi refuses two.
-const K8S_OPENAPI_VERSION: (&str, &str) = ("K8S_OPENAPI_ENABLED_VERSION", "1.33");
+const K8S_OPENAPI_VERSION: (&str, &str) = ("K8S_OPENAPI_ENABLED_VERSION", "1.37");
 
 /// Which crates the phase checks and packages.
 #[derive(Debug, PartialEq, Eq)]

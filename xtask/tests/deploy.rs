@@ -105,13 +105,7 @@ fn deploy_against_a_real_api_server() {
     let daemonset = runtime
         .block_on(Api::<DaemonSet>::namespaced(admin_client.clone(), "kube-system").get("pod-checkpointer"))
         .unwrap();
-    let update = daemonset
-        .spec
-        .unwrap()
-        .update_strategy
-        .unwrap()
-        .rolling_update
-        .unwrap();
+    let update = daemonset.spec.update_strategy.unwrap().rolling_update.unwrap();
     assert_eq!(
         (update.max_surge, update.max_unavailable),
         (

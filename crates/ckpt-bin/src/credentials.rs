@@ -172,11 +172,12 @@ pub(crate) struct MintedToken {
 pub(crate) async fn mint_token(client: &kube::Client, account: &ServiceAccountRef) -> Result<MintedToken> {
     let api: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), &account.namespace);
     let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
+        // `audiences: []` as before k8s-openapi's v1_37 made it optional: the API server's own.
+        spec: Some(TokenRequestSpec {
+            audiences: Some(Vec::new()),
             expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
-            bound_object_ref: None,
-        },
+            ..TokenRequestSpec::default()
+        }),
         ..TokenRequest::default()
     };
     let answer = api
@@ -197,15 +198,16 @@ pub(crate) async fn mint_token(client: &kube::Client, account: &ServiceAccountRe
             std::io::Error::other("empty TokenRequest status"),
         )
     })?;
-    let lifetime = answer
-        .spec
-        .expiration_seconds
+    let token = status.token.ok_or_else(|| {
+        Error::runtime(
+            "the TokenRequest answer has no token",
+            std::io::Error::other("TokenRequest status without a token"),
+        )
+    })?;
+    let lifetime = (answer.spec.and_then(|s| s.expiration_seconds))
         .and_then(|s| u64::try_from(s).ok())
         .map(Duration::from_secs);
-    Ok(MintedToken {
-        token: status.token,
-        lifetime,
-    })
+    Ok(MintedToken { token, lifetime })
 }
 
 /// When to mint again after a token valid for `lifetime`: hourly, or at half the

@@ -546,9 +546,7 @@ fn decommissioned(node: &Fetched<Node>) -> bool {
 /// fetched): the same DaemonSet, asking for checkpoints, and targeting the node or the node
 /// unknown.
 fn daemon_set_keeps(ds: &DaemonSet, uid: &str, node: &Fetched<Node>) -> bool {
-    let Some(template) = ds.spec.as_ref().map(|s| &s.template) else {
-        return false;
-    };
+    let template = &ds.spec.template;
     let annotated = (template.metadata.as_ref())
         .and_then(|m| m.annotations.as_ref())
         .and_then(|a| a.get(ANNOTATION_CHECKPOINT))
@@ -599,7 +597,7 @@ fn self_scheduling(
         Fetched::NotFetched => return unknown("this node was not looked up"),
         Fetched::Failed(why) => return unknown(&format!("cannot read this node: {why}")),
     };
-    let template = (daemon_set.spec.as_ref()).and_then(|s| s.template.spec.as_ref());
+    let template = daemon_set.spec.template.spec.as_ref();
     let Some(template) = template else {
         return unknown("the agent's DaemonSet has no pod template");
     };

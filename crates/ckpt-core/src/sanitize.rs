@@ -1158,6 +1158,29 @@ mod tests {
         );
     }
 
+    /// Issue 37: fields added to the pod in Kubernetes 1.34–1.37 survive checkpointing (with
+    /// k8s-openapi's `v1_33` the typed model dropped them without a word: a checkpoint of a
+    /// current pod was a different pod).
+    #[test]
+    fn fields_of_current_kubernetes_survive() {
+        let rules = json!([{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]);
+        check(
+            json!({
+                "containers": [container(json!({"restartPolicy": "Never", "restartPolicyRules": rules}))],
+                "hostnameOverride": "apiserver-1",
+                "hostNetwork": true
+            }),
+            json!({
+                "automountServiceAccountToken": false,
+                "containers": [container(json!({"restartPolicy": "Never", "restartPolicyRules": rules}))],
+                "hostNetwork": true,
+                "hostnameOverride": "apiserver-1"
+            }),
+            &[],
+            0,
+        );
+    }
+
     #[test]
     fn host_network_checkpoints_declare_no_ports() {
         let declared = json!({

@@ -200,10 +200,7 @@ const LOCK_DIR_VOLUME: &str = "lock-dir";
 
 /// The host directory of the lock file, as the DaemonSet mounts it.
 pub(crate) fn lock_dir_of(daemonset: &DaemonSet) -> String {
-    daemonset
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.template.spec.as_ref())
+    (daemonset.spec.template.spec.as_ref())
         .and_then(|pod| pod.volumes.as_ref())
         .and_then(|volumes| volumes.iter().find(|v| v.name == LOCK_DIR_VOLUME))
         .and_then(|v| v.host_path.as_ref())
@@ -298,7 +295,7 @@ fn namespaced_meta(name: &str, namespace: &str) -> ObjectMeta {
 
 fn role_ref(kind: &str, name: &str) -> RoleRef {
     RoleRef {
-        api_group: "rbac.authorization.k8s.io".into(),
+        api_group: Some("rbac.authorization.k8s.io".into()),
         kind: kind.into(),
         name: name.into(),
     }
@@ -404,7 +401,7 @@ fn daemonset(options: &ManifestOptions) -> DaemonSet {
     ]);
     DaemonSet {
         metadata: namespaced_meta(NAME, &options.namespace),
-        spec: Some(DaemonSetSpec {
+        spec: DaemonSetSpec {
             selector: LabelSelector {
                 match_labels: Some(labels()),
                 ..LabelSelector::default()
@@ -422,7 +419,7 @@ fn daemonset(options: &ManifestOptions) -> DaemonSet {
                 spec: Some(pod_spec(options)),
             },
             ..DaemonSetSpec::default()
-        }),
+        },
         ..DaemonSet::default()
     }
 }
@@ -440,6 +437,7 @@ fn volumes_and_mounts(options: &ManifestOptions) -> (Vec<Volume>, Vec<VolumeMoun
         empty_dir: Some(EmptyDirVolumeSource {
             medium: Some("Memory".into()),
             size_limit: Some(Quantity("1Mi".into())),
+            ..EmptyDirVolumeSource::default()
         }),
         ..Volume::default()
     });

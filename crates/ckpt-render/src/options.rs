@@ -76,7 +76,7 @@ pub struct ManifestArgs {
     pub kubelet_insecure: bool,
     /// Oldest Kubernetes version among the API server and kubelets, MAJOR.MINOR: below 1.25
     /// the DaemonSet updates without maxSurge, below 1.33 the kubelet API is authorized as
-    /// nodes/proxy instead of nodes/pods [render default: 1.33; deploy: read from the cluster]
+    /// nodes/proxy instead of nodes/pods [render default: 1.37; deploy: read from the cluster]
     #[arg(long, value_name = "VERSION")]
     pub kubernetes_version: Option<KubernetesVersion>,
     /// Also bind the agent's roles to this user, e.g. an agent run outside the cluster with

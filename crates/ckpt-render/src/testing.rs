@@ -28,14 +28,7 @@ pub fn daemonset_of(objects: &[Manifest]) -> &DaemonSet {
 }
 
 pub fn pod_spec_of(objects: &[Manifest]) -> &PodSpec {
-    daemonset_of(objects)
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
+    daemonset_of(objects).spec.template.spec.as_ref().unwrap()
 }
 
 pub fn container_of(objects: &[Manifest]) -> &Container {

@@ -355,12 +355,7 @@ fn the_rolling_update_follows_the_kubernetes_version() {
     let current = render(&default_options());
     let legacy = render(&legacy_options());
     let rolling = |objects: &[Manifest]| {
-        let strategy = daemonset_of(objects)
-            .spec
-            .clone()
-            .unwrap()
-            .update_strategy
-            .unwrap();
+        let strategy = daemonset_of(objects).spec.clone().update_strategy.unwrap();
         assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
         strategy.rolling_update.unwrap()
     };
@@ -446,7 +441,7 @@ fn the_api_server_is_chosen_at_render_time() {
 #[test]
 fn the_daemonset_runs_the_agent_on_control_plane_nodes_and_checkpoints_itself() {
     let objects = render(&default_options());
-    let template = &daemonset_of(&objects).spec.as_ref().unwrap().template;
+    let template = &daemonset_of(&objects).spec.template;
     let annotations = template.metadata.as_ref().unwrap().annotations.as_ref().unwrap();
     assert_eq!(annotations[CHECKPOINT_ANNOTATION], "true");
     assert!(annotations.contains_key(CONFIG_HASH_ANNOTATION));
@@ -631,7 +626,7 @@ fn only_the_directories_the_agent_writes_are_mounted() {
 fn a_changed_config_changes_the_pod_template() {
     let hash = |args: &ManifestArgs| {
         let objects = render(&options(args));
-        let template = daemonset_of(&objects).spec.clone().unwrap().template;
+        let template = daemonset_of(&objects).spec.clone().template;
         template.metadata.unwrap().annotations.unwrap()[CONFIG_HASH_ANNOTATION].clone()
     };
     let default = hash(&ManifestArgs::default());

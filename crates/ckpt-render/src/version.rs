@@ -15,8 +15,8 @@ pub struct KubernetesVersion {
 }
 
 impl KubernetesVersion {
-    /// The API level of the workspace's k8s-openapi feature (`v1_33`).
-    pub const NEWEST: KubernetesVersion = KubernetesVersion::new(1, 33);
+    /// The API level of the workspace's k8s-openapi feature (`v1_37`).
+    pub const NEWEST: KubernetesVersion = KubernetesVersion::new(1, 37);
 
     pub const fn new(major: u32, minor: u32) -> Self {
         Self { major, minor }
