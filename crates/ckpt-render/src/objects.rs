@@ -83,13 +83,31 @@ pub(crate) fn health_socket() -> String {
     format!("{HEALTH_DIR}/{HEALTH_SOCKET_NAME}")
 }
 
+/// Pod Security admission's modes, each labelled `privileged` on a namespace render creates.
+pub(crate) const POD_SECURITY_MODES: [&str; 3] = ["enforce", "audit", "warn"];
+
 /// Every object of the install, in the order they must be applied (namespace and identity
 /// first, the DaemonSet whose pods use them last).
 pub fn render(options: &ManifestOptions) -> Vec<Manifest> {
     let mut objects = Vec::new();
     if options.namespace != DEFAULT_NAMESPACE {
+        // Pod Security admission (1.25+) must let the agent's pods in: host network,
+        // hostPath volumes, root. `privileged` says so instead of inheriting a cluster
+        // default of `baseline` or `restricted`, which would refuse every pod.
+        let mut metadata = cluster_meta(&options.namespace);
+        metadata.labels = Some(
+            POD_SECURITY_MODES
+                .iter()
+                .map(|mode| {
+                    (
+                        format!("pod-security.kubernetes.io/{mode}"),
+                        "privileged".to_owned(),
+                    )
+                })
+                .collect(),
+        );
         objects.push(Manifest::Namespace(Namespace {
-            metadata: cluster_meta(&options.namespace),
+            metadata,
             ..Namespace::default()
         }));
     }
@@ -373,7 +391,12 @@ fn namespace_rules() -> Vec<PolicyRule> {
 }
 
 fn daemonset(options: &ManifestOptions) -> DaemonSet {
-    let update = if options.kubernetes_version.has_daemonset_max_surge() {
+    // A declared metrics port on a host-network pod reserves that port on the node, so a
+    // surge pod never fits beside the old one ("didn't have free ports", kubernetes#106417)
+    // and every upgrade would hang: with `--prometheus` the old pod goes first, and the
+    // static copy holds the node meanwhile, as before 1.25.
+    let surge = options.kubernetes_version.has_daemonset_max_surge() && options.prometheus_port.is_none();
+    let update = if surge {
         // The new pod starts (and checkpoints itself) before the old one stops, so no node
         // is ever without a running agent. The new pod waits on the lock the old one (or
         // the static copy) holds, and is Ready meanwhile ("standby"), so the rollout moves on.
@@ -382,8 +405,9 @@ fn daemonset(options: &ManifestOptions) -> DaemonSet {
             max_unavailable: Some(IntOrString::Int(0)),
         }
     } else {
-        // Before 1.25 there is no (GA) maxSurge and maxUnavailable must be at least 1; the
-        // agent's static copy holds the node while its DaemonSet pod is replaced.
+        // Before 1.25 there is no (GA) maxSurge (and with a host port no room for a surge
+        // pod); maxUnavailable must be at least 1: the agent's static copy holds the node
+        // while its DaemonSet pod is replaced.
         RollingUpdateDaemonSet {
             max_surge: None,
             max_unavailable: Some(IntOrString::Int(1)),

@@ -666,6 +666,51 @@ fn kubernetes_versions_parse_as_operators_and_servers_write_them() {
     assert!(KubernetesVersion::NEWEST.kubelet_authorizes_nodes_pods());
 }
 
+/// Issue 37: `--prometheus` declares the metrics port, which reserves it on a host-network
+/// pod's node, so a surge pod could never schedule beside the old one and every upgrade
+/// hung on 1.25+; it rolls the old pod out first instead (the static copy holds the node).
+#[test]
+fn a_declared_metrics_port_rolls_without_a_surge_pod() {
+    let objects = render(&options(&ManifestArgs {
+        prometheus: true,
+        ..ManifestArgs::default()
+    }));
+    assert!(container_of(&objects).ports.is_some());
+    let update = daemonset_of(&objects).spec.clone().update_strategy.unwrap();
+    assert_eq!(
+        update.rolling_update.unwrap(),
+        RollingUpdateDaemonSet {
+            max_surge: None,
+            max_unavailable: Some(IntOrString::Int(1)),
+        }
+    );
+}
+
+/// Issue 37: a namespace render creates lets the agent's privileged pods past Pod Security
+/// admission; kube-system (not created) is left as the cluster has it.
+#[test]
+fn a_created_namespace_is_labelled_privileged_for_pod_security() {
+    let objects = render(&options(&ManifestArgs {
+        namespace: "checkpointer".into(),
+        ..ManifestArgs::default()
+    }));
+    let Some(Manifest::Namespace(namespace)) = objects.first() else {
+        panic!(
+            "the namespace comes first: {:?}",
+            objects.first().map(Manifest::describe)
+        );
+    };
+    let labels = namespace.metadata.labels.clone().unwrap_or_default();
+    for mode in ["enforce", "audit", "warn"] {
+        assert_eq!(
+            labels[&format!("pod-security.kubernetes.io/{mode}")],
+            "privileged"
+        );
+    }
+    let default = render(&default_options());
+    assert!(!default.iter().any(|o| matches!(o, Manifest::Namespace(_))));
+}
+
 #[test]
 fn prometheus_adds_the_node_port_the_pod_monitor_and_the_rules() {
     let plain = render(&default_options());
