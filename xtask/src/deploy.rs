@@ -4,13 +4,13 @@
 //! field manager, so re-running it is a no-op), and then the DaemonSet rollout is followed
 //! until every node runs the new agent, or the timeout.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
 use ckpt_e2e::progress::Progress;
@@ -94,7 +94,7 @@ impl Deploy {
         let options = self.manifest.options_for(version, self.agent.checks().as_ref())?;
         PROGRESS.say(&format!(
             "manifests for Kubernetes {version}: DaemonSet updates with {}, kubelet API as {}",
-            if version.has_daemonset_max_surge() {
+            if options.rolls_with_surge() {
                 "maxSurge 1"
             } else {
                 "maxUnavailable 1"
@@ -112,6 +112,18 @@ impl Deploy {
         // the deploy half-way, after the DaemonSet.
         for object in objects.iter().filter(|o| matches!(o, Manifest::Monitoring(_))) {
             serves(&client, object).await?;
+        }
+        // Before anything is applied: Pod Security admission would refuse every pod of the
+        // DaemonSet in a namespace that enforces more than `privileged`, and the rollout
+        // would wait out its timeout with no pod to show for it.
+        let existing = Api::<Namespace>::all(client.clone())
+            .get_opt(&options.namespace)
+            .await
+            .with_context(|| format!("cannot read namespace {}", options.namespace))?;
+        if let Some(refusal) =
+            existing.and_then(|ns| pod_security_refusal(&options.namespace, &ns.metadata.labels?))
+        {
+            bail!(refusal);
         }
         let mut new_namespaces = BTreeSet::new();
         for object in &objects {
@@ -142,6 +154,24 @@ impl Deploy {
         }
         wait_for_rollout(&client, &options, self.timeout).await
     }
+}
+
+/// Pod Security admission's label on a namespace: the level whose pods it refuses.
+const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+
+/// Why an existing namespace labelled `labels` refuses the agent's pods (host network,
+/// hostPath volumes, root): it enforces a Pod Security level other than `privileged`.
+/// Deploy does not relabel it: that is the cluster owner's call.
+fn pod_security_refusal(namespace: &str, labels: &BTreeMap<String, String>) -> Option<String> {
+    let level = labels.get(POD_SECURITY_ENFORCE)?;
+    (level != "privileged").then(|| {
+        format!(
+            "namespace {namespace} enforces the Pod Security level {level:?} ({POD_SECURITY_ENFORCE}), which \
+             refuses the agent's pods (host network, hostPath volumes, root): label it privileged \
+             (kubectl label namespace {namespace} {POD_SECURITY_ENFORCE}=privileged --overwrite) or install \
+             into another namespace (--namespace); nothing was applied"
+        )
+    })
 }
 
 /// A client from `--kubeconfig`, else kube's usual inference.

@@ -391,12 +391,7 @@ fn namespace_rules() -> Vec<PolicyRule> {
 }
 
 fn daemonset(options: &ManifestOptions) -> DaemonSet {
-    // A declared metrics port on a host-network pod reserves that port on the node, so a
-    // surge pod never fits beside the old one ("didn't have free ports", kubernetes#106417)
-    // and every upgrade would hang: with `--prometheus` the old pod goes first, and the
-    // static copy holds the node meanwhile, as before 1.25.
-    let surge = options.kubernetes_version.has_daemonset_max_surge() && options.prometheus_port.is_none();
-    let update = if surge {
+    let update = if options.rolls_with_surge() {
         // The new pod starts (and checkpoints itself) before the old one stops, so no node
         // is ever without a running agent. The new pod waits on the lock the old one (or
         // the static copy) holds, and is Ready meanwhile ("standby"), so the rollout moves on.
@@ -679,6 +674,15 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 impl ManifestOptions {
+    /// The DaemonSet's rollout starts the new pod before the old one stops (`maxSurge: 1`):
+    /// from 1.25 on, unless a declared metrics port reserves the host port, so a surge pod
+    /// would never fit beside the old one ("didn't have free ports", kubernetes#106417) and
+    /// every upgrade would hang. Otherwise the old pod goes first and the static copy holds
+    /// the node meanwhile.
+    pub fn rolls_with_surge(&self) -> bool {
+        self.kubernetes_version.has_daemonset_max_surge() && self.prometheus_port.is_none()
+    }
+
     /// The agent's `--config` file: the long flag names without dashes.
     pub fn agent_config(&self) -> String {
         #[derive(Serialize)]

@@ -173,3 +173,38 @@ fn the_agent_binary_decides_which_strategies_are_known() {
         "{error}"
     );
 }
+
+/// Issue 37: an existing namespace that enforces `baseline` or `restricted` refuses the
+/// agent's pods; deploy says so before applying anything, and leaves the label alone.
+#[test]
+fn pod_security_refusals() {
+    let check = |labels: &[(&str, &str)], expected: Option<&str>| {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let refusal = pod_security_refusal("kube-system", &labels);
+        match expected {
+            None => assert_eq!(refusal, None, "{labels:?}"),
+            Some(level) => {
+                let refusal = refusal.expect("refused");
+                assert!(refusal.contains(&format!("level \"{level}\"")), "{refusal}");
+                assert!(
+                    refusal.contains("pod-security.kubernetes.io/enforce=privileged"),
+                    "{refusal}"
+                );
+            }
+        }
+    };
+    check(&[], None);
+    check(&[("pod-security.kubernetes.io/enforce", "privileged")], None);
+    check(&[("pod-security.kubernetes.io/warn", "restricted")], None);
+    check(
+        &[("pod-security.kubernetes.io/enforce", "baseline")],
+        Some("baseline"),
+    );
+    check(
+        &[("pod-security.kubernetes.io/enforce", "restricted")],
+        Some("restricted"),
+    );
+}

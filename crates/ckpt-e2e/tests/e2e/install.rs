@@ -63,7 +63,7 @@ pub(crate) fn render_applies_to_the_api_server(ctx: &mut Scenario<'_>) -> anyhow
         }
     }
 
-    ctx.step("a render for 1.33 (maxSurge) is refused by the 1.20 API server");
+    ctx.step("a default render (for 1.37: maxSurge) is refused by the 1.20 API server");
     let yaml = render(ctx, &ns, &[], &[])?;
     let (ok, out) = dry_run(ctx, &yaml)?;
     anyhow::ensure!(
