@@ -144,7 +144,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
 impl GoComponent {
     /// Its cache dir.
     pub fn dir(&self) -> PathBuf {
-        super::cache_root()
+        super::build::cache_root()
             .join("modules")
             .join(format!("{}-{}", self.name, self.version))
     }
@@ -227,7 +227,7 @@ fn module_hash(module: &Path) -> anyhow::Result<String> {
 /// prints each one's time.
 pub fn ensure_built() -> anyhow::Result<()> {
     let started = Instant::now();
-    let root = super::cache_root().join("modules");
+    let root = super::build::cache_root().join("modules");
     fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
     let log = root.join("build.log");
     for component in &COMPONENTS {
@@ -270,7 +270,7 @@ fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
         let mut build = Command::new(&go);
         build
             .current_dir(component.module_path())
-            .env("GOCACHE", super::cache_root().join("modules/go-build"))
+            .env("GOCACHE", super::build::cache_root().join("modules/go-build"))
             .env("GOTOOLCHAIN", "local")
             .env("GOFLAGS", "-mod=readonly")
             .env("CGO_ENABLED", if component.cgo { "1" } else { "0" })
