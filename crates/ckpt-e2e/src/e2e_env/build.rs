@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
+use super::release::Release;
 use crate::apt::{Apt, missing_packages};
 use crate::command::run_on_terminal;
 use crate::process;
@@ -29,7 +30,7 @@ use crate::progress::{Progress, human_duration};
 const PROGRESS: Progress = Progress::new("e2e-env build");
 
 /// The Kubernetes version the source package builds (it is `1.20.5+really1.20.2`).
-pub const KUBERNETES_VERSION: &str = "1.20.2";
+pub const KUBERNETES_VERSION: &str = Release::V1_20.version();
 
 /// Bump when the recipe changes, so cached binaries built the old way are rebuilt.
 const RECIPE_REVISION: u32 = 3;
@@ -90,10 +91,13 @@ pub fn cache_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/pod-checkpointer-e2e"))
 }
 
-/// A directory holding a complete build: the Kubernetes binaries and `pause`.
+/// A directory holding a complete build: the Kubernetes binaries and `pause`, the release
+/// they are, and the etcd that goes with them.
 #[derive(Clone, Debug)]
 pub struct BinDir {
     dir: PathBuf,
+    release: Release,
+    etcd: PathBuf,
 }
 
 impl BinDir {
@@ -106,11 +110,31 @@ impl BinDir {
                 dir.display()
             );
         }
-        Ok(BinDir { dir })
+        Ok(BinDir {
+            dir,
+            release: Release::V1_20,
+            // Debian's etcd-server, from PATH.
+            etcd: PathBuf::from("etcd"),
+        })
+    }
+
+    /// A build of another release (the Go modules' one, [`super::modules`]).
+    pub(crate) fn of_release(dir: PathBuf, release: Release, etcd: PathBuf) -> BinDir {
+        BinDir { dir, release, etcd }
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The release these binaries are.
+    pub fn release(&self) -> Release {
+        self.release
+    }
+
+    /// The etcd server to run with them.
+    pub fn etcd(&self) -> &Path {
+        &self.etcd
     }
 
     pub fn kube_apiserver(&self) -> PathBuf {

@@ -58,6 +58,7 @@ pub use self::options::StartOptions;
 use self::options::{create_workdir, preflight};
 use super::curl::{ApiEndpoint, http_probe, http_status};
 use super::node_network::NodeNetwork;
+use super::release::Release;
 use super::state::parse_state;
 use crate::process::{Managed, proc_state};
 use crate::progress::{Progress, human_duration};
@@ -87,6 +88,9 @@ const TERM_GRACE: Duration = Duration::from_secs(10);
 pub struct ControlPlane {
     workdir: PathBuf,
     apiserver_bin: PathBuf,
+    etcd_bin: PathBuf,
+    /// The release of the binaries: their flags differ.
+    release: Release,
     etcd_port: u16,
     apiserver_port: u16,
     /// 127.0.0.1, or the host end of the node network.
@@ -124,6 +128,8 @@ impl ControlPlane {
         let mut plane = ControlPlane {
             workdir,
             apiserver_bin: options.bins.kube_apiserver(),
+            etcd_bin: options.bins.etcd().to_owned(),
+            release: options.bins.release(),
             etcd_port: options.etcd_port,
             apiserver_port: options.apiserver_port,
             bind_ip: options.bind_ip(),
@@ -236,6 +242,11 @@ impl ControlPlane {
         Ok(ControlPlane {
             workdir: workdir.to_owned(),
             apiserver_bin: PathBuf::from(get("KUBE_APISERVER_BIN")?),
+            // Work dirs from before releases were recorded are v1.20's, with Debian's etcd.
+            etcd_bin: PathBuf::from(get("ETCD_BIN").map_or("etcd", String::as_str)),
+            release: (get("KUBERNETES_RELEASE").ok())
+                .and_then(|r| <Release as clap::ValueEnum>::from_str(r, false).ok())
+                .unwrap_or(Release::V1_20),
             etcd_port: port("ETCD_PORT")?,
             apiserver_port: port("APISERVER_PORT")?,
             bind_ip,
@@ -467,6 +478,8 @@ impl ControlPlane {
             ("APISERVER_PORT", self.apiserver_port().to_string()),
             ("ETCD_PORT", self.etcd_port().to_string()),
             ("KUBE_APISERVER_BIN", path(&self.apiserver_bin)),
+            ("ETCD_BIN", path(&self.etcd_bin)),
+            ("KUBERNETES_RELEASE", self.release.name().to_owned()),
         ];
         let pid = |pid: Option<u32>| pid.map(|p| p.to_string()).unwrap_or_default();
         vars.push(("ETCD_PID", pid(self.etcd_pid())));
@@ -560,7 +573,7 @@ impl ControlPlane {
             Some(network) => format!("{client},http://{}:{}", network.host_ip, self.etcd_port),
             None => client.clone(),
         };
-        let mut command = Command::new("etcd");
+        let mut command = Command::new(&self.etcd_bin);
         command
             .args(["--name", "e2e", "--data-dir"])
             .arg(self.workdir.join("etcd"))
@@ -626,6 +639,7 @@ impl ControlPlane {
     fn spawn_apiserver(&mut self) -> anyhow::Result<()> {
         let mut command = Command::new(&self.apiserver_bin);
         command.args(apiserver_args(&ApiserverFlags {
+            release: self.release,
             workdir: &self.workdir,
             etcd_port: self.etcd_port,
             apiserver_port: self.apiserver_port,
@@ -685,6 +699,7 @@ impl ControlPlane {
         let kubeconfig = self.kubeconfig();
         let mut kcm = Command::new(options.bins.kube_controller_manager());
         kcm.args(controller_manager_args(
+            self.release,
             &self.workdir,
             &kubeconfig,
             &self.ca_cert(),
@@ -699,7 +714,7 @@ impl ControlPlane {
         self.write_pid(CONTROLLER_MANAGER_PID_FILE, kcm.pid())?;
         self.controller_manager = Some(kcm);
         let mut scheduler = Command::new(options.bins.kube_scheduler());
-        scheduler.args(scheduler_args(&kubeconfig, options.scheduler_port));
+        scheduler.args(scheduler_args(self.release, &kubeconfig, options.scheduler_port));
         let scheduler = Managed::spawn(
             "kube-scheduler",
             &mut scheduler,

@@ -20,6 +20,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
+use super::build::BinDir;
+use super::release::Release;
 use crate::apt::{Apt, missing_packages};
 use crate::process;
 use crate::progress::{Progress, human_duration};
@@ -33,7 +35,7 @@ const RECIPE_REVISION: u32 = 1;
 const STAMP_FILE: &str = "build-info.txt";
 
 /// The Kubernetes release the modules build.
-pub const KUBERNETES_MODULE_VERSION: &str = "1.37.2";
+pub const KUBERNETES_MODULE_VERSION: &str = Release::V1_37.version();
 
 /// One component: a module under `go/` and the binaries built from it.
 #[derive(Clone, Copy, Debug)]
@@ -225,7 +227,7 @@ fn module_hash(module: &Path) -> anyhow::Result<String> {
 
 /// Builds every component that is not cached (installing what its build needs first), and
 /// prints each one's time.
-pub fn ensure_built() -> anyhow::Result<()> {
+pub fn ensure_built() -> anyhow::Result<BinDir> {
     let started = Instant::now();
     let root = super::build::cache_root().join("modules");
     fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
@@ -238,7 +240,28 @@ pub fn ensure_built() -> anyhow::Result<()> {
         human_duration(started.elapsed()),
         root.display()
     ));
-    Ok(())
+    cached()
+}
+
+/// The Kubernetes components and etcd built from the modules, without building: fails with
+/// a hint when they are missing.
+pub fn cached() -> anyhow::Result<BinDir> {
+    let [kubernetes, etcd, ..] = &COMPONENTS;
+    for component in [kubernetes, etcd] {
+        if !component.is_complete()? {
+            bail!(
+                "no complete {} v{} build in {}: run `cargo xtask e2e-env build --kubernetes 1.37` first",
+                component.name,
+                component.version,
+                component.dir().display()
+            );
+        }
+    }
+    Ok(BinDir::of_release(
+        kubernetes.dir(),
+        Release::V1_37,
+        etcd.binary("etcd"),
+    ))
 }
 
 fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {

@@ -5,6 +5,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use super::credentials::yaml_string;
+use crate::e2e_env::release::Release;
 
 pub(super) const AUDIT_POLICY_FILE: &str = "audit-policy.yaml";
 pub(super) const AUDIT_LOG_FILE: &str = "audit.log";
@@ -23,6 +24,7 @@ pub(super) fn audit_policy(user: &str) -> String {
 
 /// What kube-apiserver's flags depend on.
 pub(super) struct ApiserverFlags<'a> {
+    pub(super) release: Release,
     pub(super) workdir: &'a Path,
     pub(super) etcd_port: u16,
     pub(super) apiserver_port: u16,
@@ -49,7 +51,7 @@ pub(super) fn apiserver_args(flags: &ApiserverFlags<'_>) -> Vec<String> {
     if flags.service_accounts {
         // Pods get projected tokens the kubelet requests (TokenRequest) and refreshes, and
         // kube-root-ca.crt for the CA, as from 1.21 on; 1.20 has this behind an alpha gate.
-        args.push("--feature-gates=BoundServiceAccountTokenVolume=true".into());
+        args.extend(flags.release.bound_token_gates().map(str::to_owned));
         // A real kubelet reports its InternalIP (the node end of the veth) and a hostname
         // that does not resolve: logs and exec must use the former (wall 3).
         args.push("--kubelet-preferred-address-types=InternalIP,Hostname".into());
@@ -74,39 +76,46 @@ pub(super) fn apiserver_args(flags: &ApiserverFlags<'_>) -> Vec<String> {
 /// kube-controller-manager's flags: every default controller but the legacy token Secrets
 /// (pods get bound tokens), acting as admin; nothing written outside the work dir.
 pub(super) fn controller_manager_args(
+    release: Release,
     workdir: &Path,
     kubeconfig: &Path,
     ca: &Path,
     port: u16,
 ) -> Vec<String> {
-    vec![
+    let mut args = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
-        "--port=0".into(),
         // On a Lease: a self-hosted copy (see `crate::self_hosted`) waits on it while this
         // one runs, instead of acting beside it.
         "--leader-elect=true".into(),
         "--leader-elect-resource-lock=leases".into(),
         "--use-service-account-credentials=false".into(),
-        "--controllers=*,-serviceaccount-token".into(),
+        format!("--controllers=*,-{}", release.token_controller()),
         // Published in every namespace as kube-root-ca.crt, the CA of the projected volumes.
         format!("--root-ca-file={}", ca.display()),
-        "--feature-gates=BoundServiceAccountTokenVolume=true".into(),
         // Its default is under /usr/libexec, which it would create.
         format!("--flex-volume-plugin-dir={}/kcm-flex-volumes", workdir.display()),
-    ]
+    ];
+    args.extend(release.bound_token_gates().map(str::to_owned));
+    if release.has_insecure_port_flag() {
+        args.push("--port=0".into());
+    }
+    args
 }
 
-pub(super) fn scheduler_args(kubeconfig: &Path, port: u16) -> Vec<String> {
-    vec![
+pub(super) fn scheduler_args(release: Release, kubeconfig: &Path, port: u16) -> Vec<String> {
+    let mut args = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
-        "--port=0".into(),
         "--leader-elect=true".into(),
         "--leader-elect-resource-lock=leases".into(),
-    ]
+    ];
+    if release.has_insecure_port_flag() {
+        args.push("--port=0".into());
+    }
+    args
 }
 
 #[cfg(test)]
@@ -116,6 +125,7 @@ mod tests {
     #[test]
     fn apiserver_args_point_into_the_workdir() {
         let flags = ApiserverFlags {
+            release: Release::V1_20,
             workdir: Path::new("/w"),
             etcd_port: 22379,
             apiserver_port: 16443,
@@ -141,6 +151,7 @@ mod tests {
     #[test]
     fn with_the_controllers_pods_get_service_accounts_and_bound_tokens() {
         let flags = ApiserverFlags {
+            release: Release::V1_20,
             workdir: Path::new("/w"),
             etcd_port: 12379,
             apiserver_port: 17443,
@@ -153,6 +164,7 @@ mod tests {
         assert!(args.contains(&"--feature-gates=BoundServiceAccountTokenVolume=true".to_owned()));
         assert!(!args.iter().any(|a| a.starts_with("--disable-admission-plugins")));
         let kcm = controller_manager_args(
+            Release::V1_20,
             Path::new("/w"),
             Path::new("/w/kubeconfig"),
             Path::new("/w/certs/apiserver.crt"),
@@ -162,15 +174,46 @@ mod tests {
         assert!(kcm.contains(&"--controllers=*,-serviceaccount-token".to_owned()));
         assert!(kcm.contains(&"--flex-volume-plugin-dir=/w/kcm-flex-volumes".to_owned()));
         assert_eq!(
-            scheduler_args(Path::new("/w/kubeconfig"), 20259),
+            scheduler_args(Release::V1_20, Path::new("/w/kubeconfig"), 20259),
             [
                 "--kubeconfig=/w/kubeconfig",
                 "--bind-address=127.0.0.1",
                 "--secure-port=20259",
-                "--port=0",
                 "--leader-elect=true",
-                "--leader-elect-resource-lock=leases"
+                "--leader-elect-resource-lock=leases",
+                "--port=0"
             ]
         );
+    }
+
+    /// v1.37 has neither the bound-token gate nor `--port`, and names its controllers
+    /// `…-controller`: each would stop the process at start.
+    #[test]
+    fn current_releases_get_no_removed_flags() {
+        let flags = ApiserverFlags {
+            release: Release::V1_37,
+            workdir: Path::new("/w"),
+            etcd_port: 12379,
+            apiserver_port: 17443,
+            bind_ip: Ipv4Addr::LOCALHOST,
+            service_accounts: true,
+        };
+        let kcm = controller_manager_args(
+            Release::V1_37,
+            Path::new("/w"),
+            Path::new("/w/kubeconfig"),
+            Path::new("/w/ca.crt"),
+            20257,
+        );
+        let scheduler = scheduler_args(Release::V1_37, Path::new("/w/kubeconfig"), 20259);
+        for args in [apiserver_args(&flags), kcm.clone(), scheduler] {
+            assert!(
+                !args
+                    .iter()
+                    .any(|a| a.starts_with("--feature-gates") || a == "--port=0"),
+                "{args:?}"
+            );
+        }
+        assert!(kcm.contains(&"--controllers=*,-serviceaccount-token-controller".to_owned()));
     }
 }
