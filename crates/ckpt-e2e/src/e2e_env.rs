@@ -42,7 +42,7 @@ use cri::CriClient;
 pub(crate) use curl::ApiEndpoint;
 pub use node_network::NodeNetwork;
 pub use real_node::{NodeFootprint, RealNode, RealNodeOptions};
-pub use release::Release;
+pub use release::{RELEASE_ENV, Release};
 
 use crate::command::run_on_terminal;
 use crate::interrupt;
@@ -171,12 +171,7 @@ enum ApiserverAction {
 impl E2eEnv {
     pub fn run(&self) -> anyhow::Result<()> {
         match &self.command {
-            E2eEnvCommand::Build {
-                kubernetes: Release::V1_37,
-            } => modules::ensure_built().map(drop),
-            E2eEnvCommand::Build {
-                kubernetes: Release::V1_20,
-            } => ensure_built().map(drop),
+            E2eEnvCommand::Build { kubernetes } => ensure_built_release(*kubernetes).map(drop),
             E2eEnvCommand::Start(args) => {
                 // Ctrl-C while starting stops what was started (the plane's and node's Drop).
                 interrupt::run(PROGRESS, "everything started so far is stopped", || start(args))
@@ -209,17 +204,28 @@ impl E2eEnv {
     }
 }
 
+/// The cached binaries of `release`, without building (a hint names the build to run).
+pub fn cached_bins(release: Release) -> anyhow::Result<BinDir> {
+    match release {
+        Release::V1_20 => BinDir::cached(),
+        Release::V1_37 => modules::cached(),
+    }
+}
+
+/// Builds `release`'s binaries unless they are cached.
+pub fn ensure_built_release(release: Release) -> anyhow::Result<BinDir> {
+    match release {
+        Release::V1_20 => ensure_built(),
+        Release::V1_37 => modules::ensure_built(),
+    }
+}
+
 fn start(args: &StartArgs) -> anyhow::Result<()> {
-    let bins = match args.kubernetes {
-        Release::V1_20 => BinDir::cached()?,
-        Release::V1_37 => {
-            anyhow::ensure!(
-                !args.hollow_node && !args.real_node,
-                "--kubernetes 1.37 starts the control plane only so far (issue 37): no hollow or real node yet"
-            );
-            modules::cached()?
-        }
-    };
+    anyhow::ensure!(
+        !(args.real_node && args.kubernetes != Release::V1_20),
+        "the real node runs v1.20 only so far (issue 37): start it without --kubernetes"
+    );
+    let bins = cached_bins(args.kubernetes)?;
     let defaults = if args.real_node {
         StartOptions::real_node(bins.clone())
     } else {

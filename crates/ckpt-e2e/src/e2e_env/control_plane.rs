@@ -831,6 +831,7 @@ impl ControlPlane {
     ) -> anyhow::Result<()> {
         let started = Instant::now();
         let hollow = HollowNode::spawn(
+            self.release,
             kubemark,
             kubelet_port,
             kubelet_read_only_port,
@@ -842,6 +843,9 @@ impl ControlPlane {
         self.write_state()?;
         let hollow = self.hollow.as_mut().context("hollow node vanished")?;
         let (link, real_static_dir) = hollow.link_static_pods(&self.workdir)?;
+        if let Some(socket) = self.release.hollow_cri_socket() {
+            hollow.link_cri_socket(Path::new(socket))?;
+        }
         self.write_state()?;
         let api = self.api();
         let hollow = self.hollow.as_mut().context("hollow node vanished")?;
@@ -877,9 +881,13 @@ impl ControlPlane {
         if let Some(hollow) = &mut self.hollow {
             match hollow.process.terminate("TERM", TERM_GRACE) {
                 Ok(()) => {
-                    // Only a socket nobody answers on is ours to remove.
+                    // Only a socket nobody answers on is ours to remove (and the one the
+                    // link named, for a kubemark that does not use the fixed one).
                     if UnixStream::connect(CRI_SOCKET).is_err() {
                         let _ = fs::remove_file(CRI_SOCKET);
+                        if let Some(socket) = self.release.hollow_cri_socket() {
+                            let _ = fs::remove_file(socket);
+                        }
                     }
                     if let Some(root) = &hollow.root_dir
                         && let Err(e) = remove_hollow_root(root)

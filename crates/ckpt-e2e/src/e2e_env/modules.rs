@@ -30,12 +30,51 @@ const PROGRESS: Progress = Progress::new("e2e-env modules");
 
 /// Bump when the recipe (this file's commands) changes, so components built the old way
 /// are rebuilt; a change of the module files themselves is seen by their hash.
-const RECIPE_REVISION: u32 = 1;
+const RECIPE_REVISION: u32 = 3;
 
 const STAMP_FILE: &str = "build-info.txt";
 
 /// The Kubernetes release the modules build.
 pub const KUBERNETES_MODULE_VERSION: &str = Release::V1_37.version();
+
+/// A one-line change to a dependency's source, made at build time: the module is copied out
+/// of the module cache into the build's dir, the line replaced there, and a generated
+/// `go.work` replaces the module with the copy (go refuses `-overlay` of files in the module
+/// cache). Nothing of Kubernetes is copied into the repository; a line that is not there
+/// exactly once fails the build.
+#[derive(Clone, Copy, Debug)]
+pub struct SourcePatch {
+    /// The module whose file it changes.
+    pub module: &'static str,
+    /// The file, relative to the module's root.
+    pub file: &'static str,
+    /// The text replaced, and by what.
+    pub from: &'static str,
+    pub to: &'static str,
+    /// Why, for the build log.
+    pub why: &'static str,
+}
+
+/// The changes the end-to-end environment needs in kubemark's hollow kubelet, as the v1.20
+/// build makes them in Debian's source (`build::patch_hollow_host_util`).
+const HOLLOW_NODE_PATCHES: [SourcePatch; 2] = [
+    SourcePatch {
+        module: "k8s.io/kubernetes",
+        file: "pkg/kubemark/hollow_kubelet.go",
+        from: "HostUtil:                  hostutil.NewFakeHostUtil(nil),",
+        to: "HostUtil:                  hostutil.NewHostUtil(),",
+        why: "the hollow kubelet checks hostPath types on the real host, as a kubelet does \
+              (the fake one calls every path missing, and checkpoints mount `type: Directory`)",
+    },
+    SourcePatch {
+        module: "k8s.io/cri-client",
+        file: "pkg/fake/endpoint.go",
+        from: "return fmt.Sprintf(defaultUnixEndpoint, rand.Int()), nil",
+        to: "return fmt.Sprintf(defaultUnixEndpoint, 0*rand.Int()), nil",
+        why: "the fake CRI listens on a fixed socket, /tmp/kubelet_remote_0.sock, that the \
+              harness links at /tmp/kubelet_remote.sock (kubemark 1.20's fixed one)",
+    },
+];
 
 /// One component: a module under `go/` and the binaries built from it.
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +95,8 @@ pub struct GoComponent {
     pub tags: &'static [&'static str],
     /// Debian packages the build needs besides Go.
     pub build_packages: &'static [&'static str],
+    /// Changes to its dependencies' sources, overlaid at build time.
+    pub patches: &'static [SourcePatch],
 }
 
 /// What the real node and the control plane run, in build order (the longest first).
@@ -75,6 +116,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         cgo: false,
         tags: &[],
         build_packages: &[],
+        patches: &HOLLOW_NODE_PATCHES,
     },
     GoComponent {
         name: "etcd",
@@ -85,6 +127,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         cgo: false,
         tags: &[],
         build_packages: &[],
+        patches: &[],
     },
     GoComponent {
         name: "containerd",
@@ -103,6 +146,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         // btrfs snapshots need its C headers; the node uses overlayfs.
         tags: &["no_btrfs"],
         build_packages: &[],
+        patches: &[],
     },
     GoComponent {
         name: "runc",
@@ -113,6 +157,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         cgo: true,
         tags: &["seccomp"],
         build_packages: &["gcc", "libc6-dev", "pkg-config", "libseccomp-dev"],
+        patches: &[],
     },
     GoComponent {
         name: "cni",
@@ -140,6 +185,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         cgo: false,
         tags: &[],
         build_packages: &[],
+        patches: &[],
     },
 ];
 
@@ -162,12 +208,76 @@ impl GoComponent {
 
     /// The stamp's first line: recipe, name, version and the hash of the module's files.
     fn stamp_header(&self) -> anyhow::Result<String> {
+        let patches: Vec<String> = (self.patches.iter())
+            .map(|p| format!("{}/{}: {} => {}", p.module, p.file, p.from, p.to))
+            .collect();
         Ok(format!(
-            "pod-checkpointer e2e-env modules recipe {RECIPE_REVISION}: {} {} {}",
+            "pod-checkpointer e2e-env modules recipe {RECIPE_REVISION}: {} {} {} {}",
             self.name,
             self.version,
-            module_hash(&self.module_path())?
+            module_hash(&self.module_path())?,
+            short_hash(patches.join("\n").as_bytes())
         ))
+    }
+
+    /// Copies each module it patches out of the module cache into `dir` (go refuses an
+    /// overlay of files there), applies the patches, and writes a `go.work` that uses its
+    /// module with those copies replacing the originals; `None` without patches.
+    fn write_patched_workspace(&self, go: &Path, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+        if self.patches.is_empty() {
+            return Ok(None);
+        }
+        let mut replaces = Vec::new();
+        let modules: std::collections::BTreeSet<&str> = self.patches.iter().map(|p| p.module).collect();
+        for module in modules {
+            let original = module_dir(go, &self.module_path(), module)?;
+            let name = original
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let version = name
+                .rsplit_once('@')
+                .map(|(_, v)| v.to_owned())
+                .unwrap_or_default();
+            let copy = dir.join("patched").join(name.replace('/', "_"));
+            fs::create_dir_all(copy.parent().unwrap_or(dir))?;
+            crate::command::run_command(Command::new("cp").arg("-r").arg(&original).arg(&copy))?;
+            // The module cache is read-only.
+            crate::command::run_command(Command::new("chmod").args(["-R", "u+w"]).arg(&copy))?;
+            for patch in self.patches.iter().filter(|p| p.module == module) {
+                let file = copy.join(patch.file);
+                let text =
+                    fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+                anyhow::ensure!(
+                    text.matches(patch.from).count() == 1,
+                    "{module}/{} does not have `{}` once: the patch ({}) needs a look",
+                    patch.file,
+                    patch.from,
+                    patch.why
+                );
+                fs::write(&file, text.replace(patch.from, patch.to))
+                    .with_context(|| format!("cannot write {}", file.display()))?;
+                PROGRESS.say(&format!("  {module}/{} patched: {}", patch.file, patch.why));
+            }
+            // Every version: the module's own go.mod maps a staging module's v0.0.0 to the
+            // release, and a versioned replace here would match neither.
+            replaces.push(format!("replace {module} => {} // {version}\n", copy.display()));
+        }
+        let work = dir.join("go.work");
+        let go_version = fs::read_to_string(self.module_path().join("go.mod"))?
+            .lines()
+            .find_map(|l| l.strip_prefix("go ").map(str::to_owned))
+            .unwrap_or_else(|| "1.26.0".into());
+        fs::write(
+            &work,
+            format!(
+                "go {go_version}\n\nuse {}\n\n{}",
+                self.module_path().display(),
+                replaces.concat()
+            ),
+        )?;
+        Ok(Some(work))
     }
 
     fn is_complete(&self) -> anyhow::Result<bool> {
@@ -199,6 +309,32 @@ impl GoComponent {
     }
 }
 
+/// The dir of `module` as the module in `module_dir` resolves it (in the module cache).
+fn module_dir(go: &Path, module_dir: &Path, module: &str) -> anyhow::Result<PathBuf> {
+    let mut list = Command::new(go);
+    list.current_dir(module_dir)
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=readonly")
+        .env("GOWORK", "off")
+        .args(["list", "-m", "-f", "{{.Dir}}", module]);
+    let dir = crate::command::run_command(&mut list)?;
+    let dir = dir.trim();
+    anyhow::ensure!(
+        !dir.is_empty(),
+        "go list -m {module} named no dir (not downloaded?)"
+    );
+    Ok(PathBuf::from(dir))
+}
+
+fn short_hash(bytes: &[u8]) -> String {
+    hex8(&Sha256::digest(bytes))
+}
+
+/// The first 8 bytes of a digest, in hex: enough to tell builds apart.
+fn hex8(digest: &[u8]) -> String {
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
 /// sha256 over the module's go.mod, go.sum and Go files, by name.
 fn module_hash(module: &Path) -> anyhow::Result<String> {
     let mut files: Vec<PathBuf> = fs::read_dir(module)
@@ -221,8 +357,7 @@ fn module_hash(module: &Path) -> anyhow::Result<String> {
         hash.update(fs::read(file).with_context(|| format!("cannot read {}", file.display()))?);
         hash.update([0]);
     }
-    let digest = hash.finalize();
-    Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
+    Ok(hex8(&hash.finalize()))
 }
 
 /// Builds every component that is not cached (installing what its build needs first), and
@@ -281,7 +416,10 @@ fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
     let dir = component.dir();
     // Built into a fresh dir beside the cache entry, which is swapped in once complete: an
     // interrupted build never leaves a stamp beside missing or partial binaries.
-    let partial = dir.with_extension("partial");
+    let partial = dir.with_file_name(format!(
+        "{}.partial",
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    ));
     let _ = fs::remove_dir_all(&partial);
     fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
     PROGRESS.say(&format!(
@@ -289,6 +427,7 @@ fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
         component.module_path().display(),
         log.display()
     ));
+    let workspace = component.write_patched_workspace(&go, &partial)?;
     for (binary, package) in component.binaries {
         let mut build = Command::new(&go);
         build
@@ -302,6 +441,9 @@ fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
         if !component.tags.is_empty() {
             build.arg(format!("-tags={}", component.tags.join(",")));
         }
+        // The patched copies replace their modules through a workspace; without one, go
+        // must not pick up a go.work from above the module.
+        build.env("GOWORK", workspace.as_deref().unwrap_or(Path::new("off")));
         build.arg("-o").arg(partial.join(binary)).arg(package);
         process::run_logged(
             &format!("go build {binary}"),

@@ -44,11 +44,38 @@ impl Release {
         self == Release::V1_20
     }
 
+    /// The socket kubemark's fake CRI listens on when it is not kubemark 1.20's fixed
+    /// `/tmp/kubelet_remote.sock`: the Go modules' build fixes 1.37's random one
+    /// (`modules::HOLLOW_NODE_PATCHES`), and the harness links the old name to it.
+    pub(crate) fn hollow_cri_socket(self) -> Option<&'static str> {
+        (self == Release::V1_37).then_some("/tmp/kubelet_remote_0.sock")
+    }
+
+    /// kubemark's hollow kubelet pulls images through the host's containerd unless told
+    /// `--use-host-image-service=false` (1.20 has no such flag).
+    pub(crate) fn hollow_uses_host_image_service(self) -> bool {
+        self == Release::V1_37
+    }
+
     /// kube-controller-manager's name for the legacy token Secrets' controller.
     pub(crate) fn token_controller(self) -> &'static str {
         match self {
             Release::V1_20 => "serviceaccount-token",
             Release::V1_37 => "serviceaccount-token-controller",
+        }
+    }
+}
+
+/// The variable `cargo xtask e2e --kubernetes` sets for the suite.
+pub const RELEASE_ENV: &str = "E2E_KUBERNETES";
+
+impl Release {
+    /// The release `E2E_KUBERNETES` names (`1.20` when unset or empty).
+    pub fn from_env() -> anyhow::Result<Release> {
+        match std::env::var(RELEASE_ENV) {
+            Ok(v) if !v.is_empty() => <Release as clap::ValueEnum>::from_str(&v, false)
+                .map_err(|e| anyhow::anyhow!("{RELEASE_ENV}={v}: {e}")),
+            _ => Ok(Release::V1_20),
         }
     }
 }

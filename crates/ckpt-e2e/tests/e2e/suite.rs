@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ckpt_e2e::e2e_env::{BinDir, ControlPlane, NODE_NAME, StartOptions};
+use ckpt_e2e::e2e_env::{self, ControlPlane, NODE_NAME, Release, StartOptions};
 use ckpt_e2e::harness::agent::{Agent, AgentConfig, AgentDirs, CheckpointInfo, Inspect};
 use ckpt_e2e::harness::agent_binary;
 use ckpt_e2e::harness::expect::Expect;
@@ -40,7 +40,7 @@ fn failure_logs() -> PathBuf {
 /// `APISERVER_PORT` when set) and creates the suite's ClusterRole without `secrets`.
 pub(crate) fn start() -> anyhow::Result<Testbed> {
     let agent_bin = agent_binary()?;
-    let bins = BinDir::cached()?;
+    let bins = e2e_env::cached_bins(Release::from_env()?)?;
     let port = |var: &str, default: u16| -> anyhow::Result<u16> {
         match std::env::var(var) {
             Ok(v) if !v.is_empty() => v.parse().with_context(|| format!("bad {var}={v}")),

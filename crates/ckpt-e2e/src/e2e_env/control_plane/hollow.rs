@@ -12,6 +12,7 @@ use super::credentials::NODE_NAME;
 use crate::command::run_command;
 use crate::e2e_env::curl::{ApiEndpoint, node_ready_probe};
 use crate::e2e_env::node_network::unescape_mountinfo;
+use crate::e2e_env::release::Release;
 use crate::process::Managed;
 use crate::wait::{Probe, wait_ready};
 
@@ -38,6 +39,7 @@ impl HollowNode {
     /// Starts kubemark's hollow kubelet as [`NODE_NAME`] with `kubeconfig`, its log in
     /// `workdir`.
     pub(super) fn spawn(
+        release: Release,
         kubemark: PathBuf,
         kubelet_port: u16,
         kubelet_read_only_port: u16,
@@ -50,6 +52,11 @@ impl HollowNode {
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--kubelet-port={kubelet_port}"))
             .arg(format!("--kubelet-read-only-port={kubelet_read_only_port}"));
+        if release.hollow_uses_host_image_service() {
+            // Its default from 1.2x on: pull through the host's containerd. The hollow node
+            // runs no image: the fake runtime's images do.
+            command.arg("--use-host-image-service=false");
+        }
         let log = workdir.join(hollow_log_name());
         let process = Managed::spawn("hollow node", &mut command, &log, workdir)?;
         Ok(HollowNode {
@@ -92,6 +99,29 @@ impl HollowNode {
         std::os::unix::fs::symlink(&real_static_dir, &link)
             .with_context(|| format!("cannot link {} to {}", link.display(), real_static_dir.display()))?;
         Ok((link, real_static_dir))
+    }
+
+    /// Links [`CRI_SOCKET`] to the socket its fake runtime listens on (`socket`, a release
+    /// whose kubemark does not use the fixed one), once it is there.
+    pub(super) fn link_cri_socket(&mut self, socket: &Path) -> anyhow::Result<()> {
+        let log = self.process.log().to_owned();
+        wait_ready(
+            "the hollow kubelet's fake CRI socket",
+            Duration::from_secs(30),
+            &log,
+            || {
+                self.process
+                    .ensure_running("hollow node did not start its runtime")?;
+                Ok(if socket.exists() {
+                    Probe::Ready(())
+                } else {
+                    Probe::Waiting(format!("no {}", socket.display()))
+                })
+            },
+        )?;
+        let _ = fs::remove_file(CRI_SOCKET);
+        std::os::unix::fs::symlink(socket, CRI_SOCKET)
+            .with_context(|| format!("cannot link {CRI_SOCKET} to {}", socket.display()))
     }
 
     /// Waits until the API server reports the Node Ready; returns how long that took.
