@@ -8,7 +8,8 @@
 //! the shared static-pod dir clean behind them. A failing scenario does not stop the others:
 //! its error names the step it was in, and the tails of its agents' logs are printed (the
 //! whole logs are copied to `target/tmp/e2e-logs/`; `E2E_KEEP_LOGS=1` keeps them for passing
-//! scenarios too).
+//! scenarios too). On the real node that is also the kubelet's, containerd's and every pod's
+//! container logs (its `/var/log/pods`).
 //!
 //! The real-node scenarios (`real_node`, `real_node_seed`) run last, one after the other on
 //! one plane and real node (kubelet, containerd and runc in namespaces the suite creates;

@@ -100,6 +100,9 @@ pub(crate) fn run(selected: &[&(&'static str, NodeScenarioFn)]) -> Vec<&'static 
         let scenario_started = Instant::now();
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| scenario(&mut run)))
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the scenario panicked")));
+        if outcome.is_err() || std::env::var_os(crate::suite::KEEP_LOGS_ENV).is_some() {
+            keep_logs(name, &run.plane, &run.node);
+        }
         match outcome {
             Ok(()) => eprintln!("--- {name}: ok ({})", human_duration(scenario_started.elapsed())),
             Err(e) => {
@@ -540,6 +543,41 @@ fn existing(paths: &[&str]) -> Vec<PathBuf> {
 }
 
 /// The tails of the node's and the plane's logs (long lines cut), unless interrupted.
+/// Copies the plane's and the node's logs, and every pod's container logs on the node (its
+/// `/var/log/pods`: the agent's, the self-hosted control plane's), into the scenario's dir
+/// of `target/tmp/e2e-logs/`, as the hollow-node scenarios keep theirs: the work dir goes
+/// with the node, and a real-node failure is read from these.
+fn keep_logs(name: &str, plane: &ControlPlane, node: &RealNode) {
+    let target = crate::suite::failure_logs().join(name);
+    if std::fs::create_dir_all(&target).is_err() {
+        return;
+    }
+    let logs = [
+        node.kubelet_log(),
+        node.containerd_log(),
+        plane.workdir().join("apiserver.log"),
+        plane.workdir().join("controller-manager.log"),
+        plane.workdir().join("scheduler.log"),
+        plane.workdir().join("etcd.log"),
+    ];
+    for log in logs {
+        if let Some(file) = log.file_name() {
+            let _ = std::fs::copy(&log, target.join(file));
+        }
+    }
+    if let Some(pods) = node.host_path("/var/log/pods") {
+        let copied = std::process::Command::new("cp")
+            .arg("-rL")
+            .arg(&pods)
+            .arg(target.join("pods"))
+            .status();
+        if !copied.is_ok_and(|status| status.success()) {
+            eprintln!("--- the pod logs in {} could not all be copied", pods.display());
+        }
+    }
+    eprintln!("--- logs kept in {} (pod logs under pods/)", target.display());
+}
+
 fn report_failure(plane: &ControlPlane, node: &RealNode) {
     const MAX_LINE: usize = 300;
     if interrupt::requested() {

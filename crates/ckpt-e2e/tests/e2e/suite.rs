@@ -32,7 +32,7 @@ pub(crate) const KEEP_LOGS_ENV: &str = "E2E_KEEP_LOGS";
 pub(crate) const KUBELET_AFTER_OUTAGE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Where the logs of failed scenarios are copied (the work dir goes with the plane).
-fn failure_logs() -> PathBuf {
+pub(crate) fn failure_logs() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs")
 }
 
