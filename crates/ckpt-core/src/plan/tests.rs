@@ -1881,12 +1881,7 @@ fn an_active_revision_that_crash_loops_is_replaced_by_the_previous_known_good_on
 /// its port) is not its trial: the set-aside revision, crash-looping, never runs again.
 #[test]
 fn a_set_aside_that_held_is_not_undone_by_later_restarts() {
-    let mut w = two_known_good_revisions();
-    step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
-    w = w.restarts(&[("api-2", 0)]);
-    step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
-    w = w.restarts(&[("api-2", 3)]);
-    step(&mut w, 150, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
+    let mut w = api_2_set_aside_after_the_cut();
     w = w.restarts(&[("api-1", 0)]);
     step(&mut w, 155, expect(&[], &[], &[], &[]), &[]);
     // The API is back, served by api-1; api-2's parent runs (crash-looping, never Ready):
@@ -1920,12 +1915,7 @@ fn a_set_aside_that_held_is_not_undone_by_later_restarts() {
 /// its frozen certificates from then on).
 #[test]
 fn revisions_that_crash_loop_alike_go_back_to_the_newest() {
-    let mut w = two_known_good_revisions();
-    step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
-    w = w.restarts(&[("api-2", 0)]);
-    step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
-    w = w.restarts(&[("api-2", 3)]);
-    step(&mut w, 150, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
+    let mut w = api_2_set_aside_after_the_cut();
     w = w.restarts(&[("api-2", 3), ("api-1", 0)]);
     step(&mut w, 155, expect(&[], &[], &[], &[]), &[]);
     // The older one crash-loops as well: back to the newest.
@@ -1952,6 +1942,18 @@ fn revisions_that_crash_loop_alike_go_back_to_the_newest() {
     assert!(p.state.suspended.is_empty());
     assert!(p.state.known_good.contains_key(&id("api-1")) && p.state.known_good.contains_key(&id("api-2")));
     assert_eq!(p.states[&id("api-2")], Active);
+}
+
+/// [`two_known_good_revisions`] after a power cut: api-2 activated, three restarts, set
+/// aside at +150 s for api-1.
+fn api_2_set_aside_after_the_cut() -> World {
+    let mut w = two_known_good_revisions();
+    step(&mut w, 100, expect(&[], &[], &["api-2"], &[]), &[]);
+    w = w.restarts(&[("api-2", 0)]);
+    step(&mut w, 105, expect(&[], &[], &[], &[]), &[]);
+    w = w.restarts(&[("api-2", 3)]);
+    step(&mut w, 150, expect(&[], &["api-2"], &["api-1"], &[]), &[]);
+    w
 }
 
 /// Two known-good revisions on disk, api-2 the newer.

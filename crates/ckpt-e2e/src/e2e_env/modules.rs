@@ -264,6 +264,7 @@ impl GoComponent {
             // release, and a versioned replace here would match neither.
             replaces.push(format!("replace {module} => {} // {version}\n", copy.display()));
         }
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let work = dir.join("go.work");
         let go_version = fs::read_to_string(self.module_path().join("go.mod"))?
             .lines()
@@ -427,7 +428,10 @@ fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
         component.module_path().display(),
         log.display()
     ));
-    let workspace = component.write_patched_workspace(&go, &partial)?;
+    // The patched copies and their go.work are needed by the build alone: they name paths
+    // under `.partial`, and a copy of k8s.io/kubernetes is 124 MB.
+    let scratch = partial.join("workspace");
+    let workspace = component.write_patched_workspace(&go, &scratch)?;
     for (binary, package) in component.binaries {
         let mut build = Command::new(&go);
         build
@@ -452,6 +456,9 @@ fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
             PROGRESS,
             &super::build::compiling_heartbeat,
         )?;
+    }
+    if scratch.exists() {
+        fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
     }
     if let Some((first, _)) = component.binaries.first() {
         for link in component.links {

@@ -542,7 +542,17 @@ fn existing(paths: &[&str]) -> Vec<PathBuf> {
     paths.iter().map(PathBuf::from).filter(|p| p.exists()).collect()
 }
 
-/// The tails of the node's and the plane's logs (long lines cut), unless interrupted.
+/// The node's and the plane's logs a failure is read from.
+fn node_and_plane_logs(plane: &ControlPlane, node: &RealNode) -> [PathBuf; 5] {
+    [
+        node.kubelet_log(),
+        node.containerd_log(),
+        plane.workdir().join("apiserver.log"),
+        plane.workdir().join("controller-manager.log"),
+        plane.workdir().join("scheduler.log"),
+    ]
+}
+
 /// Copies the plane's and the node's logs, and every pod's container logs on the node (its
 /// `/var/log/pods`: the agent's, the self-hosted control plane's), into the scenario's dir
 /// of `target/tmp/e2e-logs/`, as the hollow-node scenarios keep theirs: the work dir goes
@@ -552,15 +562,8 @@ fn keep_logs(name: &str, plane: &ControlPlane, node: &RealNode) {
     if std::fs::create_dir_all(&target).is_err() {
         return;
     }
-    let logs = [
-        node.kubelet_log(),
-        node.containerd_log(),
-        plane.workdir().join("apiserver.log"),
-        plane.workdir().join("controller-manager.log"),
-        plane.workdir().join("scheduler.log"),
-        plane.workdir().join("etcd.log"),
-    ];
-    for log in logs {
+    let logs = node_and_plane_logs(plane, node);
+    for log in logs.iter().chain([&plane.workdir().join("etcd.log")]) {
         if let Some(file) = log.file_name() {
             let _ = std::fs::copy(&log, target.join(file));
         }
@@ -578,19 +581,13 @@ fn keep_logs(name: &str, plane: &ControlPlane, node: &RealNode) {
     eprintln!("--- logs kept in {} (pod logs under pods/)", target.display());
 }
 
+/// The tails of the node's and the plane's logs (long lines cut), unless interrupted.
 fn report_failure(plane: &ControlPlane, node: &RealNode) {
     const MAX_LINE: usize = 300;
     if interrupt::requested() {
         return;
     }
-    let logs = [
-        node.kubelet_log(),
-        node.containerd_log(),
-        plane.workdir().join("apiserver.log"),
-        plane.workdir().join("controller-manager.log"),
-        plane.workdir().join("scheduler.log"),
-    ];
-    for log in logs {
+    for log in node_and_plane_logs(plane, node) {
         let name = log.file_name().unwrap_or_default().to_string_lossy();
         let tail: Vec<String> = log_tail(&log, 30)
             .lines()
