@@ -565,7 +565,7 @@ fn keep_logs(name: &str, plane: &ControlPlane, node: &RealNode) {
     let logs = node_and_plane_logs(plane, node);
     for log in logs.iter().chain([&plane.workdir().join("etcd.log")]) {
         if let Some(file) = log.file_name() {
-            let _ = std::fs::copy(&log, target.join(file));
+            let _ = std::fs::copy(log, target.join(file));
         }
     }
     if let Some(pods) = node.host_path("/var/log/pods") {
