@@ -29,9 +29,10 @@ pub const PAUSE_IMAGE: &str = "k8s.gcr.io/pause:3.2";
 /// is built here and never pulled.
 pub const BUSYBOX_IMAGE: &str = "localhost/busybox:1.35-static";
 /// The self-hosted control plane's image, hyperkube-style (bootkube ran hyperkube): the
-/// static kube-apiserver, kube-controller-manager and kube-scheduler of the e2e build in
-/// `/usr/local/bin`, each pod naming its program in `command`. `localhost/`: never pulled.
-pub const CONTROL_PLANE_IMAGE: &str = "localhost/kube-control-plane:v1.20.2";
+/// static kube-apiserver, kube-controller-manager and kube-scheduler of the release the
+/// plane runs in `/usr/local/bin`, each pod naming its program in `command`. `localhost/`:
+/// never pulled; the tag says it is the end-to-end build, whichever release that is.
+pub const CONTROL_PLANE_IMAGE: &str = "localhost/kube-control-plane:e2e";
 /// Where [`control_plane_image`] puts the programs.
 pub const CONTROL_PLANE_BIN_DIR: &str = "/usr/local/bin";
 /// Debian's statically linked busybox (package busybox-static).
@@ -225,22 +226,36 @@ pub fn pause_image(binary: &Path, out: &Path) -> anyhow::Result<oci::Image> {
 
 /// The self-hosted control plane's image ([`CONTROL_PLANE_IMAGE`]): each of `binaries`
 /// (static builds; a dynamic one is refused) in [`CONTROL_PLANE_BIN_DIR`] under its file
-/// name. ~250 MB of programs: compressed at the fastest level, since it is only imported
-/// on this machine.
+/// name; a binary that is a link to a multi-call binary (the Go modules' `kube`) becomes
+/// the same link beside one copy of its target. ~150-250 MB of programs: compressed at
+/// the fastest level, since it is only imported on this machine.
 pub fn control_plane_image(binaries: &[PathBuf], out: &Path) -> anyhow::Result<oci::Image> {
     let mut layer = base_layer()?;
+    let mut written = std::collections::BTreeSet::new();
+    let file_name = |path: &Path| {
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_owned)
+            .with_context(|| format!("{} has no file name", path.display()))
+    };
     for binary in binaries {
-        let data = std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+        let name = file_name(binary)?;
+        let target =
+            std::fs::canonicalize(binary).with_context(|| format!("cannot resolve {}", binary.display()))?;
+        let target_name = file_name(&target)?;
+        if target_name != name {
+            layer.symlink(&format!("{CONTROL_PLANE_BIN_DIR}/{name}"), &target_name)?;
+        }
+        if !written.insert(target_name.clone()) {
+            continue;
+        }
+        let data = std::fs::read(&target).with_context(|| format!("cannot read {}", target.display()))?;
         anyhow::ensure!(
             is_static_elf(&data)?,
             "{} is dynamically linked: the control plane's image has no libc",
-            binary.display()
+            target.display()
         );
-        let name = binary
-            .file_name()
-            .and_then(|n| n.to_str())
-            .with_context(|| format!("{} has no file name", binary.display()))?;
-        layer.file(&format!("{CONTROL_PLANE_BIN_DIR}/{name}"), 0o755, data)?;
+        layer.file(&format!("{CONTROL_PLANE_BIN_DIR}/{target_name}"), 0o755, data)?;
     }
     let mut config = oci::ImageConfig::new(CONTROL_PLANE_IMAGE, &[]);
     config.env = vec![format!("PATH={CONTROL_PLANE_BIN_DIR}:/bin")];

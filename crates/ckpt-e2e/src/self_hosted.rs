@@ -99,7 +99,7 @@ impl SelfHosted {
             ),
             api: ApiEndpoint { url, ..plane.api() },
         };
-        host.apply(&objects::control_plane_objects(&params(plane, node)?))?;
+        host.apply(&objects::control_plane_objects(&params(plane, node, bins)?))?;
         wait_running(&host, &[APISERVER, CONTROLLER_MANAGER, SCHEDULER])?;
         wait_for(&format!("{} /readyz 200", self_hosted.api.url), TIMEOUT, || {
             Ok(match self_hosted.readyz() {
@@ -193,7 +193,7 @@ impl SelfHosted {
 }
 
 /// The objects' parameters from the plane's files: the same PKI and tokens as the bootstrap.
-fn params(plane: &ControlPlane, node: &RealNode) -> anyhow::Result<Params> {
+fn params(plane: &ControlPlane, node: &RealNode, bins: &BinDir) -> anyhow::Result<Params> {
     let read =
         |path: &Path| fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()));
     let (crt, key) = plane.serving_cert();
@@ -208,6 +208,7 @@ fn params(plane: &ControlPlane, node: &RealNode) -> anyhow::Result<Params> {
         scheduler_token: plane.token(SCHEDULER_USER)?,
         etcd_servers: format!("http://{}:{}", network.host_ip, plane.etcd_port()),
         node_ip: node.ip(),
+        release: bins.release(),
     })
 }
 

@@ -92,12 +92,88 @@ pub fn cache_root() -> PathBuf {
 }
 
 /// A directory holding a complete build: the Kubernetes binaries and `pause`, the release
-/// they are, and the etcd that goes with them.
+/// they are, and the etcd and the real node's runtime that go with them.
 #[derive(Clone, Debug)]
 pub struct BinDir {
     dir: PathBuf,
     release: Release,
     etcd: PathBuf,
+    runtime: NodeRuntime,
+}
+
+/// The real node's container runtime: containerd (with its runc shim and `ctr`), runc and the
+/// CNI plugins. v1.20 runs Debian's (containerd 1.6, on PATH and in /usr/lib/cni); v1.37 the
+/// Go modules' builds (containerd 2, runc 1.5), by absolute path.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct NodeRuntime {
+    /// The dir of `containerd`, `containerd-shim-runc-v2` and `ctr`; none: the machine's PATH.
+    containerd_dir: Option<PathBuf>,
+    /// `runc`; none: the machine's PATH.
+    runc: Option<PathBuf>,
+    cni_bin_dir: PathBuf,
+    /// containerd 2 reads configuration version 3 (its CRI plugin split in three); 1.6 reads 2.
+    containerd_major: u8,
+}
+
+impl NodeRuntime {
+    /// Debian's packages (`RUNTIME_PACKAGES`).
+    pub fn debian() -> NodeRuntime {
+        NodeRuntime {
+            containerd_dir: None,
+            runc: None,
+            cni_bin_dir: PathBuf::from("/usr/lib/cni"),
+            containerd_major: 1,
+        }
+    }
+
+    /// Builds of containerd 2 in `containerd_dir`, runc and the CNI plugins in `cni_bin_dir`.
+    pub(crate) fn built(containerd_dir: PathBuf, runc: PathBuf, cni_bin_dir: PathBuf) -> NodeRuntime {
+        NodeRuntime {
+            containerd_dir: Some(containerd_dir),
+            runc: Some(runc),
+            cni_bin_dir,
+            containerd_major: 2,
+        }
+    }
+
+    fn containerd_tool(&self, name: &str) -> PathBuf {
+        match &self.containerd_dir {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
+        }
+    }
+
+    pub fn containerd(&self) -> PathBuf {
+        self.containerd_tool("containerd")
+    }
+
+    pub fn ctr(&self) -> PathBuf {
+        self.containerd_tool("ctr")
+    }
+
+    pub fn runc(&self) -> PathBuf {
+        self.runc.clone().unwrap_or_else(|| PathBuf::from("runc"))
+    }
+
+    /// The CNI plugins' dir (`bridge`, `host-local`, `loopback`, `portmap`).
+    pub fn cni_bin_dir(&self) -> &Path {
+        &self.cni_bin_dir
+    }
+
+    pub fn containerd_major(&self) -> u8 {
+        self.containerd_major
+    }
+
+    /// The dirs put first on containerd's PATH: where it finds its shim (and the shim runc).
+    pub fn path_dirs(&self) -> Vec<PathBuf> {
+        let runc_dir = self.runc.as_deref().and_then(Path::parent);
+        self.containerd_dir
+            .iter()
+            .map(PathBuf::as_path)
+            .chain(runc_dir)
+            .map(Path::to_path_buf)
+            .collect()
+    }
 }
 
 impl BinDir {
@@ -115,12 +191,18 @@ impl BinDir {
             release: Release::V1_20,
             // Debian's etcd-server, from PATH.
             etcd: PathBuf::from("etcd"),
+            runtime: NodeRuntime::debian(),
         })
     }
 
     /// A build of another release (the Go modules' one, [`super::modules`]).
-    pub(crate) fn of_release(dir: PathBuf, release: Release, etcd: PathBuf) -> BinDir {
-        BinDir { dir, release, etcd }
+    pub(crate) fn of_release(dir: PathBuf, release: Release, etcd: PathBuf, runtime: NodeRuntime) -> BinDir {
+        BinDir {
+            dir,
+            release,
+            etcd,
+            runtime,
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -135,6 +217,11 @@ impl BinDir {
     /// The etcd server to run with them.
     pub fn etcd(&self) -> &Path {
         &self.etcd
+    }
+
+    /// The real node's container runtime.
+    pub fn runtime(&self) -> &NodeRuntime {
+        &self.runtime
     }
 
     pub fn kube_apiserver(&self) -> PathBuf {

@@ -646,6 +646,9 @@ impl ControlPlane {
             bind_ip: self.bind_ip,
             service_accounts: self.service_accounts,
         }));
+        if let Some(godebug) = self.release.apiserver_godebug() {
+            command.env("GODEBUG", godebug);
+        }
         let apiserver = Managed::spawn(
             "kube-apiserver",
             &mut command,

@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
-use super::build::BinDir;
+use super::build::{BinDir, NodeRuntime};
 use super::release::Release;
 use crate::apt::{Apt, missing_packages};
 use crate::process;
@@ -30,7 +30,7 @@ const PROGRESS: Progress = Progress::new("e2e-env modules");
 
 /// Bump when the recipe (this file's commands) changes, so components built the old way
 /// are rebuilt; a change of the module files themselves is seen by their hash.
-const RECIPE_REVISION: u32 = 3;
+const RECIPE_REVISION: u32 = 4;
 
 const STAMP_FILE: &str = "build-info.txt";
 
@@ -76,6 +76,27 @@ const HOLLOW_NODE_PATCHES: [SourcePatch; 2] = [
     },
 ];
 
+/// A C program of a dependency's source, compiled statically beside a component's Go
+/// binaries with the flags of its own Makefile (without its container).
+#[derive(Clone, Copy, Debug)]
+pub struct CProgram {
+    pub binary: &'static str,
+    /// The module holding its source, and the file, relative to the module's root.
+    pub module: &'static str,
+    pub source: &'static str,
+    /// The `-D` its Makefile passes (the version the program prints).
+    pub define: &'static str,
+}
+
+/// The real node's sandbox ("pause") binary, as the v1.20 build compiles it from Debian's
+/// source (`build::compile_pause`): 1.37's build/pause/Makefile says `TAG ?= 3.10.2`.
+const PAUSE_PROGRAM: CProgram = CProgram {
+    binary: "pause",
+    module: "k8s.io/kubernetes",
+    source: "build/pause/linux/pause.c",
+    define: "VERSION=v3.10.2-local",
+};
+
 /// One component: a module under `go/` and the binaries built from it.
 #[derive(Clone, Copy, Debug)]
 pub struct GoComponent {
@@ -97,6 +118,8 @@ pub struct GoComponent {
     pub build_packages: &'static [&'static str],
     /// Changes to its dependencies' sources, overlaid at build time.
     pub patches: &'static [SourcePatch],
+    /// C programs of its dependencies built with it.
+    pub c_programs: &'static [CProgram],
 }
 
 /// What the real node and the control plane run, in build order (the longest first).
@@ -115,8 +138,10 @@ pub const COMPONENTS: [GoComponent; 5] = [
         ],
         cgo: false,
         tags: &[],
-        build_packages: &[],
+        // The pause binary: static, so libc6-dev's libc.a.
+        build_packages: &["gcc", "libc6-dev"],
         patches: &HOLLOW_NODE_PATCHES,
+        c_programs: &[PAUSE_PROGRAM],
     },
     GoComponent {
         name: "etcd",
@@ -128,6 +153,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         tags: &[],
         build_packages: &[],
         patches: &[],
+        c_programs: &[],
     },
     GoComponent {
         name: "containerd",
@@ -147,6 +173,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         tags: &["no_btrfs"],
         build_packages: &[],
         patches: &[],
+        c_programs: &[],
     },
     GoComponent {
         name: "runc",
@@ -158,6 +185,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         tags: &["seccomp"],
         build_packages: &["gcc", "libc6-dev", "pkg-config", "libseccomp-dev"],
         patches: &[],
+        c_programs: &[],
     },
     GoComponent {
         name: "cni",
@@ -186,6 +214,7 @@ pub const COMPONENTS: [GoComponent; 5] = [
         tags: &[],
         build_packages: &[],
         patches: &[],
+        c_programs: &[],
     },
 ];
 
@@ -286,10 +315,14 @@ impl GoComponent {
         let header = self.stamp_header()?;
         let stamp_ok = fs::read_to_string(dir.join(STAMP_FILE))
             .is_ok_and(|stamp| stamp.lines().next() == Some(header.as_str()));
-        Ok(stamp_ok
-            && (self.binaries.iter().map(|(b, _)| *b))
-                .chain(self.links.iter().copied())
-                .all(|bin| dir.join(bin).is_file()))
+        Ok(stamp_ok && self.outputs().all(|bin| dir.join(bin).is_file()))
+    }
+
+    /// Every file it builds: the Go binaries, the links, the C programs.
+    fn outputs(&self) -> impl Iterator<Item = &'static str> {
+        (self.binaries.iter().map(|(b, _)| *b))
+            .chain(self.links.iter().copied())
+            .chain(self.c_programs.iter().map(|p| p.binary))
     }
 
     /// The `-ldflags`: stripped, and for Kubernetes the version its components report
@@ -361,6 +394,10 @@ fn module_hash(module: &Path) -> anyhow::Result<String> {
     Ok(hex8(&hash.finalize()))
 }
 
+/// Debian packages a running environment needs besides the components: the clients of the
+/// control plane (openssl, curl) and the static busybox of the real node's test image.
+const RUNTIME_PACKAGES: [&str; 3] = ["openssl", "curl", "busybox-static"];
+
 /// Builds every component that is not cached (installing what its build needs first), and
 /// prints each one's time.
 pub fn ensure_built() -> anyhow::Result<BinDir> {
@@ -368,6 +405,11 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
     let root = super::build::cache_root().join("modules");
     fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
     let log = root.join("build.log");
+    if !missing_packages(&RUNTIME_PACKAGES)?.is_empty() {
+        let mut apt = Apt::new(log.clone(), PROGRESS);
+        apt.update()?;
+        apt.install(&RUNTIME_PACKAGES)?;
+    }
     for component in &COMPONENTS {
         ensure_component(component, &log)?;
     }
@@ -379,11 +421,10 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
     cached()
 }
 
-/// The Kubernetes components and etcd built from the modules, without building: fails with
-/// a hint when they are missing.
+/// The components built from the modules, without building: fails with a hint when one is
+/// missing.
 pub fn cached() -> anyhow::Result<BinDir> {
-    let [kubernetes, etcd, ..] = &COMPONENTS;
-    for component in [kubernetes, etcd] {
+    for component in &COMPONENTS {
         if !component.is_complete()? {
             bail!(
                 "no complete {} v{} build in {}: run `cargo xtask e2e-env build --kubernetes 1.37` first",
@@ -393,10 +434,12 @@ pub fn cached() -> anyhow::Result<BinDir> {
             );
         }
     }
+    let [kubernetes, etcd, containerd, runc, cni] = &COMPONENTS;
     Ok(BinDir::of_release(
         kubernetes.dir(),
         Release::V1_37,
         etcd.binary("etcd"),
+        NodeRuntime::built(containerd.dir(), runc.binary("runc"), cni.dir()),
     ))
 }
 
@@ -457,6 +500,30 @@ fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
             &super::build::compiling_heartbeat,
         )?;
     }
+    for program in component.c_programs {
+        let source = module_dir(&go, &component.module_path(), program.module)?.join(program.source);
+        let output = partial.join(program.binary);
+        let mut gcc = Command::new("gcc");
+        gcc.args(["-Os", "-Wall", "-Werror", "-static"])
+            .arg(format!("-D{}", program.define))
+            .arg("-o")
+            .arg(&output)
+            .arg(&source);
+        process::run_logged(
+            &format!("gcc {}", program.source),
+            &mut gcc,
+            log,
+            PROGRESS,
+            &super::build::compiling_heartbeat,
+        )?;
+        process::run_logged(
+            &format!("strip {}", program.binary),
+            Command::new("strip").arg(&output),
+            log,
+            PROGRESS,
+            &super::build::compiling_heartbeat,
+        )?;
+    }
     if scratch.exists() {
         fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
     }
@@ -479,10 +546,7 @@ fn ensure_component(component: &GoComponent, log: &Path) -> anyhow::Result<()> {
     PROGRESS.say(&format!(
         "{label}: built in {} ({})",
         human_duration(started.elapsed()),
-        (component.binaries.iter().map(|(b, _)| *b))
-            .chain(component.links.iter().copied())
-            .collect::<Vec<_>>()
-            .join(", ")
+        component.outputs().collect::<Vec<_>>().join(", ")
     ));
     Ok(())
 }

@@ -1,5 +1,7 @@
-//! A real node for the end-to-end tests: kubelet v1.20.2, containerd 1.6 and runc from Debian
-//! running real containers, registered as `node-1` with a control plane started by
+//! A real node for the end-to-end tests: the release's kubelet with its runtime (v1.20.2 with
+//! Debian's containerd 1.6 and runc; v1.37.2 with containerd 2 and runc 1.5 from their Go
+//! modules, see [`NodeRuntime`]) running real containers, registered as `node-1` with a
+//! control plane started by
 //! [`StartOptions::real_node`](crate::e2e_env::StartOptions::real_node) (see reference/real-node).
 //!
 //! The node lives in namespaces the project creates, so it writes nothing of the machine's:
@@ -34,13 +36,13 @@ use anyhow::Context;
 
 pub use self::config::{KUBELET_PORT, KUBELET_READ_ONLY_PORT};
 pub use self::images::{BUSYBOX_IMAGE, PAUSE_IMAGE};
-pub use self::layout::{CNI_BIN_DIR, CNI_CONF_DIR, CONTAINERD_SOCKET, MANIFESTS_DIR};
+pub use self::layout::{CNI_CONF_DIR, CONTAINERD_SOCKET, MANIFESTS_DIR};
 use self::layout::{DISK_MOUNTS, KUBELET_SYSCTLS, Layout, OVERLAID_TREES, RUN};
 use self::processes::{
     NodeNamespaces, cgroup_hierarchies, container_cgroups, kill_all, node_processes, pinned_inode,
     remove_cgroups, wait_gone,
 };
-use super::build::BinDir;
+use super::build::{BinDir, NodeRuntime};
 use super::control_plane::{ControlPlane, NODE_NAME, PROGRESS};
 use super::curl::{http_probe, http_status, node_ready_probe};
 use super::node_network::{NodeNetwork, is_mount_point};
@@ -89,6 +91,7 @@ pub struct RealNode {
     network: NodeNetwork,
     kubelet_bin: PathBuf,
     kubelet_args: Vec<String>,
+    runtime: NodeRuntime,
     containerd: Option<Managed>,
     kubelet: Option<Managed>,
     namespaces: NodeNamespaces,
@@ -115,13 +118,15 @@ impl RealNode {
             "{} exists: a real node ran in this work dir",
             layout.dir().display()
         );
-        let mut kubelet_args = config::kubelet_args(&network, &plane.node_kubeconfig());
+        let mut kubelet_args =
+            config::kubelet_args(options.bins.release(), &network, &plane.node_kubeconfig());
         kubelet_args.extend(options.extra_kubelet_args.iter().cloned());
         let mut node = RealNode {
             layout,
             network,
             kubelet_bin: options.bins.kubelet(),
             kubelet_args,
+            runtime: options.bins.runtime().clone(),
             containerd: None,
             kubelet: None,
             namespaces: NodeNamespaces::default(),
@@ -138,7 +143,7 @@ impl RealNode {
         let mut archives = images::write_builtin(&node.layout.images_dir(), &options.bins.pause())?;
         archives.extend(options.images.iter().cloned());
         for archive in &archives {
-            images::import(&node.containerd_socket(), archive)?;
+            images::import(&node.runtime.ctr(), &node.containerd_socket(), archive)?;
         }
         PROGRESS.say(&format!(
             "imported {} image archive(s) into containerd (k8s.io) in {}",
@@ -173,6 +178,8 @@ impl RealNode {
             serde_json::from_str(get("NODE_NETWORK")?).context("bad NODE_NETWORK in the node's state")?;
         let kubelet_args: Vec<String> =
             serde_json::from_str(get("KUBELET_ARGS")?).context("bad KUBELET_ARGS in the node's state")?;
+        let runtime: NodeRuntime =
+            serde_json::from_str(get("RUNTIME")?).context("bad RUNTIME in the node's state")?;
         let owner = layout.dir().to_owned();
         let attach = |name: &'static str| {
             let pid = fs::read_to_string(layout.pid_file(name))
@@ -196,6 +203,7 @@ impl RealNode {
             network,
             kubelet_bin: PathBuf::from(get("KUBELET_BIN")?),
             kubelet_args,
+            runtime,
             namespaces,
             host_sysctls,
             stop_on_drop: false,
@@ -356,7 +364,7 @@ impl RealNode {
     /// `ctr --namespace k8s.io ARGS…` against the node's containerd.
     pub fn ctr(&self, args: &[&str]) -> anyhow::Result<String> {
         run_command(
-            Command::new("ctr")
+            Command::new(self.runtime.ctr())
                 .arg("--address")
                 .arg(self.containerd_socket())
                 .args(["--namespace", "k8s.io"])
@@ -367,7 +375,7 @@ impl RealNode {
     /// Imports an image archive (OCI or Docker) into containerd's `k8s.io` namespace; it
     /// stays on the node's disk across reboots.
     pub fn import_image(&self, archive: &Path) -> anyhow::Result<()> {
-        images::import(&self.containerd_socket(), archive)
+        images::import(&self.runtime.ctr(), &self.containerd_socket(), archive)
     }
 
     /// What the node has made on the machine right now, to check later that nothing of it
@@ -426,7 +434,10 @@ impl RealNode {
         for dir in &dirs {
             fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        write(&layout.containerd_config(), &config::containerd_toml())?;
+        write(
+            &layout.containerd_config(),
+            &config::containerd_toml(&self.runtime),
+        )?;
         write(
             &layout.disk_dir("etc-cni-net.d").join(config::CNI_CONFLIST),
             &config::cni_conflist(&self.network),
@@ -447,8 +458,15 @@ impl RealNode {
         let started = Instant::now();
         self.create_mount_namespace()?;
         self.write_state()?;
-        let mut command = self.command("containerd");
+        let mut command = self.command(self.runtime.containerd());
         command.arg("--config").arg(self.layout.containerd_config());
+        // containerd finds its shim on PATH; a built runtime's dirs come first.
+        let dirs = self.runtime.path_dirs();
+        if !dirs.is_empty() {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let paths = dirs.into_iter().chain(std::env::split_paths(&path));
+            command.env("PATH", std::env::join_paths(paths)?);
+        }
         let containerd = Managed::spawn(
             "containerd",
             &mut command,
@@ -462,6 +480,7 @@ impl RealNode {
         let containerd = self.containerd.insert(containerd);
         let socket = self.layout.run_dir().join("containerd/containerd.sock");
         let log = containerd.log().to_owned();
+        let ctr = self.runtime.ctr();
         wait_ready(
             "containerd to answer on its socket",
             CONTAINERD_READY_TIMEOUT,
@@ -471,7 +490,7 @@ impl RealNode {
                 if !socket.exists() {
                     return Ok(Probe::Waiting("no socket yet".into()));
                 }
-                let mut version = Command::new("ctr");
+                let mut version = Command::new(&ctr);
                 version.arg("--address").arg(&socket).arg("version");
                 Ok(match run_command(&mut version) {
                     Ok(_) => Probe::Ready(()),
@@ -648,6 +667,7 @@ impl RealNode {
             ("NODE_NETWORK", serde_json::to_string(&self.network)?),
             ("KUBELET_BIN", path_str(&self.kubelet_bin)),
             ("KUBELET_ARGS", serde_json::to_string(&self.kubelet_args)?),
+            ("RUNTIME", serde_json::to_string(&self.runtime)?),
             ("HOST_SYSCTLS", serde_json::to_string(&self.host_sysctls)?),
         ];
         let text: String = lines.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
@@ -782,29 +802,30 @@ fn preflight(options: &RealNodeOptions) -> anyhow::Result<()> {
         uid == Some("0"),
         "the real node needs root (namespaces, mounts, veth pairs)"
     );
-    for command in [
-        "containerd",
-        "ctr",
-        "runc",
-        "nsenter",
-        "unshare",
-        "mount",
-        "umount",
-        "ip",
-    ] {
+    let runtime = options.bins.runtime();
+    for command in ["nsenter", "unshare", "mount", "umount", "ip"] {
         anyhow::ensure!(
             in_path(command),
-            "{command} is not installed: run `cargo xtask e2e-env build` (it installs containerd, runc, \
-             containernetworking-plugins and busybox-static)"
+            "{command} is not installed (util-linux, mount, iproute2)"
         );
     }
+    let build = match options.bins.release() {
+        super::release::Release::V1_20 => "`cargo xtask e2e-env build` (it installs containerd, runc, \
+                                           containernetworking-plugins and busybox-static)"
+            .to_owned(),
+        release => format!("`cargo xtask e2e-env build --kubernetes {}`", release.name()),
+    };
+    for tool in [runtime.containerd(), runtime.ctr(), runtime.runc()] {
+        let found = if tool.is_absolute() {
+            tool.is_file()
+        } else {
+            in_path(&tool.to_string_lossy())
+        };
+        anyhow::ensure!(found, "{} is missing: run {build}", tool.display());
+    }
     for plugin in ["bridge", "host-local", "loopback"] {
-        let path = Path::new(CNI_BIN_DIR).join(plugin);
-        anyhow::ensure!(
-            path.is_file(),
-            "{} is missing: install containernetworking-plugins (`cargo xtask e2e-env build`)",
-            path.display()
-        );
+        let path = runtime.cni_bin_dir().join(plugin);
+        anyhow::ensure!(path.is_file(), "{} is missing: run {build}", path.display());
     }
     for bin in [options.bins.kubelet(), options.bins.pause()] {
         anyhow::ensure!(

@@ -57,6 +57,16 @@ impl Release {
         self == Release::V1_37
     }
 
+    /// The `GODEBUG` the plane's kube-apiserver runs with. The test pods' only HTTPS client
+    /// is busybox 1.35's wget, whose TLS 1.2 ClientHello offers no signature algorithms, so
+    /// the server may only sign its key exchange with SHA-1 (RFC 5246 §7.4.1.4.1); Go 1.25
+    /// and later refuse that unless `tlssha1=1` (1.20's Go 1.19 build allowed it). Only the
+    /// host-run test plane gets it: the agent speaks TLS 1.3 through rustls, and the
+    /// self-hosted API server keeps Go's default.
+    pub(crate) fn apiserver_godebug(self) -> Option<&'static str> {
+        (self == Release::V1_37).then_some("tlssha1=1")
+    }
+
     /// kube-controller-manager's name for the legacy token Secrets' controller.
     pub(crate) fn token_controller(self) -> &'static str {
         match self {

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::e2e_env::render_kubeconfig;
+use crate::e2e_env::{Release, render_kubeconfig};
 use crate::image::{CONTROL_PLANE_BIN_DIR, CONTROL_PLANE_IMAGE};
 
 /// Where everything lives: the agent's default `--namespaces` and where `deploy` puts it.
@@ -58,6 +58,8 @@ pub struct Params {
     pub etcd_servers: String,
     /// The node's address, which the API server advertises.
     pub node_ip: Ipv4Addr,
+    /// The release the image's programs are: which flags they take.
+    pub release: Release,
 }
 
 /// Every object of the self-hosted control plane, in the order to apply them.
@@ -106,9 +108,9 @@ pub fn control_plane_objects(params: &Params) -> Vec<Value> {
                 "ca.crt": params.ca_crt,
             }),
         ),
-        apiserver_daemonset(),
-        deployment(CONTROLLER_MANAGER, controller_manager_container()),
-        deployment(SCHEDULER, scheduler_container()),
+        apiserver_daemonset(params.release),
+        deployment(CONTROLLER_MANAGER, controller_manager_container(params.release)),
+        deployment(SCHEDULER, scheduler_container(params.release)),
     ]
 }
 
@@ -159,9 +161,23 @@ fn program(name: &str) -> String {
     format!("{CONTROL_PLANE_BIN_DIR}/{name}")
 }
 
-/// kube-apiserver v1.20 on every address of the node. 1.20 has no config file, so the
-/// settings that differ per cluster come from the ConfigMap through the environment.
-fn apiserver_daemonset() -> Value {
+/// Flags that only 1.20 has: they were removed since (the insecure ports in 1.24, the bound
+/// token gate once GA); `flags` with them left out on a later release.
+fn for_release(release: Release, flags: Vec<String>) -> Vec<String> {
+    const V1_20_ONLY: [&str; 3] = [
+        "--insecure-port=",
+        "--port=",
+        "--feature-gates=BoundServiceAccountTokenVolume=",
+    ];
+    flags
+        .into_iter()
+        .filter(|flag| release == Release::V1_20 || !V1_20_ONLY.iter().any(|f| flag.starts_with(f)))
+        .collect()
+}
+
+/// kube-apiserver on every address of the node. 1.20 has no config file, so the settings
+/// that differ per cluster come from the ConfigMap through the environment.
+fn apiserver_daemonset(release: Release) -> Value {
     let secrets = |file: &str| format!("{SECRETS_DIR}/{file}");
     let config_env = |var: &str, key: &str| {
         json!({
@@ -173,31 +189,31 @@ fn apiserver_daemonset() -> Value {
         "name": APISERVER,
         "image": CONTROL_PLANE_IMAGE,
         "imagePullPolicy": "IfNotPresent",
-        "command": [
+        "command": for_release(release, vec![
             program(APISERVER),
-            "--etcd-servers=$(ETCD_SERVERS)",
-            "--advertise-address=$(ADVERTISE_ADDRESS)",
-            "--service-cluster-ip-range=$(SERVICE_CLUSTER_IP_RANGE)",
-            "--bind-address=0.0.0.0",
+            "--etcd-servers=$(ETCD_SERVERS)".into(),
+            "--advertise-address=$(ADVERTISE_ADDRESS)".into(),
+            "--service-cluster-ip-range=$(SERVICE_CLUSTER_IP_RANGE)".into(),
+            "--bind-address=0.0.0.0".into(),
             format!("--secure-port={APISERVER_PORT}"),
             // SO_REUSEPORT: the parent binds beside its running checkpoint instead of
             // crash-looping on EADDRINUSE until the checkpoint is retired (the "port battle").
-            "--permit-port-sharing=true",
+            "--permit-port-sharing=true".into(),
             // 1.20 still opens 127.0.0.1:8080 by default, where a second copy would clash.
-            "--insecure-port=0",
+            "--insecure-port=0".into(),
             format!("--tls-cert-file={}", secrets("apiserver.crt")),
             format!("--tls-private-key-file={}", secrets("apiserver.key")),
             format!("--token-auth-file={}", secrets("tokens.csv")),
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
             format!("--service-account-key-file={}", secrets("sa.key")),
             format!("--service-account-signing-key-file={}", secrets("sa.key")),
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--feature-gates=BoundServiceAccountTokenVolume=true",
-            "--kubelet-preferred-address-types=InternalIP,Hostname",
-            "--endpoint-reconciler-type=none",
-            "--allow-privileged=true",
-        ],
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            "--feature-gates=BoundServiceAccountTokenVolume=true".into(),
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--allow-privileged=true".into(),
+        ]),
         "env": [
             config_env("ETCD_SERVERS", "etcd-servers"),
             config_env("ADVERTISE_ADDRESS", "advertise-address"),
@@ -235,45 +251,45 @@ fn kubeconfig_mount() -> Value {
 
 /// kube-controller-manager as the host one runs (every controller but legacy token
 /// Secrets), on a Lease, with the CA from its Secret as the root CA it publishes.
-fn controller_manager_container() -> Value {
+fn controller_manager_container(release: Release) -> Value {
     json!({
         "name": CONTROLLER_MANAGER,
         "image": CONTROL_PLANE_IMAGE,
         "imagePullPolicy": "IfNotPresent",
-        "command": [
+        "command": for_release(release, vec![
             program(CONTROLLER_MANAGER),
             format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
-            "--bind-address=127.0.0.1",
+            "--bind-address=127.0.0.1".into(),
             format!("--secure-port={CONTROLLER_MANAGER_PORT}"),
-            "--permit-port-sharing=true",
-            "--port=0",
-            "--leader-elect=true",
-            "--leader-elect-resource-lock=leases",
-            "--use-service-account-credentials=false",
-            "--controllers=*,-serviceaccount-token",
+            "--permit-port-sharing=true".into(),
+            "--port=0".into(),
+            "--leader-elect=true".into(),
+            "--leader-elect-resource-lock=leases".into(),
+            "--use-service-account-credentials=false".into(),
+            format!("--controllers=*,-{}", release.token_controller()),
             format!("--root-ca-file={KUBECONFIG_DIR}/ca.crt"),
-            "--feature-gates=BoundServiceAccountTokenVolume=true",
-            "--flex-volume-plugin-dir=/tmp/flex-volumes",
-        ],
+            "--feature-gates=BoundServiceAccountTokenVolume=true".into(),
+            "--flex-volume-plugin-dir=/tmp/flex-volumes".into(),
+        ]),
         "volumeMounts": kubeconfig_mount(),
     })
 }
 
-fn scheduler_container() -> Value {
+fn scheduler_container(release: Release) -> Value {
     json!({
         "name": SCHEDULER,
         "image": CONTROL_PLANE_IMAGE,
         "imagePullPolicy": "IfNotPresent",
-        "command": [
+        "command": for_release(release, vec![
             program(SCHEDULER),
             format!("--kubeconfig={KUBECONFIG_DIR}/kubeconfig"),
-            "--bind-address=127.0.0.1",
+            "--bind-address=127.0.0.1".into(),
             format!("--secure-port={SCHEDULER_PORT}"),
-            "--permit-port-sharing=true",
-            "--port=0",
-            "--leader-elect=true",
-            "--leader-elect-resource-lock=leases",
-        ],
+            "--permit-port-sharing=true".into(),
+            "--port=0".into(),
+            "--leader-elect=true".into(),
+            "--leader-elect-resource-lock=leases".into(),
+        ]),
         "volumeMounts": kubeconfig_mount(),
     })
 }
@@ -312,6 +328,7 @@ mod tests {
             scheduler_token: "sched-token".into(),
             etcd_servers: "http://10.213.0.1:12379".into(),
             node_ip: Ipv4Addr::new(10, 213, 0, 2),
+            release: Release::V1_20,
         }
     }
 

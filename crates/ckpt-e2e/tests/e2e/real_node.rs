@@ -123,12 +123,7 @@ pub(crate) fn run(selected: &[&(&'static str, NodeScenarioFn)]) -> Vec<&'static 
 }
 
 fn start(progress: Progress) -> anyhow::Result<NodeRun> {
-    let release = ckpt_e2e::e2e_env::Release::from_env()?;
-    anyhow::ensure!(
-        release == ckpt_e2e::e2e_env::Release::V1_20,
-        "the real node runs v1.20 only so far (issue 37): no real-node scenario runs on {release}"
-    );
-    let bins = BinDir::cached()?;
+    let bins = ckpt_e2e::e2e_env::cached_bins(ckpt_e2e::e2e_env::Release::from_env()?)?;
     let plane = ControlPlane::start(&StartOptions::real_node(bins.clone()))?;
     progress.say("the agent's images (the static release build), then the real node");
     let images = crate::real_node_seed::agent_images(&plane.workdir().join("images"))?;

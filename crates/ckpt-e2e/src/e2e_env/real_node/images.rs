@@ -18,9 +18,9 @@ pub use crate::image::{BUSYBOX_IMAGE, PAUSE_IMAGE};
 
 /// `ctr images import` of an OCI (or Docker) archive into the `k8s.io` namespace of the
 /// containerd at `socket` (a host path), unpacked for the default snapshotter.
-pub(super) fn import(socket: &Path, archive: &Path) -> anyhow::Result<()> {
+pub(super) fn import(ctr: &Path, socket: &Path, archive: &Path) -> anyhow::Result<()> {
     run_command(
-        Command::new("ctr")
+        Command::new(ctr)
             .arg("--address")
             .arg(socket)
             .args(["--namespace", "k8s.io", "images", "import"])

@@ -59,8 +59,6 @@ pub(super) const KUBELET_SYSCTLS: [(&str, &str); 6] = [
 pub const MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
-/// Debian's containernetworking-plugins.
-pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 
 /// The paths of one node's directory (`<plane work dir>/node`).
 #[derive(Clone, Debug)]
