@@ -25,9 +25,9 @@ pub(crate) struct E2e {
     /// The longer mode: also the scenarios kept out of CI for time (see `--list`)
     #[arg(long)]
     long: bool,
-    /// The Kubernetes release to run on: `1.37` (the Go modules' build) runs the
-    /// hollow-node scenarios so far; the real-node ones fail on it, saying so (issue 37)
-    #[arg(long, value_enum, default_value = "1.20")]
+    /// The Kubernetes release to run on: `1.37`, built from its Go modules with containerd
+    /// 2 and runc 1.5, or `1.20`, built from Debian's source with Debian's runtime
+    #[arg(long, value_enum, default_value = "1.37")]
     kubernetes: Release,
 }
 
@@ -40,6 +40,7 @@ impl E2e {
                 &["--list".to_owned()],
                 Mode::of(self.long),
                 self.kubernetes,
+                std::path::Path::new(""),
             );
         }
         run_suite_on(&self.filters, false, Mode::of(self.long), self.kubernetes)
@@ -63,19 +64,29 @@ impl Mode {
     }
 }
 
-/// Builds the environment, the agent and the suite, then runs the suite (also used by
-/// `cargo xtask test`, with `locked`, and by `cargo xtask demo --self-hosted`).
-pub(crate) fn run_suite(filters: &[String], locked: bool, mode: Mode) -> anyhow::Result<()> {
-    run_suite_on(filters, locked, mode, Release::V1_20)
-}
-
-/// [`run_suite`] on a Kubernetes release.
-fn run_suite_on(filters: &[String], locked: bool, mode: Mode, release: Release) -> anyhow::Result<()> {
+/// Builds the environment of `release`, the agent and the suite, then runs the suite (also
+/// used by `cargo xtask test`, with `locked`, and by `cargo xtask demo --self-hosted`).
+pub(crate) fn run_suite_on(
+    filters: &[String],
+    locked: bool,
+    mode: Mode,
+    release: Release,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     interrupt::install()?;
     e2e_env::ensure_built_release(release)?;
     let suite = build_suite(locked)?;
-    run_binary(&suite, filters, mode, release)?;
+    let results = results_file(release)?;
+    let _ = std::fs::remove_file(&results);
+    let outcome = run_binary(&suite, filters, mode, release, &results);
+    // Failures are recorded too; the demo is not a run of the suite.
+    if mode != Mode::Demo {
+        match crate::compat::record(&results, &ckpt_e2e::bench::git_commit()) {
+            Ok(table) => eprintln!("e2e: results recorded in {}", table.display()),
+            Err(e) => eprintln!("e2e: results not recorded: {e:#}"),
+        }
+    }
+    outcome?;
     if mode != Mode::Demo {
         Progress::new("e2e").say(&format!(
             "end-to-end suite passed ({} in all)",
@@ -128,7 +139,20 @@ fn suite_executable(messages: &str) -> Option<PathBuf> {
 const LONG_ENV: &str = "E2E_LONG";
 const DEMO_ENV: &str = "E2E_DEMO";
 
-fn run_binary(suite: &PathBuf, args: &[String], mode: Mode, release: Release) -> anyhow::Result<()> {
+/// Where the suite writes the results of a run on `release` (in the target dir).
+fn results_file(release: Release) -> anyhow::Result<PathBuf> {
+    let dir = ckpt_e2e::image::target_dir().join("e2e-results");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir.join(format!("{}.json", release.name())))
+}
+
+fn run_binary(
+    suite: &PathBuf,
+    args: &[String],
+    mode: Mode,
+    release: Release,
+    results: &std::path::Path,
+) -> anyhow::Result<()> {
     let switch = |on: bool| if on { "1" } else { "0" };
     let agent = agent_binary()?;
     eprintln!("$ {} {}", suite.display(), args.join(" "));
@@ -143,6 +167,7 @@ fn run_binary(suite: &PathBuf, args: &[String], mode: Mode, release: Release) ->
             .env(LONG_ENV, switch(mode == Mode::Long))
             .env(DEMO_ENV, switch(mode == Mode::Demo))
             .env(RELEASE_ENV, release.name())
+            .env(crate::compat::RESULTS_ENV, results)
             .current_dir(ckpt_e2e::project_root()),
     )
     .with_context(|| format!("{what} failed"))

@@ -10,6 +10,7 @@
 //! infrastructure (control plane, harness, suite, bench, demo, image builder) lives in the
 //! `ckpt-e2e` crate; xtask dispatches to it.
 
+mod compat;
 mod demo;
 mod deploy;
 mod e2e;

@@ -51,6 +51,9 @@ impl KubeletVersion {
     /// Env var names other than C-like identifiers (RelaxedEnvironmentVariableValidation,
     /// on by default since 1.32).
     const RELAXED_ENV_NAMES: KubeletVersion = KubeletVersion::new(1, 32);
+    /// A host-network port whose hostPort differs from its containerPort is reported on
+    /// `hostPort` from 1.28 on, on `containerPort` before (the same refusal).
+    const NAMES_HOST_PORT: KubeletVersion = KubeletVersion::new(1, 28);
 }
 
 impl fmt::Display for KubeletVersion {
@@ -224,6 +227,7 @@ pub fn admit(pod: &Pod, node: &str, kubelet: Option<KubeletVersion>) -> Result<(
         None => found.add("spec", "Required value"),
         Some(spec) => {
             let strict_env = kubelet.is_none_or(|v| v < KubeletVersion::RELAXED_ENV_NAMES);
+            let names_host_port = kubelet.is_none_or(|v| v >= KubeletVersion::NAMES_HOST_PORT);
             let volumes = volumes(spec.volumes.as_deref().unwrap_or_default(), &mut found);
             if spec.containers.is_empty() {
                 found.add("spec.containers", "Required value");
@@ -244,7 +248,12 @@ pub fn admit(pod: &Pod, node: &str, kubelet: Option<KubeletVersion>) -> Result<(
                         found.add(format!("{at}.name"), format!("Duplicate value: {:?}", c.name));
                     }
                     let host_network = spec.host_network == Some(true);
-                    container(&at, c, &volumes, host_network, strict_env, &mut found);
+                    let rules = ContainerRules {
+                        host_network,
+                        strict_env,
+                        names_host_port,
+                    };
+                    container(&at, c, &volumes, rules, &mut found);
                 }
             }
             for (field, value, allowed) in [
@@ -447,14 +456,17 @@ fn volumes<'a>(volumes: &'a [k8s_openapi::api::core::v1::Volume], found: &mut Fi
     names
 }
 
-fn container(
-    at: &str,
-    c: &Container,
-    volumes: &BTreeSet<&str>,
+/// What a container's rules depend on besides the container: its pod and the kubelet.
+#[derive(Clone, Copy)]
+struct ContainerRules {
     host_network: bool,
+    /// Env var names must be C identifiers (kubelets before 1.32).
     strict_env: bool,
-    found: &mut Findings,
-) {
+    /// A host-network port mismatch is reported on `hostPort` (kubelets from 1.28).
+    names_host_port: bool,
+}
+
+fn container(at: &str, c: &Container, volumes: &BTreeSet<&str>, rules: ContainerRules, found: &mut Findings) {
     if !is_dns_label(&c.name) {
         found.add(
             format!("{at}.name"),
@@ -487,7 +499,7 @@ fn container(
         }
     }
     for (i, env) in c.env.iter().flatten().enumerate() {
-        let ok = if strict_env {
+        let ok = if rules.strict_env {
             is_c_identifier_like(&env.name)
         } else {
             is_relaxed_env_name(&env.name)
@@ -520,11 +532,18 @@ fn container(
                     format!("{p}.hostPort"),
                     format!("Invalid value: {host_port}: must be between 0 and 65535"),
                 );
-            } else if host_network && host_port != 0 && host_port != port.container_port {
-                found.add(
-                    format!("{p}.containerPort"),
-                    "must match hostPort when hostNetwork is true",
-                );
+            } else if rules.host_network && host_port != 0 && host_port != port.container_port {
+                if rules.names_host_port {
+                    found.add(
+                        format!("{p}.hostPort"),
+                        "must match containerPort when hostNetwork is true",
+                    );
+                } else {
+                    found.add(
+                        format!("{p}.containerPort"),
+                        "must match hostPort when hostNetwork is true",
+                    );
+                }
             }
         }
         if let Some(name) = port.name.as_deref().filter(|n| !n.is_empty()) {

@@ -338,6 +338,14 @@ fn volume_reference(v: &Volume) -> Option<&'static str> {
         }
         return None;
     }
+    // No source at all: the API's defaults, which the kubelet applies to a static pod
+    // before this check, make it an emptyDir.
+    let names_only = serde_json::to_value(v)
+        .ok()
+        .and_then(|json| json.as_object().map(|fields| fields.keys().all(|k| k == "name")));
+    if names_only == Some(true) {
+        return None;
+    }
     Some("an unknown volume type")
 }
 

@@ -1873,7 +1873,12 @@ mod tests {
             "serviceAccountName": "sa",
             "imagePullSecrets": [{"name": "r"}],
             "containers": [container(json!({"envFrom": [{"configMapRef": {"name": "config"}}]}))],
-            "volumes": [{"name": "t", "secret": {"secretName": "tls"}}, {"name": "h", "hostPath": {"path": "/x"}}]
+            // "e" has no source: the defaults the kubelet applies first make it an emptyDir.
+            "volumes": [
+                {"name": "t", "secret": {"secretName": "tls"}},
+                {"name": "h", "hostPath": {"path": "/x"}},
+                {"name": "e"}
+            ]
         }));
         assert_eq!(
             references_api_objects(&p),

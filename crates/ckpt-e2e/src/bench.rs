@@ -73,6 +73,10 @@ pub struct Bench {
     /// side. The baseline's binary is cached by commit in the target dir.
     #[arg(long, value_name = "REV")]
     baseline: Option<String>,
+    /// The Kubernetes release of the control plane and hollow kubelet (`1.20`: Debian's
+    /// source build).
+    #[arg(long, value_enum, default_value = "1.37")]
+    kubernetes: e2e_env::Release,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +123,7 @@ impl Bench {
             .filter(|p| self.only.is_empty() || self.only.contains(p))
             .collect();
         progress.say("building the control plane's binaries (cached) and the release agent");
-        let bins = e2e_env::ensure_built()?;
+        let bins = e2e_env::ensure_built_release(self.kubernetes)?;
         let target_dir = crate::image::target_dir();
         // Before the build under test: both builds leave their binary at the same path.
         let baseline = match &self.baseline {
@@ -297,7 +301,7 @@ fn command_line() -> String {
 
 /// `git describe`-like: the short commit, `+dirty` when the tree has changes (the shared tree
 /// often has other people's work in progress, which is not in the agent unless under crates/).
-fn git_commit() -> String {
+pub fn git_commit() -> String {
     let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_default();
     let agent_dirty = !git(&[
         "status",

@@ -31,6 +31,9 @@ pub struct Demo {
     /// How long a deleted parent's checkpoint is kept (the agent's --checkpoint-grace-period).
     #[arg(long, default_value = "2s")]
     grace_period: String,
+    /// The Kubernetes release to run on (`1.20`: Debian's source build).
+    #[arg(long, value_enum, default_value = "1.37")]
+    kubernetes: e2e_env::Release,
 }
 
 /// Where the demo's pods live: where a self-hosted control plane's pods live.
@@ -40,6 +43,11 @@ const NAMESPACE: &str = "kube-system";
 const PARENT: &str = "kube-apiserver";
 
 impl Demo {
+    /// The release it runs on (`--kubernetes`).
+    pub fn kubernetes(&self) -> e2e_env::Release {
+        self.kubernetes
+    }
+
     pub fn run(&self) -> anyhow::Result<()> {
         // The agent and the control plane live inside `demo` and are stopped when it returns,
         // on success, on failure and on Ctrl-C alike.
@@ -53,11 +61,14 @@ impl Demo {
     fn demo(&self) -> anyhow::Result<()> {
         let say = Narrator::new();
         say.line("building what the demo runs: the control plane's binaries (cached after the first run, ~15 min cold) and the agent");
-        let bins = e2e_env::ensure_built()?;
+        let bins = e2e_env::ensure_built_release(self.kubernetes)?;
         crate::run("cargo", &["build", "-p", "ckpt-bin"])?;
         let agent_bin = agent_binary()?;
 
-        say.line("starting etcd, kube-apiserver v1.20.2 and a hollow kubelet registered as node-1");
+        say.line(&format!(
+            "starting etcd, kube-apiserver {} and a hollow kubelet registered as node-1",
+            self.kubernetes
+        ));
         let plane = ControlPlane::start(&StartOptions {
             hollow_node: true,
             ..StartOptions::new(bins)

@@ -228,6 +228,21 @@ fn containers_ports_env_and_probes() {
             expected,
         );
     }
+    // The same refusal, reported on hostPort from 1.28 on (and when the version is unknown).
+    let mismatch =
+        || pod(|p| p["spec"]["containers"][0]["ports"] = json!([{ "containerPort": 6443, "hostPort": 443 }]));
+    for (kubelet, field) in [
+        (Some(KubeletVersion::new(1, 27)), "containerPort"),
+        (Some(KubeletVersion::new(1, 28)), "hostPort"),
+        (Some(KubeletVersion::new(1, 37)), "hostPort"),
+        (None, "hostPort"),
+    ] {
+        check(
+            mismatch(),
+            kubelet,
+            &[format!("spec.containers[0].ports[0].{field}").as_str()],
+        );
+    }
     check(
         pod(|p| {
             p["spec"]["containers"][0]["ports"] =

@@ -2,14 +2,16 @@
 //! in how it starts their processes (issue 37): v1.20.2 built from Debian's source package
 //! (`build`) and v1.37.2 built from its Go modules (`modules`).
 
-/// A Kubernetes release the environment can build and start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+/// A Kubernetes release the environment can build and start. The default, what CI and every
+/// command run unless told `--kubernetes`, is the newest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Release {
     /// v1.20.2 from Debian bookworm's source package, with Debian's etcd, containerd and
     /// runc: what every scenario has run on so far.
     #[value(name = "1.20")]
     V1_20,
     /// v1.37.2 and etcd 3.6, containerd 2, runc 1.5 from their Go modules.
+    #[default]
     #[value(name = "1.37")]
     V1_37,
 }
@@ -21,6 +23,18 @@ impl Release {
             // The source package is `1.20.5+really1.20.2`.
             Release::V1_20 => "1.20.2",
             Release::V1_37 => "1.37.2",
+        }
+    }
+
+    /// What runs with it: etcd and the real node's runtime.
+    pub fn components(self) -> &'static str {
+        match self {
+            Release::V1_20 => {
+                "Debian bookworm's source build; Debian's etcd 3.4, containerd 1.6, runc 1.1, CNI plugins 1.1"
+            }
+            Release::V1_37 => {
+                "built from its Go modules with etcd 3.6.16, containerd 2.4.2, runc 1.5.3, CNI plugins 1.10.0"
+            }
         }
     }
 
@@ -80,12 +94,12 @@ impl Release {
 pub const RELEASE_ENV: &str = "E2E_KUBERNETES";
 
 impl Release {
-    /// The release `E2E_KUBERNETES` names (`1.20` when unset or empty).
+    /// The release `E2E_KUBERNETES` names (the default when unset or empty).
     pub fn from_env() -> anyhow::Result<Release> {
         match std::env::var(RELEASE_ENV) {
             Ok(v) if !v.is_empty() => <Release as clap::ValueEnum>::from_str(&v, false)
                 .map_err(|e| anyhow::anyhow!("{RELEASE_ENV}={v}: {e}")),
-            _ => Ok(Release::V1_20),
+            _ => Ok(Release::default()),
         }
     }
 }

@@ -1,18 +1,35 @@
-//! The local admission check (`ckpt_core::admit`) against its reference, the real v1.20
-//! API server's validation: the kubelet validates a static pod as the API server validates
-//! a pod create. Two parents, as the API server stores them (a `dryRun` create, with its
-//! defaults and admission), are sanitized as the agent does; their checkpoints must be
-//! admitted and accepted. Then each case breaks one rule of the first checkpoint (or
-//! none). Every manifest is created with `dryRun` as the kubelet names it (`<name>-<node>`):
-//! `admit` for a v1.20 kubelet must give the API server's verdict, and a refusal must name a
-//! field the API server's message names too.
+//! The local admission check (`ckpt_core::admit`) against its references: the real API
+//! server's validation, and the real kubelet.
+//!
+//! The kubelet validates a static pod as the API server validates a pod create. Two
+//! parents, as the API server stores them (a `dryRun` create, with its defaults and
+//! admission), are sanitized as the agent does; their checkpoints must be admitted and
+//! accepted. Then each case breaks one rule of the first checkpoint (or none). Every
+//! manifest is created with `dryRun` as the kubelet names it (`<name>-<node>`): `admit` for
+//! the plane's release must give the API server's verdict, and a refusal must name a field
+//! the API server's message names too ([`agrees_with_the_api_server`]).
+//!
+//! What only the kubelet judges (from 1.34 it refuses static pods that reference API
+//! objects, which the API server accepts) is judged by the real node's kubelet: the same
+//! manifests, plus references the sanitizer cannot inline, are written into its manifest
+//! dir, and each is either run (listed on its read-only port) or refused (its log names the
+//! file); `admit` must give the same verdict ([`agrees_with_the_kubelet`]).
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
 use anyhow::Context;
 use ckpt_core::{ApiObjects, KubeletVersion, SanitizeOptions, Timestamp, admit, sanitize};
-use ckpt_e2e::e2e_env::NODE_NAME;
+use ckpt_e2e::command::run_command;
+use ckpt_e2e::e2e_env::{NODE_NAME, Release};
+use ckpt_e2e::harness::kubectl::Kubectl;
+use ckpt_e2e::wait::{Probe, wait_for};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use serde_json::{Value, json};
 
+use crate::real_node::NodeRun;
 use crate::suite::Scenario;
 
 /// The Secret and ConfigMap the parents use.
@@ -107,16 +124,16 @@ fn parents(ns: &str) -> [Value; 2] {
 }
 
 /// Each parent as the API server would store it (a `dryRun` create), sanitized.
-fn sanitized_parents(ctx: &Scenario<'_>) -> anyhow::Result<Vec<(String, Value)>> {
-    let objects = api_objects(&ctx.ns)?;
+fn sanitized_parents(kubectl: &Kubectl, ns: &str) -> anyhow::Result<Vec<(String, Value)>> {
+    let objects = api_objects(ns)?;
     let options = SanitizeOptions {
         checkpoint_dir: "/etc/kubernetes/checkpoint".into(),
         checkpointed_at: Timestamp::now(),
     };
-    parents(&ctx.ns)
+    parents(ns)
         .into_iter()
         .map(|parent| {
-            let stored = ctx.suite.kubectl.run(
+            let stored = kubectl.run(
                 &["create", "--dry-run=server", "-f", "-", "-o", "json"],
                 Some(&parent.to_string()),
             )?;
@@ -242,22 +259,76 @@ const CASES: &[(&str, Edit)] = &[
     }),
 ];
 
-pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
-    ctx.step("sanitize two parents as the API server stores them");
-    let sanitized = sanitized_parents(ctx)?;
+/// What only the kubelet judges: references to API objects that the sanitizer would inline
+/// or cannot (a kubelet from 1.34 on refuses each; the API server accepts them all).
+const KUBELET_CASES: &[(&str, Edit)] = &[
+    ("a serviceAccountName", |p| {
+        p["spec"]["serviceAccountName"] = json!("default")
+    }),
+    ("an imagePullSecret", |p| {
+        p["spec"]["imagePullSecrets"] = json!([{ "name": "registry" }])
+    }),
+    (
+        "a Secret volume",
+        |p| {
+            p["spec"]["volumes"][0] =
+                json!({ "name": "certs", "secret": { "secretName": "admission-certs" } })
+        },
+    ),
+    ("a ConfigMap in env", |p| {
+        let from = json!({ "configMapKeyRef": { "name": "admission-config", "key": "log-level" } });
+        p["spec"]["containers"][0]["env"] = json!([{ "name": "LOG_LEVEL", "valueFrom": from }]);
+    }),
+    ("a projected service-account token", |p| {
+        let token = json!({ "serviceAccountToken": { "path": "token", "expirationSeconds": 3600 } });
+        p["spec"]["volumes"][0] = json!({ "name": "certs", "projected": { "sources": [token] } });
+    }),
+    (
+        "a PersistentVolumeClaim",
+        |p| {
+            p["spec"]["volumes"][0] =
+                json!({ "name": "certs", "persistentVolumeClaim": { "claimName": "data" } })
+        },
+    ),
+    (
+        "a CSI volume",
+        |p| {
+            p["spec"]["volumes"][0] =
+                json!({ "name": "certs", "csi": { "driver": "secrets-store.csi.k8s.io" } })
+        },
+    ),
+];
+
+/// The two parents' checkpoints, then the first one with each of `cases` applied.
+fn judged_manifests(
+    kubectl: &Kubectl,
+    ns: &str,
+    cases: &[&[(&str, Edit)]],
+) -> anyhow::Result<Vec<(String, Value)>> {
+    let sanitized = sanitized_parents(kubectl, ns)?;
     let base = sanitized[0].1.clone();
-    let manifests: Vec<(String, Value)> = (sanitized.into_iter())
+    Ok((sanitized.into_iter())
         .map(|(name, manifest)| (format!("the checkpoint of {name}"), manifest))
-        .chain(CASES.iter().map(|(what, edit)| {
+        .chain(cases.iter().copied().flatten().map(|(what, edit)| {
             let mut manifest = base.clone();
             edit(&mut manifest);
             ((*what).to_owned(), manifest)
         }))
-        .collect();
-    // The kubelet of the plane's own release: admit's version rules (relaxed env names from
-    // 1.32, say) are judged by the API server they were written for.
-    let release = ckpt_e2e::e2e_env::Release::from_env()?;
-    let kubelet_version: KubeletVersion = release.name().parse().map_err(anyhow::Error::msg)?;
+        .collect())
+}
+
+/// The kubelet of the plane's release: admit's version rules (relaxed env names from 1.32,
+/// API references from 1.34, say) are judged by the release they were written for.
+fn plane_kubelet() -> anyhow::Result<(Release, KubeletVersion)> {
+    let release = Release::from_env()?;
+    let version = release.name().parse().map_err(anyhow::Error::msg)?;
+    Ok((release, version))
+}
+
+pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Result<()> {
+    ctx.step("sanitize two parents as the API server stores them");
+    let manifests = judged_manifests(&ctx.suite.kubectl, &ctx.ns, &[CASES])?;
+    let (release, kubelet_version) = plane_kubelet()?;
     ctx.step(&format!(
         "{} manifests: admit (kubelet {kubelet_version}) against the {release} API server's dry-run create",
         manifests.len()
@@ -361,4 +432,194 @@ fn without_selectors(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The namespace of the kubelet scenario's manifests (the dry-run creates need it).
+const KUBELET_NAMESPACE: &str = "e2e-admission";
+/// The manifests' file names in the node's manifest dir: `admission-NN.json`.
+const KUBELET_FILE_PREFIX: &str = "admission-";
+
+/// How the real kubelet judged one manifest.
+#[derive(Debug)]
+enum KubeletVerdict {
+    /// Its pod is listed on the read-only port.
+    Runs,
+    /// Its log names the file, with this message.
+    Refuses(String),
+}
+
+pub(crate) fn agrees_with_the_kubelet(run: &mut NodeRun) -> anyhow::Result<()> {
+    let (release, kubelet_version) = plane_kubelet()?;
+    let kubectl = &run.kubectl;
+    kubectl.run(&["create", "namespace", KUBELET_NAMESPACE], None)?;
+    let result = judge_on_the_node(run, release, kubelet_version);
+    let cleaned = clean_up_the_node(run);
+    run.kubectl
+        .run(&["delete", "namespace", KUBELET_NAMESPACE, "--wait=true"], None)?;
+    result.and(cleaned)
+}
+
+fn judge_on_the_node(run: &NodeRun, release: Release, kubelet_version: KubeletVersion) -> anyhow::Result<()> {
+    let mut manifests = judged_manifests(&run.kubectl, KUBELET_NAMESPACE, &[CASES, KUBELET_CASES])?;
+    let base_name = manifests[0].1["metadata"]["name"].clone();
+    // One name per manifest (the kubelet refuses a second pod of the same name), unless
+    // the case is about the name.
+    for (i, (_, manifest)) in manifests.iter_mut().enumerate() {
+        if manifest["metadata"]["name"] == base_name {
+            manifest["metadata"]["name"] = json!(format!("adm-{i:02}"));
+        }
+    }
+    run.progress.say(&format!(
+        "{} manifests into the {release} kubelet's manifest dir, and admit (kubelet {kubelet_version}) on each",
+        manifests.len()
+    ));
+    let log = run.node.kubelet_log();
+    let log_offset = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let dir = run.node.manifests_dir();
+    for (i, (_, manifest)) in manifests.iter().enumerate() {
+        let hidden = dir.join(format!(".{KUBELET_FILE_PREFIX}{i:02}.json"));
+        fs::write(&hidden, format!("{manifest:#}\n"))
+            .with_context(|| format!("cannot write {}", hidden.display()))?;
+        fs::rename(&hidden, dir.join(format!("{KUBELET_FILE_PREFIX}{i:02}.json")))?;
+    }
+    let pods_url = format!("{}/pods", run.node.kubelet_read_only_url());
+    let (verdicts, _) = wait_for(
+        "the kubelet to run or refuse every manifest",
+        Duration::from_secs(120),
+        || {
+            let listed = kubelet_pod_names(&pods_url)?;
+            let logged = fs::read(&log).unwrap_or_default();
+            let logged = String::from_utf8_lossy(logged.get(log_offset as usize..).unwrap_or_default());
+            let verdicts: Vec<Option<KubeletVerdict>> = (manifests.iter().enumerate())
+                .map(|(i, (_, manifest))| {
+                    let name = manifest["metadata"]["name"].as_str().unwrap_or_default();
+                    if listed.contains(&format!("{KUBELET_NAMESPACE}/{name}-{NODE_NAME}")) {
+                        return Some(KubeletVerdict::Runs);
+                    }
+                    refusal(&logged, &format!("{KUBELET_FILE_PREFIX}{i:02}.json"))
+                        .map(KubeletVerdict::Refuses)
+                })
+                .collect();
+            let undecided = verdicts.iter().filter(|v| v.is_none()).count();
+            Ok(if undecided == 0 {
+                Probe::Ready(verdicts.into_iter().flatten().collect::<Vec<_>>())
+            } else {
+                Probe::Waiting(format!("{undecided} manifest(s) neither run nor refused"))
+            })
+        },
+    )?;
+    let mut disagreements = Vec::new();
+    let mut refused = 0;
+    for ((what, manifest), kubelet) in manifests.iter().zip(&verdicts) {
+        let pod: Pod = serde_json::from_value(manifest.clone())?;
+        let verdict = admit(&pod, NODE_NAME, Some(kubelet_version));
+        if what.starts_with("the checkpoint of ") && !matches!(kubelet, KubeletVerdict::Runs) {
+            disagreements.push(format!("{what}: the kubelet must run it: {kubelet:?}"));
+        }
+        let agreed = match (&verdict, kubelet) {
+            (Ok(()), KubeletVerdict::Runs) => true,
+            (Err(problems), KubeletVerdict::Refuses(message)) => {
+                refused += 1;
+                let message = without_selectors(message);
+                // A reference is refused as `static pods may not reference <resource>`;
+                // anything else as validation, naming the field.
+                let resource = message
+                    .split("may not reference ")
+                    .nth(1)
+                    .and_then(|rest| rest.split(|c: char| !c.is_ascii_alphanumeric()).next());
+                let named = problems.iter().any(|p| {
+                    message.contains(&without_selectors(&p.field))
+                        || resource.is_some_and(|r| p.reason.contains(&format!("references {r}")))
+                });
+                if !named {
+                    disagreements.push(format!(
+                        "{what}: both refuse, but the kubelet names none of {problems:?}: {message}"
+                    ));
+                }
+                named
+            }
+            _ => {
+                disagreements.push(format!("{what}: admit says {verdict:?}, the kubelet {kubelet:?}"));
+                false
+            }
+        };
+        eprintln!(
+            "    {:<52} {:<8} {}",
+            what,
+            if verdict.is_ok() { "admitted" } else { "refused" },
+            if agreed { "= kubelet" } else { "≠ kubelet" }
+        );
+    }
+    anyhow::ensure!(
+        disagreements.is_empty(),
+        "admit and the kubelet disagree:\n{}",
+        disagreements.join("\n")
+    );
+    run.progress.say(&format!(
+        "admit agrees with the {release} kubelet on all {} manifests ({refused} refused)",
+        manifests.len()
+    ));
+    Ok(())
+}
+
+/// `namespace/name` of every pod the kubelet lists on its read-only port.
+fn kubelet_pod_names(url: &str) -> anyhow::Result<Vec<String>> {
+    let body = run_command(Command::new("curl").args(["-sf", "--max-time", "5", url]))?;
+    let pods: Value = serde_json::from_str(&body).context("the kubelet's /pods")?;
+    Ok(pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|pod| {
+            let meta = &pod["metadata"];
+            format!(
+                "{}/{}",
+                meta["namespace"].as_str().unwrap_or_default(),
+                meta["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
+/// The kubelet's last complaint about manifest `file` in `log`: 1.20 writes
+/// `Can't process manifest file "<path>": <error>`, 1.37 `"Could not process manifest
+/// file" err="<error>" path="<path>"`.
+fn refusal(log: &str, file: &str) -> Option<String> {
+    let path = Path::new(ckpt_e2e::e2e_env::real_node::MANIFESTS_DIR).join(file);
+    let path = path.display().to_string();
+    log.lines()
+        .rev()
+        .find(|line| line.contains("process manifest file") && line.contains(&path))
+        .map(str::to_owned)
+}
+
+/// Removes the manifests and waits until the kubelet has let their pods go.
+fn clean_up_the_node(run: &NodeRun) -> anyhow::Result<()> {
+    let dir = run.node.manifests_dir();
+    for entry in fs::read_dir(&dir)?.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(KUBELET_FILE_PREFIX)
+        {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    let pods_url = format!("{}/pods", run.node.kubelet_read_only_url());
+    wait_for(
+        "the kubelet to let the manifests' pods go",
+        Duration::from_secs(120),
+        || {
+            let left = kubelet_pod_names(&pods_url)?
+                .into_iter()
+                .filter(|name| name.starts_with(&format!("{KUBELET_NAMESPACE}/")))
+                .count();
+            Ok(if left == 0 {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(format!("{left} pod(s) left"))
+            })
+        },
+    )?;
+    Ok(())
 }

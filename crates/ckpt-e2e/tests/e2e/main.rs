@@ -118,6 +118,10 @@ const REAL_NODE_SCENARIOS: &[(&str, NodeScenarioFn)] = &[
         real_node::runs_pods_and_reboots,
     ),
     (
+        "real_node_admission_agrees_with_the_kubelet",
+        admission::agrees_with_the_kubelet,
+    ),
+    (
         "real_node_seed_deploy_power_cut_without_api_then_self_gc",
         real_node_seed::seed,
     ),
@@ -225,11 +229,39 @@ fn main() -> ExitCode {
         }
     );
     println!("e2e: {passed} passed, {} failed", failed.len());
+    let ran = (selected.iter().map(|(name, _, _)| *name)).chain(selected_real.iter().map(|(name, _)| *name));
+    if let Err(e) = write_results(ran, &failed) {
+        eprintln!("e2e: cannot write the results: {e:#}");
+    }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Where `cargo xtask e2e` wants the run's results (docs/compatibility.md is made from them).
+const RESULTS_ENV: &str = "E2E_RESULTS_FILE";
+
+/// Writes what ran and how it went to [`RESULTS_ENV`], if set: the release, when, and each
+/// scenario's outcome.
+fn write_results<'a>(ran: impl Iterator<Item = &'a str>, failed: &[&str]) -> anyhow::Result<()> {
+    let Some(path) = std::env::var_os(RESULTS_ENV).filter(|p| !p.is_empty()) else {
+        return Ok(());
+    };
+    let release = ckpt_e2e::e2e_env::Release::from_env()?;
+    let scenarios: Vec<serde_json::Value> = ran
+        .map(|name| serde_json::json!({ "name": name, "passed": !failed.contains(&name) }))
+        .collect();
+    let results = serde_json::json!({
+        "release": release.name(),
+        "version": release.to_string(),
+        "components": release.components(),
+        "finished_at": ckpt_core::Timestamp::now().to_rfc3339(),
+        "scenarios": scenarios,
+    });
+    std::fs::write(&path, format!("{results:#}\n"))?;
+    Ok(())
 }
 
 /// The hollow-node scenarios on one shared plane; returns the names of those that failed.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ckpt_e2e::e2e_env::real_node::BUSYBOX_IMAGE;
-use ckpt_e2e::e2e_env::{BinDir, ControlPlane, NODE_NAME, RealNode, RealNodeOptions, StartOptions};
+use ckpt_e2e::e2e_env::{ControlPlane, NODE_NAME, RealNode, RealNodeOptions, StartOptions};
 use ckpt_e2e::harness::kubectl::{Kubectl, pod_running};
 use ckpt_e2e::interrupt;
 use ckpt_e2e::process::{log_tail, rss_kib};

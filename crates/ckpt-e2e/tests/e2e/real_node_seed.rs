@@ -198,16 +198,25 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
 }
 
 /// The agent's upgrade to a new image tag under `strategy`, then the strategy at work.
-fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
+/// The agent deployed under `strategy`, then upgraded (`deploy --image`); with `prometheus`,
+/// deployed and upgraded with `--prometheus`, whose metrics port on the host network is a
+/// host port: render then rolls the DaemonSet without a surge, since a new pod could never
+/// schedule beside the old one (kubernetes#106417), and the rollout must still complete.
+fn upgrade(run: &mut NodeRun, strategy: &str, prometheus: bool) -> anyhow::Result<()> {
     let progress = run.progress;
     reset(run)?;
+    let monitoring: &[&str] = if prometheus { &["--prometheus"] } else { &[] };
     progress.say(&format!(
-        "the workload and the agent, deployed with --gc-strategy {strategy}"
+        "the workload and the agent, deployed with --gc-strategy {strategy} {}",
+        monitoring.join(" ")
     ));
     label_control_plane(run)?;
     run.kubectl.apply(&workload_objects())?;
     let workload = wait_workload(run, "the workload's pod Running", |_| true)?;
-    deploy(run, strategy, &[])?;
+    if prometheus {
+        install_monitoring_crds(run)?;
+    }
+    deploy(run, strategy, monitoring)?;
     let (c1, c2) = wait_agent_pair(run, "C1 and C2 running")?;
     wait_lock_holder(run, &c1)?;
     wait_inspect(run, "the workload's checkpoint", |i| {
@@ -221,7 +230,10 @@ fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
     ));
     let watch = CheckpointWatch::start(run, &workload)?;
     let lock_watch = LockWatch::start(lock_file(run)?);
-    deploy(run, strategy, &["--image", &upgrade_image()])?;
+    let image = upgrade_image();
+    let mut upgrade_args = vec!["--image", image.as_str()];
+    upgrade_args.extend(monitoring);
+    deploy(run, strategy, &upgrade_args)?;
     let (new_c1, new_c2) = wait_for("the static copy on the new image", TIMEOUT, || {
         waiting_on_error((|| {
             let (c1, c2) = agent_pods(run)?;
@@ -252,7 +264,7 @@ fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
     );
     let watched = watch.stop()?;
     let timeline = lock_watch.stop()?;
-    check_lock_handovers(&timeline, [&c1, &c2], [&new_c1, &new_c2])?;
+    check_lock_handovers(&timeline, [&c1, &c2], [&new_c1, &new_c2], rolls_with_surge(run)?)?;
     progress.say(&format!(
         "C2 {new_c2} runs {}; checkpoints present at all {watched} looks",
         upgrade_image()
@@ -302,19 +314,25 @@ fn upgrade(run: &mut NodeRun, strategy: &str) -> anyhow::Result<()> {
         "removed by {strategy} {} after its parent was gone",
         human_duration(gone.elapsed())
     ));
-    self_gc_and_clean_up(run, &[&new_c1])
+    self_gc_and_clean_up(run, &[&new_c1])?;
+    if prometheus {
+        remove_monitoring_crds(run)?;
+    }
+    Ok(())
 }
 
+/// The one CI runs: with `--prometheus` (no surge).
 pub(crate) fn upgrade_under_grace_period(run: &mut NodeRun) -> anyhow::Result<()> {
-    upgrade(run, "grace-period")
+    upgrade(run, "grace-period", true)
 }
 
+/// With render's default rollout (a surge from 1.25).
 pub(crate) fn upgrade_under_immediate(run: &mut NodeRun) -> anyhow::Result<()> {
-    upgrade(run, "immediate")
+    upgrade(run, "immediate", false)
 }
 
 pub(crate) fn upgrade_under_owner_reference(run: &mut NodeRun) -> anyhow::Result<()> {
-    upgrade(run, "owner-reference")
+    upgrade(run, "owner-reference", false)
 }
 
 /// Deselects the node, waits for the static copy to remove every checkpoint (the pods of
@@ -899,21 +917,28 @@ const LONGEST_HANDOVER: Duration = Duration::from_secs(5);
 
 /// During a rollout of the agent from `old` (C1, C2) to `new`, the lock goes from the old
 /// DaemonSet pod to its static copy, which holds it while the DaemonSet pod is replaced,
-/// and on to a copy of the new pod, with no other holder and no long gap.
+/// and on to a copy of the new pod, with no other holder and no long gap. With a surge
+/// (`maxSurge`, render's default from 1.25) the new pod is already waiting for the lock
+/// when the old one exits, so it may take it before the old static copy does: the static
+/// copy's turn is then optional.
 fn check_lock_handovers(
     timeline: &LockTimeline,
     [old_c1, old_c2]: [&str; 2],
     [new_c1, new_c2]: [&str; 2],
+    surge: bool,
 ) -> anyhow::Result<()> {
     let holders = timeline.holders();
     let known = [old_c1, old_c2, new_c1, new_c2];
+    let via_static_copy = holders.len() >= 3 && holders[1] == old_c2;
+    let new_from = if via_static_copy { 2 } else { 1 };
     anyhow::ensure!(
-        holders.len() >= 3
+        holders.len() > new_from
             && holders[0] == old_c1
-            && holders[1] == old_c2
-            && holders[2..].iter().all(|h| h == new_c1 || h == new_c2)
+            && (via_static_copy || surge)
+            && holders[new_from..].iter().all(|h| h == new_c1 || h == new_c2)
             && holders.iter().all(|h| known.contains(&h.as_str())),
-        "the lock should go {old_c1} → its static copy {old_c2} → the new pod's copies; it went: {}",
+        "the lock should go {old_c1} → its static copy {old_c2}{} → the new pod's copies; it went: {}",
+        if surge { " (optional with a surge)" } else { "" },
         timeline.describe()
     );
     anyhow::ensure!(
@@ -923,6 +948,21 @@ fn check_lock_handovers(
         timeline.describe()
     );
     Ok(())
+}
+
+/// Whether the agent's DaemonSet rolls out with a surge (`maxSurge` above 0): the new pod
+/// starts beside the old one.
+fn rolls_with_surge(run: &NodeRun) -> anyhow::Result<bool> {
+    let daemon_set = run
+        .kubectl
+        .get("daemonset", NS, AGENT)?
+        .context("no DaemonSet of the agent")?;
+    let surge = &daemon_set["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"];
+    Ok(match surge {
+        Value::Number(n) => n.as_u64().is_some_and(|n| n > 0),
+        Value::String(s) => !matches!(s.as_str(), "0" | "0%"),
+        _ => false,
+    })
 }
 
 /// `pod-checkpointer inspect` on the node's dirs (the agent's defaults, seen from the host).

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ckpt_e2e::e2e_env::cri::{ContainerState, CriClient};
-use ckpt_e2e::e2e_env::{BinDir, NODE_NAME};
+use ckpt_e2e::e2e_env::{self, NODE_NAME};
 use ckpt_e2e::harness::agent::Inspect;
 use ckpt_e2e::harness::kubectl::pod_running;
 use ckpt_e2e::harness::lock::{Holding, lock_holder};
@@ -48,7 +48,8 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     let progress = run.progress;
     reset(run)?;
     label_control_plane(run)?;
-    let self_hosted = SelfHosted::install(&mut run.plane, &mut run.node, &BinDir::cached()?)?;
+    let bins = e2e_env::cached_bins(e2e_env::Release::from_env()?)?;
+    let self_hosted = SelfHosted::install(&mut run.plane, &mut run.node, &bins)?;
     // From here on every helper talks to the node's API server.
     run.kubectl = self_hosted.kubectl().clone();
     check_scheduling(run)?;
