@@ -81,7 +81,13 @@ pub(crate) fn run_suite_on(
     let outcome = run_binary(&suite, filters, mode, release, &results);
     // Failures are recorded too; the demo is not a run of the suite.
     if mode != Mode::Demo {
-        match crate::compat::record(&results, &ckpt_e2e::bench::git_commit()) {
+        // `abc1234`, or `abc1234+dirty` with uncommitted changes to the agent or the suite.
+        let commit = ckpt_e2e::bench::git_commit();
+        let commit = match commit.split_once(' ') {
+            Some((short, _)) => format!("{short}+dirty"),
+            None => commit,
+        };
+        match crate::compat::record(&results, &commit) {
             Ok(table) => eprintln!("e2e: results recorded in {}", table.display()),
             Err(e) => eprintln!("e2e: results not recorded: {e:#}"),
         }

@@ -2444,6 +2444,39 @@ async fn a_checkpoint_the_nodes_kubelet_would_not_run_is_not_written() {
     agent.stop().await.expect("SIGTERM exits 0");
 }
 
+/// A parent from an API server newer than the agent's Kubernetes model, carrying fields the
+/// model does not know: a checkpoint written from the model would silently lose them. It is
+/// not written; the refusal is an Event naming each field; the other parents are
+/// checkpointed as always.
+#[tokio::test]
+async fn a_pod_with_fields_the_agent_does_not_know_is_not_checkpointed() {
+    const NEWER: &str = "kube-proxy-new";
+    let world = World::new(Local::Cri, &[APISERVER, AGENT]).await;
+    let mut newer = parent(NEWER, "kube-proxy", "kube-proxy:v1.38.0", json!([]));
+    newer["spec"]["futureField"] = json!({ "enabled": true });
+    newer["spec"]["containers"][0]["futureKnob"] = json!("on");
+    world.api.apply("pods", NS, newer);
+    let agent = world.start_agent(AGENT, &[]);
+    world.expect_files("checkpointed", &checkpointed(AGENT)).await;
+    eventually("the refusal Event", || async {
+        !events_created(&world, NEWER, "CheckpointRefused").is_empty()
+    })
+    .await;
+    let note = events_created(&world, NEWER, "CheckpointRefused")[0]["note"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        note.contains("fields this agent does not know")
+            && note.contains("spec.futureField")
+            && note.contains("spec.containers[0].futureKnob"),
+        "{note}"
+    );
+    world.looked_twice("settled").await;
+    world.assert_files("still not written", &checkpointed(AGENT));
+    agent.stop().await.expect("SIGTERM exits 0");
+}
+
 /// A failing disk: every fsync (then every rename) under this node's dirs returns EIO
 /// while the agent rewrites a checkpoint (its parent upgraded) and, in an outage, tries to
 /// activate another. Nothing half-written appears: the inactive copy keeps its old

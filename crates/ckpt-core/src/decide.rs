@@ -641,6 +641,16 @@ fn sanitize_parents(
             report.refusals.insert(id.clone(), refusal);
             continue;
         }
+        // What the model dropped would be missing from the checkpoint: a silent change of
+        // what the node runs. The checkpoint on disk, if any, stays.
+        if let Some(fields) = observation.unknown_fields.get(id).filter(|f| !f.is_empty()) {
+            let refusal = Refusal {
+                message: unknown_fields_message(fields),
+                uid: pod.metadata.uid.clone(),
+            };
+            report.refusals.insert(id.clone(), refusal);
+            continue;
+        }
         let required = required_objects(pod);
         let view = observation.objects.get(&*id.namespace).unwrap_or(&none);
         let unresolved = view.unresolved(&required);
@@ -695,6 +705,16 @@ fn sanitize_parents(
         }
     }
     out
+}
+
+/// A refusal's message for a pod with fields the agent's model does not know.
+fn unknown_fields_message(fields: &[String]) -> String {
+    format!(
+        "the pod has fields this agent does not know (the API server is newer than its \
+         Kubernetes model), which a checkpoint would lose: {}; upgrade pod-checkpointer to \
+         checkpoint it",
+        fields.join(", ")
+    )
 }
 
 /// A refusal's message for a checkpoint the kubelet would not run, naming every field.

@@ -241,6 +241,10 @@ pub struct Observation {
     /// The pods on this node in the allowed namespaces (all of them, not only parents).
     /// Complete and current only when `api` is [`ApiState::Synced`].
     pub pods: BTreeMap<PodId, Arc<Pod>>,
+    /// The pods of `pods` the API server sent with fields the agent's typed model does not
+    /// know (a newer API server), with those fields' paths: a checkpoint written from the
+    /// model would lose them, so none is written.
+    pub unknown_fields: BTreeMap<PodId, Vec<String>>,
     /// The watched Secrets and ConfigMaps, by namespace.
     pub objects: BTreeMap<String, ObjectsView>,
     /// What runs on this node.
@@ -266,6 +270,7 @@ impl Observation {
             api: ApiState::Unreachable,
             api_error: Some("no API credentials (running offline)".into()),
             pods: BTreeMap::new(),
+            unknown_fields: BTreeMap::new(),
             objects: BTreeMap::new(),
             local,
             owners: BTreeMap::new(),

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use crate::WatchedPod;
 use crate::error::error_chain;
 use crate::jitter::equal_jitter;
 use crate::reflect::{Driver, SharedSlot, Slot, lock};
@@ -85,6 +86,9 @@ pub struct ApiSnapshot {
     /// Complete and current when `state` is [`ApiState::Synced`]; otherwise the last
     /// complete view (possibly stale) — never use it to conclude that a pod is gone.
     pub pods: BTreeMap<PodId, Arc<Pod>>,
+    /// The pods of `pods` with fields the typed model does not know (see [`WatchedPod`]),
+    /// and those fields' paths.
+    pub unknown_fields: BTreeMap<PodId, Arc<[String]>>,
     /// When the current [`ApiState::Synced`] period began; `None` in the other states.
     pub synced_at: Option<Timestamp>,
     /// The current problem: the failing probe's error, else the first failing namespace
@@ -111,7 +115,7 @@ struct Status {
 }
 
 struct Inner {
-    slots: BTreeMap<String, SharedSlot<Pod>>,
+    slots: BTreeMap<String, SharedSlot<WatchedPod>>,
     status: Mutex<Status>,
     notify: watch::Sender<u64>,
     /// `true` while reachable: the watches run only then.
@@ -196,12 +200,17 @@ impl Inner {
     fn snapshot(&self) -> ApiSnapshot {
         let st = lock(&self.status);
         let mut pods = BTreeMap::new();
+        let mut unknown_fields = BTreeMap::new();
         let mut namespaces = BTreeMap::new();
         let mut first_error = None;
         for (ns, slot) in &self.slots {
             let slot = lock(slot);
-            for (name, pod) in &slot.objects {
-                pods.insert(PodId::new(ns.as_str(), name.as_str()), Arc::clone(pod));
+            for (name, watched) in &slot.objects {
+                let id = PodId::new(ns.as_str(), name.as_str());
+                if !watched.unknown_fields.is_empty() {
+                    unknown_fields.insert(id.clone(), Arc::clone(&watched.unknown_fields));
+                }
+                pods.insert(id, Arc::clone(&watched.pod));
             }
             if first_error.is_none() {
                 first_error.clone_from(&slot.error);
@@ -217,6 +226,7 @@ impl Inner {
         ApiSnapshot {
             state: st.state,
             pods,
+            unknown_fields,
             synced_at: st.synced_at,
             last_error: st.probe_error.clone().or(first_error),
             namespaces,
@@ -280,7 +290,7 @@ impl ApiWatch {
     }
 
     fn start(client: kube::Client, config: ApiWatchConfig, anonymous: bool) -> ApiWatch {
-        let slots: BTreeMap<String, SharedSlot<Pod>> = (config.namespaces.namespaces())
+        let slots: BTreeMap<String, SharedSlot<WatchedPod>> = (config.namespaces.namespaces())
             .filter(|_| !anonymous)
             .map(|ns| (ns.to_owned(), Arc::new(Mutex::new(Slot::default()))))
             .collect();
@@ -317,7 +327,7 @@ impl ApiWatch {
                 })
             };
             let driver = Driver {
-                api: Api::<Pod>::namespaced(client.clone(), ns),
+                api: Api::<WatchedPod>::namespaced(client.clone(), ns),
                 config: watcher::Config::default().fields(&field_selector),
                 slot: Arc::clone(slot),
                 on_change,
@@ -327,7 +337,10 @@ impl ApiWatch {
                 relist: Some(inner.relist.subscribe()),
                 what: format!("pods in namespace {ns}"),
                 rbac_hint: format!("list and watch on pods in namespace {ns}"),
-                modify: |pod: &mut Pod| pod.metadata.managed_fields = None,
+                modify: |pod: &mut WatchedPod| {
+                    use k8s_openapi::Metadata;
+                    pod.metadata_mut().managed_fields = None;
+                },
             };
             tasks.push(tokio::spawn(driver.run()));
         }

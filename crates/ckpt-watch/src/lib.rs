@@ -63,6 +63,7 @@ mod objects;
 mod observer;
 mod owner;
 mod reflect;
+mod watched_pod;
 
 // The test doubles, under the path the unit tests have always used.
 #[cfg(test)]
@@ -84,6 +85,7 @@ pub use objects::{ObjectKind, ObjectRef, ObjectWatch, ObjectsView};
 pub use observer::Observer;
 #[doc(inline)]
 pub use owner::{OwnerLookup, OwnerPresence};
+pub use watched_pod::WatchedPod;
 
 /// The README's example, compiled and run with the doctests so it stays true.
 #[cfg(doctest)]

@@ -193,6 +193,9 @@ impl Observer {
             api: snapshot.state,
             api_error: snapshot.last_error,
             pods: snapshot.pods,
+            unknown_fields: (snapshot.unknown_fields.into_iter())
+                .map(|(id, fields)| (id, fields.to_vec()))
+                .collect(),
             objects,
             local,
             owners,

@@ -166,6 +166,7 @@ impl World {
                 api: ApiState::Synced,
                 api_error: None,
                 pods: pods.iter().map(|(n, spec)| pod(n, *spec)).collect(),
+                unknown_fields: BTreeMap::new(),
                 objects: BTreeMap::from([(NS.to_owned(), secrets)]),
                 local: LocalView::Known {
                     running: BTreeSet::new(),
@@ -910,6 +911,34 @@ fn an_inadmissible_checkpoint_is_refused_naming_the_field_and_the_kubelet() {
         refusal.message,
         "the kubelet of node-1 (v1.20) would not run the checkpoint as a static pod: \
          spec.containers[0].env[0].name: Invalid value: \"1ST\": not a valid environment variable name"
+    );
+    assert_eq!(refusal.uid.as_deref(), Some("uid-a"));
+}
+
+/// A parent with fields the model does not know (a newer API server) is refused, naming
+/// them; the checkpoint on disk stays; the other parents are checkpointed as usual.
+#[test]
+fn a_pod_with_fields_the_model_does_not_know_is_refused_and_its_checkpoint_kept() {
+    let mut world = World::synced(&[("a", parent("a")), ("b", parent("b"))]).disk(&[("a", "h1")]);
+    world.observation.unknown_fields.insert(
+        id("a"),
+        vec!["spec.futureField".into(), "spec.containers[0].futureKnob".into()],
+    );
+    check(
+        &world,
+        Expect {
+            writes: list(&["b"]),
+            refused: list(&["a"]),
+            ..Expect::default()
+        },
+    );
+    let d = world.decide();
+    let refusal = &d.report.refusals[&id("a")];
+    assert_eq!(
+        refusal.message,
+        "the pod has fields this agent does not know (the API server is newer than its Kubernetes \
+         model), which a checkpoint would lose: spec.futureField, spec.containers[0].futureKnob; \
+         upgrade pod-checkpointer to checkpoint it"
     );
     assert_eq!(refusal.uid.as_deref(), Some("uid-a"));
 }

@@ -66,6 +66,9 @@ fn parents(ns: &str) -> [Value; 2] {
             },
             "spec": {
                 "nodeName": NODE_NAME,
+                // A plane with ServiceAccount admission would add a token volume and the
+                // kube-root-ca.crt ConfigMap, which the sanitizer needs to find.
+                "automountServiceAccountToken": false,
                 "hostNetwork": true,
                 "containers": [{
                     "name": "kube-apiserver",
@@ -104,6 +107,7 @@ fn parents(ns: &str) -> [Value; 2] {
             },
             "spec": {
                 "nodeName": NODE_NAME,
+                "automountServiceAccountToken": false,
                 "containers": [{
                     "name": "kube-scheduler",
                     "image": "localhost/kube-control-plane:v1.20.2",
