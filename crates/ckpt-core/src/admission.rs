@@ -229,6 +229,7 @@ pub fn admit(pod: &Pod, node: &str, kubelet: Option<KubeletVersion>) -> Result<(
             let strict_env = kubelet.is_none_or(|v| v < KubeletVersion::RELAXED_ENV_NAMES);
             let names_host_port = kubelet.is_none_or(|v| v >= KubeletVersion::NAMES_HOST_PORT);
             let volumes = volumes(spec.volumes.as_deref().unwrap_or_default(), &mut found);
+            tokens_without_service_account(spec, &mut found);
             if spec.containers.is_empty() {
                 found.add("spec.containers", "Required value");
             }
@@ -454,6 +455,30 @@ fn volumes<'a>(volumes: &'a [k8s_openapi::api::core::v1::Volume], found: &mut Fi
         }
     }
     names
+}
+
+/// A pod (not a template) may project a service-account token only with a service account
+/// named: the API server names `default` on create, a static pod names none unless its
+/// manifest does (ValidatePodCreate, every version from 1.20 to 1.37).
+fn tokens_without_service_account(spec: &k8s_openapi::api::core::v1::PodSpec, found: &mut Findings) {
+    if spec
+        .service_account_name
+        .as_deref()
+        .is_some_and(|n| !n.is_empty())
+    {
+        return;
+    }
+    for (vi, volume) in spec.volumes.iter().flatten().enumerate() {
+        let sources = volume.projected.iter().flat_map(|p| p.sources.iter().flatten());
+        for (si, source) in sources.enumerate() {
+            if source.service_account_token.is_some() {
+                found.add(
+                    format!("spec.volumes[{vi}].projected.sources[{si}].serviceAccountToken"),
+                    "Forbidden: must not be specified when serviceAccountName is not set",
+                );
+            }
+        }
+    }
 }
 
 /// What a container's rules depend on besides the container: its pod and the kubelet.

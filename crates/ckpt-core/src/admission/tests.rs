@@ -191,6 +191,33 @@ fn host_paths() {
     }
 }
 
+/// A projected token needs a named service account (a rule of pods, not of templates),
+/// whatever the version; with one named, only the ≥1.34 rule against references is left.
+#[test]
+fn a_projected_token_needs_a_service_account() {
+    let token = json!({ "name": "certs", "projected": { "sources": [
+        { "downwardAPI": { "items": [] } },
+        { "serviceAccountToken": { "path": "token" } }
+    ] } });
+    let with_token = |account: Option<&str>| {
+        pod(|p| {
+            p["spec"]["volumes"] = json!([token]);
+            if let Some(account) = account {
+                p["spec"]["serviceAccountName"] = json!(account);
+            }
+        })
+    };
+    let field = "spec.volumes[0].projected.sources[1].serviceAccountToken";
+    check(with_token(None), V1_20, &[field]);
+    check(with_token(Some("")), V1_20, &[field]);
+    check(with_token(Some("default")), V1_20, &[]);
+    check(
+        with_token(Some("default")),
+        Some(KubeletVersion::new(1, 37)),
+        &["spec.serviceAccountName", "spec.volumes[0] (certs)"],
+    );
+}
+
 #[test]
 fn containers_ports_env_and_probes() {
     check(

@@ -458,8 +458,30 @@ pub(crate) fn agrees_with_the_kubelet(run: &mut NodeRun) -> anyhow::Result<()> {
     kubectl.run(&["create", "namespace", KUBELET_NAMESPACE], None)?;
     let result = judge_on_the_node(run, release, kubelet_version);
     let cleaned = clean_up_the_node(run);
-    run.kubectl
-        .run(&["delete", "namespace", KUBELET_NAMESPACE, "--wait=true"], None)?;
+    // The mirror pods of static pods that are gone: 1.20's kubelet leaves them Terminating
+    // once their namespace is being deleted, which then never finishes.
+    run.kubectl.run(
+        &[
+            "delete",
+            "pods",
+            "--all",
+            "-n",
+            KUBELET_NAMESPACE,
+            "--force",
+            "--grace-period=0",
+        ],
+        None,
+    )?;
+    run.kubectl.run(
+        &[
+            "delete",
+            "namespace",
+            KUBELET_NAMESPACE,
+            "--wait=true",
+            "--timeout=120s",
+        ],
+        None,
+    )?;
     result.and(cleaned)
 }
 
