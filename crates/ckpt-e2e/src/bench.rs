@@ -1,5 +1,5 @@
 //! `cargo xtask bench`: the end-to-end benchmarks (issue 9). The release agent runs as a
-//! process against the real control plane (kube-apiserver v1.20.2, etcd, kubemark's hollow
+//! process against the real control plane (kube-apiserver v1.37.2 or v1.20.2, etcd, kubemark's hollow
 //! kubelet, see `e2e_env`), driven by the e2e harness, and every target (ARCHITECTURE.md, Targets) that needs a
 //! real API server and kubelet is measured over repetitions:
 //!
@@ -183,6 +183,7 @@ impl Bench {
             duration: started.elapsed() - build_time,
             reps: self.reps,
             failures: failures.clone(),
+            kubernetes: self.kubernetes,
         };
         let (json, md) = report::write(
             &crate::project_root().join("target/bench"),

@@ -26,6 +26,8 @@ pub(crate) struct Run {
     pub(crate) duration: Duration,
     pub(crate) reps: usize,
     pub(crate) failures: Vec<String>,
+    /// The control plane's release.
+    pub(crate) kubernetes: crate::e2e_env::Release,
 }
 
 /// The same parts measured with another build of the agent (`--baseline REV`).
@@ -124,15 +126,24 @@ pub(crate) fn write(
     Ok((json_path, md_path))
 }
 
-const METHOD: &str = "Latencies are timed from observable events: a watcher thread, started before the \
+/// How the figures are taken, on the control plane of `release`.
+fn method(release: crate::e2e_env::Release) -> String {
+    let cri = match release {
+        crate::e2e_env::Release::V1_20 => "v1alpha2",
+        crate::e2e_env::Release::V1_37 => "v1",
+    };
+    format!(
+        "Latencies are timed from observable events: a watcher thread, started before the \
 action, polls the checkpoint file (or, for \"parent running\", the hollow kubelet's CRI every 10 ms) \
 every 5 ms; the latency runs from a mark taken just before the action (the API request from an \
 in-process client, the signal to kube-apiserver) to the watcher's first sight. The agent is the \
 release build at its production log level (`RUST_LOG=info`), one process per part, against \
-kube-apiserver v1.20.2 + etcd + kubemark's hollow kubelet (fake CRI v1alpha2) on loopback. API \
+kube-apiserver {release} + etcd + kubemark's hollow kubelet (fake CRI {cri}) on loopback. API \
 requests are counted from the kube-apiserver audit log (the agent's user only); CRI calls and \
 kubelet requests through counting proxies the agent is pointed at (HTTP/2 HEADERS frames, HTTP/1 \
-header blocks).";
+header blocks)."
+    )
+}
 
 fn latencies_json(results: &Results) -> serde_json::Map<String, Value> {
     latency_rows(results)
@@ -157,7 +168,8 @@ fn to_json(run: &Run, results: &Results, secs: u64) -> Value {
         "duration_s": run.duration.as_secs_f64(),
         "reps": run.reps,
         "poll_interval_ms": POLL.as_millis(),
-        "method": METHOD,
+        "kubernetes": run.kubernetes.to_string(),
+        "method": method(run.kubernetes),
         "latencies": latencies_json(results),
         "idle": results.idle.as_ref().map(idle_json),
         "scale": results.scale.as_ref().map(scale_json),
@@ -226,7 +238,7 @@ fn to_markdown(run: &Run, results: &Results, secs: u64) -> String {
     if !run.failures.is_empty() {
         md.push_str(&format!("- **failed parts**: {}\n", run.failures.join("; ")));
     }
-    md.push_str(&format!("\n{METHOD}\n\n## Latency\n\n"));
+    md.push_str(&format!("\n{}\n\n## Latency\n\n", method(run.kubernetes)));
     md.push_str("| what | n | min | median | max | target | bootkube (measured here) |\n");
     md.push_str("|---|---|---|---|---|---|---|\n");
     for row in latency_rows(results) {
@@ -577,8 +589,13 @@ mod tests {
             duration: Duration::from_secs(300),
             reps: 2,
             failures: vec![],
+            kubernetes: crate::e2e_env::Release::V1_37,
         };
         let md = to_markdown(&run, &results, 1_796_229_005);
+        assert!(
+            md.contains("against kube-apiserver v1.37.2 + etcd + kubemark's hollow kubelet (fake CRI v1)"),
+            "{md}"
+        );
         assert!(
             md.contains("| annotated pod created → inactive checkpoint on disk | 2 | 40 ms | 50 ms | 60 ms | < 0.5 s |"),
             "{md}"

@@ -1,7 +1,9 @@
-//! Install: what `pod-checkpointer render` writes is accepted by the real 1.20 API server
+//! Install: what `pod-checkpointer render` writes is accepted by the real API server
 //! (server-side dry run into an empty namespace: the server validates and admits every
-//! object, and keeps none, so the suite's own RBAC stays as it is), in each variant an operator may choose; a render
-//! for a newer cluster is refused by this one, which is why `deploy` reads the version.
+//! object, and keeps none, so the suite's own RBAC stays as it is), in each variant an
+//! operator may choose; the default render (for 1.37) is refused by a 1.20 API server, which
+//! is why `deploy` reads the version; and `deploy` refuses a namespace whose Pod Security
+//! level would refuse the agent's pods.
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -79,7 +81,82 @@ pub(crate) fn render_applies_to_the_api_server(ctx: &mut Scenario<'_>) -> anyhow
         let (ok, out) = dry_run(ctx, &yaml)?;
         anyhow::ensure!(ok, "the API server refused the default render:\n{out}");
     }
-    Ok(())
+    refused_where_pod_security_enforces_baseline(ctx, release)
+}
+
+/// An existing namespace that enforces Pod Security `baseline` (admission GA from 1.25)
+/// refuses the agent's pods (host network, hostPath, root), while a DaemonSet there is
+/// accepted and would wait for pods forever: `deploy` refuses it before applying anything,
+/// saying why and what to do.
+fn refused_where_pod_security_enforces_baseline(
+    ctx: &mut Scenario<'_>,
+    release: ckpt_e2e::e2e_env::Release,
+) -> anyhow::Result<()> {
+    let ns = format!("{}-baseline", ctx.ns);
+    ctx.step(&format!(
+        "namespace {ns} enforces Pod Security `baseline`: deploy refuses it, applying nothing"
+    ));
+    let kubectl = &ctx.suite.kubectl;
+    kubectl.run(&["create", "namespace", &ns], None)?;
+    kubectl.run(
+        &[
+            "label",
+            "namespace",
+            &ns,
+            "pod-security.kubernetes.io/enforce=baseline",
+        ],
+        None,
+    )?;
+    let result = (|| {
+        if release >= ckpt_e2e::e2e_env::Release::V1_37 {
+            // What the check prevents: the API server refuses a pod like the agent's there.
+            let pod = serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": "like-the-agent", "namespace": ns },
+                "spec": {
+                    "hostNetwork": true,
+                    "containers": [{ "name": "agent", "image": "localhost/pod-checkpointer:e2e" }],
+                    "volumes": [{ "name": "etc", "hostPath": { "path": "/etc/kubernetes" } }]
+                }
+            });
+            let (ok, out) = dry_run(ctx, &pod.to_string())?;
+            anyhow::ensure!(
+                !ok && out.contains("violates PodSecurity"),
+                "expected Pod Security to refuse a host-network hostPath pod in {ns}:\n{out}"
+            );
+        }
+        let output = Command::new(ckpt_e2e::harness::xtask_binary()?)
+            .arg("deploy")
+            .arg("--kubeconfig")
+            .arg(ctx.suite.kubectl.kubeconfig())
+            .args(["--namespace", &ns, "--no-wait"])
+            .output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        anyhow::ensure!(
+            !output.status.success()
+                && stderr.contains(r#"enforces the Pod Security level "baseline""#)
+                && stderr.contains("nothing was applied"),
+            "deploy into {ns} should refuse, naming the level:\n{stderr}"
+        );
+        let left = ctx.suite.kubectl.run(
+            &[
+                "get",
+                "daemonsets,serviceaccounts,configmaps",
+                "-n",
+                &ns,
+                "-o",
+                "name",
+            ],
+            None,
+        )?;
+        let ours: Vec<&str> = left.lines().filter(|l| l.contains("pod-checkpointer")).collect();
+        anyhow::ensure!(ours.is_empty(), "deploy applied {ours:?} in {ns}");
+        Ok(())
+    })();
+    ctx.suite
+        .kubectl
+        .run(&["delete", "namespace", &ns, "--wait=false"], None)?;
+    result
 }
 
 /// `pod-checkpointer render --namespace NS …` from the agent binary under test.
