@@ -16,7 +16,7 @@ pub(crate) struct Test {
     /// alone (for a quick local loop).
     #[arg(long)]
     no_lint: bool,
-    /// Do not build the end-to-end control plane when it is not cached yet (~15 min): the
+    /// Do not build the end-to-end control plane when it is not cached yet (~12 min): the
     /// end-to-end tests are then skipped, loudly. Refused when CI=true.
     #[arg(long)]
     no_e2e_build: bool,
