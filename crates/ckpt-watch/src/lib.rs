@@ -9,7 +9,9 @@
 //!   short timeout. [`ApiSnapshot::state`] is [`ApiState::Unreachable`] (only the probe
 //!   decides: down, refusing or hung), [`ApiState::Reachable`] (answers, no complete list
 //!   since the last outage, e.g. a 403), [`ApiState::Unauthorized`] (`/readyz` answers
-//!   401: the credentials are rejected) or [`ApiState::Synced`].
+//!   401: the credentials are rejected) or [`ApiState::Synced`]. Each pod is read as a
+//!   [`WatchedPod`]: typed, with the paths of any fields the typed model does not know
+//!   ([`ApiSnapshot::unknown_fields`]), so a checkpoint never silently loses them.
 //! - [`ObjectWatch`]: per-object watches of the Secrets and ConfigMaps checkpointed pods
 //!   mount, started and stopped as the pods need them; no periodic re-fetch.
 //! - [`OwnerLookup`]: does a pod's controller owner still exist (404 vs. any error).
