@@ -82,10 +82,9 @@ pub(crate) fn run_suite_on(
     // Failures are recorded too; the demo is not a run of the suite.
     if mode != Mode::Demo {
         // `abc1234`, or `abc1234+dirty` with uncommitted changes to the agent or the suite.
-        let commit = ckpt_e2e::bench::git_commit();
-        let commit = match commit.split_once(' ') {
-            Some((short, _)) => format!("{short}+dirty"),
-            None => commit,
+        let commit = match ckpt_e2e::bench::git_head() {
+            (short, true) => format!("{short}+dirty"),
+            (short, false) => short,
         };
         match crate::compat::record(&results, &commit) {
             Ok(table) => eprintln!("e2e: results recorded in {}", table.display()),

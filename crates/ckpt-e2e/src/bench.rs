@@ -302,7 +302,18 @@ fn command_line() -> String {
 
 /// `git describe`-like: the short commit, `+dirty` when the tree has changes (the shared tree
 /// often has other people's work in progress, which is not in the agent unless under crates/).
-pub fn git_commit() -> String {
+fn git_commit() -> String {
+    let (commit, agent_dirty) = git_head();
+    if agent_dirty {
+        format!("{commit} (+ uncommitted changes under crates/ or Cargo.*)")
+    } else {
+        commit
+    }
+}
+
+/// The short commit, and whether the agent's or the suite's sources (crates/, Cargo.*)
+/// have uncommitted changes.
+pub fn git_head() -> (String, bool) {
     let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_default();
     let agent_dirty = !git(&[
         "status",
@@ -314,11 +325,7 @@ pub fn git_commit() -> String {
     ])
     .unwrap_or_default()
     .is_empty();
-    if agent_dirty {
-        format!("{commit} (+ uncommitted changes under crates/ or Cargo.*)")
-    } else {
-        commit
-    }
+    (commit, agent_dirty)
 }
 
 /// `git ARGS…` in the project root: its trimmed output, or why it failed.

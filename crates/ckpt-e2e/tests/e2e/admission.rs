@@ -29,7 +29,7 @@ use ckpt_e2e::wait::{Probe, wait_for};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use serde_json::{Value, json};
 
-use crate::real_node::NodeRun;
+use crate::real_node::{NodeRun, write_manifest};
 use crate::suite::Scenario;
 
 /// The Secret and ConfigMap the parents use.
@@ -394,12 +394,7 @@ pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Resu
                 false
             }
         };
-        eprintln!(
-            "    {:<52} {:<8} {}",
-            what,
-            if verdict.is_ok() { "admitted" } else { "refused" },
-            if agreed { "= API server" } else { "≠ API server" }
-        );
+        print_row(what, verdict.is_ok(), agreed, "API server");
     }
     anyhow::ensure!(
         disagreements.is_empty(),
@@ -411,6 +406,16 @@ pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Resu
         manifests.len()
     ));
     Ok(())
+}
+
+/// One manifest's line: admit's verdict, and whether `judge` agreed.
+fn print_row(what: &str, admitted: bool, agreed: bool, judge: &str) {
+    eprintln!(
+        "    {:<52} {:<8} {} {judge}",
+        what,
+        if admitted { "admitted" } else { "refused" },
+        if agreed { "=" } else { "≠" }
+    );
 }
 
 /// `text` without the index and map-key selectors of field paths (`[0]`, `["tier"]`): the
@@ -503,10 +508,7 @@ fn judge_on_the_node(run: &NodeRun, release: Release, kubelet_version: KubeletVe
     let log_offset = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
     let dir = run.node.manifests_dir();
     for (i, (_, manifest)) in manifests.iter().enumerate() {
-        let hidden = dir.join(format!(".{KUBELET_FILE_PREFIX}{i:02}.json"));
-        fs::write(&hidden, format!("{manifest:#}\n"))
-            .with_context(|| format!("cannot write {}", hidden.display()))?;
-        fs::rename(&hidden, dir.join(format!("{KUBELET_FILE_PREFIX}{i:02}.json")))?;
+        write_manifest(&dir, &format!("{KUBELET_FILE_PREFIX}{i:02}"), manifest)?;
     }
     let pods_url = format!("{}/pods", run.node.kubelet_read_only_url());
     let (verdicts, _) = wait_for(
@@ -569,12 +571,7 @@ fn judge_on_the_node(run: &NodeRun, release: Release, kubelet_version: KubeletVe
                 false
             }
         };
-        eprintln!(
-            "    {:<52} {:<8} {}",
-            what,
-            if verdict.is_ok() { "admitted" } else { "refused" },
-            if agreed { "= kubelet" } else { "≠ kubelet" }
-        );
+        print_row(what, verdict.is_ok(), agreed, "kubelet");
     }
     anyhow::ensure!(
         disagreements.is_empty(),

@@ -471,7 +471,7 @@ done"#;
 }
 
 /// Writes a manifest under a dot-name and renames it in (the kubelet skips dot files).
-fn write_manifest(dir: &Path, name: &str, pod: &Value) -> anyhow::Result<()> {
+pub(crate) fn write_manifest(dir: &Path, name: &str, pod: &Value) -> anyhow::Result<()> {
     let hidden = dir.join(format!(".{name}.json"));
     fs::write(&hidden, format!("{pod:#}\n")).with_context(|| format!("cannot write {}", hidden.display()))?;
     fs::rename(&hidden, dir.join(format!("{name}.json")))?;
