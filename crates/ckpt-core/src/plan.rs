@@ -391,11 +391,16 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         out.self_gc_at = due_at;
     }
 
-    // A current pod of the agent's own DaemonSet that is already checkpointed: it
-    // supersedes the agent's older checkpoints.
-    let self_successor = rows
-        .iter()
-        .find(|row| row.is_self && row.parent.is_some() && row.has_inactive());
+    // A current pod of the agent's own DaemonSet whose static copy is in the kubelet's
+    // manifest directory: it supersedes the agent's older checkpoints. Stored but not yet
+    // active (its start failed, or this pass writes it) is no evidence that the node keeps
+    // a static copy of the agent, so the older one stays until the next pass sees it.
+    let self_successor = rows.iter().find(|row| {
+        row.is_self
+            && row.parent.is_some()
+            && row.has_inactive()
+            && row.disk.is_some_and(|d| d.active.is_some())
+    });
     let mut self_removes = Vec::new();
     // Pushed in id order, so building the map at the end is linear.
     let mut states = Vec::new();
@@ -413,7 +418,7 @@ fn actions(inputs: &PlanInputs<'_>, now: Timestamp) -> Plan {
         if row.is_self {
             if synced && row.parent.is_none() {
                 // An older pod of the agent's own DaemonSet: superseded once a current one
-                // is checkpointed, otherwise kept (a rollout never triggers self-GC).
+                // is checkpointed and active, otherwise kept (a rollout never triggers self-GC).
                 if let Some(successor) = self_successor {
                     self_removes.push(Removal {
                         id: id.clone(),

@@ -937,6 +937,22 @@ fn bug12_daemonset_rolling_update_does_not_self_gc() {
 }
 
 #[test]
+fn an_older_self_checkpoint_stays_until_its_successor_is_active() {
+    // The rolled pod's checkpoint is stored but its static copy never reached the
+    // kubelet (the start failed): removing the old one would leave the node without a
+    // static copy of the agent. It is started again, and the old one stays.
+    let w = World::new(&[("pc-abc", "IA"), ("pc-xyz", "I")])
+        .synced(&["pc-xyz"])
+        .desired(&[("pc-xyz", "h1")])
+        .verdict("pc-abc", GcVerdict::RemoveNow);
+    check(
+        &w,
+        expect(&[], &[], &["pc-xyz"], &[]),
+        &[("pc-abc", SelfActive), ("pc-xyz", SelfActive)],
+    );
+}
+
+#[test]
 fn orphans_are_reported_with_their_owner_and_self_flag() {
     let w = World::new(&[("pc-abc", "IA"), ("api", "I"), ("listed", "I")]).synced(&["listed"]);
     let got: Vec<(String, bool, Timestamp)> = orphans(&w.inputs(), NOW)

@@ -257,11 +257,23 @@ fn upgrade(run: &mut NodeRun, strategy: &str, prometheus: bool) -> anyhow::Resul
     })?
     .0;
     anyhow::ensure!(new_c1 != c1, "the DaemonSet kept its old pod {c1}");
-    let self_manifests = self_manifests(run)?;
-    anyhow::ensure!(
-        self_manifests.len() == 1,
-        "the static copy should follow the new pod alone, found {self_manifests:?}"
-    );
+    // The old static copy goes in the pass after the new one is seen in the kubelet's
+    // manifest directory (never before, so the node always keeps one): with a surge the
+    // new copy can run before that pass.
+    let followed = Instant::now();
+    let own = format!("{NS}_{new_c1}.json");
+    wait_for("the static copy to follow the new pod alone", TIMEOUT, || {
+        let found = self_manifests(run)?;
+        Ok(if found == [own.as_str()] {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(format!("the agent's manifests: {found:?}"))
+        })
+    })?;
+    progress.say(&format!(
+        "the old static copy's manifest removed {} after the new copy ran",
+        human_duration(followed.elapsed())
+    ));
     let watched = watch.stop()?;
     let timeline = lock_watch.stop()?;
     check_lock_handovers(&timeline, [&c1, &c2], [&new_c1, &new_c2], rolls_with_surge(run)?)?;
