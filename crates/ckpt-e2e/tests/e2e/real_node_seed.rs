@@ -274,6 +274,8 @@ fn upgrade(run: &mut NodeRun, strategy: &str, prometheus: bool) -> anyhow::Resul
         "the old static copy's manifest removed {} after the new copy ran",
         human_duration(followed.elapsed())
     ));
+    // The old static copy holds the lock until the kubelet has stopped it.
+    wait_lock_holder_among(run, &[&new_c1, &new_c2])?;
     let watched = watch.stop()?;
     let timeline = lock_watch.stop()?;
     check_lock_handovers(&timeline, [&c1, &c2], [&new_c1, &new_c2], rolls_with_surge(run)?)?;
@@ -910,15 +912,24 @@ pub(crate) fn lock_file(run: &NodeRun) -> anyhow::Result<PathBuf> {
 
 /// Waits until the process holding the agent's lock says it is `pod`.
 fn wait_lock_holder(run: &NodeRun, pod: &str) -> anyhow::Result<()> {
+    wait_lock_holder_among(run, &[pod])
+}
+
+/// Waits until one of `pods` holds the node's lock.
+fn wait_lock_holder_among(run: &NodeRun, pods: &[&str]) -> anyhow::Result<()> {
     let lock_file = lock_file(run)?;
-    wait_for(&format!("{pod} to hold the lock"), TIMEOUT, || {
-        Ok(match lock_holder(&lock_file)? {
-            Some(Holding {
-                pod: Some(holder), ..
-            }) if holder == pod => Probe::Ready(()),
-            other => Probe::Waiting(format!("held by {other:?}")),
-        })
-    })?;
+    wait_for(
+        &format!("{} to hold the lock", pods.join(" or ")),
+        TIMEOUT,
+        || {
+            Ok(match lock_holder(&lock_file)? {
+                Some(Holding {
+                    pod: Some(holder), ..
+                }) if pods.contains(&holder.as_str()) => Probe::Ready(()),
+                other => Probe::Waiting(format!("held by {other:?}")),
+            })
+        },
+    )?;
     Ok(())
 }
 
