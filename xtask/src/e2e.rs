@@ -25,8 +25,8 @@ pub(crate) struct E2e {
     /// The longer mode: also the scenarios kept out of CI for time (see `--list`)
     #[arg(long)]
     long: bool,
-    /// The Kubernetes release to run on: `1.37`, built from its Go modules with containerd
-    /// 2 and runc 1.5, or `1.20`, built from Debian's source with Debian's runtime
+    /// The Kubernetes release to run on: `1.37` or `1.34`, built from its Go modules with
+    /// containerd 2 and runc 1.5, or `1.20`, built from Debian's source with Debian's runtime
     #[arg(long, value_enum, default_value = "1.37")]
     kubernetes: Release,
 }

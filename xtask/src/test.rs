@@ -22,7 +22,8 @@ pub(crate) struct Test {
     no_e2e_build: bool,
     /// The longer mode: also the end-to-end scenarios kept out of CI for time (the agent's
     /// upgrade on the real node under every GC strategy, not only grace-period), and the
-    /// whole suite again on v1.20.2 (Debian's source build).
+    /// whole suite again on v1.34.4 (from its Go modules) and on v1.20.2 (Debian's source
+    /// build).
     #[arg(long)]
     long: bool,
 }
@@ -110,11 +111,13 @@ impl Test {
             );
             return Ok(());
         }
-        // CI runs the newest release; the longer mode also the legacy one, v1.20.2 from
-        // Debian's source (~15 min more to build cold), where every scenario still applies.
+        // CI runs the newest release; the longer mode also the oldest from 1.34 on (the
+        // first kubelet that refuses static pods referencing API objects), from its Go
+        // modules, and the legacy one, v1.20.2 from Debian's source (~15 min more to build
+        // cold), where every scenario still applies.
         let mut releases = vec![Release::default()];
         if self.long {
-            releases.push(Release::V1_20);
+            releases.extend([Release::V1_34, Release::V1_20]);
         }
         for release in releases {
             phase(&format!("end-to-end on {release}"), || {

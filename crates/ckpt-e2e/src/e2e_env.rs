@@ -137,8 +137,9 @@ struct StartArgs {
     /// Work dir to create (must be missing or empty); default $TMPDIR/ckpt-e2e.XXXXXX.
     #[arg(long)]
     workdir: Option<PathBuf>,
-    /// The Kubernetes release: `1.37` runs the Go modules' build (`build --kubernetes
-    /// 1.37`): the control plane, and a real node with containerd 2 and runc 1.5.
+    /// The Kubernetes release: `1.37` and `1.34` run the Go modules' build (`build
+    /// --kubernetes 1.37`): the control plane, and a real node with containerd 2 and runc
+    /// 1.5; `1.20` runs Debian's source build.
     #[arg(long, value_enum, default_value = "1.37")]
     kubernetes: Release,
     /// etcd client port; the peer port is the next one [default: 2379, real node 12379].
@@ -207,7 +208,7 @@ impl E2eEnv {
 pub fn cached_bins(release: Release) -> anyhow::Result<BinDir> {
     match release {
         Release::V1_20 => BinDir::cached(),
-        Release::V1_37 => modules::cached(),
+        release => modules::cached(release),
     }
 }
 
@@ -215,7 +216,7 @@ pub fn cached_bins(release: Release) -> anyhow::Result<BinDir> {
 pub fn ensure_built_release(release: Release) -> anyhow::Result<BinDir> {
     match release {
         Release::V1_20 => ensure_built(),
-        Release::V1_37 => modules::ensure_built(),
+        release => modules::ensure_built(release),
     }
 }
 

@@ -130,7 +130,7 @@ pub(crate) fn write(
 fn method(release: crate::e2e_env::Release) -> String {
     let cri = match release {
         crate::e2e_env::Release::V1_20 => "v1alpha2",
-        crate::e2e_env::Release::V1_37 => "v1",
+        crate::e2e_env::Release::V1_34 | crate::e2e_env::Release::V1_37 => "v1",
     };
     format!(
         "Latencies are timed from observable events: a watcher thread, started before the \

@@ -1,5 +1,5 @@
-//! Building the current components from their Go modules (issue 37): Kubernetes v1.37 as
-//! one multi-call binary (as hyperkube was), etcd 3.6, containerd 2 with its runc shim,
+//! Building the current components from their Go modules (issue 37): Kubernetes v1.37
+//! (and v1.34 for `--long`) as one multi-call binary (as hyperkube was), etcd 3.6, containerd 2 with its runc shim,
 //! runc and the CNI plugins, each an ordinary `go build` of a small module committed in
 //! the repository's `go/` dir (go.mod and go.sum pinned; the Kubernetes one pins every
 //! `k8s.io/*` staging module with a `replace` line, since k8s.io/kubernetes lists them at
@@ -33,9 +33,6 @@ const PROGRESS: Progress = Progress::new("e2e-env modules");
 const RECIPE_REVISION: u32 = 4;
 
 const STAMP_FILE: &str = "build-info.txt";
-
-/// The Kubernetes release the modules build.
-pub const KUBERNETES_MODULE_VERSION: &str = Release::V1_37.version();
 
 /// A one-line change to a dependency's source, made at build time: the module is copied out
 /// of the module cache into the build's dir, the line replaced there, and a generated
@@ -89,13 +86,15 @@ pub struct CProgram {
 }
 
 /// The real node's sandbox ("pause") binary, as the v1.20 build compiles it from Debian's
-/// source (`build::compile_pause`): 1.37's build/pause/Makefile says `TAG ?= 3.10.2`.
-const PAUSE_PROGRAM: CProgram = CProgram {
-    binary: "pause",
-    module: "k8s.io/kubernetes",
-    source: "build/pause/linux/pause.c",
-    define: "VERSION=v3.10.2-local",
-};
+/// source (`build::compile_pause`), with the tag of the release's build/pause/Makefile.
+const fn pause_program(define: &'static str) -> CProgram {
+    CProgram {
+        binary: "pause",
+        module: "k8s.io/kubernetes",
+        source: "build/pause/linux/pause.c",
+        define,
+    }
+}
 
 /// One component: a module under `go/` and the binaries built from it.
 #[derive(Clone, Copy, Debug)]
@@ -122,12 +121,12 @@ pub struct GoComponent {
     pub c_programs: &'static [CProgram],
 }
 
-/// What the real node and the control plane run, in build order (the longest first).
-pub const COMPONENTS: [GoComponent; 5] = [
+/// One release's Kubernetes components, as one multi-call binary `kube` (`go/<module_dir>`).
+const fn kubernetes(release: Release, module_dir: &'static str, pause: &'static [CProgram]) -> GoComponent {
     GoComponent {
         name: "kubernetes",
-        module_dir: "kubernetes-1.37",
-        version: KUBERNETES_MODULE_VERSION,
+        module_dir,
+        version: release.version(),
         binaries: &[("kube", ".")],
         links: &[
             "kube-apiserver",
@@ -141,8 +140,38 @@ pub const COMPONENTS: [GoComponent; 5] = [
         // The pause binary: static, so libc6-dev's libc.a.
         build_packages: &["gcc", "libc6-dev"],
         patches: &HOLLOW_NODE_PATCHES,
-        c_programs: &[PAUSE_PROGRAM],
-    },
+        c_programs: pause,
+    }
+}
+
+/// Kubernetes v1.37.2: its build/pause/Makefile says `TAG ?= 3.10.2`.
+const KUBERNETES_1_37: GoComponent = kubernetes(
+    Release::V1_37,
+    "kubernetes-1.37",
+    &[pause_program("VERSION=v3.10.2-local")],
+);
+
+/// Kubernetes v1.34.4 (`--long`): `TAG ?= 3.10.1`.
+const KUBERNETES_1_34: GoComponent = kubernetes(
+    Release::V1_34,
+    "kubernetes-1.34",
+    &[pause_program("VERSION=v3.10.1-local")],
+);
+
+/// What the real node and the control plane of `release` run, in build order (the longest
+/// first): the release's Kubernetes, and the same etcd and node runtime for each.
+pub fn components(release: Release) -> anyhow::Result<[GoComponent; 5]> {
+    let kubernetes = match release {
+        Release::V1_34 => KUBERNETES_1_34,
+        Release::V1_37 => KUBERNETES_1_37,
+        Release::V1_20 => bail!("{release} is built from Debian's source (`build`), not from Go modules"),
+    };
+    let [etcd, containerd, runc, cni] = RUNTIME;
+    Ok([kubernetes, etcd, containerd, runc, cni])
+}
+
+/// etcd and the node's runtime, the same for every release built from modules.
+const RUNTIME: [GoComponent; 4] = [
     GoComponent {
         name: "etcd",
         module_dir: "etcd-3.6",
@@ -398,9 +427,9 @@ fn module_hash(module: &Path) -> anyhow::Result<String> {
 /// control plane (openssl, curl) and the static busybox of the real node's test image.
 const RUNTIME_PACKAGES: [&str; 3] = ["openssl", "curl", "busybox-static"];
 
-/// Builds every component that is not cached (installing what its build needs first), and
-/// prints each one's time.
-pub fn ensure_built() -> anyhow::Result<BinDir> {
+/// Builds every component of `release` that is not cached (installing what its build needs
+/// first), and prints each one's time.
+pub fn ensure_built(release: Release) -> anyhow::Result<BinDir> {
     let started = Instant::now();
     let root = super::build::cache_root().join("modules");
     fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
@@ -410,7 +439,7 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
         apt.update()?;
         apt.install(&RUNTIME_PACKAGES)?;
     }
-    for component in &COMPONENTS {
+    for component in &components(release)? {
         ensure_component(component, &log)?;
     }
     PROGRESS.say(&format!(
@@ -418,26 +447,28 @@ pub fn ensure_built() -> anyhow::Result<BinDir> {
         human_duration(started.elapsed()),
         root.display()
     ));
-    cached()
+    cached(release)
 }
 
 /// The components built from the modules, without building: fails with a hint when one is
 /// missing.
-pub fn cached() -> anyhow::Result<BinDir> {
-    for component in &COMPONENTS {
+pub fn cached(release: Release) -> anyhow::Result<BinDir> {
+    let components = components(release)?;
+    for component in &components {
         if !component.is_complete()? {
             bail!(
-                "no complete {} v{} build in {}: run `cargo xtask e2e-env build --kubernetes 1.37` first",
+                "no complete {} v{} build in {}: run `cargo xtask e2e-env build --kubernetes {}` first",
                 component.name,
                 component.version,
-                component.dir().display()
+                component.dir().display(),
+                release.name()
             );
         }
     }
-    let [kubernetes, etcd, containerd, runc, cni] = &COMPONENTS;
+    let [kubernetes, etcd, containerd, runc, cni] = &components;
     Ok(BinDir::of_release(
         kubernetes.dir(),
-        Release::V1_37,
+        release,
         etcd.binary("etcd"),
         NodeRuntime::built(containerd.dir(), runc.binary("runc"), cni.dir()),
     ))
@@ -572,9 +603,14 @@ fn go_binary() -> anyhow::Result<PathBuf> {
 mod tests {
     use super::*;
 
+    const RELEASES: [Release; 2] = [Release::V1_34, Release::V1_37];
+
     #[test]
     fn every_module_dir_is_committed_with_its_sums() {
-        for component in &COMPONENTS {
+        for component in RELEASES
+            .iter()
+            .flat_map(|&r| components(r).expect("from modules"))
+        {
             let module = component.module_path();
             for file in ["go.mod", "go.sum"] {
                 assert!(module.join(file).is_file(), "{} has no {file}", module.display());
@@ -591,30 +627,50 @@ mod tests {
 
     #[test]
     fn every_staging_module_is_pinned_to_the_release() {
-        let go_mod =
-            fs::read_to_string(crate::project_root().join("go/kubernetes-1.37/go.mod")).expect("go.mod");
-        let minor = KUBERNETES_MODULE_VERSION.trim_start_matches('1');
-        let replaces: Vec<&str> = go_mod.lines().filter(|l| l.contains("=>")).collect();
-        assert!(
-            replaces.len() >= 30,
-            "the staging modules are pinned: {replaces:?}"
-        );
-        for line in replaces {
-            assert!(line.trim_end().ends_with(&format!("v0{minor}")), "{line}");
+        for release in RELEASES {
+            let [kubernetes, ..] = components(release).expect("from modules");
+            let go_mod = fs::read_to_string(kubernetes.module_path().join("go.mod")).expect("go.mod");
+            let minor = release.version().trim_start_matches('1');
+            let replaces: Vec<&str> = go_mod.lines().filter(|l| l.contains("=>")).collect();
+            assert!(
+                replaces.len() >= 30,
+                "{release}: the staging modules are pinned: {replaces:?}"
+            );
+            for line in replaces {
+                assert!(
+                    line.trim_end().ends_with(&format!("v0{minor}")),
+                    "{release}: {line}"
+                );
+            }
         }
     }
 
     #[test]
+    fn each_release_has_its_own_module_and_cache_dir() {
+        let [a, ..] = components(Release::V1_34).expect("from modules");
+        let [b, ..] = components(Release::V1_37).expect("from modules");
+        assert_ne!(a.module_path(), b.module_path());
+        assert_ne!(a.dir(), b.dir());
+        assert!(components(Release::V1_20).is_err());
+    }
+
+    #[test]
     fn the_kubernetes_version_is_stamped() {
-        let flags = COMPONENTS[0].ldflags();
-        assert!(
-            flags.contains("k8s.io/component-base/version.gitVersion=v1.37.2"),
-            "{flags}"
-        );
-        assert!(
-            flags.contains("k8s.io/component-base/version.gitMinor=37"),
-            "{flags}"
-        );
-        assert!(!COMPONENTS[1].ldflags().contains("-X"));
+        for (release, version, minor) in [
+            (Release::V1_37, "v1.37.2", "37"),
+            (Release::V1_34, "v1.34.4", "34"),
+        ] {
+            let components = components(release).expect("from modules");
+            let flags = components[0].ldflags();
+            assert!(
+                flags.contains(&format!("k8s.io/component-base/version.gitVersion={version}")),
+                "{flags}"
+            );
+            assert!(
+                flags.contains(&format!("k8s.io/component-base/version.gitMinor={minor}")),
+                "{flags}"
+            );
+            assert!(!components[1].ldflags().contains("-X"));
+        }
     }
 }

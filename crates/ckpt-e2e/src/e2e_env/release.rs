@@ -1,6 +1,6 @@
 //! The Kubernetes releases the end-to-end environment runs, and what differs between them
 //! in how it starts their processes (issue 37): v1.20.2 built from Debian's source package
-//! (`build`) and v1.37.2 built from its Go modules (`modules`).
+//! (`build`), and v1.34.4 and v1.37.2 built from their Go modules (`modules`).
 
 /// A Kubernetes release the environment can build and start. The default, what CI and every
 /// command run unless told `--kubernetes`, is the newest.
@@ -10,6 +10,11 @@ pub enum Release {
     /// runc: what every scenario has run on so far.
     #[value(name = "1.20")]
     V1_20,
+    /// v1.34.4, the oldest release `--long` runs besides: the first kubelet that refuses
+    /// static pods referencing API objects by default. With the same etcd, containerd, runc
+    /// and CNI plugins as v1.37.
+    #[value(name = "1.34")]
+    V1_34,
     /// v1.37.2 and etcd 3.6, containerd 2, runc 1.5 from their Go modules.
     #[default]
     #[value(name = "1.37")]
@@ -22,6 +27,7 @@ impl Release {
         match self {
             // The source package is `1.20.5+really1.20.2`.
             Release::V1_20 => "1.20.2",
+            Release::V1_34 => "1.34.4",
             Release::V1_37 => "1.37.2",
         }
     }
@@ -32,7 +38,7 @@ impl Release {
             Release::V1_20 => {
                 "Debian bookworm's source build; Debian's etcd 3.4, containerd 1.6, runc 1.1, CNI plugins 1.1"
             }
-            Release::V1_37 => {
+            Release::V1_34 | Release::V1_37 => {
                 "built from its Go modules with etcd 3.6.16, containerd 2.4.2, runc 1.5.3, CNI plugins 1.10.0"
             }
         }
@@ -42,8 +48,15 @@ impl Release {
     pub fn name(self) -> &'static str {
         match self {
             Release::V1_20 => "1.20",
+            Release::V1_34 => "1.34",
             Release::V1_37 => "1.37",
         }
+    }
+
+    /// Built from its Go modules (`modules`) with containerd 2 and runc 1.5, rather than
+    /// from Debian's source with Debian's runtime (v1.20).
+    pub fn from_modules(self) -> bool {
+        self != Release::V1_20
     }
 
     /// The feature gates kube-apiserver and kube-controller-manager need for projected,
@@ -59,16 +72,16 @@ impl Release {
     }
 
     /// The socket kubemark's fake CRI listens on when it is not kubemark 1.20's fixed
-    /// `/tmp/kubelet_remote.sock`: the Go modules' build fixes 1.37's random one
-    /// (`modules::HOLLOW_NODE_PATCHES`), and the harness links the old name to it.
+    /// `/tmp/kubelet_remote.sock`: the Go modules' build fixes the current releases' random
+    /// one (`modules::HOLLOW_NODE_PATCHES`), and the harness links the old name to it.
     pub(crate) fn hollow_cri_socket(self) -> Option<&'static str> {
-        (self == Release::V1_37).then_some("/tmp/kubelet_remote_0.sock")
+        self.from_modules().then_some("/tmp/kubelet_remote_0.sock")
     }
 
     /// kubemark's hollow kubelet pulls images through the host's containerd unless told
     /// `--use-host-image-service=false` (1.20 has no such flag).
     pub(crate) fn hollow_uses_host_image_service(self) -> bool {
-        self == Release::V1_37
+        self.from_modules()
     }
 
     /// The `GODEBUG` the plane's kube-apiserver runs with. The test pods' only HTTPS client
@@ -78,14 +91,14 @@ impl Release {
     /// host-run test plane gets it: the agent speaks TLS 1.3 through rustls, and the
     /// self-hosted API server keeps Go's default.
     pub(crate) fn apiserver_godebug(self) -> Option<&'static str> {
-        (self == Release::V1_37).then_some("tlssha1=1")
+        self.from_modules().then_some("tlssha1=1")
     }
 
     /// kube-controller-manager's name for the legacy token Secrets' controller.
     pub(crate) fn token_controller(self) -> &'static str {
         match self {
             Release::V1_20 => "serviceaccount-token",
-            Release::V1_37 => "serviceaccount-token-controller",
+            Release::V1_34 | Release::V1_37 => "serviceaccount-token-controller",
         }
     }
 }

@@ -108,7 +108,7 @@ fn refused_where_pod_security_enforces_baseline(
         None,
     )?;
     let result = (|| {
-        if release >= ckpt_e2e::e2e_env::Release::V1_37 {
+        if release.from_modules() {
             // What the check prevents: the API server refuses a pod like the agent's there.
             let pod = serde_json::json!({
                 "apiVersion": "v1", "kind": "Pod",

@@ -190,7 +190,7 @@ fn release_kubelet_args(release: Release) -> Vec<String> {
             // Removed in 1.35: the sandbox image is the runtime's (containerd's pinned one).
             format!("--pod-infra-container-image={PAUSE_IMAGE}"),
         ],
-        Release::V1_37 => vec![
+        Release::V1_34 | Release::V1_37 => vec![
             // From 1.35 the kubelet refuses to start on cgroup v1, this machine's hierarchy,
             // unless told (cgroup v1 is deprecated: a node that keeps it needs this too).
             "--fail-cgroupv1=false".into(),
