@@ -2405,7 +2405,7 @@ async fn gc_timers_advance_while_the_journal_cannot_be_saved() {
 
 /// The node's kubelet is v1.20 (read from its Node), the API server newer: a parent with
 /// an env var named `1ST` runs (a kubelet trusts the API server's pods), but that kubelet
-/// would refuse its checkpoint as a static pod (env names were C-like before 1.32). It is
+/// would refuse its checkpoint as a static pod (C-like env names only, before 1.35). It is
 /// not written; the refusal is an Event naming the field and the kubelet, counted once;
 /// the other parents are checkpointed as always.
 #[tokio::test]

@@ -48,9 +48,12 @@ impl KubeletVersion {
 
     /// Kubelets from 1.34 on refuse static pods that reference API objects.
     pub const REFUSES_API_REFERENCES: KubeletVersion = KubeletVersion::new(1, 34);
-    /// Env var names other than C-like identifiers (RelaxedEnvironmentVariableValidation,
-    /// on by default since 1.32).
-    const RELAXED_ENV_NAMES: KubeletVersion = KubeletVersion::new(1, 32);
+    /// Env var names other than C-like identifiers in a static pod. The API server takes
+    /// them from 1.32 (RelaxedEnvironmentVariableValidation, on by default), but kubelets
+    /// before 1.35 validate a manifest file with no validation options, so with the strict
+    /// rule whatever the gate: the real v1.34.4 kubelet refuses `1ST`, which its API server
+    /// accepts (the kubelet scenario found it).
+    pub const RELAXED_ENV_NAMES: KubeletVersion = KubeletVersion::new(1, 35);
     /// A host-network port whose hostPort differs from its containerPort is reported on
     /// `hostPort` from 1.28 on, on `containerPort` before (the same refusal).
     const NAMES_HOST_PORT: KubeletVersion = KubeletVersion::new(1, 28);
@@ -215,9 +218,9 @@ const ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 ///         }]
 ///     }
 /// })).unwrap();
-/// // An env name newer API servers accept (and older kubelets refuse in a static pod).
-/// assert_eq!(admit(&pod, "node-1", Some(KubeletVersion::new(1, 32))), Ok(()));
-/// let refused = admit(&pod, "node-1", Some(KubeletVersion::new(1, 20))).unwrap_err();
+/// // An env name newer kubelets accept in a static pod (and older ones refuse).
+/// assert_eq!(admit(&pod, "node-1", Some(KubeletVersion::new(1, 35))), Ok(()));
+/// let refused = admit(&pod, "node-1", Some(KubeletVersion::new(1, 34))).unwrap_err();
 /// assert_eq!(refused[0].field, "spec.containers[0].env[0].name");
 /// ```
 pub fn admit(pod: &Pod, node: &str, kubelet: Option<KubeletVersion>) -> Result<(), Vec<Inadmissible>> {
@@ -485,7 +488,7 @@ fn tokens_without_service_account(spec: &k8s_openapi::api::core::v1::PodSpec, fo
 #[derive(Clone, Copy)]
 struct ContainerRules {
     host_network: bool,
-    /// Env var names must be C identifiers (kubelets before 1.32).
+    /// Env var names must be C identifiers (kubelets before 1.35).
     strict_env: bool,
     /// A host-network port mismatch is reported on `hostPort` (kubelets from 1.28).
     names_host_port: bool,
@@ -662,7 +665,7 @@ fn is_label_value(value: &str) -> bool {
         }
 }
 
-/// `[-._a-zA-Z][-._a-zA-Z0-9]*`, what kubelets before 1.32 accept as an env var name.
+/// `[-._a-zA-Z][-._a-zA-Z0-9]*`, what kubelets before 1.35 accept as an env var name.
 fn is_c_identifier_like(name: &str) -> bool {
     let bytes = name.as_bytes();
     let ok = |b: &u8| b.is_ascii_alphanumeric() || b"-._".contains(b);

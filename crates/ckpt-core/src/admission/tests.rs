@@ -60,6 +60,7 @@ fn check(pod: Pod, kubelet: Option<KubeletVersion>, expected: &[&str]) {
 const V1_20: Option<KubeletVersion> = Some(KubeletVersion::new(1, 20));
 const V1_33: Option<KubeletVersion> = Some(KubeletVersion::new(1, 33));
 const V1_34: Option<KubeletVersion> = Some(KubeletVersion::new(1, 34));
+const V1_35: Option<KubeletVersion> = Some(KubeletVersion::new(1, 35));
 
 #[test]
 fn a_sanitized_api_server_is_admitted_by_every_kubelet() {
@@ -278,12 +279,15 @@ fn containers_ports_env_and_probes() {
         V1_20,
         &["spec.containers[0].ports[1].name"],
     );
-    // Not C-like: refused before 1.32 and when the version is unknown, accepted after.
+    // Not C-like: refused before 1.35 (kubelets before it validate a static pod with the
+    // strict rule, even where their API server takes relaxed names; the real v1.34.4
+    // kubelet refuses `1ST`) and when the version is unknown, accepted after.
     let env = |name: &str| pod(|p| p["spec"]["containers"][0]["env"][0]["name"] = json!(name));
     check(env("1ST"), V1_20, &["spec.containers[0].env[0].name"]);
     check(env("1ST"), None, &["spec.containers[0].env[0].name"]);
-    check(env("1ST"), V1_33, &[]);
-    check(env("A=B"), V1_33, &["spec.containers[0].env[0].name"]);
+    check(env("1ST"), V1_34, &["spec.containers[0].env[0].name"]);
+    check(env("1ST"), V1_35, &[]);
+    check(env("A=B"), V1_35, &["spec.containers[0].env[0].name"]);
     check(
         pod(|p| p["spec"]["containers"][0]["livenessProbe"]["tcpSocket"] = json!({ "port": 6443 })),
         V1_20,

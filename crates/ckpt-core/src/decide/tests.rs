@@ -40,7 +40,7 @@ fn owner(name: &str) -> ControllerOwner {
 /// A pod on this node: `annotated` opts it in; `ds` names its DaemonSet; `mounts` a
 /// secret volume; `pvc` makes it unrepresentable; `sidecar` adds an init container that
 /// keeps running (a field kubelets before 1.28 drop); `digit_env` an env var whose name
-/// starts with a digit (kubelets before 1.32 refuse it in a static pod); `ended` gives its
+/// starts with a digit (kubelets before 1.35 refuse it in a static pod); `ended` gives its
 /// phase and restart policy.
 #[derive(Clone, Copy, Default)]
 struct PodSpec<'a> {
@@ -378,7 +378,7 @@ fn which_pods_are_checkpointed() {
                     ..parent("a")
                 },
             )])
-            .kubelet(1, 32)
+            .kubelet(1, 35)
             .disk(&[("a", "h1")]),
             Expect {
                 writes: list(&["a"]),

@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
-use ckpt_core::{ApiObjects, KubeletVersion, SanitizeOptions, Timestamp, admit, sanitize};
+use ckpt_core::{ApiObjects, Inadmissible, KubeletVersion, SanitizeOptions, Timestamp, admit, sanitize};
 use ckpt_e2e::command::run_command;
 use ckpt_e2e::e2e_env::{NODE_NAME, Release};
 use ckpt_e2e::harness::kubectl::Kubectl;
@@ -339,6 +339,7 @@ pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Resu
     ));
     let kubelet = Some(kubelet_version);
     let mut refused = 0;
+    let mut kubelet_alone = 0;
     let mut disagreements = Vec::new();
     for (what, manifest) in &manifests {
         let pod: Pod = serde_json::from_value(manifest.clone())?;
@@ -372,6 +373,10 @@ pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Resu
         }
         let agreed = match (&verdict, &api) {
             (Ok(()), Ok(_)) => true,
+            (Err(problems), Ok(_)) if kubelet_alone_refuses(kubelet_version, problems) => {
+                kubelet_alone += 1;
+                true
+            }
             (Err(problems), Err(message)) => {
                 refused += 1;
                 let message = without_selectors(&format!("{message:#}"));
@@ -402,10 +407,23 @@ pub(crate) fn agrees_with_the_api_server(ctx: &mut Scenario<'_>) -> anyhow::Resu
         disagreements.join("\n")
     );
     ctx.step(&format!(
-        "admit agrees with the API server on all {} manifests ({refused} refused)",
+        "admit agrees with the API server on all {} manifests ({refused} refused; {kubelet_alone} \
+         refused by the kubelet alone, which the real-node scenario judges)",
         manifests.len()
     ));
     Ok(())
+}
+
+/// Whether every rule `admit` found broken is one the kubelet of `version` applies to a
+/// static pod while its API server does not: before 1.35 the kubelet validates a manifest
+/// file with the strict env name rule, the API server with the relaxed one from 1.32. The
+/// real kubelet's verdict on those is checked by [`agrees_with_the_kubelet`].
+fn kubelet_alone_refuses(version: KubeletVersion, problems: &[Inadmissible]) -> bool {
+    version >= KubeletVersion::new(1, 32)
+        && version < KubeletVersion::RELAXED_ENV_NAMES
+        && problems
+            .iter()
+            .all(|p| p.field.contains(".env[") && p.field.ends_with("].name"))
 }
 
 /// One manifest's line: admit's verdict, and whether `judge` agreed.
