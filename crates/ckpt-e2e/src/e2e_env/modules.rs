@@ -372,21 +372,32 @@ impl GoComponent {
     }
 }
 
-/// The dir of `module` as the module in `module_dir` resolves it (in the module cache).
+/// The dir of `module` as the module in `module_dir` resolves it (its `replace` honoured),
+/// downloaded into the module cache first: `go list -m` names no dir for a module not
+/// downloaded yet, which on a fresh machine is every one (a cold CI run found it).
 fn module_dir(go: &Path, module_dir: &Path, module: &str) -> anyhow::Result<PathBuf> {
-    let mut list = Command::new(go);
-    list.current_dir(module_dir)
+    let mut download = Command::new(go);
+    download
+        .current_dir(module_dir)
         .env("GOTOOLCHAIN", "local")
         .env("GOFLAGS", "-mod=readonly")
         .env("GOWORK", "off")
-        .args(["list", "-m", "-f", "{{.Dir}}", module]);
-    let dir = crate::command::run_command(&mut list)?;
-    let dir = dir.trim();
-    anyhow::ensure!(
-        !dir.is_empty(),
-        "go list -m {module} named no dir (not downloaded?)"
-    );
-    Ok(PathBuf::from(dir))
+        .args(["mod", "download", "-json", module]);
+    let info = crate::command::run_command(&mut download)?;
+    downloaded_dir(module, &info)
+}
+
+/// The `Dir` of `go mod download -json`'s answer for `module`.
+fn downloaded_dir(module: &str, json: &str) -> anyhow::Result<PathBuf> {
+    let info: serde_json::Value =
+        serde_json::from_str(json).with_context(|| format!("go mod download -json {module}: {json}"))?;
+    if let Some(error) = info["Error"].as_str() {
+        bail!("go mod download {module}: {error}");
+    }
+    match info["Dir"].as_str() {
+        Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir)),
+        _ => bail!("go mod download -json {module} named no dir: {json}"),
+    }
 }
 
 fn short_hash(bytes: &[u8]) -> String {
@@ -643,6 +654,21 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_downloaded_dir_is_read_from_go_mod_download() {
+        let json = r#"{"Path": "k8s.io/cri-client", "Version": "v0.37.2",
+            "Dir": "/root/go/pkg/mod/k8s.io/cri-client@v0.37.2"}"#;
+        assert_eq!(
+            downloaded_dir("k8s.io/cri-client", json).expect("a dir"),
+            Path::new("/root/go/pkg/mod/k8s.io/cri-client@v0.37.2")
+        );
+        let failed = r#"{"Path": "k8s.io/nope", "Error": "module lookup disabled"}"#;
+        let error = downloaded_dir("k8s.io/nope", failed).expect_err("an error");
+        assert!(format!("{error}").contains("module lookup disabled"), "{error}");
+        assert!(downloaded_dir("k8s.io/cri-client", r#"{"Path": "k8s.io/cri-client"}"#).is_err());
+        assert!(downloaded_dir("k8s.io/cri-client", "not json").is_err());
     }
 
     #[test]
