@@ -37,7 +37,7 @@ impl Demo {
                  stops; pod-checkpointer is deployed as an operator would (`cargo xtask deploy`); then every process of \
                  the node is SIGKILLed, its disk kept, and the way back is timed",
             );
-            say.say("the first run builds the control plane's binaries (~12 min on 2 cores); later runs take ~5 min");
+            say.say("the first run builds the control plane's binaries (~8.5 min on 2 cores); later runs take ~5 min");
             run_suite_on(
                 &[SELF_HOSTED_SCENARIO.to_owned()],
                 false,

@@ -2,7 +2,7 @@
 //! each crate checked and packaged alone, every unit and integration test of the workspace,
 //! the agent's image (built, run, imported into containerd), then the end-to-end suite
 //! against a real control plane and a real node of the newest Kubernetes release (v1.37.2,
-//! built from its Go modules into the cache on first use, ~12 minutes on 2 cores).
+//! built from its Go modules into the cache on first use, ~8.5 minutes on 2 cores).
 
 use std::time::Instant;
 
@@ -16,7 +16,7 @@ pub(crate) struct Test {
     /// alone (for a quick local loop).
     #[arg(long)]
     no_lint: bool,
-    /// Do not build the end-to-end control plane when it is not cached yet (~12 min): the
+    /// Do not build the end-to-end control plane when it is not cached yet (~8.5 min): the
     /// end-to-end tests are then skipped, loudly. Refused when CI=true.
     #[arg(long)]
     no_e2e_build: bool,

@@ -60,7 +60,7 @@ impl Demo {
 
     fn demo(&self) -> anyhow::Result<()> {
         let say = Narrator::new();
-        say.line("building what the demo runs: the control plane's binaries (cached after the first run, ~12 min cold for 1.37) and the agent");
+        say.line("building what the demo runs: the control plane's binaries (cached after the first run, ~8.5 min cold for 1.37) and the agent");
         let bins = e2e_env::ensure_built_release(self.kubernetes)?;
         crate::run("cargo", &["build", "-p", "ckpt-bin"])?;
         let agent_bin = agent_binary()?;

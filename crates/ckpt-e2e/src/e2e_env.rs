@@ -61,7 +61,7 @@ enum E2eEnvCommand {
     /// ($E2E_CACHE_DIR, default /var/cache/pod-checkpointer-e2e): for 1.37, from their Go
     /// modules (the repository's `go/`: Kubernetes v1.37.2 as one multi-call binary with
     /// the pause binary, etcd 3.6, containerd 2, runc 1.5, the CNI plugins), each cached by
-    /// version, ~12 min cold on 2 cores; for 1.20, Kubernetes v1.20.2 from Debian's source
+    /// version, ~8.5 min cold on 2 cores; for 1.20, Kubernetes v1.20.2 from Debian's source
     /// with Debian's etcd, containerd, runc and CNI plugins, ~15 min cold; ~1 s cached.
     Build {
         #[arg(long, value_enum, default_value = "1.37")]

@@ -43,7 +43,7 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
 
     let cargo_target = target_dir().join("static");
     PROGRESS.say(&format!(
-        "building pod-checkpointer for {STATIC_TARGET} (release, stripped) in {}; ~12 min cold on 2 cores",
+        "building pod-checkpointer for {STATIC_TARGET} (release, stripped) in {}; ~5 min cold on 2 cores",
         cargo_target.display()
     ));
     let args = [
