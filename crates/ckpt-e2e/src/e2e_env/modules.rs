@@ -151,7 +151,8 @@ const KUBERNETES_1_37: GoComponent = kubernetes(
     &[pause_program("VERSION=v3.10.2-local")],
 );
 
-/// Kubernetes v1.34.4 (`--long`): `TAG ?= 3.10.1`.
+/// Kubernetes v1.34.4 (`--long`): `TAG ?= 3.10.1`. Its module's main.go is a link to 1.37's:
+/// the same multi-call command builds against both (a release that differs gets its own file).
 const KUBERNETES_1_34: GoComponent = kubernetes(
     Release::V1_34,
     "kubernetes-1.34",
