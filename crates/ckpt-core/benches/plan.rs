@@ -107,6 +107,7 @@ fn world(n: usize) -> World {
         .collect();
     let mut observation = Observation::offline(LocalView::Known {
         running,
+        containers: BTreeMap::new(),
         kubelet_parents: BTreeSet::new(),
         restarts: BTreeMap::new(),
     });

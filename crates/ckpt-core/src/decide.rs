@@ -34,6 +34,7 @@ use crate::observation::{
     ApiParent, ApiState, ApiView, DiskCheckpoint, Fetched, LocalView, Observation, OwnerKey, SelfScheduling,
 };
 use crate::plan::{CheckpointState, PlanInputs, Removal, orphans, plan};
+use crate::readiness::{Readiness, readiness};
 use crate::references::{over_watch_budget, required_objects};
 use crate::revisions::{Handoff, Lineage, RevisionSettings, SetAside};
 use crate::sanitize::{ContentParts, SanitizeOptions, sanitize};
@@ -223,8 +224,10 @@ pub struct Assessment<'a> {
     desired: BTreeMap<PodId, String>,
     /// The same parents' content by part, with what proves it.
     contents: BTreeMap<PodId, ParentContent>,
-    /// The parents whose API pod is Ready (synced views only).
+    /// The parents Ready on evidence (synced views only, [`crate::readiness`]).
     ready: BTreeSet<PodId>,
+    /// When the next parent's readiness settles: look again then.
+    ready_at: Option<Timestamp>,
     /// The parents being deleted (synced views only).
     terminating: BTreeSet<PodId>,
     /// DaemonSet lineages whose DaemonSet still targets this node, or cannot be read
@@ -279,6 +282,7 @@ impl Assessment<'_> {
             .chain(planned.self_gc_at)
             .chain(planned.handoff_at)
             .chain(planned.known_good_at)
+            .chain(self.ready_at)
             .filter(|t| *t > now)
             .min();
         for (id, state) in &planned.states {
@@ -395,10 +399,25 @@ pub fn assess<'a>(
             Some((id.clone(), content))
         })
         .collect();
-    let ready: BTreeSet<PodId> = (parents.iter())
-        .filter(|(_, pod)| synced && known_good::is_ready(pod))
-        .map(|(id, _)| (*id).clone())
-        .collect();
+    // Ready on evidence only (crate::readiness): a current status of containers that run
+    // now, held for READY_SETTLE; one not settled yet is looked at again when it is.
+    let mut ready = BTreeSet::new();
+    let mut ready_at: Option<Timestamp> = None;
+    for (id, pod) in parents.iter().filter(|_| synced) {
+        let containers = match &observation.local {
+            LocalView::Known {
+                running, containers, ..
+            } if running.contains(*id) => containers.get(*id),
+            _ => None,
+        };
+        match readiness(pod, containers, now) {
+            Readiness::Ready => {
+                ready.insert((*id).clone());
+            }
+            Readiness::SettlesAt(t) => ready_at = Some(ready_at.map_or(t, |r| r.min(t))),
+            Readiness::NotReady => {}
+        }
+    }
     let terminating: BTreeSet<PodId> = (parents.iter())
         .filter(|(_, pod)| synced && pod.metadata.deletion_timestamp.is_some())
         .map(|(id, _)| (*id).clone())
@@ -477,6 +496,7 @@ pub fn assess<'a>(
         desired,
         contents,
         ready,
+        ready_at,
         terminating,
         live: if synced {
             live_lineages(observation, disk)

@@ -236,14 +236,5 @@ fn start_times<'a>(
         .collect()
 }
 
-/// Whether an API pod is running and Ready (its `Ready` condition is `True`).
-pub(crate) fn is_ready(pod: &Pod) -> bool {
-    let Some(status) = pod.status.as_ref() else {
-        return false;
-    };
-    status.phase.as_deref() == Some("Running")
-        && (status.conditions.iter().flatten()).any(|c| c.type_ == "Ready" && c.status == "True")
-}
-
 #[cfg(test)]
 mod tests;

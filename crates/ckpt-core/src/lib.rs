@@ -14,7 +14,8 @@
 //!   [`KubeletVersion`]) and finds the [`Orphan`]s; the GC strategy's verdicts
 //!   ([`GcDecision`]) go into [`Assessment::decide`], which plans the pass and returns a
 //!   [`Decision`]: what to write, stop, start and remove ([`Removal`]), the journal to save
-//!   (known-good content, [`KNOWN_GOOD_AFTER`], included) and a [`Report`]. [`decide`] does
+//!   (known-good content, [`KNOWN_GOOD_AFTER`], included) and a [`Report`]. A parent's
+//!   `Ready` counts only on evidence ([`READY_SETTLE`]). [`decide`] does
 //!   both steps for verdicts known in advance.
 //! - **Who is who**: [`PodId`], [`is_parent`], the agent itself ([`SelfIdentity`],
 //!   [`LockIdentity`] as the lock holder), a [`ControllerOwner`], what a Kubernetes name
@@ -64,6 +65,7 @@ mod known_good;
 mod lookups;
 mod observation;
 mod plan;
+mod readiness;
 mod references;
 pub mod revisions;
 mod sanitize;
@@ -93,6 +95,7 @@ pub use observation::{
     OwnerStatus, SelfScheduling, StoredCopy,
 };
 pub use plan::{CheckpointState, Removal, RemovalReason};
+pub use readiness::{READY_SETTLE, runtime_id};
 pub use references::{RequiredObjects, references_api_objects};
 pub use sanitize::{ApiObjects, ContentParts, SanitizeOptions, Sanitized, sanitize};
 pub use scheduling::daemon_pod_continues_running;

@@ -303,6 +303,11 @@ pub enum LocalView {
         /// Parents running locally under their own name (a checkpoint's static pod runs
         /// as `<name>-<node>`, so it never counts as its parent running).
         running: BTreeSet<PodId>,
+        /// The ids of the running containers of each pod in `running`, as the runtime
+        /// names them (no `<runtime>://` prefix): what tells a parent's current status from
+        /// one the API kept from before a reboot ([`READY_SETTLE`](crate::READY_SETTLE)).
+        /// A pod missing here has no container known to run: its `Ready` never counts.
+        containers: BTreeMap<PodId, BTreeSet<String>>,
         /// Parents the kubelet knows about. Informational only: a checkpoint's content
         /// always comes from the API copy, so a stale kubelet never creates one.
         kubelet_parents: BTreeSet<PodId>,

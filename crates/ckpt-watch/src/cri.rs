@@ -53,7 +53,8 @@ impl CriClient {
     }
 
     /// The pods of these namespaces that run: those with a `CONTAINER_RUNNING` container
-    /// (keyed by the labels `io.kubernetes.pod.namespace`/`io.kubernetes.pod.name`).
+    /// (keyed by the labels `io.kubernetes.pod.namespace`/`io.kubernetes.pod.name`), with
+    /// the ids of their running containers.
     ///
     /// A ready sandbox alone does not count: after a power cut the kubelet starts a
     /// parent's sandbox as soon as it sees the pod, while the container may wait for
@@ -67,8 +68,8 @@ impl CriClient {
     pub async fn running_pods<'a>(
         &self,
         namespaces: impl IntoIterator<Item = &'a str>,
-    ) -> Result<BTreeSet<PodId>> {
-        let mut running = BTreeSet::new();
+    ) -> Result<BTreeMap<PodId, BTreeSet<String>>> {
+        let mut running: BTreeMap<PodId, BTreeSet<String>> = BTreeMap::new();
         for namespace in namespaces {
             let selector = || [(LABEL_POD_NAMESPACE.to_owned(), namespace.to_owned())].into();
             // The runtime filters; filter again in case it ignores a filter.
@@ -83,12 +84,12 @@ impl CriClient {
                     ..Default::default()
                 }))
                 .await?;
-            running.extend(
-                (containers.iter())
-                    .filter(|c| c.state == proto::CONTAINER_RUNNING)
-                    .filter_map(|c| c.pod())
-                    .filter_map(in_namespace),
-            );
+            let found = (containers.iter())
+                .filter(|c| c.state == proto::CONTAINER_RUNNING)
+                .filter_map(|c| Some((in_namespace(c.pod()?)?, c.id.clone())));
+            for (id, container) in found {
+                running.entry(id).or_default().insert(container);
+            }
         }
         Ok(running)
     }
@@ -164,7 +165,7 @@ mod tests {
         );
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
         let running = cri.running_pods(["ns"]).await.unwrap();
-        let names: Vec<&str> = running.iter().map(|p| &*p.name).collect();
+        let names: Vec<&str> = running.keys().map(|p| &*p.name).collect();
         // A ready sandbox whose container is not running yet (its ConfigMap not synced
         // after a power cut) is not a running parent.
         assert_eq!(names, ["container-only", "ready-and-running"]);
@@ -191,7 +192,10 @@ mod tests {
                 .map(|c| c.rsplit('/').next().unwrap_or_default().to_owned());
             names.collect()
         };
-        let expected: BTreeSet<PodId> = ["container-only", "runs"].map(|n| PodId::new("ns", n)).into();
+        // Each with its running containers' ids, as the runtime names them.
+        let expected: BTreeMap<PodId, BTreeSet<String>> = ["container-only", "runs"]
+            .map(|n| (PodId::new("ns", n), BTreeSet::from([format!("ctr-ns-{n}-0")])))
+            .into();
         let before = lists(&fake).len();
         let running = cri.running_pods(["ns"]).await.unwrap();
         assert_eq!(running, expected);
@@ -264,7 +268,10 @@ mod tests {
         annotate(&fake, "busy", 256 * 1024);
         let cri = CriClient::new(&fake.endpoint(), TIMEOUT).unwrap();
         let running = cri.running_pods(["kube-system"]).await.unwrap();
-        assert_eq!(running, BTreeSet::from([PodId::new("kube-system", "apiserver")]));
+        assert_eq!(
+            running.keys().collect::<Vec<_>>(),
+            [&PodId::new("kube-system", "apiserver")]
+        );
         // Asked for, they are still read (up to the kubelet's 16 MiB).
         assert_eq!(cri.running_pods(["busy"]).await.unwrap().len(), 40);
 

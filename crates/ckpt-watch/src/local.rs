@@ -38,12 +38,14 @@ impl SourceHealth {
 /// Combines the CRI runtime and the kubelet into the planner's [`LocalView`].
 ///
 /// - **CRI on**: `running` = the runtime's running pods (a running container; a ready
-///   sandbox alone does not count, see [`CriClient::running_pods`]) in the allowed namespaces; `kubelet_parents` = the parents in the
+///   sandbox alone does not count, see [`CriClient::running_pods`]) in the allowed namespaces,
+///   `containers` their running containers' ids; `kubelet_parents` = the parents in the
 ///   kubelet's `/pods`. If the runtime fails, the view is [`LocalView::Unknown`]. If only
 ///   the kubelet fails, `running` is still known and `kubelet_parents` is empty
 ///   (it is informational only).
-/// - **CRI off** (`cri: None`): both come from the kubelet; a pod runs when its phase is
-///   `Running` and every container is running. If the kubelet fails, the view is
+/// - **CRI off** (`cri: None`): all come from the kubelet; a pod runs when its phase is
+///   `Running` and every container is running, and its containers' ids are those its
+///   status there names. If the kubelet fails, the view is
 ///   [`LocalView::Unknown`].
 /// - Neither source configured: always [`LocalView::Unknown`].
 ///
@@ -228,11 +230,12 @@ impl LocalObserver {
         match cri {
             Some(Ok((running, restarts))) => {
                 self.cri_health.ok("CRI");
+                let containers: BTreeMap<PodId, BTreeSet<String>> = (running.into_iter())
+                    .filter(|(id, _)| self.observed(&outside, &id.namespace))
+                    .collect();
                 LocalView::Known {
-                    running: running
-                        .into_iter()
-                        .filter(|id| self.observed(&outside, &id.namespace))
-                        .collect(),
+                    running: containers.keys().cloned().collect(),
+                    containers,
                     kubelet_parents: kubelet_pods.as_deref().map(kubelet_parents).unwrap_or_default(),
                     restarts,
                 }
@@ -252,6 +255,11 @@ impl LocalObserver {
                         .filter_map(PodId::of)
                         .filter(|id| self.observed(&outside, &id.namespace))
                         .collect(),
+                    containers: (pods.iter())
+                        .filter(|p| runs(p))
+                        .filter_map(|p| Some((PodId::of(p)?, running_containers(p))))
+                        .filter(|(id, _)| self.observed(&outside, &id.namespace))
+                        .collect(),
                     kubelet_parents: kubelet_parents(&pods),
                     restarts: kubelet_restarts(&pods, &watched),
                 },
@@ -259,6 +267,17 @@ impl LocalObserver {
             },
         }
     }
+}
+
+/// With the CRI off: the ids of a pod's running containers, from its status in the
+/// kubelet's `/pods` (the kubelet's own, current view).
+fn running_containers(pod: &Pod) -> BTreeSet<String> {
+    let statuses = (pod.status.as_ref()).and_then(|s| s.container_statuses.as_deref());
+    (statuses.unwrap_or_default().iter())
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .filter_map(|c| c.container_id.as_deref())
+        .map(|id| ckpt_core::runtime_id(id).to_owned())
+        .collect()
 }
 
 /// With the CRI off: the restart counts of the watched checkpoints' static pods, from
@@ -349,12 +368,20 @@ mod tests {
                     json!({"waiting": {"reason": "CrashLoopBackOff"}})
                 };
                 json!({"name": format!("c{i}"), "ready": r, "restartCount": 0, "image": "i", "imageID": "",
-                       "state": state})
+                       "containerID": format!("containerd://{name}-c{i}"), "state": state})
             })
             .collect();
         json!({"metadata": {"name": name, "namespace": ns, "annotations": annotations},
                "spec": {"containers": containers},
                "status": {"phase": phase, "containerStatuses": statuses}})
+    }
+
+    /// The running container of the fake runtime's pod `kube-system/api`, by its id.
+    fn api_container() -> BTreeMap<PodId, BTreeSet<String>> {
+        BTreeMap::from([(
+            PodId::new("kube-system", "api"),
+            BTreeSet::from(["ctr-kube-system-api-0".to_owned()]),
+        )])
     }
 
     async fn kubelet(pods: Vec<Value>) -> (FakeKubelet, KubeletClient) {
@@ -515,6 +542,7 @@ mod tests {
             observer.observe().await,
             LocalView::Known {
                 running: ids(&["api"]),
+                containers: api_container(),
                 kubelet_parents: ids(&["api", "dead"]),
                 restarts: BTreeMap::new(),
             }
@@ -526,6 +554,7 @@ mod tests {
             observer.observe().await,
             LocalView::Known {
                 running: ids(&["api"]),
+                containers: api_container(),
                 kubelet_parents: BTreeSet::new(),
                 restarts: BTreeMap::new(),
             }
@@ -550,6 +579,11 @@ mod tests {
             observer.observe().await,
             LocalView::Known {
                 running: ids(&["all-running"]),
+                // The ids the kubelet's status names, without the runtime's scheme.
+                containers: BTreeMap::from([(
+                    PodId::new("kube-system", "all-running"),
+                    BTreeSet::from(["all-running-c0".to_owned(), "all-running-c1".to_owned()]),
+                )]),
                 kubelet_parents: ids(&["all-running", "one-crashing"]),
                 restarts: BTreeMap::new(),
             }
@@ -634,6 +668,7 @@ mod tests {
             let observer = LocalObserver::new(Some(client), None, allowed()).with_bound(bound);
             let running = LocalView::Known {
                 running: ids(&["api"]),
+                containers: api_container(),
                 kubelet_parents: BTreeSet::new(),
                 restarts: BTreeMap::new(),
             };

@@ -170,6 +170,7 @@ impl World {
                 objects: BTreeMap::from([(NS.to_owned(), secrets)]),
                 local: LocalView::Known {
                     running: BTreeSet::new(),
+                    containers: BTreeMap::new(),
                     kubelet_parents: BTreeSet::new(),
                     restarts: BTreeMap::new(),
                 },
@@ -966,13 +967,9 @@ fn a_ready_parents_content_becomes_known_good_after_a_minute() {
     let mut world = World::synced(&[("a", parent("a"))]).disk(&[("a", "h1")]);
     let (id_a, pod) = pod("a", parent("a"));
     let mut ready = (*pod).clone();
-    ready.status = Some(
-        serde_json::from_value(
-            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
-        )
-        .expect("a status"),
-    );
+    ready.status = Some(serde_json::from_value(ready_status("a", Timestamp(0))).expect("a status"));
     world.observation.pods.insert(id_a.clone(), Arc::new(ready));
+    let mut world = world.runtime_runs_the_statuses();
     let hash = world.hash_of("a");
 
     let first = decide(
@@ -1035,16 +1032,9 @@ fn a_rotated_secret_is_proven_by_how_its_container_reads_it() {
         if let Some(spec) = pod.spec.as_mut() {
             spec.containers = vec![serde_json::from_value(container).expect("a container")];
         }
-        pod.status = Some(
-            serde_json::from_value(json!({
-                "phase": "Running",
-                "conditions": [{"type": "Ready", "status": "True"}],
-                "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "", "imageID": "",
-                                       "state": {"running": {"startedAt": started.to_rfc3339()}}}]
-            }))
-            .expect("a status"),
-        );
+        pod.status = Some(serde_json::from_value(ready_status("a", started)).expect("a status"));
         world.observation.pods.insert(id_a, Arc::new(pod));
+        *world = std::mem::replace(world, World::synced(&[])).runtime_runs_the_statuses();
     };
     let rotate = |world: &mut World| {
         let secret: Secret = serde_json::from_value(json!({
@@ -1126,13 +1116,54 @@ fn a_rotated_secret_is_proven_by_how_its_container_reads_it() {
 fn ready_pod(name: &str, spec: PodSpec<'_>) -> (PodId, Arc<Pod>) {
     let (id, pod) = pod(name, spec);
     let mut ready = (*pod).clone();
-    ready.status = Some(
-        serde_json::from_value(
-            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
-        )
-        .expect("a status"),
-    );
+    ready.status = Some(serde_json::from_value(ready_status(name, Timestamp(0))).expect("a status"));
     (id, Arc::new(ready))
+}
+
+/// The status of a pod Ready since long before [`NOW`] (past [`crate::READY_SETTLE`]),
+/// its one container `c` running since `started` as `containerd://ctr-<name>`.
+fn ready_status(name: &str, started: Timestamp) -> serde_json::Value {
+    json!({
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "1970-01-01T00:00:00Z"}],
+        "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "", "imageID": "",
+                               "containerID": format!("containerd://ctr-{name}"),
+                               "state": {"running": {"startedAt": started.to_rfc3339()}}}]
+    })
+}
+
+impl World {
+    /// The runtime runs the containers every pod's status names as running, as their ids
+    /// say: the statuses are current (not kept by the API from before a reboot).
+    fn runtime_runs_the_statuses(mut self) -> Self {
+        let mut containers: BTreeMap<PodId, BTreeSet<String>> = BTreeMap::new();
+        for (id, pod) in &self.observation.pods {
+            let statuses = (pod.status.as_ref()).and_then(|s| s.container_statuses.as_deref());
+            for s in statuses.unwrap_or_default() {
+                if let Some(c) = s.container_id.as_deref() {
+                    containers
+                        .entry(id.clone())
+                        .or_default()
+                        .insert(crate::runtime_id(c).to_owned());
+                }
+            }
+        }
+        let (kubelet_parents, restarts) = match &self.observation.local {
+            LocalView::Known {
+                kubelet_parents,
+                restarts,
+                ..
+            } => (kubelet_parents.clone(), restarts.clone()),
+            LocalView::Unknown => Default::default(),
+        };
+        self.observation.local = LocalView::Known {
+            running: containers.keys().cloned().collect(),
+            containers,
+            kubelet_parents,
+            restarts,
+        };
+        self
+    }
 }
 
 /// The journal's proofs and streaks after a pass: they follow what the plan keeps, and
@@ -1178,6 +1209,7 @@ fn known_good_tracking_follows_the_plans_outcome() {
     }
     crash_loop.observation.local = LocalView::Known {
         running: BTreeSet::new(),
+        containers: BTreeMap::new(),
         kubelet_parents: BTreeSet::new(),
         restarts: BTreeMap::from([(id("api-2"), CRASH_LOOP_RESTARTS)]),
     };
@@ -1191,6 +1223,7 @@ fn known_good_tracking_follows_the_plans_outcome() {
     );
     let mut written = World::synced(&[]);
     written.observation.pods = BTreeMap::from([ready_pod("a", parent("a"))]);
+    let written = written.runtime_runs_the_statuses();
     let cases: Vec<Case<'_>> = vec![
         (
             "a checkpoint removed by its verdict takes its proof and its streak along",
@@ -1668,5 +1701,93 @@ fn data_of_no_checkpoint_is_removed_on_a_synced_pass_only() {
     for (name, world, with_data, everything_read, expected) in cases {
         eprintln!("case: {name}");
         check_orphan_data(&world, with_data, everything_read, expected);
+    }
+}
+
+/// Issue 36, the evidence rule for `Ready` ([`crate::readiness`]): an active `when-ready`
+/// checkpoint stays while its parent's Ready is no evidence — a status the API kept from
+/// before a reboot (it names a container the runtime no longer runs), or a Ready flash (a
+/// crash-looping kube-apiserver whose probe the checkpoint itself answered: a real node
+/// showed it) — and retires once the parent's current containers have been Ready for
+/// [`crate::READY_SETTLE`]. On the API's word alone it retired in every case.
+#[test]
+fn a_when_ready_checkpoint_retires_only_on_settled_current_readiness() {
+    let secs = |s: i64| Timestamp(s * 1000);
+    // (what, the Ready condition's transition, the container the runtime runs, now,
+    // retired, the next look)
+    type Case<'a> = (&'a str, Timestamp, &'a str, Timestamp, bool, Option<Timestamp>);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "Ready for long, its container runs",
+            Timestamp(0),
+            "ctr-a",
+            NOW,
+            true,
+            None,
+        ),
+        (
+            "a status kept from before a reboot: another container runs",
+            Timestamp(0),
+            "ctr-a-after-the-cut",
+            NOW,
+            false,
+            None,
+        ),
+        (
+            "a Ready flash of 2 s",
+            secs(998),
+            "ctr-a",
+            NOW,
+            false,
+            Some(secs(1_008)),
+        ),
+        (
+            "the same Ready, settled",
+            secs(998),
+            "ctr-a",
+            secs(1_008),
+            true,
+            None,
+        ),
+    ];
+    for (what, transition, running, now, retired, next) in cases {
+        let (id_a, pod) = pod("a", parent("a"));
+        let mut pod = (*pod).clone();
+        pod.metadata.annotations.get_or_insert_default().insert(
+            "checkpointer.alpha.coreos.com/handoff".into(),
+            "when-ready".into(),
+        );
+        let mut status = ready_status("a", Timestamp(0));
+        status["conditions"][0]["lastTransitionTime"] = transition.to_rfc3339().into();
+        pod.status = Some(serde_json::from_value(status).expect("a status"));
+        let mut world = World::synced(&[]).disk(&[("a", "h1")]);
+        world.observation.pods.insert(id_a.clone(), Arc::new(pod));
+        if let Some(d) = world.disk.get_mut(&id_a) {
+            if let Some(c) = d.inactive.as_mut() {
+                c.meta.retires_when_ready = true;
+            }
+            d.active = d.inactive.clone();
+        }
+        world.observation.local = LocalView::Known {
+            running: BTreeSet::from([id_a.clone()]),
+            containers: BTreeMap::from([(id_a.clone(), BTreeSet::from([running.to_owned()]))]),
+            kubelet_parents: BTreeSet::new(),
+            restarts: BTreeMap::new(),
+        };
+        let d = decide(
+            &world.observation,
+            &world.disk,
+            &PersistentState::default(),
+            &world.verdicts,
+            &world.config,
+            now,
+        );
+        assert_eq!(d.stops.contains(&id_a), retired, "{what}: retired");
+        let settles = d.report.next_deadline.filter(|t| Some(*t) == next);
+        assert_eq!(
+            settles, next,
+            "{what}: the next look ({:?})",
+            d.report.next_deadline
+        );
     }
 }

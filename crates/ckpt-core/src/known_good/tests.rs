@@ -288,24 +288,6 @@ fn content_is_proven_by_a_minute_of_readiness_on_synced_views() {
     );
 }
 
-#[test]
-fn ready_means_running_with_the_ready_condition_true() {
-    let pod = |phase: &str, ready: &str| -> k8s_openapi::api::core::v1::Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": { "name": "p" },
-            "status": { "phase": phase, "conditions": [
-                { "type": "PodScheduled", "status": "True" },
-                { "type": "Ready", "status": ready }
-            ] }
-        }))
-        .expect("a pod")
-    };
-    assert!(is_ready(&pod("Running", "True")));
-    assert!(!is_ready(&pod("Running", "False")));
-    assert!(!is_ready(&pod("Pending", "True")));
-    assert!(!is_ready(&k8s_openapi::api::core::v1::Pod::default()));
-}
-
 /// The module's example, once a doctest (`track` is internal to the crate now).
 #[test]
 fn a_minute_of_readiness_proves_the_content() {

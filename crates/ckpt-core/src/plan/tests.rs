@@ -110,6 +110,7 @@ impl World {
             api: ApiView::Unreachable,
             local: LocalView::Known {
                 running: BTreeSet::new(),
+                containers: BTreeMap::new(),
                 kubelet_parents: BTreeSet::new(),
                 restarts: BTreeMap::new(),
             },
@@ -196,6 +197,7 @@ impl World {
         };
         self.local = LocalView::Known {
             running: names.iter().map(|n| id(n)).collect(),
+            containers: BTreeMap::new(),
             kubelet_parents: BTreeSet::new(),
             restarts,
         };
@@ -686,6 +688,7 @@ fn bug2_no_resurrection_of_kubelet_only_parents() {
         .verdict("stale", GcVerdict::RemoveNow);
     w.local = LocalView::Known {
         running: BTreeSet::new(),
+        containers: BTreeMap::new(),
         kubelet_parents: [id("stale")].into(),
         restarts: BTreeMap::new(),
     };

@@ -889,7 +889,8 @@ fn running_image(pod: &Value) -> Option<String> {
         .then(|| status["image"].as_str().unwrap_or_default().to_owned())
 }
 
-fn restart_count(pod: &Value) -> u64 {
+/// A pod's highest container restart count, from its API status.
+pub(crate) fn restart_count(pod: &Value) -> u64 {
     pod["status"]["containerStatuses"].as_array().map_or(0, |s| {
         s.iter()
             .filter_map(|c| c["restartCount"].as_u64())

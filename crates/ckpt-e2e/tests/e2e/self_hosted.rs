@@ -32,7 +32,8 @@ use serde_json::{Value, json};
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
     NS, deploy_with, host, is_mirror, label_control_plane, last_log_line, lock_file, log_lines, name_of,
-    pods_named_like, reset, state_of, upgrade_image, wait_agent_pair, wait_health, wait_inspect,
+    pods_named_like, reset, restart_count, state_of, upgrade_image, wait_agent_pair, wait_health,
+    wait_inspect,
 };
 
 const COMPONENTS: [&str; 3] = [APISERVER, CONTROLLER_MANAGER, SCHEDULER];
@@ -145,8 +146,16 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
                     (report.checkpoints.iter()).find(|c| c.pod != good_id && c.newest_revision == Some(true));
                 let serving =
                     known_good.is_some_and(|c| c.state == "active" && c.runs_if_api_lost == Some(true));
+                // The upgrade is bad: the new pod's container has exited at least once.
+                let restarted = |name: &str| -> anyhow::Result<bool> {
+                    let name = name.strip_prefix(&format!("{NS}/")).unwrap_or(name);
+                    Ok(run
+                        .kubectl
+                        .get("pod", NS, name)?
+                        .is_some_and(|p| restart_count(&p) >= 1))
+                };
                 Ok(match newest {
-                    Some(newest) if serving && self_hosted.readyz() == 200 => {
+                    Some(newest) if serving && self_hosted.readyz() == 200 && restarted(&newest.pod)? => {
                         Probe::Ready(newest.pod.clone())
                     }
                     _ => Probe::Waiting(report.summary()),
@@ -159,6 +168,14 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         "{bad} crash-loops; the known-good checkpoint of {good} serves the API"
     ));
     wait_api(self_hosted, "the API served by the known-good checkpoint")?;
+    // From here to the rollback the known-good checkpoint must never step aside, through
+    // the cut too (the node's disk keeps its manifest). Each start of the bad pod's
+    // container reads Ready for a probe period: its probe is answered by the checkpoint on
+    // the port they share; the agent must not take that for the pod's own readiness.
+    let known_good_active = {
+        let manifests = run.node.manifests_dir();
+        Sampler::start(SAMPLE_EVERY, move || apiserver_checkpoint_active(&manifests))
+    };
 
     progress.say("power cut with the bad pod crash-looping");
     let cut = Instant::now();
@@ -176,17 +193,33 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
             })
         })())
     })?;
-    let bad_pod = run.kubectl.get("pod", NS, &bad)?;
-    anyhow::ensure!(
-        bad_pod
-            .as_ref()
-            .is_none_or(|p| !crate::real_node_seed::is_ready(p)),
-        "the bad pod {bad} is Ready: the upgrade was not bad"
-    );
     progress.say(&format!(
         "the known-good kube-apiserver serves {} after the cut",
         human_duration(api_ready)
     ));
+    // Two more starts of the bad pod after the cut, each a Ready flash, before the rollback
+    // (its count may start again from 0 after the cut: the runtime lost its containers).
+    let restarts = |run: &NodeRun| -> anyhow::Result<Option<u64>> {
+        Ok(run.kubectl.get("pod", NS, &bad)?.as_ref().map(restart_count))
+    };
+    let mut base = restarts(run)?.unwrap_or(0);
+    let (_, _) = wait_for("the bad pod to start twice more after the cut", TIMEOUT, || {
+        let now = restarts(run)?;
+        if let Some(n) = now.filter(|n| *n < base) {
+            base = n;
+        }
+        Ok(match now {
+            Some(n) if n >= base + 2 => Probe::Ready(()),
+            n => Probe::Waiting(format!("its restarts: {n:?}, from {base}")),
+        })
+    })?;
+    let samples = known_good_active.stop();
+    let stepped_aside = samples.iter().filter(|(_, active)| !*active).count();
+    anyhow::ensure!(
+        stepped_aside == 0,
+        "the known-good checkpoint stepped aside for the crash-looping {bad} ({stepped_aside} of {} samples without its manifest)",
+        samples.len()
+    );
 
     progress.say("the DaemonSet rolled back: the node is handed over to its new pod");
     let readyz = {
