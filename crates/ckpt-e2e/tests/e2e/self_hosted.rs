@@ -220,6 +220,13 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         "the known-good checkpoint stepped aside for the crash-looping {bad} ({stepped_aside} of {} samples without its manifest)",
         samples.len()
     );
+    let watched = (samples.first().zip(samples.last())).map_or(Duration::ZERO, |(a, b)| b.0 - a.0);
+    progress.say(&format!(
+        "the known-good checkpoint never stepped aside for {bad}: {} samples over {}, the cut and its restarts ({:?} now) included",
+        samples.len(),
+        human_duration(watched),
+        restarts(run)?
+    ));
 
     progress.say("the DaemonSet rolled back: the node is handed over to its new pod");
     let readyz = {
