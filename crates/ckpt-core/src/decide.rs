@@ -400,7 +400,8 @@ pub fn assess<'a>(
         })
         .collect();
     // Ready on evidence only (crate::readiness): a current status of containers that run
-    // now, held for READY_SETTLE; one not settled yet is looked at again when it is.
+    // now, held for READY_SETTLE unless the pod proved its content (its own known-good
+    // mark, not suspended, the marks known); one not settled yet is looked at again then.
     let mut ready = BTreeSet::new();
     let mut ready_at: Option<Timestamp> = None;
     for (id, pod) in parents.iter().filter(|_| synced) {
@@ -410,7 +411,11 @@ pub fn assess<'a>(
             } if running.contains(*id) => containers.get(*id),
             _ => None,
         };
-        match readiness(pod, containers, now) {
+        let proven = !state.marks_unknown
+            && !state.suspended.contains_key(*id)
+            && (contents.get(*id).zip(state.known_good.get(*id)))
+                .is_some_and(|(content, proof)| content.spec_hash == proof.spec_hash);
+        match readiness(pod, containers, proven, now) {
             Readiness::Ready => {
                 ready.insert((*id).clone());
             }

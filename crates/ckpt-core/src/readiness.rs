@@ -1,6 +1,6 @@
 //! When a parent's `Ready` counts (issue 36, the evidence rule): its API pod says Ready,
-//! the containers that status names are the ones the runtime runs now, and the condition
-//! has held for [`READY_SETTLE`].
+//! the containers that status names are the ones the runtime runs now, and, unless the pod
+//! has proven its content (known-good), the condition has held for [`READY_SETTLE`].
 //!
 //! The API's word alone is not enough, for two reasons a real node showed:
 //! - **Stale after a reboot.** The API keeps a pod's last status until the kubelet writes a
@@ -11,6 +11,12 @@
 //!   checkpoint (`when-ready`) is probed on the port the checkpoint serves: a crash-looping
 //!   kube-apiserver reads Ready for the second or two each of its containers lives. The
 //!   flash never lasts [`READY_SETTLE`].
+//!
+//! Content the pod has proven counts at once once current: it is known to work, and every
+//! second two kube-apiservers share a port costs (each one's loopback client reaches the
+//! other half the time, whose certificate it does not trust: a real node's parent failed
+//! its start-up hooks that way and exited a minute later). A new revision, a rollback's
+//! pod, a suspended mark or unknown marks wait for the settle.
 //!
 //! Without a current look at the runtime (unknown, or the parent not running) nothing is
 //! Ready: every use of readiness (retiring a checkpoint, ending a handoff, proving content)
@@ -51,8 +57,14 @@ pub(crate) fn is_ready(pod: &Pod) -> bool {
 }
 
 /// A parent's readiness on evidence. `running` holds the ids of the containers the runtime
-/// runs for it now (`None`: the runtime is unknown or runs none of them).
-pub(crate) fn readiness(pod: &Pod, running: Option<&BTreeSet<String>>, now: Timestamp) -> Readiness {
+/// runs for it now (`None`: the runtime is unknown or runs none of them); `proven`: the pod
+/// has proven its current content (no settle).
+pub(crate) fn readiness(
+    pod: &Pod,
+    running: Option<&BTreeSet<String>>,
+    proven: bool,
+    now: Timestamp,
+) -> Readiness {
     let (Some(status), Some(running)) = (pod.status.as_ref(), running) else {
         return Readiness::NotReady;
     };
@@ -68,6 +80,9 @@ pub(crate) fn readiness(pod: &Pod, running: Option<&BTreeSet<String>>, now: Time
         });
     if !current {
         return Readiness::NotReady;
+    }
+    if proven {
+        return Readiness::Ready;
     }
     let since = (status.conditions.iter().flatten())
         .find(|c| c.type_ == "Ready")
@@ -127,9 +142,27 @@ mod tests {
     }
 
     fn check(pod: &Pod, running: Option<&[&str]>, now: &str, expected: Readiness) {
+        check_proven(pod, running, false, now, expected);
+    }
+
+    fn check_proven(pod: &Pod, running: Option<&[&str]>, proven: bool, now: &str, expected: Readiness) {
         let running: Option<BTreeSet<String>> = running.map(|r| r.iter().map(|s| (*s).to_owned()).collect());
         let now = Timestamp::parse_rfc3339(now).expect("a time");
-        assert_eq!(readiness(pod, running.as_ref(), now), expected);
+        assert_eq!(readiness(pod, running.as_ref(), proven, now), expected);
+    }
+
+    #[test]
+    fn proven_content_counts_once_current_without_the_settle() {
+        let just_now = pod(
+            "True",
+            Some("2026-01-01T00:00:59Z"),
+            container(Some("containerd://c1"), true),
+        );
+        let at = "2026-01-01T00:01:00Z";
+        check_proven(&just_now, Some(&["c1"]), true, at, Readiness::Ready);
+        // Still only a current status: one kept from before a reboot is no evidence.
+        check_proven(&just_now, Some(&["c2"]), true, at, Readiness::NotReady);
+        check_proven(&just_now, None, true, at, Readiness::NotReady);
     }
 
     #[test]
