@@ -400,8 +400,9 @@ pub fn assess<'a>(
         })
         .collect();
     // Ready on evidence only (crate::readiness): a current status of containers that run
-    // now, held for READY_SETTLE unless the pod proved its content (its own known-good
-    // mark, not suspended, the marks known); one not settled yet is looked at again then.
+    // now, held for READY_SETTLE unless its content is known to work (its own known-good
+    // mark, not suspended, the marks known; or its own checkpoint active with that very
+    // content, as after a power cut); one not settled yet is looked at again then.
     let mut ready = BTreeSet::new();
     let mut ready_at: Option<Timestamp> = None;
     for (id, pod) in parents.iter().filter(|_| synced) {
@@ -415,7 +416,12 @@ pub fn assess<'a>(
             && !state.suspended.contains_key(*id)
             && (contents.get(*id).zip(state.known_good.get(*id)))
                 .is_some_and(|(content, proof)| content.spec_hash == proof.spec_hash);
-        match readiness(pod, containers, proven, now) {
+        let its_own_serves = (disk.get(*id))
+            .and_then(|d| d.active.as_ref())
+            .and_then(|active| active.meta.spec_hash.as_ref())
+            .zip(desired.get(*id))
+            .is_some_and(|(active, current)| active == current);
+        match readiness(pod, containers, proven || its_own_serves, now) {
             Readiness::Ready => {
                 ready.insert((*id).clone());
             }

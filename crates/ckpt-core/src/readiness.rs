@@ -1,6 +1,6 @@
 //! When a parent's `Ready` counts (issue 36, the evidence rule): its API pod says Ready,
-//! the containers that status names are the ones the runtime runs now, and, unless the pod
-//! has proven its content (known-good), the condition has held for [`READY_SETTLE`].
+//! the containers that status names are the ones the runtime runs now, and, unless its
+//! content is known to work, the condition has held for [`READY_SETTLE`].
 //!
 //! The API's word alone is not enough, for two reasons a real node showed:
 //! - **Stale after a reboot.** The API keeps a pod's last status until the kubelet writes a
@@ -12,11 +12,13 @@
 //!   kube-apiserver reads Ready for the second or two each of its containers lives. The
 //!   flash never lasts [`READY_SETTLE`].
 //!
-//! Content the pod has proven counts at once once current: it is known to work, and every
-//! second two kube-apiservers share a port costs (each one's loopback client reaches the
-//! other half the time, whose certificate it does not trust: a real node's parent failed
-//! its start-up hooks that way and exited a minute later). A new revision, a rollback's
-//! pod, a suspended mark or unknown marks wait for the settle.
+//! Content known to work counts at once once current: the pod's own known-good mark, or
+//! its own checkpoint active with that very content (after a power cut: what the
+//! checkpoint serves, the parent runs). Every second two kube-apiservers share a port
+//! costs: each one's loopback client reaches the other half the time, whose certificate
+//! it does not trust; a real node's parent failed its start-up hooks that way and exited a
+//! minute later. A new revision (a bad upgrade's pod beside the known-good checkpoint), a
+//! rollback's pod, a suspended mark or unknown marks wait for the settle.
 //!
 //! Without a current look at the runtime (unknown, or the parent not running) nothing is
 //! Ready: every use of readiness (retiring a checkpoint, ending a handoff, proving content)
@@ -57,12 +59,12 @@ pub(crate) fn is_ready(pod: &Pod) -> bool {
 }
 
 /// A parent's readiness on evidence. `running` holds the ids of the containers the runtime
-/// runs for it now (`None`: the runtime is unknown or runs none of them); `proven`: the pod
-/// has proven its current content (no settle).
+/// runs for it now (`None`: the runtime is unknown or runs none of them); `known_to_work`:
+/// its current content is known to work (no settle).
 pub(crate) fn readiness(
     pod: &Pod,
     running: Option<&BTreeSet<String>>,
-    proven: bool,
+    known_to_work: bool,
     now: Timestamp,
 ) -> Readiness {
     let (Some(status), Some(running)) = (pod.status.as_ref(), running) else {
@@ -81,7 +83,7 @@ pub(crate) fn readiness(
     if !current {
         return Readiness::NotReady;
     }
-    if proven {
+    if known_to_work {
         return Readiness::Ready;
     }
     let since = (status.conditions.iter().flatten())
@@ -152,7 +154,7 @@ mod tests {
     }
 
     #[test]
-    fn proven_content_counts_once_current_without_the_settle() {
+    fn content_known_to_work_counts_once_current_without_the_settle() {
         let just_now = pod(
             "True",
             Some("2026-01-01T00:00:59Z"),

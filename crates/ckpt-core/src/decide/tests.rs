@@ -1715,13 +1715,14 @@ fn data_of_no_checkpoint_is_removed_on_a_synced_pass_only() {
 #[test]
 fn a_when_ready_checkpoint_retires_only_on_settled_current_readiness() {
     let secs = |s: i64| Timestamp(s * 1000);
-    // (what, the Ready condition's transition, the container the runtime runs, the pod
-    // proved this content, now, retired, the next look)
+    // (what, the Ready condition's transition, the container the runtime runs, what says the
+    // content works ("proof": the pod's known-good mark; "own": its own checkpoint active
+    // with that content), now, retired, the next look)
     type Case<'a> = (
         &'a str,
         Timestamp,
         &'a str,
-        bool,
+        &'a str,
         Timestamp,
         bool,
         Option<Timestamp>,
@@ -1731,7 +1732,7 @@ fn a_when_ready_checkpoint_retires_only_on_settled_current_readiness() {
             "Ready for long, its container runs",
             Timestamp(0),
             "ctr-a",
-            false,
+            "",
             NOW,
             true,
             None,
@@ -1740,7 +1741,7 @@ fn a_when_ready_checkpoint_retires_only_on_settled_current_readiness() {
             "a status kept from before a reboot: another container runs",
             Timestamp(0),
             "ctr-a-after-the-cut",
-            true,
+            "proof",
             NOW,
             false,
             None,
@@ -1749,7 +1750,7 @@ fn a_when_ready_checkpoint_retires_only_on_settled_current_readiness() {
             "a Ready flash of 2 s",
             secs(998),
             "ctr-a",
-            false,
+            "",
             NOW,
             false,
             Some(secs(1_008)),
@@ -1758,7 +1759,7 @@ fn a_when_ready_checkpoint_retires_only_on_settled_current_readiness() {
             "the same Ready, settled",
             secs(998),
             "ctr-a",
-            false,
+            "",
             secs(1_008),
             true,
             None,
@@ -1768,13 +1769,22 @@ fn a_when_ready_checkpoint_retires_only_on_settled_current_readiness() {
             "Ready 2 s with content it proved",
             secs(998),
             "ctr-a",
+            "proof",
+            NOW,
             true,
+            None,
+        ),
+        (
+            "Ready 2 s, its own checkpoint serving that content (a power cut)",
+            secs(998),
+            "ctr-a",
+            "own",
             NOW,
             true,
             None,
         ),
     ];
-    for (what, transition, running, proven, now, retired, next) in cases {
+    for (what, transition, running, known, now, retired, next) in cases {
         let (id_a, pod) = pod("a", parent("a"));
         let mut pod = (*pod).clone();
         pod.metadata.annotations.get_or_insert_default().insert(
@@ -1798,10 +1808,16 @@ fn a_when_ready_checkpoint_retires_only_on_settled_current_readiness() {
             kubelet_parents: BTreeSet::new(),
             restarts: BTreeMap::new(),
         };
+        let hash = world.hash_of("a");
+        if known == "own"
+            && let Some(active) = world.disk.get_mut(&id_a).and_then(|d| d.active.as_mut())
+        {
+            active.meta.spec_hash = Some(hash.clone());
+        }
         let mut journal = PersistentState::default();
-        if proven {
+        if known == "proof" {
             let proof = SpecSince {
-                spec_hash: world.hash_of("a"),
+                spec_hash: hash,
                 since: Timestamp(0),
             };
             journal.known_good.insert(id_a.clone(), proof);
