@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 pub struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
+    /// What was mapped from the original's command line, for `run` to log.
+    #[arg(skip)]
+    pub(crate) original_notes: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -10,6 +10,8 @@
 //! - [`render`]: the install manifests of `ckpt-render` (`pod-checkpointer render`),
 //!   checked against this program's agent ([`render::BuiltIn`]).
 //! - [`Error`]: usage errors (exit code 2) and runtime failures (exit code 1).
+//! - The original's command line (bootkube's `/checkpoint --lock-file=… --kubeconfig=…`,
+//!   no subcommand) runs as `run`, each mapping logged (`original_cli`).
 //!
 //! ```
 //! // A config file as the deploy manifests ship it:
@@ -28,6 +30,7 @@ mod events;
 mod executor;
 mod health;
 mod inspect;
+mod original_cli;
 pub mod render;
 
 pub use error::{Error, Result};
@@ -45,7 +48,23 @@ use crate::config::{
 /// `fn main() -> ExitCode { ckpt_bin::main() }` plus a `use my_strategy as _;`.
 pub fn main() -> std::process::ExitCode {
     use clap::Parser as _;
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The original's command line (bootkube's `/checkpoint --lock-file=…`) runs as `run`.
+    let cli = if original_cli::is_original(&args) {
+        match original_cli::translate(&args) {
+            Ok(translated) => {
+                let mut cli = Cli::parse_from(translated.args);
+                cli.original_notes = translated.notes;
+                cli
+            }
+            Err(e) => {
+                eprintln!("pod-checkpointer: {}", ckpt_core::error_chain(&e));
+                return std::process::ExitCode::from(e.exit_code());
+            }
+        }
+    } else {
+        Cli::parse_from(args)
+    };
     match run_cli(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -139,6 +158,9 @@ pub fn run_cli(cli: Cli) -> Result<()> {
         Command::Run(args) => {
             let settings = run_settings(*args)?;
             init_logging(settings.log_format, &settings.log_level);
+            for note in &cli.original_notes {
+                tracing::info!("{note}");
+            }
             // One thread: the agent mostly waits, and the idle cost of a second worker
             // (≈0.7 MiB RSS, most of the idle CPU in wake-ups between workers) buys nothing.
             // The executor yields between file actions so health and probes keep answering.

@@ -822,3 +822,83 @@ fn the_originals_checkpoints_and_lock_are_adopted() {
     let _ = holder.kill();
     let _ = holder.wait();
 }
+
+/// Issue 40, a true drop-in: the original's DaemonSet command line (no subcommand, Go's
+/// flag syntax, its environment) runs as `run`, each mapping logged; what the original
+/// refused exits 2 with Go's words. The kubeconfig named does not exist, so the run stops
+/// before it takes the lock or touches a disk (exit 2, naming the flag).
+#[test]
+fn the_originals_command_line_runs_as_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("--lock-file={}", dir.path().join("lock").display());
+    let original = |args: &[&str]| {
+        bin()
+            .args(args)
+            .env("NODE_NAME", "node-1")
+            .env("POD_NAME", "pod-checkpointer-x7k2p")
+            .env("POD_NAMESPACE", "kube-system")
+            .output()
+            .expect("runs")
+    };
+    let out = original(&[
+        &lock,
+        "--kubeconfig=/nonexistent/kubeconfig",
+        "--checkpoint-grace-period=5m",
+        "--container-runtime-endpoint=/run/containerd/containerd.sock",
+        "-logtostderr",
+        "-v=4",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for said in [
+        "started with the original's (bootkube's) command line: running as `run`",
+        "-checkpoint-grace-period=5m → --checkpoint-grace-period",
+        "-container-runtime-endpoint=/run/containerd/containerd.sock: a bare path is a unix socket",
+        "-logtostderr ignored",
+        "-v=4 → --log-level debug",
+        "-kubeconfig=/nonexistent/kubeconfig → --kubeconfig",
+        // Then `run`'s own check of the kubeconfig, as for our own command line.
+        "--kubeconfig: cannot read /nonexistent/kubeconfig",
+    ] {
+        assert!(stderr.contains(said), "{said:?} in:\n{stderr}");
+    }
+    assert!(
+        !dir.path().join("lock").exists(),
+        "the lock is taken only after the kubeconfig is read"
+    );
+
+    // What Go's flag package refused.
+    for (args, said) in [
+        (
+            &["--no-such-flag"][..],
+            "flag provided but not defined: -no-such-flag",
+        ),
+        (&["-kubeconfig"][..], "flag needs an argument: -kubeconfig"),
+        (
+            &["-container-runtime-endpoint=tcp://127.0.0.1:1"][..],
+            "only support unix socket endpoint",
+        ),
+    ] {
+        let out = original(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(said),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    // The original's required environment, named by our flags.
+    let out = bin()
+        .args([&lock, "--kubeconfig=/nonexistent/kubeconfig"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--node-name is required"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Ours is untouched: no subcommand is still a usage error, help is ours.
+    assert_eq!(run(&[]).status.code(), Some(2));
+    assert!(text(&run(&["--help"]).stdout).contains("Usage: pod-checkpointer"));
+}

@@ -175,6 +175,9 @@ fn agent(
     );
     let mut layer = base_layer()?;
     layer.file("/pod-checkpointer", 0o755, binary)?;
+    // The original's command path: its DaemonSet runs `/checkpoint --lock-file=…`, and the
+    // binary runs such a command line as `run` (a drop-in by swapping the image alone).
+    layer.symlink("/checkpoint", "pod-checkpointer")?;
     layer.file(CA_BUNDLE, 0o644, ca_bundle)?;
     let mut config = oci::ImageConfig::new(reference, &["/pod-checkpointer"]);
     // The one program is at the root.

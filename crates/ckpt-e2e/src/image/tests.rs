@@ -100,6 +100,7 @@ fn the_agent_image_runs_the_binary_at_the_root_among_users_hosts_cas_and_tmp() {
     assert_eq!(
         paths(&unpacked),
         [
+            "checkpoint",
             "etc/",
             "etc/group",
             "etc/hosts",
@@ -115,6 +116,8 @@ fn the_agent_image_runs_the_binary_at_the_root_among_users_hosts_cas_and_tmp() {
     let text = |path: &str| String::from_utf8(entry(path).data.clone()).unwrap();
     let binary = entry("pod-checkpointer");
     assert_eq!((binary.mode, &binary.data), (0o755, &elf));
+    // The original's command path runs the same binary.
+    assert_eq!(entry("checkpoint").link.as_deref(), Some("pod-checkpointer"));
     let cas = entry("etc/ssl/certs/ca-certificates.crt");
     assert_eq!((cas.mode, &cas.data), (0o644, &bundle));
     assert_eq!(entry("tmp/").mode, 0o1777, "/tmp is sticky and world-writable");
