@@ -1104,7 +1104,11 @@ async fn a_half_open_connection_to_the_api_server_is_noticed() {
     })
     .await;
     agent.expect_api("synced").await;
-    world.assert_files("nothing else changed", &checkpointed(AGENT));
+    // Waited for, not read at once: the pass that wrote the new image saves the journal
+    // next (a temporary file, then a rename), and CI once listed that temporary file.
+    world
+        .expect_files("nothing else changed", &checkpointed(AGENT))
+        .await;
     // The silenced connections are closed, not kept beside their replacements.
     eventually("the silenced connections closed", || async {
         world.proxy().open() <= opened
