@@ -299,100 +299,87 @@ mod tests {
         }
     }
 
-    const DEFAULTS: [&str; 6] = [
-        "--lock-file",
-        ORIGINAL_LOCK_FILE,
-        "--kubeconfig",
-        ORIGINAL_KUBECONFIG,
-        "--runtime-endpoint",
-        ORIGINAL_RUNTIME_ENDPOINT,
-    ];
+    /// `run`'s arguments for what the original's command line mapped (`mapped`), then the
+    /// lock file, kubeconfig and CRI endpoint it named or defaulted, in that order.
+    fn run_args<'a>(mapped: &[&'a str], [lock, kubeconfig, endpoint]: [&'a str; 3]) -> Vec<&'a str> {
+        let named = [
+            "--lock-file",
+            lock,
+            "--kubeconfig",
+            kubeconfig,
+            "--runtime-endpoint",
+            endpoint,
+        ];
+        mapped.iter().copied().chain(named).collect()
+    }
 
     #[test]
     fn the_original_command_lines_run_as_run() {
-        let rendered = [
-            "/checkpoint",
-            "--lock-file=/var/run/lock/pod-checkpointer.lock",
-            "--kubeconfig=/etc/checkpointer/kubeconfig",
-            "--checkpoint-grace-period=5m",
+        let defaults = [ORIGINAL_LOCK_FILE, ORIGINAL_KUBECONFIG, ORIGINAL_RUNTIME_ENDPOINT];
+        let cases: Vec<(&[&str], Vec<&str>)> = vec![
+            // The original's rendered DaemonSet.
+            (
+                &[
+                    "/checkpoint",
+                    "--lock-file=/var/run/lock/pod-checkpointer.lock",
+                    "--kubeconfig=/etc/checkpointer/kubeconfig",
+                    "--checkpoint-grace-period=5m",
+                ],
+                run_args(
+                    &["--checkpoint-grace-period", "300000ms"],
+                    [
+                        "/var/run/lock/pod-checkpointer.lock",
+                        "/etc/checkpointer/kubeconfig",
+                        ORIGINAL_RUNTIME_ENDPOINT,
+                    ],
+                ),
+            ),
+            (&["/checkpoint"], run_args(&[], defaults)),
+            // Go's spellings: one dash, a separate value, a boolean alone, fractions.
+            (
+                &[
+                    "checkpoint",
+                    "-container-runtime-endpoint",
+                    "unix:///run/containerd/containerd.sock",
+                    "-logtostderr",
+                    "-v=4",
+                    "-checkpoint-grace-period",
+                    "1.5m",
+                    "-runtime-request-timeout=2m",
+                ],
+                run_args(
+                    &["--log-level", "debug", "--checkpoint-grace-period", "90000ms"],
+                    [
+                        ORIGINAL_LOCK_FILE,
+                        ORIGINAL_KUBECONFIG,
+                        "unix:///run/containerd/containerd.sock",
+                    ],
+                ),
+            ),
+            (
+                &["checkpoint", "--container-runtime-endpoint=/run/crio/crio.sock"],
+                run_args(
+                    &[],
+                    [
+                        ORIGINAL_LOCK_FILE,
+                        ORIGINAL_KUBECONFIG,
+                        "unix:///run/crio/crio.sock",
+                    ],
+                ),
+            ),
+            // Parsing stops at the first argument that is not a flag.
+            (
+                &["checkpoint", "--checkpoint-grace-period=1h30m", "stray", "-v=9"],
+                run_args(&["--checkpoint-grace-period", "5400000ms"], defaults),
+            ),
+            (
+                &["checkpoint", "-checkpoint-grace-period=0"],
+                run_args(&["--checkpoint-grace-period", "0ms"], defaults),
+            ),
         ];
-        check(
-            &rendered,
-            Ok(&[
-                "--checkpoint-grace-period",
-                "300000ms",
-                "--lock-file",
-                "/var/run/lock/pod-checkpointer.lock",
-                "--kubeconfig",
-                "/etc/checkpointer/kubeconfig",
-                "--runtime-endpoint",
-                ORIGINAL_RUNTIME_ENDPOINT,
-            ]),
-        );
-        check(&["/checkpoint"], Ok(&DEFAULTS));
-        // Go's spellings: one dash, a separate value, a boolean alone, fractions.
-        check(
-            &[
-                "checkpoint",
-                "-container-runtime-endpoint",
-                "unix:///run/containerd/containerd.sock",
-                "-logtostderr",
-                "-v=4",
-                "-checkpoint-grace-period",
-                "1.5m",
-                "-runtime-request-timeout=2m",
-            ],
-            Ok(&[
-                "--log-level",
-                "debug",
-                "--checkpoint-grace-period",
-                "90000ms",
-                "--lock-file",
-                ORIGINAL_LOCK_FILE,
-                "--kubeconfig",
-                ORIGINAL_KUBECONFIG,
-                "--runtime-endpoint",
-                "unix:///run/containerd/containerd.sock",
-            ]),
-        );
-        check(
-            &["checkpoint", "--container-runtime-endpoint=/run/crio/crio.sock"],
-            Ok(&[
-                "--lock-file",
-                ORIGINAL_LOCK_FILE,
-                "--kubeconfig",
-                ORIGINAL_KUBECONFIG,
-                "--runtime-endpoint",
-                "unix:///run/crio/crio.sock",
-            ]),
-        );
-        check(
-            &["checkpoint", "--checkpoint-grace-period=1h30m", "stray", "-v=9"],
-            {
-                Ok(&[
-                    "--checkpoint-grace-period",
-                    "5400000ms",
-                    "--lock-file",
-                    ORIGINAL_LOCK_FILE,
-                    "--kubeconfig",
-                    ORIGINAL_KUBECONFIG,
-                    "--runtime-endpoint",
-                    ORIGINAL_RUNTIME_ENDPOINT,
-                ])
-            },
-        );
-        check(&["checkpoint", "-checkpoint-grace-period=0"], {
-            Ok(&[
-                "--checkpoint-grace-period",
-                "0ms",
-                "--lock-file",
-                ORIGINAL_LOCK_FILE,
-                "--kubeconfig",
-                ORIGINAL_KUBECONFIG,
-                "--runtime-endpoint",
-                ORIGINAL_RUNTIME_ENDPOINT,
-            ])
-        });
+        for (line, expected) in cases {
+            check(line, Ok(&expected));
+        }
     }
 
     #[test]

@@ -143,105 +143,115 @@ mod tests {
         c
     }
 
-    fn check(pod: &Pod, running: Option<&[&str]>, now: &str, expected: Readiness) {
-        check_proven(pod, running, false, now, expected);
+    /// When every case looks.
+    const NOW: &str = "2026-01-01T00:01:00Z";
+
+    fn at(time: &str) -> Timestamp {
+        Timestamp::parse_rfc3339(time).expect("a time")
     }
 
-    fn check_proven(pod: &Pod, running: Option<&[&str]>, proven: bool, now: &str, expected: Readiness) {
+    fn check(pod: &Pod, running: Option<&[&str]>, known_to_work: bool, expected: Readiness) {
         let running: Option<BTreeSet<String>> = running.map(|r| r.iter().map(|s| (*s).to_owned()).collect());
-        let now = Timestamp::parse_rfc3339(now).expect("a time");
-        assert_eq!(readiness(pod, running.as_ref(), proven, now), expected);
-    }
-
-    #[test]
-    fn content_known_to_work_counts_once_current_without_the_settle() {
-        let just_now = pod(
-            "True",
-            Some("2026-01-01T00:00:59Z"),
-            container(Some("containerd://c1"), true),
-        );
-        let at = "2026-01-01T00:01:00Z";
-        check_proven(&just_now, Some(&["c1"]), true, at, Readiness::Ready);
-        // Still only a current status: one kept from before a reboot is no evidence.
-        check_proven(&just_now, Some(&["c2"]), true, at, Readiness::NotReady);
-        check_proven(&just_now, None, true, at, Readiness::NotReady);
+        assert_eq!(readiness(pod, running.as_ref(), known_to_work, at(NOW)), expected);
     }
 
     #[test]
     fn readiness_needs_current_containers_and_a_settled_condition() {
-        let at = |s: &str| Timestamp::parse_rfc3339(s).expect("a time");
         let long_ago = Some("2026-01-01T00:00:00Z");
+        let just_now = Some("2026-01-01T00:00:59Z");
         let c1 = container(Some("containerd://c1"), true);
-        /// (what, the pod, the containers the runtime runs, now, expected)
-        type Case<'a> = (&'a str, Pod, Option<&'a [&'a str]>, &'a str, Readiness);
+        /// (what, the pod, the containers the runtime runs, its content known to work,
+        /// expected)
+        type Case<'a> = (&'a str, Pod, Option<&'a [&'a str]>, bool, Readiness);
         let cases: Vec<Case<'_>> = vec![
             (
                 "Ready for a minute, its container runs",
                 pod("True", long_ago, c1.clone()),
                 Some(&["c1"]),
-                "2026-01-01T00:01:00Z",
+                false,
                 Readiness::Ready,
             ),
             (
                 "a stale status after a reboot: the runtime runs another container",
                 pod("True", long_ago, c1.clone()),
                 Some(&["c2"]),
-                "2026-01-01T00:01:00Z",
+                false,
                 Readiness::NotReady,
             ),
             (
                 "the runtime unknown",
                 pod("True", long_ago, c1.clone()),
                 None,
-                "2026-01-01T00:01:00Z",
+                false,
                 Readiness::NotReady,
             ),
             (
                 "a Ready flash: counts only once it has held",
                 pod("True", Some("2026-01-01T00:00:58Z"), c1.clone()),
                 Some(&["c1"]),
-                "2026-01-01T00:01:00Z",
+                false,
                 Readiness::SettlesAt(at("2026-01-01T00:01:08Z")),
             ),
             (
                 "no transition time: counts from now",
                 pod("True", None, c1.clone()),
                 Some(&["c1"]),
-                "2026-01-01T00:01:00Z",
+                false,
                 Readiness::SettlesAt(at("2026-01-01T00:01:10Z")),
             ),
             (
                 "a transition ahead of the clock: counts from now",
                 pod("True", Some("2026-01-01T01:00:00Z"), c1.clone()),
                 Some(&["c1"]),
-                "2026-01-01T00:01:00Z",
+                false,
                 Readiness::SettlesAt(at("2026-01-01T00:01:10Z")),
             ),
             (
                 "not Ready",
                 pod("False", long_ago, c1.clone()),
                 Some(&["c1"]),
-                "2026-01-01T00:01:00Z",
+                false,
                 Readiness::NotReady,
             ),
             (
                 "the status names no container id",
                 pod("True", long_ago, container(None, true)),
                 Some(&["c1"]),
-                "2026-01-01T00:01:00Z",
+                false,
                 Readiness::NotReady,
             ),
             (
                 "the container the status names has exited",
                 pod("True", long_ago, container(Some("containerd://c1"), false)),
                 Some(&["c1"]),
-                "2026-01-01T00:01:00Z",
+                false,
+                Readiness::NotReady,
+            ),
+            (
+                "content known to work: counts once current, without the settle",
+                pod("True", just_now, c1.clone()),
+                Some(&["c1"]),
+                true,
+                Readiness::Ready,
+            ),
+            (
+                "content known to work, but a status kept from before a reboot",
+                pod("True", just_now, c1.clone()),
+                Some(&["c2"]),
+                true,
+                Readiness::NotReady,
+            ),
+            (
+                "content known to work, the runtime unknown",
+                pod("True", just_now, c1.clone()),
+                None,
+                true,
                 Readiness::NotReady,
             ),
         ];
-        for (what, pod, running, now, expected) in cases {
+        for (what, pod, running, known_to_work, expected) in cases {
             eprintln!("case: {what}");
-            check(&pod, running, now, expected);
+            check(&pod, running, known_to_work, expected);
         }
     }
 
@@ -251,7 +261,7 @@ mod tests {
         if let Some(s) = p.status.as_mut() {
             s.container_statuses = None;
         }
-        check(&p, Some(&["c1"]), "2026-01-01T00:01:00Z", Readiness::NotReady);
+        check(&p, Some(&["c1"]), false, Readiness::NotReady);
     }
 
     #[test]

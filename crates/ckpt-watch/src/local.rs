@@ -248,21 +248,19 @@ impl LocalObserver {
                 LocalView::Unknown
             }
             None => match kubelet_pods {
-                Some(pods) => LocalView::Known {
-                    running: pods
-                        .iter()
-                        .filter(|p| runs(p))
-                        .filter_map(PodId::of)
-                        .filter(|id| self.observed(&outside, &id.namespace))
-                        .collect(),
-                    containers: (pods.iter())
+                Some(pods) => {
+                    let containers: BTreeMap<PodId, BTreeSet<String>> = (pods.iter())
                         .filter(|p| runs(p))
                         .filter_map(|p| Some((PodId::of(p)?, running_containers(p))))
                         .filter(|(id, _)| self.observed(&outside, &id.namespace))
-                        .collect(),
-                    kubelet_parents: kubelet_parents(&pods),
-                    restarts: kubelet_restarts(&pods, &watched),
-                },
+                        .collect();
+                    LocalView::Known {
+                        running: containers.keys().cloned().collect(),
+                        containers,
+                        kubelet_parents: kubelet_parents(&pods),
+                        restarts: kubelet_restarts(&pods, &watched),
+                    }
+                }
                 None => LocalView::Unknown,
             },
         }
