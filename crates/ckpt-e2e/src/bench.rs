@@ -18,6 +18,7 @@
 //! `target/bench/e2e-<timestamp>.{json,md}`. CI never runs this (it only compiles xtask).
 
 mod audit;
+mod fleet;
 mod parts;
 mod procfs;
 mod proxy;
@@ -77,6 +78,17 @@ pub struct Bench {
     /// source build).
     #[arg(long, value_enum, default_value = "1.37")]
     kubernetes: e2e_env::Release,
+    /// Instead of the parts above: N agents (default 200), each for its own node, against
+    /// one API server, at idle, through a 60 s outage and at its return, measured at 50,
+    /// 100, 200, … up to N; writes target/bench/fleet-<timestamp>.{json,md,png}.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "200")]
+    fleet: Option<usize>,
+    /// The fleet sizes to measure instead of the doubling series up to N.
+    #[arg(long, value_delimiter = ',', requires = "fleet")]
+    fleet_sizes: Vec<usize>,
+    /// How long the fleet's API server stays down.
+    #[arg(long, default_value_t = 60, requires = "fleet")]
+    outage_secs: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +118,26 @@ const AGENT_LOG_LEVEL: &str = "info";
 
 impl Bench {
     pub fn run(&self) -> anyhow::Result<()> {
+        if let Some(n) = self.fleet {
+            let mut sizes = if self.fleet_sizes.is_empty() {
+                fleet::default_sizes(n)
+            } else {
+                self.fleet_sizes.clone()
+            };
+            sizes.sort_unstable();
+            sizes.dedup();
+            let options = fleet::FleetOptions {
+                sizes,
+                idle: Duration::from_secs(self.idle_secs),
+                outage: Duration::from_secs(self.outage_secs),
+                kubernetes: self.kubernetes,
+            };
+            return interrupt::run(
+                Progress::new("bench"),
+                "the agents and the control plane are stopped",
+                || fleet::run(&options),
+            );
+        }
         anyhow::ensure!(self.reps > 0, "--reps must be at least 1");
         interrupt::run(
             Progress::new("bench"),

@@ -35,8 +35,8 @@ use anyhow::Context;
 pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
 use control_plane::PROGRESS;
 pub use control_plane::{
-    AGENT_USER, CONTROLLER_MANAGER_USER, CRI_SOCKET, ControlPlane, NODE_NAME, SCHEDULER_USER, StartOptions,
-    render_kubeconfig,
+    AGENT_USER, CONTROLLER_MANAGER_USER, CRI_SOCKET, ControlPlane, FLEET_GROUP, NODE_NAME, SCHEDULER_USER,
+    StartOptions, fleet_user, render_kubeconfig,
 };
 use cri::CriClient;
 pub(crate) use curl::ApiEndpoint;

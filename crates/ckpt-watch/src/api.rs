@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::WatchedPod;
 use crate::error::error_chain;
-use crate::jitter::equal_jitter;
+use crate::jitter::{equal_jitter, uniform_between};
 use crate::reflect::{Driver, SharedSlot, Slot, lock};
 
 /// Settings of [`ApiWatch`].
@@ -30,12 +30,15 @@ pub struct ApiWatchConfig {
     /// [`ApiWatch::set_at_stake`]), while the API is unreachable and after a failed probe
     /// (default 250 ms). With the defaults a hung server is then unreachable 1.5–1.75 s
     /// after it hung (two probe timeouts after the first probe that follows the hang) and
-    /// a refusing one after 0.25–0.5 s. Once unreachable, the interval doubles after each
-    /// failed probe, up to 1 s (or this interval if longer).
+    /// a refusing one after 0.25–0.5 s. Once unreachable, with something at stake the
+    /// interval doubles after each failed probe, up to 1 s (or this interval if longer);
+    /// with nothing at stake the probe slows to one every 3–6 s at once, its first retry
+    /// spread over 0.25–6 s.
     pub probe_interval: Duration,
-    /// How often `/readyz` is probed while nothing is at stake (default 15 s): a hung
-    /// server then changes nothing on the node, so it may be seen late. The first failed
-    /// probe switches to `probe_interval` to confirm at once.
+    /// How often `/readyz` is probed while nothing is at stake (default 15 s, each wait
+    /// drawn from 80–120 % of it so that a fleet does not probe in step): a hung server
+    /// then changes nothing on the node, so it may be seen late. The first failed probe
+    /// switches to `probe_interval` to confirm at once.
     pub idle_probe_interval: Duration,
     /// How long one probe may take, connection included (default 750 ms). A server that
     /// accepts the connection but does not answer in time (hung, SIGSTOPped) fails it;
@@ -386,6 +389,13 @@ impl ApiWatch {
         self.inner.relist.subscribe()
     }
 
+    /// Up while the API server is reachable, down while it is not: the pod watches stop
+    /// while it is down and restart with a fresh list when it is up.
+    /// [`crate::ObjectWatch::with_gate`] takes it.
+    pub fn gate(&self) -> watch::Receiver<bool> {
+        self.inner.gate.subscribe()
+    }
+
     /// The sender behind [`ApiWatch::subscribe`], to let other sources (e.g.
     /// [`crate::ObjectWatch`]) wake the same receivers.
     pub fn notifier(&self) -> watch::Sender<u64> {
@@ -491,24 +501,48 @@ async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered
     })
 }
 
-/// The most a probe waits for the next while the API is unreachable.
+/// The most a probe waits for the next while the API is unreachable and something is at
+/// stake: the node waits for the API to retire a checkpoint or to keep its view.
 const MAX_UNREACHABLE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// How long after the last probe the next one runs: `probe_interval` while `fast` (at
-/// stake, or after a failed probe), doubling after each failed probe past the
-/// unreachable threshold up to [`MAX_UNREACHABLE_PROBE_INTERVAL`] (so a network that
-/// resets every connection costs the server a TLS handshake a second from each node,
-/// not four, and a recovery is still seen within a second); else `idle_probe_interval`.
-fn probe_pace(config: &ApiWatchConfig, fast: bool, failures: u32) -> Duration {
+/// The pace of the probe while the API is unreachable and nothing is at stake: nothing on
+/// the node waits for the API, so a recovery seen a few seconds late costs nothing, while
+/// a fleet probing every second would try the server with every node every second, and
+/// meet it all at once when it returns (`cargo xtask bench --fleet`: issue 39).
+pub(crate) const QUIET_UNREACHABLE_PROBE_INTERVAL: Duration = Duration::from_secs(6);
+
+/// How long after the last probe the next one runs, before jitter: `probe_interval` while
+/// `fast` (at stake, or after a failed probe). Past the unreachable threshold, if
+/// `at_stake`, doubling after each failed probe up to [`MAX_UNREACHABLE_PROBE_INTERVAL`]
+/// (so a network that resets every connection costs the server a TLS handshake a second
+/// from each node, not four, and a recovery is still seen within a second); if not,
+/// [`QUIET_UNREACHABLE_PROBE_INTERVAL`] at once. Else `idle_probe_interval`.
+fn probe_pace(config: &ApiWatchConfig, fast: bool, at_stake: bool, failures: u32) -> Duration {
     if !fast {
         return config.idle_probe_interval;
     }
     let past_threshold = failures.saturating_sub(config.unreachable_after.max(1));
+    if !at_stake && past_threshold > 0 {
+        return QUIET_UNREACHABLE_PROBE_INTERVAL.max(config.probe_interval);
+    }
     let cap = MAX_UNREACHABLE_PROBE_INTERVAL.max(config.probe_interval);
     config
         .probe_interval
         .checked_mul(1 << past_threshold.min(16))
         .map_or(cap, |pace| pace.min(cap))
+}
+
+/// The jittered wait before the next probe while the API is unreachable (`pace` from
+/// [`probe_pace`]): equal jitter, except for the first quiet probe after the threshold,
+/// spread over the whole quiet interval, so that a fleet that lost the server together is
+/// spread from its first retry on instead of after several.
+fn unreachable_wait(config: &ApiWatchConfig, at_stake: bool, failures: u32, pace: Duration) -> Duration {
+    let threshold = config.unreachable_after.max(1);
+    if !at_stake && failures == threshold.saturating_add(1) {
+        uniform_between(config.probe_interval, pace)
+    } else {
+        equal_jitter(pace)
+    }
 }
 
 async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inner>) {
@@ -526,16 +560,26 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
                 !st.reachable,
             )
         };
-        let fast = *at_stake.borrow_and_update() || failing;
-        let pace = probe_pace(&config, fast, failures);
+        let stake = *at_stake.borrow_and_update();
+        let fast = stake || failing;
+        let pace = probe_pace(&config, fast, stake, failures);
         // While unreachable a probe is a retry: jittered, so the nodes that lost the server
-        // together do not come back to it in step (never later than the pace: a recovery is
-        // still seen within a second).
-        let pace = if unreachable { equal_jitter(pace) } else { pace };
+        // together do not come back to it in step (never later than the pace).
+        let pace = if unreachable {
+            unreachable_wait(&config, stake, failures, pace)
+        } else if !fast {
+            // 80–120 % of the idle pace: a fleet that saw the server return together
+            // does not probe it in step for ever after (the same rate on average).
+            uniform_between(pace * 4 / 5, pace * 6 / 5)
+        } else {
+            pace
+        };
         if let Some(last) = last_probe {
             tokio::select! {
                 () = tokio::time::sleep_until(last + pace) => {}
-                changed = at_stake.changed(), if !fast => {
+                // Something coming at stake ends a quiet wait too: the node now waits
+                // for the API.
+                changed = at_stake.changed(), if !stake => {
                     if changed.is_err() {
                         return;
                     }

@@ -44,6 +44,7 @@ pub struct ObjectWatch {
     notify: watch::Sender<u64>,
     request_timeout: Duration,
     relist: Option<watch::Receiver<u64>>,
+    gate: Option<watch::Receiver<bool>>,
     entries: Mutex<BTreeMap<(String, ObjectRef), Entry>>,
 }
 
@@ -65,6 +66,7 @@ impl ObjectWatch {
             notify,
             request_timeout: Duration::from_secs(10),
             relist: None,
+            gate: None,
             entries: Mutex::new(BTreeMap::new()),
         }
     }
@@ -79,6 +81,15 @@ impl ObjectWatch {
     /// e.g. by [`crate::ApiWatch::relists`].
     pub fn with_relists(mut self, relist: watch::Receiver<u64>) -> Self {
         self.relist = Some(relist);
+        self
+    }
+
+    /// Stops every watch while `gate` is down and restarts it (a fresh list) when it is up
+    /// again, e.g. [`crate::ApiWatch::gate`]: while the API server is unreachable a watch
+    /// would only add its own retries to the probe's, and a fleet's would all meet the
+    /// server when it returns. A watch whose gate's sender is gone stops for good.
+    pub fn with_gate(mut self, gate: watch::Receiver<bool>) -> Self {
+        self.gate = Some(gate);
         self
     }
 
@@ -193,7 +204,7 @@ impl ObjectWatch {
             slot: Arc::clone(&slot),
             on_change,
             request_timeout: self.request_timeout,
-            gate: None,
+            gate: self.gate.clone(),
             gate_check: None,
             relist: self.relist.clone(),
             what,

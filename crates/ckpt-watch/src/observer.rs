@@ -77,7 +77,9 @@ impl Observer {
         let node = config.node.clone();
         let api = ApiWatch::spawn(client.clone(), config);
         Self {
-            objects: ObjectWatch::new(client.clone(), api.notifier()).with_relists(api.relists()),
+            objects: ObjectWatch::new(client.clone(), api.notifier())
+                .with_relists(api.relists())
+                .with_gate(api.gate()),
             owners: OwnerLookup::new(client.clone(), request_timeout),
             api,
             allowed,

@@ -45,7 +45,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 pub use self::credentials::{
-    AGENT_USER, CONTROLLER_MANAGER_USER, NODE_NAME, SCHEDULER_USER, render_kubeconfig,
+    AGENT_USER, CONTROLLER_MANAGER_USER, FLEET_GROUP, NODE_NAME, SCHEDULER_USER, fleet_user,
+    render_kubeconfig,
 };
 use self::credentials::{identities, openssl, render_tokens_csv, serving_names, token_of, write_pki};
 use self::flags::{
@@ -97,6 +98,8 @@ pub struct ControlPlane {
     bind_ip: Ipv4Addr,
     /// Whether the API server admits service accounts (the controllers run).
     service_accounts: bool,
+    /// Identities for the fleet bench's agents (see [`StartOptions::fleet_agents`]).
+    fleet_agents: usize,
     etcd: Option<Managed>,
     apiserver: Option<Managed>,
     hollow: Option<HollowNode>,
@@ -134,6 +137,7 @@ impl ControlPlane {
             apiserver_port: options.apiserver_port,
             bind_ip: options.bind_ip(),
             service_accounts: options.controllers,
+            fleet_agents: options.fleet_agents,
             etcd: None,
             apiserver: None,
             hollow: None,
@@ -251,6 +255,8 @@ impl ControlPlane {
             apiserver_port: port("APISERVER_PORT")?,
             bind_ip,
             service_accounts: state.get("SERVICE_ACCOUNTS").is_some_and(|v| v == "true"),
+            // Only writing the credentials needs it; tokens.csv has them already.
+            fleet_agents: 0,
             etcd: read_pid(ETCD_PID_FILE).map(|pid| attach("etcd", pid, "etcd.log")),
             apiserver: read_pid(APISERVER_PID_FILE).map(|pid| attach("kube-apiserver", pid, "apiserver.log")),
             hollow,
@@ -619,9 +625,12 @@ impl ControlPlane {
         let sa_key = self.service_account_key();
         openssl(&["genrsa", "-out", &sa_key.to_string_lossy(), "2048"])?;
 
-        let identities = identities()?;
+        let identities = identities(self.fleet_agents)?;
         fs::write(self.workdir.join("tokens.csv"), render_tokens_csv(&identities))?;
-        fs::write(self.workdir.join(AUDIT_POLICY_FILE), audit_policy(AGENT_USER))?;
+        fs::write(
+            self.workdir.join(AUDIT_POLICY_FILE),
+            audit_policy(AGENT_USER, FLEET_GROUP),
+        )?;
         // The API server creates its log with the first event and appends to an existing one:
         // created here, its length is a window boundary from the start.
         fs::write(self.audit_log(), "")?;

@@ -354,7 +354,7 @@ async fn the_probe_is_rare_while_nothing_is_at_stake_and_prompt_when_something_i
 }
 
 #[tokio::test]
-async fn an_idle_probe_that_fails_is_confirmed_and_followed_at_the_fast_pace() {
+async fn an_idle_probe_that_fails_is_confirmed_at_once_then_quiet_until_something_is_at_stake() {
     let (client, fake, _server) = FakeApi::start();
     let api = ApiWatch::spawn(
         client,
@@ -366,13 +366,30 @@ async fn an_idle_probe_that_fails_is_confirmed_and_followed_at_the_fast_pace() {
     wait_state(&api, ApiState::Synced).await;
     api.set_at_stake(false);
     fake.set_readyz(Reply::Status(503));
+    // Confirmed at the fast pace (20 ms), not two idle paces later.
+    let failed = Instant::now();
     wait_state(&api, ApiState::Unreachable).await;
-    // While unreachable the fast pace (20 ms, doubling: 40, 80, 160 …) finds the way back
-    // quickly: several probes within a window that the idle pace would give at most one.
+    assert!(
+        failed.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        failed.elapsed()
+    );
+    // Nothing at stake: the quiet pace, not the fast one, which would send a dozen probes
+    // in this window. At most two: the one at the fast pace right after the threshold,
+    // and the first quiet retry if its draw (20 ms–6 s) falls in the window; the next is
+    // 3–6 s later.
     let probes = fake.count(is_probe);
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
     let more = fake.count(is_probe) - probes;
-    assert!(more >= 3, "{more} probes in 600 ms while unreachable");
+    assert!(
+        more <= 2,
+        "{more} probes in 1 s while unreachable with nothing at stake"
+    );
+    // A parent stops running here: the node now waits for the API, and probes at once
+    // and at the fast pace (20 ms doubling to 1 s).
+    api.set_at_stake(true);
+    fake.wait_requests(fake.count(is_probe) + 3, "probes at the fast pace", is_probe)
+        .await;
     fake.set_readyz(Reply::Normal);
     wait_state(&api, ApiState::Synced).await;
 }
@@ -501,28 +518,58 @@ async fn a_stalled_runtime_does_not_count_against_the_timeout() {
 
 #[test]
 fn the_probe_slows_down_while_the_api_stays_unreachable() {
-    let check = |fast: bool, failures: u32, expected_ms: u64| {
-        let config = ApiWatchConfig::new("node-1", NamespaceAllowList::new(["kube-system"]));
+    let config = ApiWatchConfig::new("node-1", NamespaceAllowList::new(["kube-system"]));
+    let check = |fast: bool, at_stake: bool, failures: u32, expected_ms: u64| {
         assert_eq!(
-            probe_pace(&config, fast, failures),
+            probe_pace(&config, fast, at_stake, failures),
             Duration::from_millis(expected_ms),
-            "fast {fast}, {failures} failures"
+            "fast {fast}, at stake {at_stake}, {failures} failures"
         );
     };
-    // (at stake or failing, consecutive failed probes, next probe after)
+    // (at stake or failing, at stake, consecutive failed probes, next probe after)
     let cases = [
-        (false, 0, 15_000),
-        (true, 0, 250),
-        (true, 1, 250),
-        // Unreachable from the second: the same pace, then doubling to a second.
-        (true, 2, 250),
-        (true, 3, 500),
-        (true, 4, 1_000),
-        (true, 5, 1_000),
-        (true, 60, 1_000),
-        (true, u32::MAX, 1_000),
+        (false, false, 0, 15_000),
+        (true, true, 0, 250),
+        (true, false, 1, 250),
+        (true, true, 1, 250),
+        // Unreachable from the second: the same pace, then, with something at stake,
+        // doubling to a second.
+        (true, true, 2, 250),
+        (true, true, 3, 500),
+        (true, true, 4, 1_000),
+        (true, true, 5, 1_000),
+        (true, true, 60, 1_000),
+        (true, true, u32::MAX, 1_000),
+        // With nothing at stake, the quiet pace from the first retry on.
+        (true, false, 2, 250),
+        (true, false, 3, 6_000),
+        (true, false, 60, 6_000),
+        (true, false, u32::MAX, 6_000),
     ];
-    for (fast, failures, expected_ms) in cases {
-        check(fast, failures, expected_ms);
+    for (fast, at_stake, failures, expected_ms) in cases {
+        check(fast, at_stake, failures, expected_ms);
+    }
+}
+
+#[test]
+fn a_quiet_fleet_spreads_its_first_retry_over_the_whole_interval() {
+    let config = ApiWatchConfig::new("node-1", NamespaceAllowList::new(["kube-system"]));
+    let quiet = QUIET_UNREACHABLE_PROBE_INTERVAL;
+    let waits: Vec<Duration> = (0..256)
+        .map(|_| unreachable_wait(&config, false, 3, quiet))
+        .collect();
+    assert!(
+        waits.iter().all(|w| *w >= config.probe_interval && *w <= quiet),
+        "{waits:?}"
+    );
+    // Some in the lower half: equal jitter would have none there.
+    assert!(waits.iter().any(|w| *w < quiet / 2), "{waits:?}");
+    // Later retries, and retries with something at stake, keep half of their pace.
+    for (at_stake, failures, pace) in [(false, 4, quiet), (true, 3, Duration::from_secs(1))] {
+        let wait = unreachable_wait(&config, at_stake, failures, pace);
+        assert!(
+            wait >= pace / 2 && wait <= pace,
+            "{at_stake} {failures}: {wait:?}"
+        );
     }
 }

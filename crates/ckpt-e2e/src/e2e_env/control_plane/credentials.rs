@@ -19,6 +19,14 @@ pub const AGENT_USER: &str = "pod-checkpointer";
 /// The users a self-hosted kube-controller-manager and kube-scheduler authenticate as.
 pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
 pub const SCHEDULER_USER: &str = "system:kube-scheduler";
+/// The group of the fleet bench's agents (`StartOptions::fleet_agents`), audited like the
+/// agent's user.
+pub const FLEET_GROUP: &str = "pod-checkpointer:fleet";
+
+/// The user of the fleet bench's agent number `i` (from 1): `pod-checkpointer-fleet-0001`.
+pub fn fleet_user(i: usize) -> String {
+    format!("{AGENT_USER}-fleet-{i:04}")
+}
 
 /// What the API server's serving certificate names: `bind_ip`, loopback, the first service
 /// address, the node's address if there is a node, and the in-cluster names.
@@ -115,9 +123,9 @@ pub(super) fn openssl(args: &[&str]) -> anyhow::Result<()> {
 
 /// The identities the API server's token file authenticates, each with a fresh token: admin,
 /// the node, the agent (the first three get kubeconfigs, in this order), and those of a
-/// self-hosted controller-manager and scheduler.
-pub(super) fn identities() -> anyhow::Result<Vec<Identity>> {
-    Ok(vec![
+/// self-hosted controller-manager and scheduler; then `fleet` agents of [`FLEET_GROUP`].
+pub(super) fn identities(fleet: usize) -> anyhow::Result<Vec<Identity>> {
+    let mut identities = vec![
         Identity {
             token: random_hex(16)?,
             user: "admin".into(),
@@ -151,7 +159,16 @@ pub(super) fn identities() -> anyhow::Result<Vec<Identity>> {
             uid: "uid-scheduler".into(),
             groups: vec![],
         },
-    ])
+    ];
+    for i in 1..=fleet {
+        identities.push(Identity {
+            token: random_hex(16)?,
+            user: fleet_user(i),
+            uid: format!("uid-fleet-{i:04}"),
+            groups: vec![FLEET_GROUP.into()],
+        });
+    }
+    Ok(identities)
 }
 
 /// One line of the API server's static token file.

@@ -10,15 +10,17 @@ use crate::e2e_env::release::Release;
 pub(super) const AUDIT_POLICY_FILE: &str = "audit-policy.yaml";
 pub(super) const AUDIT_LOG_FILE: &str = "audit.log";
 
-/// Audits every request of `user` at `Metadata` level (verb, URI, status; no bodies) and
-/// nothing else, so `cargo xtask bench` can count the agent's API load without slowing the API
+/// Audits every request of `user` and of the members of `group` (the fleet bench's agents) at
+/// `Metadata` level (verb, URI, status; no bodies) and nothing else, so `cargo xtask bench` can count the agent's API load without slowing the API
 /// server down with everybody else's requests. `RequestReceived` is omitted: one event per
 /// request, plus `ResponseStarted` for watches.
-pub(super) fn audit_policy(user: &str) -> String {
+pub(super) fn audit_policy(user: &str, group: &str) -> String {
     format!(
         "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
-         - level: Metadata\n  users: [{user}]\n- level: None\n",
-        user = yaml_string(user)
+         - level: Metadata\n  users: [{user}]\n- level: Metadata\n  userGroups: [{group}]\n\
+         - level: None\n",
+        user = yaml_string(user),
+        group = yaml_string(group),
     )
 }
 
@@ -142,9 +144,10 @@ mod tests {
         assert!(args.contains(&"--token-auth-file=/w/tokens.csv".to_owned()));
         assert!(args.contains(&"--audit-log-path=/w/audit.log".to_owned()));
         assert_eq!(
-            audit_policy("pod-checkpointer"),
+            audit_policy("pod-checkpointer", "pod-checkpointer:fleet"),
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
-             - level: Metadata\n  users: [\"pod-checkpointer\"]\n- level: None\n"
+             - level: Metadata\n  users: [\"pod-checkpointer\"]\n\
+             - level: Metadata\n  userGroups: [\"pod-checkpointer:fleet\"]\n- level: None\n"
         );
     }
 

@@ -35,6 +35,9 @@ pub struct StartOptions {
     /// kube-controller-manager's and kube-scheduler's HTTPS ports (health only) on 127.0.0.1.
     pub controller_manager_port: u16,
     pub scheduler_port: u16,
+    /// Static-token identities `fleet_user(1..=n)` in `FLEET_GROUP`, audited like the
+    /// agent's user: one per agent of `cargo xtask bench --fleet`.
+    pub fleet_agents: usize,
 }
 
 impl StartOptions {
@@ -52,6 +55,7 @@ impl StartOptions {
             controllers: false,
             controller_manager_port: 20257,
             scheduler_port: 20259,
+            fleet_agents: 0,
         }
     }
 
