@@ -12,6 +12,8 @@
 //!   and the kubelet (counting proxies) over an idle window;
 //! - `scale`: 200 annotated pods on the node → all checkpointed, RSS, pass duration.
 //!
+//! `--fleet N` measures instead what N agents cost one API server (see `fleet`).
+//!
 //! Latencies are taken from observable events: a watcher thread started before the action
 //! polls the file (or the CRI) every 5 ms, and the latency runs from a mark taken just before
 //! the action (the API request, the signal) to the watcher's first sight. Results go to

@@ -21,7 +21,7 @@
 //!    expectations, and [`harness::testbed::Testbed`], the one plane harness;
 //! 5. on top: [`self_hosted`] (a self-hosted control plane on the real node, pivoted from the
 //!    plane's), [`bench`] (`cargo xtask bench`: latency, footprint and API load of the
-//!    release agent) and [`demo`] (`cargo xtask demo`: the agent at work, narrated).
+//!    release agent; with `--fleet`, of a fleet of them against one API server) and [`demo`] (`cargo xtask demo`: the agent at work, narrated).
 //!
 //! A new scenario goes into the suite (`tests/e2e`) and uses the harness; what several
 //! scenarios need from the agent's side goes into [`harness`]. A new piece of the

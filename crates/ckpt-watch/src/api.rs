@@ -32,8 +32,8 @@ pub struct ApiWatchConfig {
     /// after it hung (two probe timeouts after the first probe that follows the hang) and
     /// a refusing one after 0.25–0.5 s. Once unreachable, with something at stake the
     /// interval doubles after each failed probe, up to 1 s (or this interval if longer);
-    /// with nothing at stake the probe slows to one every 3–6 s at once, its first retry
-    /// spread over 0.25–6 s.
+    /// with nothing at stake the probe slows to one every 5–10 s at once, its first retry
+    /// spread over 0.25–10 s.
     pub probe_interval: Duration,
     /// How often `/readyz` is probed while nothing is at stake (default 15 s, each wait
     /// drawn from 80–120 % of it so that a fleet does not probe in step): a hung server
@@ -128,6 +128,9 @@ struct Inner {
     /// Bumped when the watches should start over: a probe got an answer after one that
     /// got none, so connections to the server may have gone silent.
     relist: watch::Sender<u64>,
+    /// Bumped when a pod watch fails: the probe then confirms at once whether the server
+    /// is gone, instead of at its idle pace while the watches retry on their own.
+    watch_failed: watch::Sender<u64>,
     /// Probing without credentials ([`ApiWatch::spawn_anonymous`]): never synced, and a
     /// 401 says the server is alive, not that credentials are rejected.
     anonymous: bool,
@@ -302,6 +305,7 @@ impl ApiWatch {
         // At stake until the agent says otherwise: it knows nothing yet.
         let (at_stake, _) = watch::channel(true);
         let (relist, _) = watch::channel(0);
+        let (watch_failed, _) = watch::channel(0);
         let inner = Arc::new(Inner {
             slots,
             status: Mutex::new(Status {
@@ -317,6 +321,7 @@ impl ApiWatch {
             gate,
             at_stake,
             relist,
+            watch_failed,
             anonymous,
         });
         let mut tasks = Vec::new();
@@ -324,9 +329,14 @@ impl ApiWatch {
         for (ns, slot) in &inner.slots {
             let on_change = {
                 let inner = Arc::clone(&inner);
+                let slot = Arc::clone(slot);
                 Arc::new(move || {
+                    let failed = lock(&slot).error.is_some();
                     inner.update(|_| {});
                     inner.bump();
+                    if failed {
+                        inner.watch_failed.send_modify(|n| *n = n.wrapping_add(1));
+                    }
                 })
             };
             let driver = Driver {
@@ -508,8 +518,10 @@ const MAX_UNREACHABLE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// The pace of the probe while the API is unreachable and nothing is at stake: nothing on
 /// the node waits for the API, so a recovery seen a few seconds late costs nothing, while
 /// a fleet probing every second would try the server with every node every second, and
-/// meet it all at once when it returns (`cargo xtask bench --fleet`: issue 39).
-pub(crate) const QUIET_UNREACHABLE_PROBE_INTERVAL: Duration = Duration::from_secs(6);
+/// meet it all at once when it returns (`cargo xtask bench --fleet`: issue 39). Waits of
+/// 5–10 s (equal jitter) have about an eighth of a fleet try in any one second; 3–6 s had a
+/// third of a fleet of 100 in some seconds.
+pub(crate) const QUIET_UNREACHABLE_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long after the last probe the next one runs, before jitter: `probe_interval` while
 /// `fast` (at stake, or after a failed probe). Past the unreachable threshold, if
@@ -548,6 +560,9 @@ fn unreachable_wait(config: &ApiWatchConfig, at_stake: bool, failures: u32, pace
 async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inner>) {
     let threshold = config.unreachable_after.max(1);
     let mut at_stake = inner.at_stake.subscribe();
+    let mut watch_failed = inner.watch_failed.subscribe();
+    // A watch failed since the last probe: the next one runs at the fast pace.
+    let mut nudged = false;
     let mut last_probe: Option<tokio::time::Instant> = None;
     // A probe got no answer since the last one that did.
     let mut unanswered = false;
@@ -561,7 +576,7 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
             )
         };
         let stake = *at_stake.borrow_and_update();
-        let fast = stake || failing;
+        let fast = stake || failing || nudged;
         let pace = probe_pace(&config, fast, stake, failures);
         // While unreachable a probe is a retry: jittered, so the nodes that lost the server
         // together do not come back to it in step (never later than the pace).
@@ -586,8 +601,19 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
                     // Something came at stake: the fast pace applies from the last probe.
                     continue;
                 }
+                // A watch failed on a server that seemed fine: a killed server breaks
+                // every connection at once, and its watches would retry alone for up to
+                // an idle pace before a probe confirms it is gone and stops them.
+                changed = watch_failed.changed(), if !fast => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    nudged = true;
+                    continue;
+                }
             }
         }
+        nudged = false;
         last_probe = Some(tokio::time::Instant::now());
         let result = probe_once(&client, config.probe_timeout).await;
         match &result {

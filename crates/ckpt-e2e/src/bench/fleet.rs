@@ -144,6 +144,16 @@ pub(crate) fn run(options: &FleetOptions) -> anyhow::Result<()> {
             }
         }
     }
+    // The agents' logs outlive the work dir: what the figures came from.
+    let logs = root
+        .join("target/bench")
+        .join(format!("{}-logs", report::stem(started_at)));
+    if let Err(e) = copy_dir(&fleet.dir.join("logs"), &logs) {
+        progress.say(&format!(
+            "cannot keep the agents' logs in {}: {e:#}",
+            logs.display()
+        ));
+    }
     drop(fleet);
     let run = report::Run {
         started_at,
@@ -167,6 +177,17 @@ pub(crate) fn run(options: &FleetOptions) -> anyhow::Result<()> {
         paths.plot.display()
     ));
     anyhow::ensure!(failures.is_empty(), "some sizes failed:\n{}", failures.join("\n"));
+    Ok(())
+}
+
+/// Copies the files of `from` into a new dir `to`.
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(to).with_context(|| format!("cannot create {}", to.display()))?;
+    for entry in fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))? {
+        let entry = entry?;
+        fs::copy(entry.path(), to.join(entry.file_name()))
+            .with_context(|| format!("cannot copy {}", entry.path().display()))?;
+    }
     Ok(())
 }
 
@@ -447,7 +468,7 @@ impl Fleet {
                 let ready = Timestamp::now();
                 pin_apiserver(plane, pinned)?;
                 apiserver_pid.store(plane.apiserver_pid().unwrap_or(0), Ordering::Relaxed);
-                wait_return(progress, agents, killed, ready)?;
+                wait_return(progress, agents, killed)?;
                 Ok((killed, ready))
             })();
             stop.store(true, Ordering::Relaxed);
@@ -499,14 +520,10 @@ fn pin_apiserver(plane: &ControlPlane, pinned: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits until every agent is synced and has retired the checkpoints it activated after
-/// `killed`, at least [`RETURN_WINDOW`] after `ready` and at most [`RETURN_LIMIT`].
-fn wait_return(
-    progress: Progress,
-    agents: &mut [Agent],
-    killed: Timestamp,
-    ready: Timestamp,
-) -> anyhow::Result<()> {
+/// Waits until every agent is synced again and has retired the checkpoints it activated
+/// after `killed`, at least [`RETURN_WINDOW`] and at most [`RETURN_LIMIT`] (from now: the
+/// API server's return).
+fn wait_return(progress: Progress, agents: &mut [Agent], killed: Timestamp) -> anyhow::Result<()> {
     let started = Instant::now();
     let n = agents.len();
     loop {
@@ -516,8 +533,9 @@ fn wait_return(
             .filter(|a| {
                 let lines = analysis::log_lines(&a.log_text());
                 let activated = analysis::first(&lines, Milestone::Activated, killed).is_some();
-                analysis::first(&lines, Milestone::Synced, ready).is_none()
-                    || (activated && analysis::first(&lines, Milestone::Deactivated, ready).is_none())
+                // After the kill: an agent's probe may see the server back before the bench's.
+                analysis::first(&lines, Milestone::Synced, killed).is_none()
+                    || (activated && analysis::first(&lines, Milestone::Deactivated, killed).is_none())
             })
             .count();
         for agent in agents.iter_mut() {
@@ -619,13 +637,37 @@ impl Measured {
             .min()
             .map_or(self.ready, |first| first.min(self.ready));
         r.outage.down_s = ready.since(killed).as_secs_f64();
-        let down: Vec<&Sample> = (self.samples.iter())
-            .filter(|s| s.at >= killed && s.at <= ready)
+        // The outage runs from the last sample before the kill (the sampler starts first)
+        // to the last one before the return; the return from there on.
+        let last_before = |at: Timestamp| self.samples.iter().rposition(|s| s.at <= at).unwrap_or(0);
+        let (kill_index, ready_index) = (last_before(killed), last_before(ready));
+        let ready_index = ready_index.max(kill_index);
+        let down: Vec<&Sample> = self
+            .samples
+            .get(kill_index..=ready_index)
+            .unwrap_or_default()
+            .iter()
             .collect();
         let down_attempts: Vec<Vec<u64>> = down.iter().map(|s| s.attempts.clone()).collect();
         let per_interval = analysis::attempts_per_interval(&down_attempts);
         r.outage.attempts_per_second = per_interval.iter().map(|(total, _)| *total).collect();
         r.outage.agents_per_second = per_interval.iter().map(|(_, agents)| *agents).collect();
+        // Seeing the outage takes each agent a probe or two; the spread counts after that.
+        let detected: Vec<f64> = (logs.iter())
+            .filter_map(|lines| analysis::first(lines, Milestone::Unreachable, killed))
+            .filter(|at| *at <= ready)
+            .map(|at| at.since(killed).as_secs_f64())
+            .collect();
+        r.outage.detected = detected.len();
+        r.outage.detection_s = super::stats::summarize(&detected);
+        let all_detected = killed.saturating_add(Duration::from_secs_f64(
+            r.outage.detection_s.map_or(0.0, |s| s.max),
+        ));
+        r.outage.max_agents_after_detection = (down.windows(2).zip(&per_interval))
+            .filter(|(pair, _)| pair[0].at >= all_detected)
+            .map(|(_, (_, agents))| *agents)
+            .max()
+            .unwrap_or(0);
         let down_secs = r.outage.down_s;
         let total: u64 = match (down.first(), down.last()) {
             (Some(first), Some(last)) => (last.attempts.iter())
@@ -663,7 +705,9 @@ impl Measured {
         r.back.objects_listed_more_than_twice = lists.values().filter(|c| **c > 2).count();
         let since_ready = |milestone| -> Vec<f64> {
             (logs.iter())
-                .filter_map(|lines| analysis::first(lines, milestone, ready))
+                // Nothing syncs or retires while the server is down: the first after the
+                // kill is the return's.
+                .filter_map(|lines| analysis::first(lines, milestone, killed))
                 .map(|at| at.since(ready).as_secs_f64())
                 .collect()
         };
@@ -674,7 +718,7 @@ impl Measured {
         r.back.deactivated = deactivated.len();
         r.back.deactivated_s = super::stats::summarize(&deactivated);
         // Per second after the return: new connections and the API server's CPU.
-        let after: Vec<&Sample> = self.samples.iter().filter(|s| s.at >= ready).collect();
+        let after: Vec<&Sample> = self.samples.iter().skip(ready_index).collect();
         let attempts: Vec<Vec<u64>> = after.iter().map(|s| s.attempts.clone()).collect();
         r.back.connections_per_second = (analysis::attempts_per_interval(&attempts).iter())
             .map(|(total, _)| *total)

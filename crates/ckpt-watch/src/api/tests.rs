@@ -376,8 +376,8 @@ async fn an_idle_probe_that_fails_is_confirmed_at_once_then_quiet_until_somethin
     );
     // Nothing at stake: the quiet pace, not the fast one, which would send a dozen probes
     // in this window. At most two: the one at the fast pace right after the threshold,
-    // and the first quiet retry if its draw (20 ms–6 s) falls in the window; the next is
-    // 3–6 s later.
+    // and the first quiet retry if its draw (20 ms–10 s) falls in the window; the next is
+    // 5–10 s later.
     let probes = fake.count(is_probe);
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let more = fake.count(is_probe) - probes;
@@ -391,6 +391,34 @@ async fn an_idle_probe_that_fails_is_confirmed_at_once_then_quiet_until_somethin
     fake.wait_requests(fake.count(is_probe) + 3, "probes at the fast pace", is_probe)
         .await;
     fake.set_readyz(Reply::Normal);
+    wait_state(&api, ApiState::Synced).await;
+}
+
+#[tokio::test]
+async fn a_failed_watch_has_the_probe_confirm_an_outage_at_once() {
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(
+        client,
+        ApiWatchConfig {
+            idle_probe_interval: Duration::from_secs(60),
+            ..config(&["a"])
+        },
+    );
+    wait_state(&api, ApiState::Synced).await;
+    api.set_at_stake(false);
+    // A probe already under way may still arrive.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The server is killed: its connections break, the watch fails.
+    let killed = Instant::now();
+    fake.set_outage(Reply::Refuse);
+    wait_state(&api, ApiState::Unreachable).await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "seen after {:?}: the idle pace (60 s) would have taken up to a minute",
+        killed.elapsed()
+    );
+    fake.end_outage();
+    api.set_at_stake(true);
     wait_state(&api, ApiState::Synced).await;
 }
 
@@ -542,9 +570,9 @@ fn the_probe_slows_down_while_the_api_stays_unreachable() {
         (true, true, u32::MAX, 1_000),
         // With nothing at stake, the quiet pace from the first retry on.
         (true, false, 2, 250),
-        (true, false, 3, 6_000),
-        (true, false, 60, 6_000),
-        (true, false, u32::MAX, 6_000),
+        (true, false, 3, 10_000),
+        (true, false, 60, 10_000),
+        (true, false, u32::MAX, 10_000),
     ];
     for (fast, at_stake, failures, expected_ms) in cases {
         check(fast, at_stake, failures, expected_ms);

@@ -200,6 +200,8 @@ pub(crate) fn log_lines(text: &str) -> Vec<LogLine> {
 /// The agent's log says this happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Milestone {
+    /// It found the API server unreachable.
+    Unreachable,
     /// It activated a checkpoint.
     Activated,
     /// It deactivated one: the parent runs again.
@@ -211,6 +213,7 @@ pub(crate) enum Milestone {
 impl Milestone {
     fn matches(self, line: &LogLine) -> bool {
         match self {
+            Milestone::Unreachable => line.message == "API server unreachable",
             Milestone::Activated => line.message == "checkpoint activated",
             Milestone::Deactivated => line.message.starts_with("checkpoint deactivated"),
             Milestone::Synced => line.message == "API server state changed" && line.to == "synced",
@@ -421,6 +424,7 @@ mod tests {
                 "{milestone:?} since {since}"
             );
         };
+        check(Milestone::Unreachable, "00", Some("01"));
         check(Milestone::Activated, "00", Some("02"));
         check(Milestone::Activated, "03", None);
         check(Milestone::Synced, "00", Some("10"));
