@@ -686,19 +686,30 @@ impl Measured {
         r.outage.activated = activations.len();
         r.outage.activation_s = super::stats::summarize(&activations);
 
-        let window_end = ready.saturating_add(RETURN_WINDOW);
-        let back: Vec<Request> = analysis::within(requests, ready, window_end).cloned().collect();
-        r.back.per_second = analysis::per_second(&back, ready, RETURN_WINDOW.as_secs() as usize);
+        // The return's requests count from the restarted server's first answer of any
+        // kind: a probe answered 403 while its authorizer loads lets an agent list.
+        let answered = (requests.iter())
+            .filter(|q| q.at > killed && q.code.is_some())
+            .map(|q| q.at)
+            .min()
+            .map_or(ready, |first| first.min(ready));
+        r.back.answered_before_ready_s = ready.since(answered).as_secs_f64();
+        let window_end = answered.saturating_add(RETURN_WINDOW);
+        let back: Vec<Request> = analysis::within(requests, answered, window_end)
+            .cloned()
+            .collect();
+        r.back.per_second = analysis::per_second(&back, answered, RETURN_WINDOW.as_secs() as usize);
         if let Some((peak_second, peak)) = r.back.per_second.iter().enumerate().max_by_key(|(_, c)| **c) {
             r.back.peak = *peak;
             r.back.peak_second = peak_second;
-            let from = ready.saturating_add(Duration::from_secs(peak_second as u64));
+            let from = answered.saturating_add(Duration::from_secs(peak_second as u64));
             let to = from.saturating_add(Duration::from_secs(1));
             r.back.peak_kinds = analysis::by_kind(analysis::within(&back, from, to));
         }
         r.back.kinds = analysis::by_kind(back.iter());
         r.back.http_429 = back.iter().filter(|q| q.code == Some(429)).count() as u64;
-        let lists = analysis::lists_per_object(analysis::within(requests, ready, Timestamp::MAX));
+        r.back.http_403 = back.iter().filter(|q| q.code == Some(403)).count() as u64;
+        let lists = analysis::lists_per_object(analysis::within(requests, killed, Timestamp::MAX));
         r.back.lists = lists.values().sum();
         r.back.objects_listed = lists.len();
         r.back.max_lists_per_object = lists.values().copied().max().unwrap_or(0);

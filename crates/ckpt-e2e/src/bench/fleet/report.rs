@@ -80,7 +80,11 @@ pub(crate) struct Outage {
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Return {
-    /// Requests received in each second of the first minute after the first `/readyz` 200.
+    /// How much earlier than its first `/readyz` 200 the restarted server first answered
+    /// a fleet request (a 403 while its authorizer loads counts): the start of the
+    /// request figures below.
+    pub(crate) answered_before_ready_s: f64,
+    /// Requests received in each second of the first minute after that first answer.
     pub(crate) per_second: Vec<u64>,
     pub(crate) peak: u64,
     pub(crate) peak_second: usize,
@@ -89,6 +93,8 @@ pub(crate) struct Return {
     /// The first minute's requests by kind.
     pub(crate) kinds: BTreeMap<String, u64>,
     pub(crate) http_429: u64,
+    /// Requests forbidden in that minute (the authorizer not loaded yet).
+    pub(crate) http_403: u64,
     /// Lists after the return, of how many distinct watched objects (agent, resource,
     /// namespace, selector), the most of one, and how many were listed more than twice.
     pub(crate) lists: u64,
@@ -227,6 +233,8 @@ fn to_json(run: &Run, results: &[SizeResult]) -> Value {
                 "peak_by_kind": r.back.peak_kinds,
                 "first_minute_by_kind": r.back.kinds,
                 "http_429": r.back.http_429,
+                "http_403": r.back.http_403,
+                "first_answer_before_first_readyz_200_s": r.back.answered_before_ready_s,
                 "lists": r.back.lists,
                 "objects_listed": r.back.objects_listed,
                 "max_lists_per_object": r.back.max_lists_per_object,
@@ -447,7 +455,12 @@ fn size_section(md: &mut String, r: &SizeResult) {
         "—".into(),
     );
     row(
-        "return: requests / s, peak (its second after the first `/readyz` 200)",
+        "return: the restarted server's first answer to the fleet, before its first `/readyz` 200",
+        format!("{:.1} s", r.back.answered_before_ready_s),
+        "—".into(),
+    );
+    row(
+        "return: requests / s, peak (its second after that first answer)",
         format!("**{}** (second {})", r.back.peak, r.back.peak_second),
         "explained".into(),
     );
@@ -457,7 +470,7 @@ fn size_section(md: &mut String, r: &SizeResult) {
         "—".into(),
     );
     row(
-        "return: requests in each second of the first minute",
+        "return: requests in each second of the first minute (from the first answer)",
         series(&r.back.per_second),
         "—".into(),
     );
@@ -480,7 +493,7 @@ fn size_section(md: &mut String, r: &SizeResult) {
         "—".into(),
     );
     row(
-        "return: lists per watched object (one agent's)",
+        "return: lists per watched object (one agent's), from the kill on",
         format!(
             "{} lists of {} objects; most of one **{}**; {} listed more than twice",
             r.back.lists,
@@ -489,6 +502,11 @@ fn size_section(md: &mut String, r: &SizeResult) {
             r.back.objects_listed_more_than_twice
         ),
         format!("≤ 2: {}", verdict(r.back.max_lists_per_object <= 2)),
+    );
+    row(
+        "return: 403 answers (the authorizer still loading)",
+        r.back.http_403.to_string(),
+        "—".into(),
     );
     row(
         "return: 429 answers",
