@@ -74,6 +74,7 @@ fn script_text(png: &Path, data: &Path, commit: &str) -> String {
          set yrange [0:*]\n\
          set ylabel 'seconds after the first /readyz 200'\n\
          set title 'Return: the last agent'\n\
+         set key bottom right\n\
          plot {data} using 1:5 with linespoints title 'synced again', \
               '' using 1:6 with linespoints title 'checkpoints retired'\n\
          unset multiplot\n",
