@@ -60,7 +60,8 @@ pub(crate) fn requests_between(log: &Path, from: u64, to: u64, user: &str) -> an
     Ok(count_requests(&read_between(log, from, to)?, user))
 }
 
-fn read_between(log: &Path, from: u64, to: u64) -> anyhow::Result<String> {
+/// The log's text between the byte offsets `from` and `to`.
+pub(crate) fn read_between(log: &Path, from: u64, to: u64) -> anyhow::Result<String> {
     let mut file = File::open(log).with_context(|| format!("cannot open {}", log.display()))?;
     file.seek(SeekFrom::Start(from))?;
     let mut text = String::new();

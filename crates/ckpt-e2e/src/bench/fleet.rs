@@ -56,11 +56,10 @@ use crate::e2e_env::{self, ControlPlane, FLEET_GROUP, Release, StartOptions, fle
 use crate::harness::agent::{Agent, AgentConfig, AgentDirs};
 use crate::harness::kubectl::Kubectl;
 use crate::harness::objects::{
-    CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, STATIC_SERVICE_ACCOUNT, cluster_role,
-    cluster_role_binding, config_map, daemon_set, deployed_agent_cluster_rules, deployed_agent_rules,
-    namespace, role_binding, rules_without, secret, service_account, token_role_binding, token_rules,
+    CHECKPOINTER_SERVICE_ACCOUNT, Owner, PodBuilder, STATIC_SERVICE_ACCOUNT, cluster_role_binding,
+    config_map, daemon_set, namespace, role_binding, secret, service_account, token_role_binding,
 };
-use crate::harness::testbed::{AGENT_CLUSTER_ROLE, AGENT_ROLE, AGENT_TOKEN_ROLE};
+use crate::harness::testbed::{AGENT_CLUSTER_ROLE, AGENT_ROLE, AGENT_TOKEN_ROLE, agent_cluster_roles};
 use crate::process::send_signal;
 use crate::progress::{Progress, human_duration};
 use crate::wait::{Probe, wait_for};
@@ -361,7 +360,7 @@ impl Fleet {
         }
         let mut measured = outcome?;
         let log_to = audit::log_len(&audit_log)?;
-        let text = read_range(&audit_log, log_from, log_to)?;
+        let text = audit::read_between(&audit_log, log_from, log_to)?;
         let requests = analysis::requests(&text, FLEET_GROUP);
         let logs: Vec<_> = (agents.iter())
             .map(|a| analysis::log_lines(&a.log_text()))
@@ -761,30 +760,17 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
-fn read_range(log: &Path, from: u64, to: u64) -> anyhow::Result<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = fs::File::open(log).with_context(|| format!("cannot open {}", log.display()))?;
-    file.seek(SeekFrom::Start(from))?;
-    let mut text = String::new();
-    file.take(to.saturating_sub(from))
-        .read_to_string(&mut text)
-        .with_context(|| format!("cannot read {}", log.display()))?;
-    Ok(text)
-}
-
 /// The namespace, the agents' rights (the deployed rules, bound to [`FLEET_GROUP`]), the
 /// agent's ServiceAccounts and its DaemonSet, whose owner reference every agent pod carries.
 fn create_shared_objects(kubectl: &Kubectl) -> anyhow::Result<Owner> {
-    kubectl.apply(&[
-        cluster_role(
-            AGENT_ROLE,
-            &rules_without(&deployed_agent_rules()?, "serviceaccounts/token"),
-        ),
-        cluster_role(AGENT_TOKEN_ROLE, &token_rules()),
-        cluster_role(AGENT_CLUSTER_ROLE, &deployed_agent_cluster_rules()?),
-        to_group(cluster_role_binding(AGENT_CLUSTER_ROLE, AGENT_CLUSTER_ROLE, "")),
-        namespace(NS),
-    ])?;
+    let mut objects = agent_cluster_roles()?;
+    objects.push(to_group(cluster_role_binding(
+        AGENT_CLUSTER_ROLE,
+        AGENT_CLUSTER_ROLE,
+        "",
+    )));
+    objects.push(namespace(NS));
+    kubectl.apply(&objects)?;
     kubectl.apply(&[
         to_group(role_binding(NS, "pod-checkpointer", AGENT_ROLE, "")),
         to_group(token_role_binding(NS, AGENT_TOKEN_ROLE, "")),

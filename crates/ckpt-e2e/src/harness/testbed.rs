@@ -89,16 +89,14 @@ impl Testbed {
             .kubelet_url()
             .context("the control plane has no hollow node")?;
         let kubectl = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
-        kubectl.apply(&[
-            cluster_role(
-                AGENT_ROLE,
-                &rules_without(&deployed_agent_rules()?, "serviceaccounts/token"),
-            ),
-            cluster_role(AGENT_TOKEN_ROLE, &token_rules()),
-            // What the deployed ClusterRole grants (its own node), bound to the agent's user.
-            cluster_role(AGENT_CLUSTER_ROLE, &deployed_agent_cluster_rules()?),
-            cluster_role_binding(AGENT_CLUSTER_ROLE, AGENT_CLUSTER_ROLE, AGENT_USER),
-        ])?;
+        let mut objects = agent_cluster_roles()?;
+        // What the deployed ClusterRole grants (its own node), bound to the agent's user.
+        objects.push(cluster_role_binding(
+            AGENT_CLUSTER_ROLE,
+            AGENT_CLUSTER_ROLE,
+            AGENT_USER,
+        ));
+        kubectl.apply(&objects)?;
         Ok(Testbed {
             plane,
             kubectl,
@@ -316,6 +314,19 @@ impl Testbed {
         }
         Ok(())
     }
+}
+
+/// The ClusterRoles [`AGENT_ROLE`], [`AGENT_TOKEN_ROLE`] and [`AGENT_CLUSTER_ROLE`] with the
+/// deploy manifests' rules, for the caller to bind.
+pub fn agent_cluster_roles() -> anyhow::Result<Vec<Value>> {
+    Ok(vec![
+        cluster_role(
+            AGENT_ROLE,
+            &rules_without(&deployed_agent_rules()?, "serviceaccounts/token"),
+        ),
+        cluster_role(AGENT_TOKEN_ROLE, &token_rules()),
+        cluster_role(AGENT_CLUSTER_ROLE, &deployed_agent_cluster_rules()?),
+    ])
 }
 
 /// An annotated parent `ns/name` on node-1 mounting the Secret and ConfigMap that
