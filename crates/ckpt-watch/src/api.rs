@@ -50,6 +50,13 @@ pub struct ApiWatchConfig {
     /// Deadline for each watch's initial list (default 10 s); a list that does not
     /// complete in time is retried.
     pub request_timeout: Duration,
+    /// After an outage, how long `/readyz` must keep answering something other than a
+    /// 2xx, a 5xx or a 401 (a 403, a 404) before the server counts as reachable again
+    /// (default 10 s). A restarted kube-apiserver answers 403 for seconds while its
+    /// authorizer loads (1.2–4.3 s in `cargo xtask bench --fleet`), and every list sent
+    /// then is refused and sent again; a 200 ends the wait at once. The wait still ends
+    /// for an identity that may not read `/readyz` at all, this much later.
+    pub not_ready_grace: Duration,
 }
 
 impl ApiWatchConfig {
@@ -63,6 +70,7 @@ impl ApiWatchConfig {
             probe_timeout: Duration::from_millis(750),
             unreachable_after: 2,
             request_timeout: Duration::from_secs(10),
+            not_ready_grace: Duration::from_secs(10),
         }
     }
 }
@@ -111,6 +119,9 @@ struct Status {
     /// The last probe was answered 401: the server rejects the agent's credentials.
     unauthorized: bool,
     consecutive_failures: u32,
+    /// Since when `/readyz` has answered neither 2xx, 5xx nor 401 while unreachable (see
+    /// [`ApiWatchConfig::not_ready_grace`]).
+    not_ready_since: Option<tokio::time::Instant>,
     probe_error: Option<String>,
     state: ApiState,
     synced_at: Option<Timestamp>,
@@ -250,8 +261,10 @@ impl Inner {
 /// The state follows ARCHITECTURE.md, Planner rules and Observing:
 /// - only the probe makes the API [`ApiState::Unreachable`]: a connection error, a
 ///   timeout (a hung server) or a 5xx on `/readyz`, `unreachable_after` times in a row.
-///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success;
-///   a 401 makes the state [`ApiState::Unauthorized`] until a probe is answered otherwise,
+///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success,
+///   except that after an outage only a 2xx or a 401 ends it at once: another answer must
+///   persist for `not_ready_grace` (a restarted server refuses everything while its
+///   authorizer loads); a 401 makes the state [`ApiState::Unauthorized`] until a probe is answered otherwise,
 ///   and so does a 403 on the pod list or watch of every namespace, until one lists again.
 ///   A failed watch request never makes it unreachable;
 /// - [`ApiState::Synced`] needs a complete list from every namespace since the last
@@ -312,6 +325,7 @@ impl ApiWatch {
                 reachable: true,
                 unauthorized: false,
                 consecutive_failures: 0,
+                not_ready_since: None,
                 probe_error: None,
                 state: ApiState::Reachable,
                 synced_at: None,
@@ -427,9 +441,13 @@ impl Drop for ApiWatch {
 /// How a probe that got an answer went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Answered {
-    /// Any answer but a 5xx or a 401: the server is alive and takes the credentials (a 403
-    /// or 404 says nothing against them).
-    Alive,
+    /// A 2xx: the server is alive and ready.
+    Ready,
+    /// Any other answer but a 5xx or a 401 (a 403, a 404; for an anonymous probe a 401
+    /// too): the server is alive and says nothing against the credentials, but not that it
+    /// is ready. A restarted kube-apiserver answers 403 to everything while its authorizer
+    /// loads; an identity that may not read `/readyz` gets it for ever.
+    NotReady(http::StatusCode),
     /// 401: alive, but the credentials are rejected (expired, revoked, unknown signer).
     Unauthorized,
 }
@@ -498,10 +516,12 @@ async fn probe_once(client: &kube::Client, timeout: Duration) -> Result<Answered
                 unanswered: false,
             });
         }
-        Ok(if status == http::StatusCode::UNAUTHORIZED {
+        Ok(if status.is_success() {
+            Answered::Ready
+        } else if status == http::StatusCode::UNAUTHORIZED {
             Answered::Unauthorized
         } else {
-            Answered::Alive
+            Answered::NotReady(status)
         })
     };
     within_runnable_time(timeout, attempt).await.unwrap_or_else(|| {
@@ -615,7 +635,14 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
         }
         nudged = false;
         last_probe = Some(tokio::time::Instant::now());
-        let result = probe_once(&client, config.probe_timeout).await;
+        let result = match probe_once(&client, config.probe_timeout).await {
+            // Without credentials a 401 is an answer like a 403.
+            Ok(Answered::Unauthorized) if inner.anonymous => {
+                Ok(Answered::NotReady(http::StatusCode::UNAUTHORIZED))
+            }
+            other => other,
+        };
+        let answered_at = tokio::time::Instant::now();
         match &result {
             Err(failure) => unanswered |= failure.unanswered,
             Ok(_) if std::mem::take(&mut unanswered) => {
@@ -628,18 +655,34 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
             Ok(_) => {}
         }
         inner.update(|st| match &result {
+            Ok(Answered::NotReady(status)) if !st.reachable && {
+                let since = *st.not_ready_since.get_or_insert_with(|| {
+                    info!(%status, grace = ?config.not_ready_grace, "API server answers again after an outage, but not ready: waiting for a 200 on /readyz (or the same answer that long)");
+                    answered_at
+                });
+                answered_at.duration_since(since) < config.not_ready_grace
+            } => {
+                // Still unreachable: the watches stay stopped, the probe keeps its pace.
+                st.probe_error = Some(format!(
+                    "GET /readyz answered {status} after an outage: waiting for 200 OK"
+                ));
+            }
             Ok(answered) => {
+                st.not_ready_since = None;
                 if st.consecutive_failures > 0 {
                     debug!(failures = st.consecutive_failures, "API probe succeeded again");
                 }
                 st.consecutive_failures = 0;
                 st.reachable = true;
-                st.unauthorized = !inner.anonymous && *answered == Answered::Unauthorized;
+                st.unauthorized = *answered == Answered::Unauthorized;
                 st.probe_error = st.unauthorized.then(|| {
                     "GET /readyz answered 401 Unauthorized: the API server rejects the agent's credentials".to_owned()
                 });
             }
             Err(ProbeFailure { problem, .. }) => {
+                // The server says it is not ready (a 5xx) or is gone again: a later
+                // non-200 answer waits anew.
+                st.not_ready_since = None;
                 st.consecutive_failures = st.consecutive_failures.saturating_add(1);
                 if st.probe_error.as_ref() != Some(problem) {
                     debug!(%problem, failures = st.consecutive_failures, "API probe failed");

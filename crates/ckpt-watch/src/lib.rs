@@ -7,7 +7,8 @@
 //! - [`ApiWatch`]: one kube watcher per allowed namespace over the pods bound to this node
 //!   (`fieldSelector=spec.nodeName=<node>`, event-driven), plus a `/readyz` probe with a
 //!   short timeout. [`ApiSnapshot::state`] is [`ApiState::Unreachable`] (only the probe
-//!   decides: down, refusing or hung), [`ApiState::Reachable`] (answers, no complete list
+//!   decides: down, refusing or hung; after an outage, until `/readyz` answers 200),
+//!   [`ApiState::Reachable`] (answers, no complete list
 //!   since the last outage, e.g. a 403), [`ApiState::Unauthorized`] (`/readyz` answers
 //!   401: the credentials are rejected) or [`ApiState::Synced`]. Each pod is read as a
 //!   [`WatchedPod`]: typed, with the paths of any fields the typed model does not know

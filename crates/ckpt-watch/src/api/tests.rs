@@ -433,6 +433,61 @@ async fn any_http_answer_below_500_counts_as_reachable() {
     assert_eq!(api.state(), ApiState::Synced);
 }
 
+/// A restarted kube-apiserver answers 403 to every request while its authorizer loads
+/// (1.2–4.3 s in `cargo xtask bench --fleet`, whose agents listed three times): after an
+/// outage the watches wait for a 200 on `/readyz` and list once; the same non-200 answer
+/// for `not_ready_grace` (an identity that may not read `/readyz`) ends the wait too.
+#[tokio::test]
+async fn after_an_outage_the_watches_wait_for_a_200_or_a_persisting_answer() {
+    let grace = Duration::from_millis(600);
+    let (client, fake, _server) = FakeApi::start();
+    let api = ApiWatch::spawn(
+        client,
+        ApiWatchConfig {
+            not_ready_grace: grace,
+            ..config(&["a"])
+        },
+    );
+    wait_state(&api, ApiState::Synced).await;
+
+    // Killed, then back but refusing everything while it starts: not ready, no list.
+    fake.set_outage(Reply::Refuse);
+    wait_state(&api, ApiState::Unreachable).await;
+    let lists = fake.count(is_list("a"));
+    fake.set_outage(Reply::Status(403));
+    let probes = fake.count(is_probe);
+    fake.wait_requests(probes + 2, "probes answered 403", is_probe)
+        .await;
+    let snap = api.snapshot();
+    assert_eq!(snap.state, ApiState::Unreachable, "a 403 alone after an outage");
+    assert!(
+        snap.last_error.as_deref().is_some_and(|e| e.contains("403")),
+        "{:?}",
+        snap.last_error
+    );
+    // Ready: one list.
+    fake.end_outage();
+    wait_state(&api, ApiState::Synced).await;
+    assert_eq!(fake.count(is_list("a")), lists + 1, "one list after the outage");
+    assert_eq!(api.snapshot().outages, 1);
+
+    // An identity that may not read /readyz: reachable once the 403 persisted.
+    fake.set_outage(Reply::Refuse);
+    wait_state(&api, ApiState::Unreachable).await;
+    let lists = fake.count(is_list("a"));
+    fake.set_readyz(Reply::Status(403));
+    let back = Instant::now();
+    fake.end_outage();
+    wait_state(&api, ApiState::Synced).await;
+    assert!(
+        back.elapsed() >= grace,
+        "synced {:?} after the return",
+        back.elapsed()
+    );
+    assert_eq!(fake.count(is_list("a")), lists + 1, "one list after the outage");
+    assert_eq!(api.snapshot().outages, 2);
+}
+
 #[tokio::test]
 async fn a_401_is_unauthorized_never_synced_and_never_an_outage() {
     let (client, fake, _server) = FakeApi::start();
