@@ -15,6 +15,18 @@ pub const DEFAULT_METRICS_PORT: u16 = 10266;
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
+/// The agent keeps the control plane's own pods bootable: evicted last, scheduled first.
+pub const DEFAULT_PRIORITY_CLASS: &str = "system-node-critical";
+/// The agent's container asks for this much memory; a `--memory-limit` below it is refused.
+pub const MEMORY_REQUEST: &str = "32Mi";
+/// The nodes the DaemonSet runs on when no `--node-label` says otherwise: either
+/// control-plane role label (`master` before 1.24 and on bootkube clusters), or Typhoon's
+/// controller label. (key, value): no value means any value.
+pub const CONTROL_PLANE_LABELS: [(&str, Option<&str>); 3] = [
+    ("node-role.kubernetes.io/control-plane", None),
+    ("node-role.kubernetes.io/master", None),
+    ("node.kubernetes.io/controller", Some("true")),
+];
 pub const DEFAULT_IMAGE: &str = concat!(
     "ghcr.io/pod-checkpointer/pod-checkpointer:",
     env!("CARGO_PKG_VERSION")

@@ -71,7 +71,8 @@ pub use manifest::Manifest;
 pub use monitoring::{ALERTS, Alert, expr as alert_expr};
 pub use objects::render;
 pub use options::{
-    AgentChecks, ApiEndpoint, IN_CLUSTER, KubeletTrust, ManifestArgs, ManifestOptions, check_strategy,
+    AgentChecks, ApiEndpoint, IN_CLUSTER, KubeletTrust, LogFormat, ManifestArgs, ManifestOptions, NodeLabel,
+    check_strategy,
 };
 pub use version::KubernetesVersion;
 pub use yaml::to_yaml;

@@ -8,9 +8,9 @@ use ckpt_store::Layout;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource, Namespace, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
+    EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource, LocalObjectReference, Namespace, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount,
     Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
@@ -22,10 +22,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use serde::Serialize;
 
-use crate::defaults::{DEFAULT_LOG_LEVEL, DEFAULT_NAMESPACE};
+use crate::defaults::{DEFAULT_NAMESPACE, MEMORY_REQUEST};
 use crate::manifest::Manifest;
 use crate::monitoring;
-use crate::options::{ApiEndpoint, KubeletTrust, ManifestOptions, parent_dir};
+use crate::options::{ApiEndpoint, KubeletTrust, LogFormat, ManifestOptions, parent_dir};
 use crate::{NAME, STATIC_NAME, labels};
 
 /// Marks a pod for checkpointing; on the agent's own template it checkpoints itself.
@@ -225,15 +225,27 @@ pub(crate) fn lock_dir_of(daemonset: &DaemonSet) -> String {
         .map_or_else(|| "/".to_owned(), |h| h.path.clone())
 }
 
+/// Whether the agent's container has a memory limit (`--memory-limit`).
+pub(crate) fn memory_limited(daemonset: &DaemonSet) -> bool {
+    (daemonset.spec.template.spec.as_ref())
+        .and_then(|pod| pod.containers.first())
+        .and_then(|c| c.resources.as_ref())
+        .and_then(|r| r.limits.as_ref())
+        .is_some_and(|limits| limits.contains_key("memory"))
+}
+
 /// Comments on the DaemonSet's security choices, inserted above the lines they explain.
-pub(crate) fn explain_daemonset(yaml: &str, lock_dir: &str) -> String {
+pub(crate) fn explain_daemonset(yaml: &str, lock_dir: &str, memory_limited: bool) -> String {
     let lock_dir = format!("path: {lock_dir}");
+    let resources = if memory_limited {
+        "A memory limit (--memory-limit): an agent OOM-killed during an outage takes the \
+         recovery down with it, and the static copy inherits the limit."
+    } else {
+        "Requests only, no memory limit: an agent OOM-killed during an outage would take the \
+         recovery down with it, and the static copy would inherit the limit."
+    };
     let notes: [(&str, &str); 5] = [
-        (
-            "resources:",
-            "Requests only, no memory limit: an agent OOM-killed during an outage would take the \
-             recovery down with it, and the static copy would inherit the limit.",
-        ),
+        ("resources:", resources),
         (
             "capabilities:",
             "Root, with every capability dropped but CHOWN and FOWNER (data goes to the pods' \
@@ -463,10 +475,12 @@ fn volumes_and_mounts(options: &ManifestOptions) -> (Vec<Volume>, Vec<VolumeMoun
     mounts.push(mount("health", HEALTH_DIR, false));
     // Same paths inside as on the host: the static manifests the agent writes refer to
     // the checkpointed data by their host paths.
+    // `Directory`: a wrong --manifests-dir is a pod that cannot start, not an agent writing
+    // checkpoints into a directory no kubelet reads.
     volumes.push(host_path_volume(
         "manifests-dir",
         &options.manifests_dir,
-        "DirectoryOrCreate",
+        "Directory",
     ));
     mounts.push(mount("manifests-dir", &options.manifests_dir, false));
     for dir in CHECKPOINT_SUBDIRS {
@@ -543,26 +557,27 @@ fn pod_spec(options: &ManifestOptions) -> PodSpec {
         service_account_name: Some(NAME.into()),
         // The static copy must come up before any network plugin after a reboot.
         host_network: Some(true),
-        priority_class_name: Some("system-node-critical".into()),
-        // Control-plane nodes only, by either role label (node-role.kubernetes.io/master
-        // before 1.24 and on bootkube clusters): terms of a node affinity are ORed.
+        priority_class_name: options.priority_class.clone(),
+        image_pull_secrets: (!options.image_pull_secrets.is_empty()).then(|| {
+            (options.image_pull_secrets.iter())
+                .map(|name| LocalObjectReference { name: name.clone() })
+                .collect()
+        }),
+        // The nodes with any of the labels (control-plane ones unless --only-node-labels):
+        // terms of a node affinity are ORed.
         affinity: Some(Affinity {
             node_affinity: Some(NodeAffinity {
                 required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                    node_selector_terms: [
-                        "node-role.kubernetes.io/control-plane",
-                        "node-role.kubernetes.io/master",
-                    ]
-                    .into_iter()
-                    .map(|key| NodeSelectorTerm {
-                        match_expressions: Some(vec![NodeSelectorRequirement {
-                            key: key.into(),
-                            operator: "Exists".into(),
-                            values: None,
-                        }]),
-                        ..NodeSelectorTerm::default()
-                    })
-                    .collect(),
+                    node_selector_terms: (options.node_labels.iter())
+                        .map(|label| NodeSelectorTerm {
+                            match_expressions: Some(vec![NodeSelectorRequirement {
+                                key: label.key.clone(),
+                                operator: if label.value.is_some() { "In" } else { "Exists" }.into(),
+                                values: label.value.clone().map(|v| vec![v]),
+                            }]),
+                            ..NodeSelectorTerm::default()
+                        })
+                        .collect(),
                 }),
                 ..NodeAffinity::default()
             }),
@@ -599,8 +614,10 @@ fn pod_spec(options: &ManifestOptions) -> PodSpec {
             resources: Some(ResourceRequirements {
                 requests: Some(BTreeMap::from([
                     ("cpu".to_owned(), Quantity("10m".into())),
-                    ("memory".to_owned(), Quantity("32Mi".into())),
+                    ("memory".to_owned(), Quantity(MEMORY_REQUEST.into())),
                 ])),
+                limits: (options.memory_limit.as_ref())
+                    .map(|limit| BTreeMap::from([("memory".to_owned(), Quantity(limit.clone()))])),
                 ..ResourceRequirements::default()
             }),
             security_context: Some(SecurityContext {
@@ -705,6 +722,7 @@ impl ManifestOptions {
             health_socket: String,
             // Written out so operators find where to turn on debug logs for both copies.
             log_level: &'a str,
+            log_format: LogFormat,
         }
         let config = AgentConfig {
             gc_strategy: &self.gc_strategy,
@@ -723,7 +741,8 @@ impl ManifestOptions {
             kubelet_insecure: self.kubelet == KubeletTrust::Insecure,
             metrics_addr: format!("127.0.0.1:{}", self.metrics_port),
             health_socket: health_socket(),
-            log_level: DEFAULT_LOG_LEVEL,
+            log_level: &self.log_level,
+            log_format: self.log_format,
         };
         let body = serde_saphyr::to_string(&config).unwrap_or_default();
         format!(

@@ -83,6 +83,52 @@ pub struct ManifestArgs {
     /// a kubeconfig of its own (repeatable)
     #[arg(long, value_name = "USER")]
     pub bind_user: Vec<String>,
+    /// Also run on the nodes with this label, KEY (any value) or KEY=VALUE (repeatable).
+    /// Without --only-node-labels the agent runs on nodes with any of these or a
+    /// control-plane label: node-role.kubernetes.io/control-plane,
+    /// node-role.kubernetes.io/master, or node.kubernetes.io/controller=true (Typhoon)
+    #[arg(long, value_name = "KEY[=VALUE]")]
+    pub node_label: Vec<String>,
+    /// Run only on the nodes with a --node-label, not on every control-plane node
+    #[arg(long, requires = "node_label")]
+    pub only_node_labels: bool,
+    /// The agent's priority class; "" for none
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_PRIORITY_CLASS)]
+    pub priority_class: String,
+    /// A Secret in --namespace to pull the image with (repeatable). The static copy never
+    /// pulls: it restarts from the image the node already has
+    #[arg(long, value_name = "NAME")]
+    pub image_pull_secret: Vec<String>,
+    /// A memory limit for the agent's container, e.g. 256Mi [default: none]. An agent
+    /// killed for memory during an outage takes the recovery with it, and the static copy
+    /// inherits the limit; at least the request (32Mi)
+    #[arg(long, value_name = "QUANTITY")]
+    pub memory_limit: Option<String>,
+    /// The log format of both copies
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Which log lines both copies write: a level (error, warn, info, debug, trace) or
+    /// tracing directives, e.g. info,ckpt_watch=debug
+    #[arg(long, value_name = "FILTER", default_value = DEFAULT_LOG_LEVEL)]
+    pub log_level: String,
+}
+
+/// `--log-format`: the agent's own choices.
+#[derive(clap::ValueEnum, serde::Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for a log pipeline.
+    Json,
+}
+
+/// A node label the DaemonSet's pods must find: `value: None` means any value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeLabel {
+    pub key: String,
+    pub value: Option<String>,
 }
 
 impl Default for ManifestArgs {
@@ -107,6 +153,13 @@ impl Default for ManifestArgs {
             kubelet_insecure: false,
             kubernetes_version: None,
             bind_user: Vec::new(),
+            node_label: Vec::new(),
+            only_node_labels: false,
+            priority_class: DEFAULT_PRIORITY_CLASS.to_owned(),
+            image_pull_secret: Vec::new(),
+            memory_limit: None,
+            log_format: LogFormat::Text,
+            log_level: DEFAULT_LOG_LEVEL.to_owned(),
         }
     }
 }
@@ -156,6 +209,16 @@ pub struct ManifestOptions {
     pub kubelet: KubeletTrust,
     pub kubernetes_version: KubernetesVersion,
     pub bind_users: Vec<String>,
+    /// The DaemonSet runs on nodes with any of these (ORed node-affinity terms).
+    pub node_labels: Vec<NodeLabel>,
+    /// `None`: no priority class.
+    pub priority_class: Option<String>,
+    /// Sorted, deduplicated.
+    pub image_pull_secrets: Vec<String>,
+    /// A Kubernetes quantity, at least [`MEMORY_REQUEST`].
+    pub memory_limit: Option<String>,
+    pub log_format: LogFormat,
+    pub log_level: String,
 }
 
 impl ManifestArgs {
@@ -188,9 +251,7 @@ impl ManifestArgs {
         if let Some(bad) = namespaces.iter().find(|ns| !ckpt_core::is_dns_label(ns)) {
             return usage(format!("--namespaces: {bad:?} is not a valid namespace name"));
         }
-        if self.image.trim().is_empty() {
-            return usage("--image must not be empty".to_owned());
-        }
+        check_image(self.image.trim())?;
         if !self.manifests_dir.starts_with('/') {
             return usage(format!(
                 "--manifests-dir: {:?} is not an absolute path",
@@ -217,6 +278,36 @@ impl ManifestArgs {
         let mut bind_users = self.bind_user.clone();
         bind_users.sort();
         bind_users.dedup();
+        let node_labels = self.node_labels()?;
+        let priority_class = match self.priority_class.trim() {
+            "" => None,
+            name if ckpt_core::is_dns_subdomain(name) => Some(name.to_owned()),
+            name => {
+                return usage(format!(
+                    "--priority-class: {name:?} is not a valid PriorityClass name"
+                ));
+            }
+        };
+        let mut image_pull_secrets: Vec<String> = self
+            .image_pull_secret
+            .iter()
+            .map(|s| s.trim().to_owned())
+            .collect();
+        image_pull_secrets.sort();
+        image_pull_secrets.dedup();
+        if let Some(bad) = image_pull_secrets
+            .iter()
+            .find(|s| !ckpt_core::is_dns_subdomain(s))
+        {
+            return usage(format!("--image-pull-secret: {bad:?} is not a valid Secret name"));
+        }
+        let memory_limit = self.memory_limit.as_deref().map(check_memory_limit).transpose()?;
+        let log_level = self.log_level.trim();
+        if log_level.is_empty() {
+            return usage(format!(
+                "--log-level must not be empty (the default is {DEFAULT_LOG_LEVEL:?})"
+            ));
+        }
         let options = ManifestOptions {
             gc_strategy: self.gc_strategy.clone(),
             grace_period: self.grace_period.trim().to_owned(),
@@ -234,6 +325,12 @@ impl ManifestArgs {
             kubelet,
             kubernetes_version: self.kubernetes_version.unwrap_or(version),
             bind_users,
+            node_labels,
+            priority_class,
+            image_pull_secrets,
+            memory_limit,
+            log_format: self.log_format,
+            log_level: log_level.to_owned(),
         };
         // The agent's own parser: a config it would refuse (a bad duration, strategy
         // settings, namespaces that leave out its own) never reaches a cluster. Its
@@ -246,6 +343,35 @@ impl ManifestArgs {
             ))
         })?;
         Ok(options)
+    }
+
+    /// The node-affinity terms: `--node-label`s, after the control-plane labels unless
+    /// `--only-node-labels`.
+    fn node_labels(&self) -> Result<Vec<NodeLabel>> {
+        let mut labels: Vec<NodeLabel> = if self.only_node_labels {
+            Vec::new()
+        } else {
+            CONTROL_PLANE_LABELS
+                .iter()
+                .map(|(key, value)| NodeLabel {
+                    key: (*key).to_owned(),
+                    value: value.map(str::to_owned),
+                })
+                .collect()
+        };
+        for given in &self.node_label {
+            let label = parse_node_label(given.trim())?;
+            if !labels.contains(&label) {
+                labels.push(label);
+            }
+        }
+        if labels.is_empty() {
+            // clap's `requires` sees the flag, not an empty value list.
+            return Err(Error::usage_message(
+                "--only-node-labels needs at least one --node-label KEY[=VALUE]",
+            ));
+        }
+        Ok(labels)
     }
 
     fn api_endpoint(&self) -> Result<ApiEndpoint> {
@@ -313,6 +439,102 @@ pub trait AgentChecks {
     fn strategies(&self) -> Result<Vec<String>>;
     /// Whether the agent accepts this `--config` file (a usage error saying why not).
     fn check_config(&self, yaml: &str) -> Result<()>;
+}
+
+/// `KEY` or `KEY=VALUE`, as `kubectl label` writes them: a key of an optional DNS
+/// subdomain prefix and a name of at most 63 characters, a value of at most 63.
+pub(crate) fn parse_node_label(given: &str) -> Result<NodeLabel> {
+    let (key, value) = match given.split_once('=') {
+        Some((key, value)) => (key, Some(value)),
+        None => (given, None),
+    };
+    let name_ok = |name: &str| {
+        name.len() <= 63
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    let key_ok = match key.split_once('/') {
+        Some((prefix, name)) => ckpt_core::is_dns_subdomain(prefix) && name_ok(name),
+        None => name_ok(key),
+    };
+    if !key_ok {
+        return Err(Error::usage_message(format!(
+            "--node-label: {key:?} is not a label key like node.kubernetes.io/controller (KEY or KEY=VALUE)"
+        )));
+    }
+    if let Some(value) = value
+        && !(value.is_empty() || name_ok(value))
+    {
+        return Err(Error::usage_message(format!(
+            "--node-label: {value:?} is not a label value (at most 63 letters, digits, '-', '_' or '.')"
+        )));
+    }
+    Ok(NodeLabel {
+        key: key.to_owned(),
+        value: value.map(str::to_owned),
+    })
+}
+
+/// An image reference: not empty, no whitespace, and a digest, if any, in full
+/// (`@sha256:` and 64 hex digits): a pinned image that cannot be pulled would fail every
+/// node's agent at once.
+pub(crate) fn check_image(image: &str) -> Result<()> {
+    let usage = |why: &str| {
+        Err(Error::usage_message(format!(
+            "--image: {image:?} {why}, like ghcr.io/pod-checkpointer/pod-checkpointer:0.1.0 or …@sha256:<64 hex digits>"
+        )))
+    };
+    if image.is_empty() || image.contains(char::is_whitespace) {
+        return usage("is not an image reference");
+    }
+    if let Some((name, digest)) = image.split_once('@') {
+        let hex = digest.strip_prefix("sha256:").unwrap_or("");
+        let lowercase_hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+        if name.is_empty() || hex.len() != 64 || !hex.chars().all(lowercase_hex) {
+            return usage("has no valid digest");
+        }
+    }
+    Ok(())
+}
+
+/// A memory quantity (`256Mi`, `1Gi`, `300M`, bytes) of at least [`MEMORY_REQUEST`].
+pub(crate) fn check_memory_limit(given: &str) -> Result<String> {
+    let given = given.trim();
+    match (memory_bytes(given), memory_bytes(MEMORY_REQUEST)) {
+        (None, _) => Err(Error::usage_message(format!(
+            "--memory-limit: {given:?} is not a memory quantity like 256Mi or 1Gi"
+        ))),
+        (Some(limit), Some(request)) if limit < request => Err(Error::usage_message(format!(
+            "--memory-limit: {given} is below the container's request ({MEMORY_REQUEST}); the agent's RSS is about 12 MiB at idle (BENCHMARKS.md)"
+        ))),
+        _ => Ok(given.to_owned()),
+    }
+}
+
+/// The bytes of a memory quantity in the forms operators write (no exponents, no
+/// fractions); `None` for anything else.
+fn memory_bytes(given: &str) -> Option<u64> {
+    let digits = given.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit: u64 = match &given[digits.len()..] {
+        "" => 1,
+        "k" => 1000,
+        "M" => 1000_u64.pow(2),
+        "G" => 1000_u64.pow(3),
+        "T" => 1000_u64.pow(4),
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => 0,
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|_| unit > 0 && !digits.is_empty())
+        .and_then(|n| n.checked_mul(unit))
 }
 
 /// Rejects a strategy the agent does not know, naming the ones it does.

@@ -149,6 +149,7 @@ fn the_config_names_strategy_grace_period_namespaces_paths_and_metrics() {
             "metrics-addr": "127.0.0.1:9999",
             "health-socket": "/run/pod-checkpointer-health/health.sock",
             "log-level": "info",
+            "log-format": "text",
         })
     );
 }
@@ -461,15 +462,12 @@ fn the_daemonset_runs_the_agent_on_control_plane_nodes_and_checkpoints_itself() 
         .as_ref()
         .unwrap()
         .node_selector_terms;
-    let keys: Vec<_> = terms
-        .iter()
-        .map(|t| t.match_expressions.as_ref().unwrap()[0].key.as_str())
-        .collect();
     assert_eq!(
-        keys,
+        node_terms(terms),
         [
-            "node-role.kubernetes.io/control-plane",
-            "node-role.kubernetes.io/master"
+            "node-role.kubernetes.io/control-plane Exists",
+            "node-role.kubernetes.io/master Exists",
+            "node.kubernetes.io/controller In true",
         ]
     );
 
@@ -494,6 +492,203 @@ fn the_daemonset_runs_the_agent_on_control_plane_nodes_and_checkpoints_itself() 
             ("POD_NAMESPACE", "metadata.namespace"),
             ("HOST_IP", "status.hostIP"),
         ]
+    );
+}
+
+/// Each node-affinity term as `KEY OPERATOR [VALUE]`.
+fn node_terms(terms: &[k8s_openapi::api::core::v1::NodeSelectorTerm]) -> Vec<String> {
+    terms
+        .iter()
+        .map(|t| {
+            let [expr] = t.match_expressions.as_deref().unwrap() else {
+                panic!("one expression per term: {t:?}");
+            };
+            let values = expr.values.as_deref().unwrap_or_default().join(",");
+            format!("{} {} {values}", expr.key, expr.operator)
+                .trim_end()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Typhoon labels its controllers `node.kubernetes.io/controller=true` only: such nodes are
+/// in the default set. `--node-label` adds nodes, `--only-node-labels` replaces the set.
+#[test]
+fn node_labels_add_to_or_replace_the_control_plane_nodes() {
+    fn check(node_label: &[&str], only_node_labels: bool, expected: Result<&[&str], &str>) {
+        let args = ManifestArgs {
+            node_label: node_label.iter().map(|s| (*s).to_owned()).collect(),
+            only_node_labels,
+            ..ManifestArgs::default()
+        };
+        let got = args.options(KubernetesVersion::NEWEST).map(|options| {
+            let objects = render(&options);
+            let affinity = pod_spec_of(&objects).affinity.clone().unwrap();
+            let selector = affinity
+                .node_affinity
+                .unwrap()
+                .required_during_scheduling_ignored_during_execution
+                .unwrap();
+            node_terms(&selector.node_selector_terms)
+        });
+        match (got, expected) {
+            (Ok(terms), Ok(expected)) => assert_eq!(terms, expected, "{node_label:?}"),
+            (Err(e), Err(expected)) => assert!(e.to_string().contains(expected), "{node_label:?}: {e}"),
+            (got, expected) => panic!("{node_label:?}: got {got:?}, expected {expected:?}"),
+        }
+    }
+    const DEFAULTS: [&str; 3] = [
+        "node-role.kubernetes.io/control-plane Exists",
+        "node-role.kubernetes.io/master Exists",
+        "node.kubernetes.io/controller In true",
+    ];
+    check(&[], false, Ok(&DEFAULTS));
+    check(
+        &["example.com/etcd", "tier=control"],
+        false,
+        Ok(&[
+            DEFAULTS[0],
+            DEFAULTS[1],
+            DEFAULTS[2],
+            "example.com/etcd Exists",
+            "tier In control",
+        ]),
+    );
+    // Already there: once.
+    check(&["node.kubernetes.io/controller=true"], false, Ok(&DEFAULTS));
+    check(
+        &["node.kubernetes.io/controller=true"],
+        true,
+        Ok(&["node.kubernetes.io/controller In true"]),
+    );
+    check(&["empty="], true, Ok(&["empty In"]));
+    check(&[" "], true, Err("is not a label key"));
+    check(&["bad key"], false, Err("is not a label key"));
+    check(&["-x"], false, Err("is not a label key"));
+    check(&["Not_A_Domain!/x"], false, Err("is not a label key"));
+    check(&["k=v v"], false, Err("is not a label value"));
+    check(
+        &[&format!("k={}", "v".repeat(64))],
+        false,
+        Err("is not a label value"),
+    );
+}
+
+#[test]
+fn the_image_may_be_pinned_by_digest_and_a_bad_one_is_refused() {
+    fn check(image: &str, expected: Result<(), &str>) {
+        let args = ManifestArgs {
+            image: image.to_owned(),
+            ..ManifestArgs::default()
+        };
+        match (args.options(KubernetesVersion::NEWEST), expected) {
+            (Ok(options), Ok(())) => {
+                let objects = render(&options);
+                assert_eq!(container_of(&objects).image.as_deref(), Some(image.trim()));
+            }
+            (Err(e), Err(expected)) => assert!(e.to_string().contains(expected), "{image}: {e}"),
+            (got, expected) => panic!("{image}: got {got:?}, expected {expected:?}"),
+        }
+    }
+    let digest = "a".repeat(64);
+    check("registry.local/ckpt:1", Ok(()));
+    check(&format!("registry.local/ckpt@sha256:{digest}"), Ok(()));
+    check(&format!("registry.local/ckpt:1@sha256:{digest}"), Ok(()));
+    check("", Err("is not an image reference"));
+    check("two words", Err("is not an image reference"));
+    check("registry.local/ckpt@sha256:abc", Err("has no valid digest"));
+    check(
+        &format!("registry.local/ckpt@sha256:{}", "A".repeat(64)),
+        Err("has no valid digest"),
+    );
+    check(
+        &format!("registry.local/ckpt@md5:{digest}"),
+        Err("has no valid digest"),
+    );
+    check(&format!("@sha256:{digest}"), Err("has no valid digest"));
+}
+
+#[test]
+fn priority_pull_secrets_memory_limit_and_logs_are_the_operators_to_choose() {
+    let objects = render(&default_options());
+    let spec = pod_spec_of(&objects);
+    assert_eq!(spec.priority_class_name.as_deref(), Some(DEFAULT_PRIORITY_CLASS));
+    assert_eq!(spec.image_pull_secrets, None);
+    let config: serde_json::Value = serde_saphyr::from_str(config_of(&objects)).unwrap();
+    assert_eq!(
+        (&config["log-level"], &config["log-format"]),
+        (&"info".into(), &"text".into())
+    );
+
+    let args = ManifestArgs {
+        priority_class: "ckpt-critical".into(),
+        image_pull_secret: vec!["regcred".into(), "mirror".into(), "regcred".into()],
+        memory_limit: Some("256Mi".into()),
+        log_format: LogFormat::Json,
+        log_level: "info,ckpt_watch=debug".into(),
+        ..ManifestArgs::default()
+    };
+    let objects = render(&options(&args));
+    let spec = pod_spec_of(&objects);
+    assert_eq!(spec.priority_class_name.as_deref(), Some("ckpt-critical"));
+    let secrets: Vec<_> = spec
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(secrets, ["mirror", "regcred"]);
+    let limits = container_of(&objects).resources.as_ref().unwrap().limits.clone();
+    assert_eq!(limits.unwrap()["memory"].0, "256Mi");
+    let config: serde_json::Value = serde_saphyr::from_str(config_of(&objects)).unwrap();
+    assert_eq!(config["log-level"], "info,ckpt_watch=debug");
+    assert_eq!(config["log-format"], "json");
+    let yaml = to_yaml(&objects).unwrap();
+    assert!(yaml.contains("# A memory limit (--memory-limit)"), "{yaml}");
+    assert!(!yaml.contains("no memory limit"), "{yaml}");
+
+    let none = options(&ManifestArgs {
+        priority_class: String::new(),
+        ..ManifestArgs::default()
+    });
+    assert_eq!(pod_spec_of(&render(&none)).priority_class_name, None);
+
+    fn refused(args: ManifestArgs, expected: &str) {
+        let error = args.options(KubernetesVersion::NEWEST).unwrap_err().to_string();
+        assert!(error.contains(expected), "{error}");
+    }
+    let memory = |limit: &str| ManifestArgs {
+        memory_limit: Some(limit.into()),
+        ..ManifestArgs::default()
+    };
+    for ok in ["32Mi", "1Gi", "100M", "1073741824"] {
+        assert_eq!(options(&memory(ok)).memory_limit.as_deref(), Some(ok));
+    }
+    refused(memory("16Mi"), "below the container's request (32Mi)");
+    refused(memory("33554431"), "below the container's request");
+    for bad in ["", "Mi", "1.5Gi", "256mb", "-1Gi", "99999999999999999999Ti"] {
+        refused(memory(bad), "is not a memory quantity");
+    }
+    refused(
+        ManifestArgs {
+            priority_class: "Not Valid".into(),
+            ..ManifestArgs::default()
+        },
+        "--priority-class",
+    );
+    refused(
+        ManifestArgs {
+            image_pull_secret: vec!["a/b".into()],
+            ..ManifestArgs::default()
+        },
+        "--image-pull-secret",
+    );
+    refused(
+        ManifestArgs {
+            log_level: " ".into(),
+            ..ManifestArgs::default()
+        },
+        "--log-level must not be empty",
     );
 }
 
@@ -611,6 +806,15 @@ fn only_the_directories_the_agent_writes_are_mounted() {
         yaml.contains("# LOCK DIR: the directory of the lock file both copies share"),
         "{yaml}"
     );
+    // A wrong --manifests-dir fails the pod rather than filling a directory no kubelet reads;
+    // the agent's own directories are created on a fresh node.
+    let types: Vec<(String, String)> = (pod_spec_of(&render(&default_options())).volumes.iter().flatten())
+        .filter_map(|v| Some((v.name.clone(), v.host_path.as_ref()?.type_.clone()?)))
+        .collect();
+    let type_of = |name: &str| types.iter().find(|(n, _)| n == name).map(|(_, t)| t.as_str());
+    assert_eq!(type_of("manifests-dir"), Some("Directory"), "{types:?}");
+    assert_eq!(type_of("cri-socket-dir"), Some("Directory"), "{types:?}");
+    assert_eq!(type_of("agent-state"), Some("DirectoryOrCreate"), "{types:?}");
     for options in [default_options(), with_ca] {
         for (path, read_only) in mounted(&options) {
             assert!(

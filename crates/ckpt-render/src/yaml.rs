@@ -39,6 +39,7 @@ pub fn to_yaml(objects: &[Manifest]) -> Result<String> {
                 out.push_str(&objects::explain_daemonset(
                     &text,
                     &objects::lock_dir_of(daemonset),
+                    objects::memory_limited(daemonset),
                 ));
             }
             other => out.push_str(&yaml(other, &object.describe())?),
