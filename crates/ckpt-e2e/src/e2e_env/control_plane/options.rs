@@ -82,12 +82,25 @@ impl StartOptions {
 
 /// Fails early, before anything is started: missing commands, busy ports, a running hollow node.
 pub(super) fn preflight(options: &StartOptions) -> anyhow::Result<()> {
-    for command in ["etcd", "openssl", "curl"] {
+    for command in ["openssl", "curl"] {
         anyhow::ensure!(
             in_path(command),
             "{command} is not installed: run `cargo xtask e2e-env build`"
         );
     }
+    // The etcd these binaries run with: built from its module beside them (v1.34 and
+    // later), or Debian's on PATH (v1.20). Debian's on PATH proves nothing for the former.
+    let etcd = options.bins.etcd();
+    let etcd_found = if etcd.is_absolute() {
+        etcd.is_file()
+    } else {
+        in_path(&etcd.to_string_lossy())
+    };
+    anyhow::ensure!(
+        etcd_found,
+        "etcd ({}) is not installed: run `cargo xtask e2e-env build`",
+        etcd.display()
+    );
     anyhow::ensure!(
         options.bins.kube_apiserver().is_file(),
         "{} is missing: run `cargo xtask e2e-env build`",
