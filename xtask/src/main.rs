@@ -5,7 +5,8 @@
 //! plane; `bench` measures the release agent against one; `demo` narrates the agent at work
 //! on one (`--self-hosted`: a self-hosted control plane through a power cut); `e2e-env`
 //! builds, starts and stops that control plane by hand; `image` builds the agent's OCI image
-//! archive; `fuzz` runs the fuzz targets; `render` and `deploy` install the agent. One
+//! archive; `fuzz` runs the fuzz targets; `doclinks` checks the documentation's links;
+//! `render` and `deploy` install the agent. One
 //! module per subcommand; each is a struct with a `run` method. The end-to-end
 //! infrastructure (control plane, harness, suite, bench, demo, image builder) lives in the
 //! `ckpt-e2e` crate; xtask dispatches to it.
@@ -13,6 +14,7 @@
 mod compat;
 mod demo;
 mod deploy;
+mod doclinks;
 mod e2e;
 mod fuzz;
 mod render;
@@ -56,6 +58,9 @@ enum Task {
     /// Build the agent's OCI image archive (static binary, minimal image) without a
     /// container engine; prints its path and digest.
     Image(image::Image),
+    /// Check that every relative link and #anchor in the repository's Markdown files
+    /// resolves (the first phase of `test`).
+    Doclinks(doclinks::Doclinks),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -70,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Task::Deploy(cmd) => cmd.run(),
         Task::Image(cmd) => cmd.run(),
         Task::Fuzz(cmd) => cmd.run(),
+        Task::Doclinks(cmd) => cmd.run(),
     }
 }
 

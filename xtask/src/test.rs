@@ -1,8 +1,9 @@
-//! `cargo xtask test`: the README's test command and what `.ci/run` runs: formatting, lints,
-//! each crate checked and packaged alone, every unit and integration test of the workspace,
-//! the agent's image (built, run, imported into containerd), then the end-to-end suite
-//! against a real control plane and a real node of the newest Kubernetes release (v1.37.2,
-//! built from its Go modules into the cache on first use, ~8.5 minutes on 2 cores).
+//! `cargo xtask test`: the README's test command and what `.ci/run` runs: the documentation's
+//! links, formatting, lints, each crate checked and packaged alone, every unit and
+//! integration test of the workspace, the agent's image (built, run, imported into
+//! containerd), then the end-to-end suite against a real control plane and a real node of
+//! the newest Kubernetes release (v1.37.2, built from its Go modules into the cache on first
+//! use, ~8.5 minutes on 2 cores).
 
 use std::time::Instant;
 
@@ -48,6 +49,10 @@ impl Test {
             !(ci && self.no_e2e_build),
             "--no-e2e-build is refused when CI=true: CI runs the end-to-end tests, never skips them"
         );
+        // First: it takes a second, and a broken link fails as surely as a failed test.
+        phase("documentation links", || {
+            crate::doclinks::run(&ckpt_e2e::project_root())
+        })?;
         if !self.no_lint {
             phase("fmt", || ckpt_e2e::run("cargo", &["fmt", "--all", "--check"]))?;
             phase("clippy", || {

@@ -718,7 +718,7 @@ fn health_fails_without_an_agent() {
     assert_eq!(out.status.code(), Some(2), "--ready or --live is required");
 }
 
-/// Migrating from bootkube's checkpointer (README, "Migrating from bootkube's
+/// Migrating from bootkube's checkpointer (docs/migration.md, "Migrating from bootkube's
 /// checkpointer"), as far as this machine allows without the original's binary: its files
 /// as it writes them (`<ns>-<name>.json`, compact client-go JSON, plain 0600 data files) and
 /// its lock held by another process with a plain `flock(2)`, as the original holds it.

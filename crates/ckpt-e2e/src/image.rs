@@ -74,7 +74,7 @@ pub struct Image {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
     /// A static agent binary to ship instead of building this workspace's: e.g. a custom
-    /// binary with extra strategies (README, "A strategy of your own"), built for the musl
+    /// binary with extra strategies (docs/development.md, "A strategy of your own"), built for the musl
     /// target. A dynamically linked one is refused: the image has no libc
     #[arg(long, value_name = "PATH")]
     binary: Option<PathBuf>,

@@ -1,5 +1,5 @@
 //! A custom agent binary: pod-checkpointer with the `keep-forever` strategy of this crate.
-//! This file is the whole recipe (README, "A strategy of your own"): `ckpt-bin`'s program,
+//! This file is the whole recipe (docs/development.md, "A strategy of your own"): `ckpt-bin`'s program,
 //! plus a reference to each strategy crate so the linker keeps its registration
 //! (inventory#7).
 //!

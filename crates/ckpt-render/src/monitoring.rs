@@ -14,7 +14,7 @@ use crate::{NAME, labels};
 /// The container port's name the PodMonitor scrapes.
 pub(crate) const PORT_NAME: &str = "metrics";
 
-/// One alert of the PrometheusRule: what the tests check and the README lists.
+/// One alert of the PrometheusRule: what the tests check and docs/operations.md lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Alert {
     pub name: &'static str,

@@ -44,7 +44,7 @@ pub struct ManifestArgs {
     pub manifests_dir: String,
     /// The lock file both copies share on the nodes (its directory is mounted); while
     /// migrating from bootkube's checkpointer, its /var/run/lock/pod-checkpointer.lock, so
-    /// the two exclude each other (README, "Migrating from bootkube's checkpointer")
+    /// the two exclude each other (docs/migration.md)
     #[arg(long, value_name = "PATH", default_value = DEFAULT_LOCK_FILE)]
     pub lock_file: String,
     /// Also serve the active copy's metrics on the node's IP at --prometheus-port, and add
@@ -430,7 +430,7 @@ impl ManifestArgs {
 }
 
 /// What the manifests are checked against before anything is rendered or sent: the agent
-/// binary they will run. A binary built with extra strategy crates (README, "A strategy of
+/// binary they will run. A binary built with extra strategy crates (docs/development.md, "A strategy of
 /// your own") knows strategies and settings this program may not, so tools that render
 /// for another binary ask it. The agent's own library implements it with its registry and
 /// config parser (`ckpt_bin::render::BuiltIn`): this crate does not link the agent.

@@ -1,5 +1,5 @@
 //! Render tests: the YAML reads back into the same objects, and the manifests are what the
-//! README's installation section promises. What needs the agent itself (its config parser,
+//! docs/install.md promises. What needs the agent itself (its config parser,
 //! command line and metrics) is checked in ckpt-bin's `render` module.
 
 use std::time::Duration;

@@ -425,7 +425,7 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
 
 /// The files on the node's `/etc/kubernetes` (the node has none of its own there): all
 /// would be the agent's. Its empty dirs may stay: in the pod each is a mount point the
-/// agent cannot remove (the README's uninstall section says so).
+/// agent cannot remove (docs/operations.md, "Uninstalling", says so).
 pub(crate) fn ours_on_node(run: &NodeRun) -> anyhow::Result<Vec<String>> {
     Ok(files_under(&host(run, "/etc/kubernetes")?))
 }
