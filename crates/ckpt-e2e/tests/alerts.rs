@@ -12,23 +12,30 @@ use serde_json::{Value, json};
 
 const JOB: &str = "kube-system/pod-checkpointer";
 
-/// One alert's case: input series (`{labels}` after the job) and when it must fire for n1.
+/// One alert's case: input series (`{labels}` after the job) and when it must fire, with
+/// which labels (n1's, but for the DaemonSet's alert).
 struct Case {
     alert: &'static str,
+    fired: &'static [(&'static str, &'static str)],
     series: &'static [(&'static str, &'static str)],
     quiet_at: &'static str,
     fires_at: &'static str,
 }
 
+/// The labels of an alert fired for node n1.
+const N1: &[(&str, &str)] = &[("node", "n1")];
+
 const CASES: &[Case] = &[
     Case {
         alert: "PodCheckpointerNoActiveCopy",
+        fired: N1,
         series: &[("up", r#"node="n1",pod="c1""#), ("up", r#"node="n2",pod="c2""#)],
         quiet_at: "3m",
         fires_at: "10m",
     },
     Case {
         alert: "PodCheckpointerCheckpointActive",
+        fired: N1,
         series: &[
             ("pod_checkpointer_checkpoints", r#"node="n1",state="active""#),
             ("pod_checkpointer_checkpoints", r#"node="n2",state="active""#),
@@ -38,6 +45,7 @@ const CASES: &[Case] = &[
     },
     Case {
         alert: "PodCheckpointerWriteErrors",
+        fired: N1,
         series: &[
             ("pod_checkpointer_write_errors_total", r#"node="n1""#),
             ("pod_checkpointer_write_errors_total", r#"node="n2""#),
@@ -47,6 +55,7 @@ const CASES: &[Case] = &[
     },
     Case {
         alert: "PodCheckpointerApiNotSynced",
+        fired: N1,
         series: &[
             ("pod_checkpointer_last_api_sync_timestamp_seconds", r#"node="n1""#),
             ("pod_checkpointer_last_api_sync_timestamp_seconds", r#"node="n2""#),
@@ -56,6 +65,7 @@ const CASES: &[Case] = &[
     },
     Case {
         alert: "PodCheckpointerKeptCredentialsExpiring",
+        fired: N1,
         series: &[
             (
                 "pod_checkpointer_kept_token_expiry_timestamp_seconds",
@@ -71,6 +81,7 @@ const CASES: &[Case] = &[
     },
     Case {
         alert: "PodCheckpointerNotSelfCheckpointed",
+        fired: N1,
         series: &[
             ("pod_checkpointer_self_checkpointed", r#"node="n1""#),
             ("pod_checkpointer_self_checkpointed", r#"node="n2""#),
@@ -80,12 +91,49 @@ const CASES: &[Case] = &[
     },
     Case {
         alert: "PodCheckpointerSelfGcDeferred",
+        fired: N1,
         series: &[
             ("pod_checkpointer_self_gc_deferred", r#"node="n1""#),
             ("pod_checkpointer_self_gc_deferred", r#"node="n2""#),
         ],
         quiet_at: "20m",
         fires_at: "40m",
+    },
+    Case {
+        alert: "PodCheckpointerHandoffFailed",
+        fired: N1,
+        series: &[
+            ("pod_checkpointer_handoffs_total", r#"node="n1",step="failed""#),
+            ("pod_checkpointer_handoffs_total", r#"node="n2",step="failed""#),
+        ],
+        quiet_at: "5m",
+        fires_at: "20m",
+    },
+    Case {
+        alert: "PodCheckpointerUnauthorized",
+        fired: N1,
+        series: &[
+            ("pod_checkpointer_api_state", r#"node="n1",state="unauthorized""#),
+            ("pod_checkpointer_api_state", r#"node="n2",state="unauthorized""#),
+        ],
+        quiet_at: "10m",
+        fires_at: "20m",
+    },
+    Case {
+        alert: "PodCheckpointerMissingOnNodes",
+        fired: &[("namespace", "kube-system"), ("daemonset", "pod-checkpointer")],
+        series: &[
+            (
+                "kube_daemonset_status_desired_number_scheduled",
+                r#"namespace="kube-system",daemonset="pod-checkpointer""#,
+            ),
+            (
+                "kube_daemonset_status_number_available",
+                r#"namespace="kube-system",daemonset="pod-checkpointer""#,
+            ),
+        ],
+        quiet_at: "10m",
+        fires_at: "20m",
     },
 ];
 
@@ -106,6 +154,12 @@ fn values(alert: &str) -> [&'static str; 2] {
         "PodCheckpointerNotSelfCheckpointed" => ["0x40", "1x40"],
         // n1 holds self-GC back for a serving checkpoint all along; n2 holds nothing.
         "PodCheckpointerSelfGcDeferred" => ["1x60", "0x60"],
+        // n1 had a handoff fail after 10 minutes; n2 none.
+        "PodCheckpointerHandoffFailed" => ["0x10 1x30", "0x40"],
+        // n1's credentials are rejected all along; n2's are not.
+        "PodCheckpointerUnauthorized" => ["1x40", "0x40"],
+        // Three nodes targeted, two agents available (the desired and the available series).
+        "PodCheckpointerMissingOnNodes" => ["3x40", "2x40"],
         other => panic!("no values for {other}"),
     }
 }
@@ -159,13 +213,17 @@ fn every_alert_fires_for_the_node_in_trouble_only() {
                     json!({"series": format!("{name}{{job=\"{JOB}\",{labels}}}"), "values": values})
                 })
                 .collect();
+            let mut exp_labels = json!({"severity": rule["labels"]["severity"]});
+            for (name, value) in case.fired {
+                exp_labels[*name] = json!(value);
+            }
             json!({
                 "interval": "1m",
                 "input_series": input,
                 "alert_rule_test": [
                     {"eval_time": case.quiet_at, "alertname": case.alert, "exp_alerts": []},
                     {"eval_time": case.fires_at, "alertname": case.alert, "exp_alerts": [{
-                        "exp_labels": {"node": "n1", "severity": rule["labels"]["severity"]},
+                        "exp_labels": exp_labels,
                         "exp_annotations": rule["annotations"],
                     }]},
                 ],

@@ -14,11 +14,15 @@ use crate::{NAME, labels};
 /// The container port's name the PodMonitor scrapes.
 pub(crate) const PORT_NAME: &str = "metrics";
 
+/// Where each alert's runbook is: a section of docs/operations.md named after the alert.
+pub const RUNBOOKS: &str = concat!(env!("CARGO_PKG_REPOSITORY"), "/blob/main/docs/operations.md");
+
 /// One alert of the PrometheusRule: what the tests check and docs/operations.md lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Alert {
     pub name: &'static str,
-    /// PromQL, with `JOB` standing for the PodMonitor's job selector.
+    /// PromQL, with `JOB` standing for the PodMonitor's job selector and `DAEMONSET` for
+    /// kube-state-metrics' selector of the agent's DaemonSet.
     pub expr: &'static str,
     pub for_: &'static str,
     pub severity: &'static str,
@@ -26,7 +30,15 @@ pub struct Alert {
     pub description: &'static str,
 }
 
-/// The alerts, each aggregated per node (`node` comes from the PodMonitor's relabeling).
+impl Alert {
+    /// The `runbook_url` annotation: the alert's section of docs/operations.md.
+    pub fn runbook_url(&self) -> String {
+        format!("{RUNBOOKS}#{}", self.name.to_ascii_lowercase())
+    }
+}
+
+/// The alerts, each aggregated per node (`node` comes from the PodMonitor's relabeling),
+/// but for the DaemonSet's, which kube-state-metrics reports per DaemonSet.
 pub const ALERTS: &[Alert] = &[
     Alert {
         name: "PodCheckpointerNoActiveCopy",
@@ -84,6 +96,30 @@ pub const ALERTS: &[Alert] = &[
         summary: "pod-checkpointer no longer runs on a node but stays for a checkpoint that serves there.",
         description: "The agent's DaemonSet no longer targets the node (or is deleted), but an active checkpoint serves a DaemonSet that still targets it (after a failed handoff it may be the node's only API server): it and the agent stay. `pod-checkpointer inspect` names it; let its pod run on the node, stop its DaemonSet targeting the node, or annotate the Node pod-checkpointer.github.io/decommission=true to let everything go.",
     },
+    Alert {
+        name: "PodCheckpointerHandoffFailed",
+        expr: "max by (node) (increase(pod_checkpointer_handoffs_total{JOB, step=\"failed\"}[1h])) > 0",
+        for_: "0m",
+        severity: "warning",
+        summary: "A parent with new content did not become Ready in time: its known-good checkpoint serves again.",
+        description: "The known-good checkpoint stepped aside for a parent whose content had never run here, and the parent did not become Ready within --handoff-timeout: the checkpoint is back and the new revision is marked rejected on the node. `pod-checkpointer inspect` names it; the parent's logs say why it failed. Fix or roll back its DaemonSet.",
+    },
+    Alert {
+        name: "PodCheckpointerUnauthorized",
+        expr: "max by (node) (pod_checkpointer_api_state{JOB, state=\"unauthorized\"}) == 1",
+        for_: "15m",
+        severity: "critical",
+        summary: "The API server has rejected pod-checkpointer's credentials on a node for 15 minutes.",
+        description: "The active copy's token is rejected (401) or it may read none of its pods (403): it neither writes nor removes checkpoints. A holder hands the lock over after --unauthorized-handover; one stuck here means both copies are refused: check the ServiceAccount, its bindings, and the token kept for the static copy (`pod-checkpointer inspect`).",
+    },
+    Alert {
+        name: "PodCheckpointerMissingOnNodes",
+        expr: "max by (namespace, daemonset) (kube_daemonset_status_desired_number_scheduled{DAEMONSET}) - max by (namespace, daemonset) (kube_daemonset_status_number_available{DAEMONSET}) > 0 or max by (namespace, daemonset) (kube_daemonset_status_desired_number_scheduled{DAEMONSET}) == 0",
+        for_: "15m",
+        severity: "warning",
+        summary: "pod-checkpointer is not running on every node it should, or targets no node.",
+        description: "From kube-state-metrics: the agent's DaemonSet has had fewer available pods than nodes it targets, or no node to target (no node carries the labels it runs on: see render --node-label), for 15 minutes. A node without the agent has no checkpoints kept up to date. `kubectl get ds` and the pods' events say which.",
+    },
 ];
 
 /// The PodMonitor's job label, `<namespace>/<name>`, as the Prometheus operator sets it.
@@ -93,7 +129,13 @@ fn job(options: &ManifestOptions) -> String {
 
 /// The PromQL of `alert` for this install.
 pub fn expr(alert: &Alert, options: &ManifestOptions) -> String {
-    alert.expr.replace("JOB", &format!("job=\"{}\"", job(options)))
+    alert
+        .expr
+        .replace("JOB", &format!("job=\"{}\"", job(options)))
+        .replace(
+            "DAEMONSET",
+            &format!("namespace=\"{}\", daemonset=\"{NAME}\"", options.namespace),
+        )
 }
 
 fn object(api_version: &str, kind: &str, options: &ManifestOptions, spec: serde_json::Value) -> Manifest {
@@ -139,7 +181,11 @@ pub(crate) fn objects(options: &ManifestOptions) -> Vec<Manifest> {
                 "expr": expr(a, options),
                 "for": a.for_,
                 "labels": {"severity": a.severity},
-                "annotations": {"summary": a.summary, "description": a.description},
+                "annotations": {
+                    "summary": a.summary,
+                    "description": a.description,
+                    "runbook_url": a.runbook_url(),
+                },
             })
         })
         .collect();

@@ -974,3 +974,32 @@ fn prometheus_adds_the_node_port_the_pod_monitor_and_the_rules() {
     assert!(yaml.contains("job=\"checkpointer/pod-checkpointer\""), "{yaml}");
     assert!(yaml.contains("targetLabel: node"), "{yaml}");
 }
+
+/// Each alert carries a `runbook_url` to its section of docs/operations.md, and that
+/// section exists (a renamed alert or heading fails here, not in an operator's pager).
+#[test]
+fn every_alert_links_a_runbook_that_exists() {
+    let operations = include_str!("../../../docs/operations.md");
+    let headings: Vec<String> = operations
+        .lines()
+        .filter_map(|line| line.strip_prefix("#### "))
+        .map(|title| title.trim().to_ascii_lowercase())
+        .collect();
+    for alert in ALERTS {
+        let url = alert.runbook_url();
+        let anchor = url.rsplit_once('#').map(|(_, a)| a).unwrap_or_default();
+        assert!(
+            url.starts_with("https://github.com/pod-checkpointer/pod-checkpointer/blob/main/docs/operations.md#"),
+            "{url}"
+        );
+        assert!(headings.iter().any(|h| h == anchor), "no runbook section for {}", alert.name);
+    }
+    let objects = render(&options(&ManifestArgs {
+        prometheus: true,
+        ..ManifestArgs::default()
+    }));
+    let yaml = to_yaml(&objects).unwrap();
+    for alert in ALERTS {
+        assert!(yaml.contains(&alert.runbook_url()), "{}", alert.name);
+    }
+}
