@@ -8,7 +8,8 @@ use std::time::Duration;
 // The defaults the install manifests share with `run` are the renderer's (its
 // `defaults`), so a render without flags matches a run without them.
 use ckpt_render::defaults::{
-    DEFAULT_LOCK_FILE, DEFAULT_LOG_LEVEL, DEFAULT_MANIFESTS_DIR, DEFAULT_RUNTIME_ENDPOINT,
+    CONFIG_API_VERSION, CONFIG_KIND, DEFAULT_LOCK_FILE, DEFAULT_LOG_LEVEL, DEFAULT_MANIFESTS_DIR,
+    DEFAULT_RUNTIME_ENDPOINT,
 };
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
@@ -218,6 +219,14 @@ pub(crate) enum OutputFormat {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub(crate) struct FileConfig {
+    /// [`ckpt_render::CONFIG_API_VERSION`]; a file without it (and `kind`) is read as that
+    /// version, with a warning.
+    #[serde(rename = "apiVersion")]
+    api_version: Option<String>,
+    kind: Option<String>,
+    /// A non-empty file without `apiVersion` and `kind`: the warning to give.
+    #[serde(skip)]
+    unversioned: Option<String>,
     node_name: Option<String>,
     pod_name: Option<String>,
     pod_namespace: Option<String>,
@@ -291,8 +300,11 @@ impl Namespaces {
 /// must allow it in `namespaces`, or the agent never checkpoints itself and nothing
 /// restarts it after a reboot (`run` only warns: refusing would leave the node with no
 /// agent at all).
-pub fn check_config_file(yaml: &str) -> Result<()> {
+///
+/// `Ok(Some(warning))`: accepted, but without `apiVersion` and `kind`.
+pub fn check_config_file(yaml: &str) -> Result<Option<String>> {
     let file = parse_file_config(yaml, "config")?;
+    let warning = file.unversioned_warning().map(str::to_owned);
     let own_namespace = file.pod_namespace.clone();
     let identity = Some("placeholder".to_owned());
     let args = RunArgs {
@@ -335,7 +347,7 @@ pub fn check_config_file(yaml: &str) -> Result<()> {
              checkpointed and after a reboot nothing restarts it: add {own}",
             settings.namespaces
         ))),
-        _ => Ok(()),
+        _ => Ok(warning),
     }
 }
 
@@ -343,7 +355,44 @@ fn parse_file_config(text: &str, origin: &str) -> Result<FileConfig> {
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
     }
-    serde_saphyr::from_str(text).map_err(|e| Error::usage(format!("--config: {origin}"), e))
+    let mut file: FileConfig =
+        serde_saphyr::from_str(text).map_err(|e| Error::usage(format!("--config: {origin}"), e))?;
+    let expected = [
+        ("apiVersion", &file.api_version, CONFIG_API_VERSION),
+        ("kind", &file.kind, CONFIG_KIND),
+    ];
+    for (key, given, known) in expected {
+        if let Some(given) = given.as_deref()
+            && given != known
+        {
+            return Err(Error::usage_message(format!(
+                "--config: {origin}: {key} {given:?} is not one this agent reads ({key}: {known}); \
+                 an older agent reading a newer file, or a typo"
+            )));
+        }
+    }
+    match (&file.api_version, &file.kind) {
+        (None, None) => {
+            file.unversioned = Some(format!(
+                "--config: {origin}: no apiVersion and kind: read as {CONFIG_API_VERSION} {CONFIG_KIND}; \
+                 add `apiVersion: {CONFIG_API_VERSION}` and `kind: {CONFIG_KIND}` (render writes them)"
+            ));
+        }
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(Error::usage_message(format!(
+                "--config: {origin}: apiVersion and kind go together: `apiVersion: {CONFIG_API_VERSION}` and `kind: {CONFIG_KIND}`"
+            )));
+        }
+        (Some(_), Some(_)) => {}
+    }
+    Ok(file)
+}
+
+impl FileConfig {
+    /// The warning for a file without `apiVersion` and `kind`, read as the current version.
+    pub(crate) fn unversioned_warning(&self) -> Option<&str> {
+        self.unversioned.as_deref()
+    }
 }
 
 /// Reads the config file (empty when none is given).
@@ -443,6 +492,8 @@ pub(crate) struct RunSettings {
     pub(crate) static_service_account: String,
     pub(crate) unauthorized_handover: Duration,
     pub(crate) disk: DiskSettings,
+    /// Said once logging runs: a `--config` file without `apiVersion` and `kind`.
+    pub(crate) config_warning: Option<String>,
 }
 
 /// How the agent trusts the kubelet's serving certificate.
@@ -478,6 +529,7 @@ impl RunSettings {
     /// then checks each concern in turn; the first usage error names its flag.
     pub(crate) fn resolve(args: RunArgs, file: FileConfig, env: &Environment) -> Result<Self> {
         let disk = DiskSettings::resolve(&args.disk, &file);
+        let config_warning = file.unversioned_warning().map(str::to_owned);
         let given = file.under(args);
         let (node_name, pod_name, pod_namespace) = given.identity()?;
         let kubeconfig = given.kubeconfig_source(env);
@@ -519,6 +571,7 @@ impl RunSettings {
             static_service_account,
             unauthorized_handover,
             disk,
+            config_warning,
         })
     }
 }
@@ -529,6 +582,9 @@ impl FileConfig {
     /// This file under `args`: a flag given wins over the file's key.
     fn under(self, args: RunArgs) -> FileConfig {
         FileConfig {
+            api_version: self.api_version,
+            kind: self.kind,
+            unversioned: self.unversioned,
             node_name: args.node_name.or(self.node_name),
             pod_name: args.pod_name.or(self.pod_name),
             pod_namespace: args.pod_namespace.or(self.pod_namespace),

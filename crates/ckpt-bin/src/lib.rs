@@ -97,7 +97,10 @@ pub fn run_cli(cli: Cli) -> Result<()> {
                     Error::usage(format!("check-config: cannot read {}", args.file.display()), e)
                 })?
             };
-            config::check_config_file(&text)
+            if let Some(warning) = config::check_config_file(&text)? {
+                warn_user(&warning);
+            }
+            Ok(())
         }
         Command::Inspect(args) => {
             init_logging(
@@ -161,6 +164,9 @@ pub fn run_cli(cli: Cli) -> Result<()> {
             for note in &cli.original_notes {
                 tracing::info!("{note}");
             }
+            if let Some(warning) = &settings.config_warning {
+                tracing::warn!("{warning}");
+            }
             // One thread: the agent mostly waits, and the idle cost of a second worker
             // (≈0.7 MiB RSS, most of the idle CPU in wake-ups between workers) buys nothing.
             // The executor yields between file actions so health and probes keep answering.
@@ -200,6 +206,12 @@ pub async fn run_agent(cli: Cli, api: ApiSource, shutdown: impl Future<Output = 
 fn run_settings(args: RunArgs) -> Result<RunSettings> {
     let file = read_file_config(args.disk.config.as_deref())?;
     RunSettings::resolve(args, file, &Environment::from_process())
+}
+
+/// A warning about the command line or its files, for a command without logs.
+#[allow(clippy::print_stderr)]
+fn warn_user(text: &str) {
+    eprintln!("warning: {text}");
 }
 
 /// Writes command output to stdout (the one place the binary prints results).

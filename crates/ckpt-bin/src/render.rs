@@ -18,7 +18,9 @@ impl AgentChecks for BuiltIn {
 
     fn check_config(&self, yaml: &str) -> ckpt_render::Result<()> {
         // `options_for` words the refusal (the agent's message, cause and all, on one line).
-        check_config_file(yaml).map_err(|e| ckpt_render::Error::Usage(ckpt_core::error_chain(&e)))
+        check_config_file(yaml)
+            .map(drop)
+            .map_err(|e| ckpt_render::Error::Usage(ckpt_core::error_chain(&e)))
     }
 }
 

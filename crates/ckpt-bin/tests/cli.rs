@@ -223,10 +223,31 @@ fn check_config_reads_a_file_or_stdin_as_run_would() {
         (
             "pod-namespace: kube-system\nnamespaces: [cni, kube-system]\n",
             0,
-            "",
+            "warning: --config: config: no apiVersion and kind",
         ),
         // Its namespace comes from the pod at run time: unknown here.
-        ("namespaces: [cni]\n", 0, ""),
+        (
+            "namespaces: [cni]\n",
+            0,
+            "warning: --config: config: no apiVersion and kind",
+        ),
+        // Versioned: no warning; another version or kind, or one without the other, refused.
+        (
+            "apiVersion: pod-checkpointer.github.io/v1alpha1\nkind: AgentConfig\nnamespaces: [cni]\n",
+            0,
+            "",
+        ),
+        (
+            "apiVersion: pod-checkpointer.github.io/v2\nkind: AgentConfig\n",
+            2,
+            "apiVersion \"pod-checkpointer.github.io/v2\" is not one this agent reads",
+        ),
+        (
+            "apiVersion: pod-checkpointer.github.io/v1alpha1\nkind: Config\n",
+            2,
+            "kind \"Config\" is not one this agent reads",
+        ),
+        ("kind: AgentConfig\n", 2, "apiVersion and kind go together"),
     ] {
         let path = dir.path().join("config.yaml");
         std::fs::write(&path, yaml).expect("write");
@@ -247,6 +268,13 @@ fn check_config_reads_a_file_or_stdin_as_run_would() {
                 "{yaml:?}: {}",
                 text(&out.stderr)
             );
+            if needle.is_empty() {
+                assert!(
+                    !text(&out.stderr).contains("warning"),
+                    "{yaml:?}: {}",
+                    text(&out.stderr)
+                );
+            }
         }
     }
     let missing = run(&[

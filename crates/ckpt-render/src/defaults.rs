@@ -15,6 +15,10 @@ pub const DEFAULT_METRICS_PORT: u16 = 10266;
 pub const DEFAULT_LOG_LEVEL: &str = "info";
 
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
+/// The `apiVersion` of the agent's `--config` file: the keys it may hold and what they mean.
+pub const CONFIG_API_VERSION: &str = "pod-checkpointer.github.io/v1alpha1";
+/// The `kind` of the agent's `--config` file.
+pub const CONFIG_KIND: &str = "AgentConfig";
 /// The agent keeps the control plane's own pods bootable: evicted last, scheduled first.
 pub const DEFAULT_PRIORITY_CLASS: &str = "system-node-critical";
 /// The agent's container asks for this much memory; a `--memory-limit` below it is refused.

@@ -15,7 +15,7 @@ use crate::{NAME, labels};
 pub(crate) const PORT_NAME: &str = "metrics";
 
 /// Where each alert's runbook is: a section of docs/operations.md named after the alert.
-pub const RUNBOOKS: &str = concat!(env!("CARGO_PKG_REPOSITORY"), "/blob/main/docs/operations.md");
+pub(crate) const RUNBOOKS: &str = concat!(env!("CARGO_PKG_REPOSITORY"), "/blob/main/docs/operations.md");
 
 /// One alert of the PrometheusRule: what the tests check and docs/operations.md lists.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use serde::Serialize;
 
-use crate::defaults::{DEFAULT_NAMESPACE, MEMORY_REQUEST};
+use crate::defaults::{CONFIG_API_VERSION, CONFIG_KIND, DEFAULT_NAMESPACE, MEMORY_REQUEST};
 use crate::manifest::Manifest;
 use crate::monitoring;
 use crate::options::{ApiEndpoint, KubeletTrust, LogFormat, ManifestOptions, parent_dir};
@@ -705,6 +705,9 @@ impl ManifestOptions {
         #[derive(Serialize)]
         #[serde(rename_all = "kebab-case")]
         struct AgentConfig<'a> {
+            #[serde(rename = "apiVersion")]
+            api_version: &'a str,
+            kind: &'a str,
             gc_strategy: &'a str,
             checkpoint_grace_period: &'a str,
             revisions: usize,
@@ -725,6 +728,8 @@ impl ManifestOptions {
             log_format: LogFormat,
         }
         let config = AgentConfig {
+            api_version: CONFIG_API_VERSION,
+            kind: CONFIG_KIND,
             gc_strategy: &self.gc_strategy,
             checkpoint_grace_period: &self.grace_period,
             revisions: self.revisions,

@@ -137,6 +137,8 @@ fn the_config_names_strategy_grace_period_namespaces_paths_and_metrics() {
     assert_eq!(
         parsed,
         serde_json::json!({
+            "apiVersion": "pod-checkpointer.github.io/v1alpha1",
+            "kind": "AgentConfig",
             "gc-strategy": "immediate",
             "checkpoint-grace-period": "90s",
             "revisions": 2,
@@ -989,10 +991,16 @@ fn every_alert_links_a_runbook_that_exists() {
         let url = alert.runbook_url();
         let anchor = url.rsplit_once('#').map(|(_, a)| a).unwrap_or_default();
         assert!(
-            url.starts_with("https://github.com/pod-checkpointer/pod-checkpointer/blob/main/docs/operations.md#"),
+            url.starts_with(
+                "https://github.com/pod-checkpointer/pod-checkpointer/blob/main/docs/operations.md#"
+            ),
             "{url}"
         );
-        assert!(headings.iter().any(|h| h == anchor), "no runbook section for {}", alert.name);
+        assert!(
+            headings.iter().any(|h| h == anchor),
+            "no runbook section for {}",
+            alert.name
+        );
     }
     let objects = render(&options(&ManifestArgs {
         prometheus: true,

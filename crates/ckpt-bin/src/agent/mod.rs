@@ -133,14 +133,24 @@ async fn hold_and_run(
         // with it, which on a disk slow after a power cut takes long enough for the
         // liveness probe, answered on this thread, to fail and restart the agent.
         let layout = settings.disk.layout();
-        let (store, journal) = blocking(move || {
+        let manifests_dir = settings.disk.manifests_dir.clone();
+        let (store, journal, manifests_dir_created) = blocking(move || {
+            let existed = manifests_dir.is_dir();
             Store::open(layout).map(|store| {
                 let journal = store.load_journal::<PersistentState>();
-                (store, journal)
+                (store, journal, !existed)
             })
         })
         .await
         .map_err(|e| Error::runtime("cannot open the checkpoint store", e))?;
+        if manifests_dir_created {
+            // Nothing silent: a kubelet reading another directory would never run a
+            // checkpoint, and nothing else would say so before the next power cut.
+            warn!(
+                dir = %settings.disk.manifests_dir.display(),
+                "the kubelet's manifests dir did not exist and was created: unless the kubelet's staticPodPath names it, no checkpoint written there will ever run (check --manifests-dir)"
+            );
+        }
         let (state, journal_in_place) = loaded_state(journal, &health);
         let link = match connect.take() {
             Some(connect) => Some(connect.link(&settings)?),
