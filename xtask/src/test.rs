@@ -67,8 +67,8 @@ impl Test {
                 ckpt_e2e::run(
                     "cargo",
                     &[
-                        "clippy", "-p", "ckpt-e2e", "--test", "e2e", "--test", "image", "--locked", "--",
-                        "-D", "warnings",
+                        "clippy", "-p", "ckpt-e2e", "--test", "e2e", "--test", "image", "--test", "release",
+                        "--locked", "--", "-D", "warnings",
                     ],
                 )
             })?;
