@@ -22,7 +22,7 @@ use crate::project_root;
 /// The SBOM generator, pinned: what `cargo install --locked` builds once into the cache.
 pub const SBOM_TOOL: CargoTool = CargoTool {
     krate: "cargo-cyclonedx",
-    version: "0.5.7",
+    version: "0.5.9",
     program: "cargo-cyclonedx",
 };
 
@@ -245,32 +245,68 @@ pub fn container_images(yaml: &str) -> anyhow::Result<Vec<String>> {
     Ok(images)
 }
 
-/// The SBOM of the agent binary's crates (CycloneDX JSON, by cargo-cyclonedx): its normal
-/// dependencies for the first of `archs`' targets (the others' are the same crates), no
-/// build-time ones.
+/// The SBOM of the agent binary's crates (CycloneDX 1.5 JSON, by cargo-cyclonedx): all its
+/// normal dependencies for the first of `archs`' targets (the others' are the same
+/// crates), no build-time ones. Reproducible: SOURCE_DATE_EPOCH (HEAD's commit time) makes
+/// cargo-cyclonedx leave out its random serial number.
 fn write_sbom(archs: &[Arch], out: &Path, progress: Progress) -> anyhow::Result<()> {
     let target = archs
         .first()
         .map_or(image::STATIC_TARGET, |arch| arch.rust_target());
-    let crate_dir = project_root().join("crates/ckpt-bin");
-    // cargo-cyclonedx writes beside each package's Cargo.toml: this name is the one file
-    // it writes for the binary, taken from there at once.
-    let written = crate_dir.join("pod-checkpointer_bin.cdx.json");
+    let root = project_root();
+    // cargo-cyclonedx writes one file beside the Cargo.toml of each binary of every
+    // workspace member: the agent's is taken, the others it wrote are removed.
+    let before = sbom_files(&root)?;
+    let written = root.join("crates/ckpt-bin/pod-checkpointer_bin.cdx.json");
+    let epoch = git(&["log", "-1", "--format=%ct"])?;
     let mut command = SBOM_TOOL.command(progress)?;
     command
-        .args(["cyclonedx", "--format", "json", "--describe", "binaries"])
-        .args(["--no-build-deps", "--target", target, "--manifest-path"])
-        .arg(crate_dir.join("Cargo.toml"))
-        .current_dir(project_root());
-    run_command(&mut command)?;
-    std::fs::rename(&written, out)
-        .with_context(|| format!("cargo-cyclonedx wrote no {}", written.display()))?;
+        .args(["cyclonedx", "--format", "json", "--spec-version", "1.5"])
+        .args(["--describe", "binaries", "--no-build-deps", "--target", target])
+        .arg("--manifest-path")
+        .arg(root.join("crates/ckpt-bin/Cargo.toml"))
+        .env("SOURCE_DATE_EPOCH", epoch.trim())
+        .current_dir(&root);
+    let ran = run_command(&mut command);
+    let moved = ran.and_then(|_| {
+        std::fs::rename(&written, out)
+            .with_context(|| format!("cargo-cyclonedx wrote no {}", written.display()))
+    });
+    for stray in sbom_files(&root)?.difference(&before) {
+        std::fs::remove_file(stray).with_context(|| format!("cannot remove {}", stray.display()))?;
+    }
+    moved?;
     let sbom: serde_json::Value = serde_json::from_slice(&std::fs::read(out)?)
         .with_context(|| format!("{} is not JSON", out.display()))?;
     let components = sbom["components"].as_array().map_or(0, Vec::len);
     ensure!(components > 0, "{}: no components", out.display());
-    progress.say(&format!("SBOM: {components} components ({target})"));
+    progress.say(&format!("SBOM: {components} crates ({target})"));
     Ok(())
+}
+
+/// The `*.cdx.json` files of the workspace members' directories.
+fn sbom_files(root: &Path) -> anyhow::Result<std::collections::BTreeSet<PathBuf>> {
+    let mut files = std::collections::BTreeSet::new();
+    let mut dirs = vec![root.join("xtask")];
+    for entry in std::fs::read_dir(root.join("crates"))? {
+        dirs.push(entry?.path());
+    }
+    for dir in dirs.iter().filter(|dir| dir.is_dir()) {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.to_string_lossy().ends_with(".cdx.json") {
+                files.insert(path);
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// `git ARGS…` in the project root: its stdout.
+fn git(args: &[&str]) -> anyhow::Result<String> {
+    let mut command = Command::new("git");
+    command.args(args).current_dir(project_root());
+    run_command(&mut command)
 }
 
 /// The release notes: what the release is, then CHANGELOG.md's section for `version` (or
@@ -282,7 +318,7 @@ fn release_notes(
     progress: Progress,
 ) -> anyhow::Result<String> {
     let mut notes = format!("# pod-checkpointer {version}\n\n");
-    writeln!(notes, "Image: `{pinned}` (tag `{}`), for", image.reference)?;
+    writeln!(notes, "Image: `{pinned}`, tagged `{}`, for", image.reference)?;
     for platform in image.images.iter().map(|i| i.platform) {
         writeln!(notes, "- {platform}")?;
     }
@@ -304,7 +340,7 @@ fn release_notes(
             let why = if changelog.is_some() {
                 format!("CHANGELOG.md has no section for {version} or Unreleased")
             } else {
-                "there is no CHANGELOG.md".to_owned()
+                "There is no CHANGELOG.md".to_owned()
             };
             progress.say(&format!("release notes: {why}; listing the commits instead"));
             let (since, commits) = commits_since_last_tag()?;
@@ -341,11 +377,6 @@ pub fn changelog_section<'a>(changelog: &'a str, version: &str) -> Option<&'a st
 /// `(since what, "- subject (abbreviated hash)\n" lines)` for the commits after the last
 /// tag, or all of them when there is none.
 fn commits_since_last_tag() -> anyhow::Result<(String, String)> {
-    let git = |args: &[&str]| {
-        let mut command = Command::new("git");
-        command.args(args).current_dir(project_root());
-        run_command(&mut command)
-    };
     let last_tag = git(&["describe", "--tags", "--abbrev=0"]).ok();
     let (since, range) = match last_tag.as_deref().map(str::trim) {
         Some(tag) if !tag.is_empty() => (format!("since {tag}"), format!("{tag}..HEAD")),
