@@ -5,11 +5,11 @@
 //! plane; `bench` measures the release agent against one; `demo` narrates the agent at work
 //! on one (`--self-hosted`: a self-hosted control plane through a power cut); `e2e-env`
 //! builds, starts and stops that control plane by hand; `image` builds the agent's OCI image
-//! archive; `fuzz` runs the fuzz targets; `doclinks` checks the documentation's links;
-//! `render` and `deploy` install the agent. One
-//! module per subcommand; each is a struct with a `run` method. The end-to-end
-//! infrastructure (control plane, harness, suite, bench, demo, image builder) lives in the
-//! `ckpt-e2e` crate; xtask dispatches to it.
+//! archive; `release` builds everything a release publishes into `dist/`; `fuzz` runs the
+//! fuzz targets; `doclinks` checks the documentation's links; `render` and `deploy` install
+//! the agent. One module per subcommand; each is a struct with a `run` method. The
+//! end-to-end infrastructure (control plane, harness, suite, bench, demo, image and release
+//! builders) lives in the `ckpt-e2e` crate; xtask dispatches to it.
 
 mod compat;
 mod demo;
@@ -21,7 +21,7 @@ mod render;
 mod standalone;
 mod test;
 
-use ckpt_e2e::{bench, e2e_env, image};
+use ckpt_e2e::{bench, e2e_env, image, release};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -61,6 +61,10 @@ enum Task {
     /// Check that every relative link and #anchor in the repository's Markdown files
     /// resolves (the first phase of `test`).
     Doclinks(doclinks::Doclinks),
+    /// Build everything a release publishes into dist/: the agent's image for linux/amd64
+    /// and linux/arm64 as one OCI archive, its binaries, the install YAML pinned to the
+    /// image's digest, an SBOM, the release notes, SHA256SUMS.
+    Release(release::Release),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -74,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         Task::Render(cmd) => cmd.run(),
         Task::Deploy(cmd) => cmd.run(),
         Task::Image(cmd) => cmd.run(),
+        Task::Release(cmd) => cmd.run(),
         Task::Fuzz(cmd) => cmd.run(),
         Task::Doclinks(cmd) => cmd.run(),
     }

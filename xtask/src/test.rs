@@ -1,9 +1,10 @@
 //! `cargo xtask test`: the README's test command and what `.ci/run` runs: the documentation's
 //! links, formatting, lints, each crate checked and packaged alone, every unit and
 //! integration test of the workspace, the agent's image (built, run, imported into
-//! containerd), then the end-to-end suite against a real control plane and a real node of
-//! the newest Kubernetes release (v1.37.2, built from its Go modules into the cache on first
-//! use, ~8.5 minutes on 2 cores).
+//! containerd; its arm64 build run under qemu-user), the release (`cargo xtask release` into
+//! a temporary directory), then the end-to-end suite against a real control plane and a real
+//! node of the newest Kubernetes release (v1.37.2, built from its Go modules into the cache
+//! on first use, ~8.5 minutes on 2 cores).
 
 use std::time::Instant;
 
@@ -72,8 +73,8 @@ impl Test {
                 ckpt_e2e::run(
                     "cargo",
                     &[
-                        "clippy", "-p", "ckpt-e2e", "--test", "e2e", "--test", "image", "--locked", "--",
-                        "-D", "warnings",
+                        "clippy", "-p", "ckpt-e2e", "--test", "e2e", "--test", "image", "--test", "release",
+                        "--locked", "--", "-D", "warnings",
                     ],
                 )
             })?;
@@ -94,6 +95,24 @@ impl Test {
                     "ckpt-e2e",
                     "--test",
                     "image",
+                    "--locked",
+                    "--",
+                    "--nocapture",
+                ],
+            )
+        })?;
+        // The release (`cargo xtask release` into a temporary directory): the image test
+        // built both static agents, so what is left is cargo-cyclonedx (installed once into
+        // the cache) and the archive.
+        phase("release", || {
+            ckpt_e2e::run(
+                "cargo",
+                &[
+                    "test",
+                    "-p",
+                    "ckpt-e2e",
+                    "--test",
+                    "release",
                     "--locked",
                     "--",
                     "--nocapture",

@@ -20,7 +20,10 @@ use crate::apt::Apt;
 use crate::progress::Progress;
 use crate::progress::human_duration;
 
-pub use static_binary::{STATIC_TARGET, build_static_agent, is_static_elf};
+pub(crate) use static_binary::nested_cargo;
+pub use static_binary::{
+    Arch, STATIC_TARGET, build_static_agent, build_static_agent_for, elf_machine, is_static_elf,
+};
 
 /// The kubelet's default sandbox image (`--pod-infra-container-image`), which a node without
 /// a registry must have imported.
@@ -138,7 +141,7 @@ fn version_of(reference: &str) -> &str {
 }
 
 /// `ghcr.io/x/pod-checkpointer:0.1.0` → `pod-checkpointer-0.1.0.oci.tar`.
-fn archive_name(reference: &str) -> String {
+pub fn archive_name(reference: &str) -> String {
     let name = reference.rsplit('/').next().unwrap_or(reference);
     format!("{}.oci.tar", name.replace(':', "-"))
 }
@@ -150,7 +153,7 @@ pub fn target_dir() -> PathBuf {
         .map_or_else(|| crate::project_root().join("target"), PathBuf::from)
 }
 
-fn human_size(bytes: u64) -> String {
+pub fn human_size(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
@@ -161,6 +164,46 @@ pub fn agent_image(binary: &Path, reference: &str, out: &Path) -> anyhow::Result
     let data = std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
     let (config, layer) = agent(data, ca_bundle()?, reference)?;
     write(&config, &layer, out)
+}
+
+/// The agent's image for several architectures, as one image index: each of `binaries` (a
+/// static build for its architecture, see [`build_static_agent_for`]; a binary of another
+/// CPU is refused) in [`agent_image`]'s files, under one name, written to `out`. The amd64
+/// manifest is the very one [`agent_image`] builds from the same binary and name.
+pub fn agent_multi_platform_image(
+    binaries: &[(Arch, PathBuf)],
+    reference: &str,
+    out: &Path,
+) -> anyhow::Result<oci::MultiPlatformImage> {
+    let ca_bundle = ca_bundle()?;
+    let mut images = Vec::new();
+    for (arch, binary) in binaries {
+        let data = std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+        let machine = elf_machine(&data).with_context(|| binary.display().to_string())?;
+        anyhow::ensure!(
+            machine == arch.elf_machine(),
+            "{} is not an {arch} program (its ELF machine is {machine}, not {})",
+            binary.display(),
+            arch.elf_machine()
+        );
+        let (config, layer) = agent(data, ca_bundle.clone(), reference)?;
+        images.push(oci::Image::build_for(
+            &config,
+            &layer,
+            oci::Compression::best(),
+            arch.platform(),
+        )?);
+    }
+    let image = oci::MultiPlatformImage::build(reference, images)?;
+    image.write(out)?;
+    let platforms: Vec<String> = image.images.iter().map(|i| i.platform.to_string()).collect();
+    PROGRESS.say(&format!(
+        "{reference} ({}): {} ({})",
+        platforms.join(", "),
+        out.display(),
+        image.digest()
+    ));
+    Ok(image)
 }
 
 /// The agent's image around the binary's and the CA bundle's bytes.
@@ -209,7 +252,7 @@ fn ca_bundle() -> anyhow::Result<Vec<u8>> {
     std::fs::read(CA_BUNDLE).with_context(|| format!("cannot read {CA_BUNDLE}"))
 }
 
-fn apt_log() -> PathBuf {
+pub(crate) fn apt_log() -> PathBuf {
     target_dir().join("image").join("apt.log")
 }
 

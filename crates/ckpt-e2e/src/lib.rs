@@ -15,13 +15,14 @@
 //!    (kube-apiserver, etcd and kubemark's hollow kubelet; kill, pause or restart its API
 //!    server), then the real node (kubelet, containerd and runc in namespaces of its own);
 //!    beside it [`promtool`], Prometheus' rule checker (for the alerts `render --prometheus`
-//!    writes), kept in the environment's cache;
+//!    writes), and [`cargo_tool`], programs from crates.io (the SBOM generator), kept in the
+//!    environment's cache;
 //! 4. [`harness`]: what drives the agent against the environment: `pod-checkpointer`
 //!    processes with their logs, kubectl, the Kubernetes objects the scenarios create, the
 //!    expectations, and [`harness::testbed::Testbed`], the one plane harness;
 //! 5. on top: [`self_hosted`] (a self-hosted control plane on the real node, pivoted from the
 //!    plane's), [`bench`] (`cargo xtask bench`: latency, footprint and API load of the
-//!    release agent; with `--fleet`, of a fleet of them against one API server) and [`demo`] (`cargo xtask demo`: the agent at work, narrated).
+//!    release agent; with `--fleet`, of a fleet of them against one API server), [`demo`] (`cargo xtask demo`: the agent at work, narrated) and [`release`] (`cargo xtask release`: the artifacts a release publishes, into `dist/`).
 //!
 //! A new scenario goes into the suite (`tests/e2e`) and uses the harness; what several
 //! scenarios need from the agent's side goes into [`harness`]. A new piece of the
@@ -52,16 +53,20 @@ pub mod wait;
 pub mod apt;
 pub mod image;
 
-// The environment: its build, the control plane, the real node; promtool from its cache.
+// The environment: its build, the control plane, the real node; promtool and the tools
+// from crates.io in its cache.
+pub mod cargo_tool;
 pub mod e2e_env;
 pub mod promtool;
 
 // What drives the agent against the environment.
 pub mod harness;
 
-// What runs on the harness: the self-hosted control plane, the bench, the demo.
+// What runs on the harness: the self-hosted control plane, the bench, the demo; and the
+// release, built from the images and the cached tools.
 pub mod bench;
 pub mod demo;
+pub mod release;
 pub mod self_hosted;
 
 /// The workspace root (this crate is `crates/ckpt-e2e`), where cargo builds the agent.

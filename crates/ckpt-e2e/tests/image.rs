@@ -1,9 +1,13 @@
 //! The agent's image as `cargo xtask image` builds it: the static binary runs alone in the
 //! image's root filesystem and resolves `localhost` there; the archives (agent, busybox,
-//! pause) import into containerd, are listed under their names and digests, and run.
+//! pause) import into containerd, are listed under their names and digests, and run. Then
+//! the release's image (`cargo xtask release`): the arm64 agent, cross-compiled, runs under
+//! qemu-user from its image's root filesystem, and the image index of both platforms
+//! imports under its index's digest and runs this machine's.
 //!
 //! Needs root (chroot, a mount namespace) and installs what it uses from Debian when missing
-//! (musl-tools, busybox-static, containerd, runc): it fails rather than skips. The
+//! (musl-tools, clang, llvm, qemu-user-static, busybox-static, containerd, runc): it fails
+//! rather than skips. The
 //! containerd is private: its root, state and sockets are in a temporary directory, and it
 //! runs in a mount namespace of its own with a tmpfs over /run, because containerd 1.6 puts
 //! shim sockets and `ctr`'s fifos under /run/containerd whatever its config says. No CRI, no
@@ -21,7 +25,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ckpt_e2e::apt::Apt;
-use ckpt_e2e::image::{self, oci};
+use ckpt_e2e::image::{self, Arch, oci};
 use ckpt_e2e::process::Managed;
 use ckpt_e2e::progress::Progress;
 use serde_json::Value;
@@ -51,9 +55,23 @@ fn the_agent_image_runs_alone_resolves_localhost_and_imports_into_containerd() {
     // Any static binary stands in for pause.c here: the pause image is only imported.
     let pause = image::pause_image(Path::new("/bin/busybox"), &dir.join("pause.tar")).unwrap();
 
+    // The release's: both architectures in one image index, under the same name.
+    let arm64 = image::build_static_agent_for(Arch::Arm64).unwrap();
+    let both = [(Arch::Amd64, binary.clone()), (Arch::Arm64, arm64.clone())];
+    let multi = image::agent_multi_platform_image(&both, reference, &dir.join("multi.tar")).unwrap();
+    assert_eq!(
+        multi.image_for(oci::Platform::LINUX_AMD64).unwrap().digest(),
+        agent.digest(),
+        "the index's amd64 image is `cargo xtask image`'s"
+    );
+
     // The image's root filesystem, unpacked from the archive as a runtime would.
     let rootfs = dir.join("rootfs");
-    unpack_rootfs(&std::fs::read(dir.join("agent.tar")).unwrap(), &rootfs);
+    unpack_rootfs(
+        &std::fs::read(dir.join("agent.tar")).unwrap(),
+        oci::Platform::LINUX_AMD64,
+        &rootfs,
+    );
     let version = run(Command::new("chroot")
         .arg(&rootfs)
         .args(["/pod-checkpointer", "--version"]));
@@ -62,6 +80,28 @@ fn the_agent_image_runs_alone_resolves_localhost_and_imports_into_containerd() {
         format!("pod-checkpointer {}", env!("CARGO_PKG_VERSION"))
     );
     connects_to_localhost_from(&rootfs);
+
+    // The arm64 image's files, its agent run under qemu-user (no binfmt_misc needed).
+    let arm64_rootfs = dir.join("rootfs-arm64");
+    let multi_archive = std::fs::read(dir.join("multi.tar")).unwrap();
+    unpack_rootfs(&multi_archive, oci::Platform::LINUX_ARM64, &arm64_rootfs);
+    let arm64_agent = arm64_rootfs.join("pod-checkpointer");
+    let elf = std::fs::read(&arm64_agent).unwrap();
+    assert_eq!(elf, std::fs::read(&arm64).unwrap());
+    assert_eq!(image::elf_machine(&elf).unwrap(), Arch::Arm64.elf_machine());
+    assert!(image::is_static_elf(&elf).unwrap());
+    let version = run(Arch::Arm64.command(&arm64_agent).unwrap().arg("--version"));
+    PROGRESS.say(&format!("arm64 agent under qemu-user: {}", stdout(&version)));
+    assert_eq!(
+        stdout(&version),
+        format!("pod-checkpointer {}", env!("CARGO_PKG_VERSION"))
+    );
+    let strategies = run(Arch::Arm64.command(&arm64_agent).unwrap().arg("strategies"));
+    assert!(
+        stdout(&strategies).contains("grace-period"),
+        "{}",
+        stdout(&strategies)
+    );
 
     let apt_log = image::target_dir().join("image").join("apt.log");
     Apt::new(apt_log, PROGRESS)
@@ -111,6 +151,14 @@ fn the_agent_image_runs_alone_resolves_localhost_and_imports_into_containerd() {
         as_nobody,
         "uid=65534(nobody) gid=65534(nobody) groups=65534(nobody)"
     );
+
+    // The image index replaces the single image under the name; containerd lists the
+    // index's digest and runs this machine's platform from it.
+    containerd.ctr(&["images", "import", &dir.join("multi.tar").to_string_lossy()]);
+    let listed = containerd.images();
+    assert_eq!(listed.get(reference), Some(&multi.digest()), "{listed:?}");
+    let version = containerd.run(reference, "agent-multi", &["/pod-checkpointer", "--version"]);
+    assert_eq!(version, format!("pod-checkpointer {}", env!("CARGO_PKG_VERSION")));
     drop(containerd);
 }
 
@@ -180,9 +228,10 @@ fn connects_to_localhost_from(rootfs: &Path) {
     assert_eq!(record[..2], [22, 3], "not a TLS ClientHello: {record:?}");
 }
 
-/// Unpacks the image's one layer into `rootfs`, following `index.json` to the manifest and
-/// the manifest to the layer.
-fn unpack_rootfs(archive: &[u8], rootfs: &Path) {
+/// Unpacks the image's one layer for `platform` into `rootfs`, following `index.json` to
+/// the manifest (through the image index, in a multi-platform archive) and the manifest to
+/// the layer.
+fn unpack_rootfs(archive: &[u8], platform: oci::Platform, rootfs: &Path) {
     let mut files = BTreeMap::new();
     for entry in tar::Archive::new(archive).entries().unwrap() {
         let mut entry = entry.unwrap();
@@ -195,8 +244,22 @@ fn unpack_rootfs(archive: &[u8], rootfs: &Path) {
         let hex = digest.as_str().unwrap().strip_prefix("sha256:").unwrap();
         files[&format!("blobs/sha256/{hex}")].clone()
     };
-    let index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
-    let manifest: Value = serde_json::from_slice(&blob(&index["manifests"][0]["digest"])).unwrap();
+    let layout_index: Value = serde_json::from_slice(&files["index.json"]).unwrap();
+    let mut descriptor = layout_index["manifests"][0].clone();
+    if descriptor["mediaType"] == oci::MEDIA_TYPE_INDEX {
+        let index: Value = serde_json::from_slice(&blob(&descriptor["digest"])).unwrap();
+        descriptor = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["platform"]["architecture"] == platform.architecture)
+            .unwrap_or_else(|| panic!("no {platform} manifest in {index}"))
+            .clone();
+    }
+    assert_eq!(descriptor["platform"]["architecture"], platform.architecture);
+    let manifest: Value = serde_json::from_slice(&blob(&descriptor["digest"])).unwrap();
+    let config: Value = serde_json::from_slice(&blob(&manifest["config"]["digest"])).unwrap();
+    assert_eq!(config["architecture"], platform.architecture);
     let layers = manifest["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 1);
     assert_eq!(layers[0]["mediaType"], oci::MEDIA_TYPE_LAYER_GZIP);

@@ -1,6 +1,8 @@
 //! A small, deterministic writer of single-layer OCI image archives (an OCI image layout in
 //! a tar: `oci-layout`, `index.json`, `blobs/sha256/…`), what `ctr images import`,
-//! `podman load` and `skopeo copy oci-archive:…` read. No container engine is involved.
+//! `podman load` and `skopeo copy oci-archive:…` read. No container engine is involved. An
+//! archive holds one image ([`Image`], for one platform) or one image for several platforms
+//! ([`MultiPlatformImage`]: an image index of per-platform manifests).
 //!
 //! Deterministic: the layer's entries are sorted by path, owned by 0:0, dated [`MTIME`]; the
 //! gzip stream has no timestamp or file name; every JSON document has a fixed key order.
@@ -172,9 +174,14 @@ impl ImageConfig {
 
     /// The tag: what follows the last `:` after the last `/` (`latest` when there is none).
     pub fn tag(&self) -> &str {
-        let name = self.reference.rsplit('/').next().unwrap_or(&self.reference);
-        name.rsplit_once(':').map_or("latest", |(_, tag)| tag)
+        tag_of(&self.reference)
     }
+}
+
+/// See [`ImageConfig::tag`].
+fn tag_of(reference: &str) -> &str {
+    let name = reference.rsplit('/').next().unwrap_or(reference);
+    name.rsplit_once(':').map_or("latest", |(_, tag)| tag)
 }
 
 /// A content-addressed blob: its bytes and their descriptor fields.
@@ -203,10 +210,41 @@ impl Blob {
     }
 }
 
+/// The OS and CPU an image's programs run on: its manifest's `platform` in an index and its
+/// config's `os` and `architecture` (Go's GOOS and GOARCH names, as the image spec says).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Platform {
+    pub os: &'static str,
+    pub architecture: &'static str,
+}
+
+impl Platform {
+    pub const LINUX_AMD64: Platform = Platform {
+        os: "linux",
+        architecture: "amd64",
+    };
+    pub const LINUX_ARM64: Platform = Platform {
+        os: "linux",
+        architecture: "arm64",
+    };
+
+    fn to_json(self) -> serde_json::Value {
+        json!({ "architecture": self.architecture, "os": self.os })
+    }
+}
+
+impl std::fmt::Display for Platform {
+    /// `linux/amd64`, as `--platform` flags spell it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)
+    }
+}
+
 /// A built image: its blobs and the documents that tie them together.
 #[derive(Clone, Debug)]
 pub struct Image {
     pub reference: String,
+    pub platform: Platform,
     /// sha256 of the uncompressed layer: the config's `rootfs.diff_ids[0]`.
     pub diff_id: String,
     pub layer: Blob,
@@ -218,7 +256,7 @@ pub struct Image {
 
 impl Image {
     /// Builds the layer blob (gzip of `layer`'s tar, at the best compression), the config,
-    /// the manifest and the index.
+    /// the manifest and the index, for linux/amd64.
     pub fn build(config: &ImageConfig, layer: &Layer) -> anyhow::Result<Image> {
         Image::build_with(config, layer, Compression::best())
     }
@@ -229,6 +267,17 @@ impl Image {
         config: &ImageConfig,
         layer: &Layer,
         compression: Compression,
+    ) -> anyhow::Result<Image> {
+        Image::build_for(config, layer, compression, Platform::LINUX_AMD64)
+    }
+
+    /// [`build_with`](Image::build_with) for programs of `platform`: one image of a
+    /// [`MultiPlatformImage`], or one alone.
+    pub fn build_for(
+        config: &ImageConfig,
+        layer: &Layer,
+        compression: Compression,
+        platform: Platform,
     ) -> anyhow::Result<Image> {
         let tar = layer.tar()?;
         let diff_id = sha256_digest(&tar);
@@ -250,8 +299,8 @@ impl Image {
         let config_blob = Blob::new(
             MEDIA_TYPE_CONFIG,
             to_json(&json!({
-                "architecture": "amd64",
-                "os": "linux",
+                "architecture": platform.architecture,
+                "os": platform.os,
                 "config": image_config,
                 "rootfs": { "type": "layers", "diff_ids": [diff_id] },
                 "history": [{ "created_by": "cargo xtask image" }],
@@ -267,11 +316,8 @@ impl Image {
             }))?,
         );
         let mut manifest_descriptor = manifest.descriptor();
-        manifest_descriptor["platform"] = json!({ "architecture": "amd64", "os": "linux" });
-        manifest_descriptor["annotations"] = json!({
-            ANNOTATION_CONTAINERD_NAME: config.reference,
-            ANNOTATION_REF_NAME: config.tag(),
-        });
+        manifest_descriptor["platform"] = platform.to_json();
+        manifest_descriptor["annotations"] = name_annotations(&config.reference);
         let index = to_json(&json!({
             "schemaVersion": 2,
             "mediaType": MEDIA_TYPE_INDEX,
@@ -279,6 +325,7 @@ impl Image {
         }))?;
         Ok(Image {
             reference: config.reference.clone(),
+            platform,
             diff_id,
             layer: layer_blob,
             config: config_blob,
@@ -295,48 +342,154 @@ impl Image {
     /// The OCI image layout as a tar: `blobs/sha256/…` in digest order, `index.json`,
     /// `oci-layout`.
     pub fn archive(&self) -> anyhow::Result<Vec<u8>> {
-        let mut builder = tar::Builder::new(Vec::new());
-        let mut add = |path: &str, kind: tar::EntryType, data: &[u8]| -> anyhow::Result<()> {
-            let mut header = tar::Header::new_ustar();
-            header.set_entry_type(kind);
-            header.set_uid(0);
-            header.set_gid(0);
-            header.set_mtime(MTIME);
-            header.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
-            header.set_size(data.len() as u64);
-            builder.append_data(&mut header, path, data)?;
-            Ok(())
-        };
-        add("blobs/", tar::EntryType::Directory, &[])?;
-        add("blobs/sha256/", tar::EntryType::Directory, &[])?;
-        let mut blobs = [&self.layer, &self.config, &self.manifest];
-        blobs.sort_by_key(|blob| blob.digest());
-        for blob in blobs {
-            let digest = blob.digest();
-            let hex = digest.trim_start_matches("sha256:");
-            add(
-                &format!("blobs/sha256/{hex}"),
-                tar::EntryType::Regular,
-                &blob.data,
-            )?;
-        }
-        add("index.json", tar::EntryType::Regular, &self.index)?;
-        add("oci-layout", tar::EntryType::Regular, OCI_LAYOUT)?;
-        Ok(builder.into_inner()?)
+        layout_archive([&self.layer, &self.config, &self.manifest], &self.index)
     }
 
     /// Writes the archive to `out` (through a temporary file beside it, so a reader never
     /// sees half an archive).
     pub fn write(&self, out: &Path) -> anyhow::Result<()> {
-        let archive = self.archive()?;
-        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        let mut tmp = out.as_os_str().to_owned();
-        tmp.push(".part");
-        fs::write(&tmp, archive).with_context(|| format!("cannot write {}", Path::new(&tmp).display()))?;
-        fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))
+        write_atomically(out, &self.archive()?)
     }
+}
+
+/// One image for several platforms: an image index blob that lists each platform's
+/// manifest, named in `index.json` as a single image is. Its digest is the index blob's:
+/// what a registry shows for a multi-platform tag, and what a pinned reference names (a
+/// runtime then pulls the manifest of its own platform).
+#[derive(Clone, Debug)]
+pub struct MultiPlatformImage {
+    pub reference: String,
+    /// One per platform, in the index's order.
+    pub images: Vec<Image>,
+    /// The image index blob.
+    pub index: Blob,
+    /// `index.json`: the layout's entry point, naming [`index`](MultiPlatformImage::index).
+    pub layout_index: Vec<u8>,
+}
+
+impl MultiPlatformImage {
+    /// Ties `images` (see [`Image::build_for`]), one per platform, together as `reference`.
+    /// Their own names and `index.json`s are not used.
+    pub fn build(reference: &str, images: Vec<Image>) -> anyhow::Result<MultiPlatformImage> {
+        ensure!(!images.is_empty(), "an image index needs at least one image");
+        let mut platforms = std::collections::BTreeSet::new();
+        for image in &images {
+            ensure!(
+                platforms.insert(image.platform),
+                "two images for {}: a runtime could not choose",
+                image.platform
+            );
+        }
+        let manifests: Vec<serde_json::Value> = images
+            .iter()
+            .map(|image| {
+                let mut descriptor = image.manifest.descriptor();
+                descriptor["platform"] = image.platform.to_json();
+                descriptor
+            })
+            .collect();
+        let index = Blob::new(
+            MEDIA_TYPE_INDEX,
+            to_json(&json!({
+                "schemaVersion": 2,
+                "mediaType": MEDIA_TYPE_INDEX,
+                "manifests": manifests,
+            }))?,
+        );
+        let mut index_descriptor = index.descriptor();
+        index_descriptor["annotations"] = name_annotations(reference);
+        let layout_index = to_json(&json!({
+            "schemaVersion": 2,
+            "mediaType": MEDIA_TYPE_INDEX,
+            "manifests": [index_descriptor],
+        }))?;
+        Ok(MultiPlatformImage {
+            reference: reference.to_owned(),
+            images,
+            index,
+            layout_index,
+        })
+    }
+
+    /// The image's digest: its index blob's.
+    pub fn digest(&self) -> String {
+        self.index.digest()
+    }
+
+    /// The image for `platform`, if the index has one.
+    pub fn image_for(&self, platform: Platform) -> Option<&Image> {
+        self.images.iter().find(|image| image.platform == platform)
+    }
+
+    /// The OCI image layout as a tar, as [`Image::archive`]: each blob once, so a layer or a
+    /// config that two platforms share is stored once.
+    pub fn archive(&self) -> anyhow::Result<Vec<u8>> {
+        let blobs = self
+            .images
+            .iter()
+            .flat_map(|image| [&image.layer, &image.config, &image.manifest])
+            .chain([&self.index]);
+        layout_archive(blobs, &self.layout_index)
+    }
+
+    /// Writes the archive to `out`, as [`Image::write`].
+    pub fn write(&self, out: &Path) -> anyhow::Result<()> {
+        write_atomically(out, &self.archive()?)
+    }
+}
+
+/// What names an image in `index.json`: containerd's name and the layout's tag.
+fn name_annotations(reference: &str) -> serde_json::Value {
+    json!({
+        ANNOTATION_CONTAINERD_NAME: reference,
+        ANNOTATION_REF_NAME: tag_of(reference),
+    })
+}
+
+/// An OCI image layout as a tar: `blobs/sha256/…` once each, in digest order, then
+/// `index.json` and `oci-layout`.
+fn layout_archive<'a>(
+    blobs: impl IntoIterator<Item = &'a Blob>,
+    index_json: &[u8],
+) -> anyhow::Result<Vec<u8>> {
+    let blobs: BTreeMap<String, &Blob> = blobs.into_iter().map(|blob| (blob.digest(), blob)).collect();
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, kind: tar::EntryType, data: &[u8]| -> anyhow::Result<()> {
+        let mut header = tar::Header::new_ustar();
+        header.set_entry_type(kind);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(MTIME);
+        header.set_mode(if kind.is_dir() { 0o755 } else { 0o644 });
+        header.set_size(data.len() as u64);
+        builder.append_data(&mut header, path, data)?;
+        Ok(())
+    };
+    add("blobs/", tar::EntryType::Directory, &[])?;
+    add("blobs/sha256/", tar::EntryType::Directory, &[])?;
+    for (digest, blob) in blobs {
+        let hex = digest.trim_start_matches("sha256:");
+        add(
+            &format!("blobs/sha256/{hex}"),
+            tar::EntryType::Regular,
+            &blob.data,
+        )?;
+    }
+    add("index.json", tar::EntryType::Regular, index_json)?;
+    add("oci-layout", tar::EntryType::Regular, OCI_LAYOUT)?;
+    Ok(builder.into_inner()?)
+}
+
+/// Writes `data` to `out` through a temporary file beside it, so a reader never sees half
+/// of it.
+fn write_atomically(out: &Path, data: &[u8]) -> anyhow::Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut tmp = out.as_os_str().to_owned();
+    tmp.push(".part");
+    fs::write(&tmp, data).with_context(|| format!("cannot write {}", Path::new(&tmp).display()))?;
+    fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))
 }
 
 /// `sha256:<lowercase hex>`.

@@ -1,24 +1,130 @@
 //! The agent as a static binary: the musl target (its libc is linked in, and it resolves
 //! names without NSS modules), release profile, stripped, built in a cargo target dir of its
-//! own so its profile settings never invalidate the everyday builds.
+//! own so its profile settings never invalidate the everyday builds. For amd64 natively, for
+//! arm64 cross-compiled (ring's C by clang, linked by rust-lld) and run under qemu-user.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, bail, ensure};
 
-use super::{PROGRESS, target_dir};
+use super::{PROGRESS, oci, target_dir};
 use crate::apt::Apt;
 use crate::command::run_on_terminal;
 use crate::progress::human_duration;
 use crate::project_root;
 
+/// The amd64 agent's target, what `cargo xtask image` builds.
 pub const STATIC_TARGET: &str = "x86_64-unknown-linux-musl";
 
-/// ring (rustls' crypto) compiles C: with musl's headers and start files, from Debian's
-/// musl-tools. cc-rs looks for a cross compiler named after the target otherwise.
-const MUSL_CC: &str = "musl-gcc";
+/// A CPU the agent ships for (an image index has one manifest per architecture).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Arch {
+    Amd64,
+    Arm64,
+}
+
+impl Arch {
+    /// Every architecture a release ships, in the image index's order.
+    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
+
+    /// Go's name, as image platforms and the Containerfile's `TARGETARCH` spell it.
+    pub fn name(self) -> &'static str {
+        self.platform().architecture
+    }
+
+    pub fn platform(self) -> oci::Platform {
+        match self {
+            Arch::Amd64 => oci::Platform::LINUX_AMD64,
+            Arch::Arm64 => oci::Platform::LINUX_ARM64,
+        }
+    }
+
+    pub fn rust_target(self) -> &'static str {
+        match self {
+            Arch::Amd64 => STATIC_TARGET,
+            Arch::Arm64 => "aarch64-unknown-linux-musl",
+        }
+    }
+
+    /// The ELF header's `e_machine` of its programs.
+    pub fn elf_machine(self) -> u16 {
+        match self {
+            Arch::Amd64 => 62,
+            Arch::Arm64 => 183,
+        }
+    }
+
+    /// The architecture of this machine's own programs, if the agent ships for it.
+    pub fn host() -> Option<Arch> {
+        match std::env::consts::ARCH {
+            "x86_64" => Some(Arch::Amd64),
+            "aarch64" => Some(Arch::Arm64),
+            _ => None,
+        }
+    }
+
+    /// The variables that make cargo build ring's C and link for this target; the
+    /// Containerfile sets the same (a test compares them).
+    ///
+    /// ring compiles C (and assembly): for amd64 with musl's headers and start files, from
+    /// Debian's musl-tools (cc-rs looks for a cross compiler named after the target
+    /// otherwise). For arm64 Debian has no musl cross compiler, and needs none: ring builds
+    /// its C without a libc's headers when clang compiles it for a musl target other than
+    /// x86_64 (`-nostdlibinc`); llvm-ar indexes the aarch64 objects (binutils' ar cannot);
+    /// Rust's musl target brings its own libc and start files, so rust-lld links alone.
+    pub fn build_env(self) -> Vec<(String, &'static str)> {
+        let target = self.rust_target().replace('-', "_");
+        match self {
+            Arch::Amd64 => vec![(format!("CC_{target}"), "musl-gcc")],
+            Arch::Arm64 => vec![
+                (format!("CC_{target}"), "clang"),
+                (format!("AR_{target}"), "llvm-ar"),
+                (
+                    format!("CARGO_TARGET_{}_LINKER", target.to_uppercase()),
+                    "rust-lld",
+                ),
+            ],
+        }
+    }
+
+    /// The Debian packages [`build_env`](Arch::build_env) needs, and what runs the binary
+    /// here when this is not the machine's own architecture.
+    pub fn build_packages(self) -> &'static [&'static str] {
+        match self {
+            Arch::Amd64 => &["musl-tools"],
+            Arch::Arm64 => &["clang", "llvm"],
+        }
+    }
+
+    /// Debian's qemu-user-static program for this architecture (it needs no binfmt_misc
+    /// registration: it is given the program to run).
+    fn qemu_user(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "qemu-x86_64-static",
+            Arch::Arm64 => "qemu-aarch64-static",
+        }
+    }
+
+    /// A command that runs `binary`, a program of this architecture: directly on a machine of
+    /// it, else under qemu-user (Debian's qemu-user-static, installed if missing).
+    pub fn command(self, binary: &Path) -> anyhow::Result<Command> {
+        if Arch::host() == Some(self) {
+            return Ok(Command::new(binary));
+        }
+        Apt::new(super::apt_log(), PROGRESS).install(&["qemu-user-static"])?;
+        let mut command = Command::new(self.qemu_user());
+        command.arg(binary);
+        Ok(command)
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// The variables cargo sets for the crate it runs (besides `CARGO_PKG_*` and
 /// `CARGO_BIN_EXE_*`), which a nested build must not inherit.
@@ -37,13 +143,22 @@ const CARGO_SET_FOR_CRATES: &[&str] = &[
 /// Builds `pod-checkpointer` for [`STATIC_TARGET`] (installing the Rust target and musl-gcc
 /// when missing), checks that it is static and runs, and returns its path.
 pub fn build_static_agent() -> anyhow::Result<PathBuf> {
+    build_static_agent_for(Arch::Amd64)
+}
+
+/// Builds `pod-checkpointer` for `arch`'s musl target (installing the Rust target and the
+/// Debian packages of [`Arch::build_packages`] when missing), checks that it is a static ELF
+/// of that architecture, that it runs (under qemu-user on another architecture) and has no
+/// failpoints, and returns its path.
+pub fn build_static_agent_for(arch: Arch) -> anyhow::Result<PathBuf> {
     let started = Instant::now();
-    ensure_rust_target()?;
-    Apt::new(super::apt_log(), PROGRESS).install(&["musl-tools"])?;
+    let target = arch.rust_target();
+    ensure_rust_target(target)?;
+    Apt::new(super::apt_log(), PROGRESS).install(arch.build_packages())?;
 
     let cargo_target = target_dir().join("static");
     PROGRESS.say(&format!(
-        "building pod-checkpointer for {STATIC_TARGET} (release, stripped) in {}; ~5 min cold on 2 cores",
+        "building pod-checkpointer for {target} (release, stripped) in {}; ~5 min cold on 2 cores",
         cargo_target.display()
     ));
     let args = [
@@ -55,40 +170,36 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
         "--bin",
         "pod-checkpointer",
         "--target",
-        STATIC_TARGET,
+        target,
     ];
     eprintln!("$ cargo {}", args.join(" "));
-    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    // What `cargo run` and `cargo test` set for xtask itself. ring's build script watches
-    // CARGO_MANIFEST_DIR: with it inherited, a build from xtask and one from a shell (or
-    // from the test) would each make the other rebuild ring and everything above it.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if CARGO_SET_FOR_CRATES.contains(&name.as_ref())
-            || name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_BIN_EXE_")
-        {
-            cargo.env_remove(name.as_ref());
-        }
+    let mut cargo = nested_cargo();
+    cargo
+        .args(args)
+        .current_dir(project_root())
+        .env("CARGO_TARGET_DIR", &cargo_target)
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
+    for (name, value) in arch.build_env() {
+        cargo.env(name, value);
     }
-    run_on_terminal(
-        cargo
-            .args(args)
-            .current_dir(project_root())
-            .env("CARGO_TARGET_DIR", &cargo_target)
-            .env(format!("CC_{}", STATIC_TARGET.replace('-', "_")), MUSL_CC)
-            .env("CARGO_PROFILE_RELEASE_STRIP", "symbols"),
-    )
-    .context("building the static agent failed")?;
+    run_on_terminal(&mut cargo).with_context(|| format!("building the static agent for {arch} failed"))?;
 
-    let binary = cargo_target.join(STATIC_TARGET).join("release/pod-checkpointer");
+    let binary = cargo_target.join(target).join("release/pod-checkpointer");
     let data = std::fs::read(&binary).with_context(|| format!("cannot read {}", binary.display()))?;
     ensure!(
         is_static_elf(&data)?,
         "{} has a program interpreter: not static",
         binary.display()
     );
-    let version = Command::new(&binary)
+    let machine = elf_machine(&data)?;
+    ensure!(
+        machine == arch.elf_machine(),
+        "{} is an ELF for machine {machine}, not {arch}'s {}",
+        binary.display(),
+        arch.elf_machine()
+    );
+    let version = arch
+        .command(&binary)?
         .arg("--version")
         .output()
         .with_context(|| format!("cannot run {}", binary.display()))?;
@@ -99,9 +210,9 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
         "{} --version says {version:?}, not {expected:?}",
         binary.display()
     );
-    check_failpoints_compiled_out(&binary)?;
+    check_failpoints_compiled_out(arch, &binary)?;
     PROGRESS.say(&format!(
-        "static agent: {} ({:.1} MiB, {version}) in {}",
+        "static agent for {arch}: {} ({:.1} MiB, {version}) in {}",
         binary.display(),
         data.len() as f64 / (1024.0 * 1024.0),
         human_duration(started.elapsed())
@@ -115,13 +226,14 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
 /// `drain` of one data directory with every unlink set to fail with EIO; a build with the
 /// failpoints fails it (ckpt-bin's `a_test_build_honours_ckpt_failpoints` runs the same on
 /// its test build), this one must drain.
-fn check_failpoints_compiled_out(binary: &std::path::Path) -> anyhow::Result<()> {
+fn check_failpoints_compiled_out(arch: Arch, binary: &Path) -> anyhow::Result<()> {
     let dir = tempfile::tempdir().context("cannot make a temporary directory")?;
     let data = dir.path().join("ck/checkpoint-secrets/ns/p/s/k");
     std::fs::create_dir_all(dir.path().join("ck/checkpoint-secrets/ns/p/s"))?;
     std::fs::write(&data, "v")?;
     let path = |rel: &str| dir.path().join(rel).display().to_string();
-    let out = Command::new(binary)
+    let out = arch
+        .command(binary)?
         .args(["drain", "--force", "--checkpoint-dir", &path("ck")])
         .args([
             "--manifests-dir",
@@ -143,23 +255,41 @@ fn check_failpoints_compiled_out(binary: &std::path::Path) -> anyhow::Result<()>
     Ok(())
 }
 
-/// `rustup target add` when the toolchain lacks the musl standard library.
-fn ensure_rust_target() -> anyhow::Result<()> {
+/// cargo, for a build of its own from within a cargo-run program (xtask, a test), without
+/// what `cargo run` and `cargo test` set for that program. ring's build script watches
+/// CARGO_MANIFEST_DIR: with it inherited, a build from xtask and one from a shell (or from
+/// the test) would each make the other rebuild ring and everything above it.
+pub(crate) fn nested_cargo() -> Command {
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if CARGO_SET_FOR_CRATES.contains(&name.as_ref())
+            || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+        {
+            cargo.env_remove(name.as_ref());
+        }
+    }
+    cargo
+}
+
+/// `rustup target add` when the toolchain lacks `target`'s standard library.
+fn ensure_rust_target(target: &str) -> anyhow::Result<()> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .current_dir(project_root())
         .output()
-        .context("cannot run rustup: the static build needs the musl target's standard library")?;
+        .context("cannot run rustup: the static build needs the musl targets' standard library")?;
     if String::from_utf8_lossy(&installed.stdout)
         .lines()
-        .any(|line| line.trim() == STATIC_TARGET)
+        .any(|line| line.trim() == target)
     {
         return Ok(());
     }
-    PROGRESS.say(&format!("rustup target add {STATIC_TARGET}"));
+    PROGRESS.say(&format!("rustup target add {target}"));
     run_on_terminal(
         Command::new("rustup")
-            .args(["target", "add", STATIC_TARGET])
+            .args(["target", "add", target])
             .current_dir(project_root()),
     )
 }
@@ -192,4 +322,17 @@ pub fn is_static_elf(elf: &[u8]) -> anyhow::Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// The `e_machine` of a 64-bit little-endian ELF file: which CPU its code is for.
+pub fn elf_machine(elf: &[u8]) -> anyhow::Result<u16> {
+    ensure!(elf.starts_with(b"\x7fELF"), "not an ELF file");
+    ensure!(
+        elf.get(4) == Some(&2) && elf.get(5) == Some(&1),
+        "not a 64-bit little-endian ELF file"
+    );
+    let Some(machine) = elf.get(0x12..0x14) else {
+        bail!("truncated ELF header");
+    };
+    Ok(u16::from_le_bytes([machine[0], machine[1]]))
 }

@@ -257,9 +257,27 @@ fn the_containerfile_lays_out_the_same_image() {
         let line = format!("printf '{}' > /rootfs{path}", printf(content));
         assert!(containerfile.contains(&line), "the Containerfile lacks {line}");
     }
+    // Each architecture: TARGETARCH's name picks its Rust target, and the build has the
+    // same compiler, archiver and linker as xtask's, and the same Debian packages.
+    for arch in Arch::ALL {
+        let target = format!("{}) echo {} > /rust-target;", arch.name(), arch.rust_target());
+        assert!(
+            containerfile.contains(&target),
+            "the Containerfile lacks {target}"
+        );
+        for (name, value) in arch.build_env() {
+            let line = format!("{name}={value} ");
+            assert!(containerfile.contains(&line), "the Containerfile lacks {line}");
+        }
+        let packages = format!("tools=\"{}", arch.build_packages().join(" "));
+        assert!(
+            containerfile.contains(&packages),
+            "the Containerfile lacks {packages}"
+        );
+    }
     for line in [
-        &format!("--target {STATIC_TARGET}"),
-        "CC_x86_64_unknown_linux_musl=musl-gcc",
+        "--target \"$target\"",
+        "ARG TARGETARCH",
         "CARGO_PROFILE_RELEASE_STRIP=symbols",
         "cargo build --release --locked -p ckpt-bin --bin pod-checkpointer",
         &format!(

@@ -221,3 +221,186 @@ fn the_tag_is_what_follows_the_last_colon_of_the_last_path_part() {
     assert_eq!(tag("localhost:5000/app:v1"), "v1");
     assert_eq!(tag("busybox"), "latest");
 }
+
+/// A platform and the bytes of its `/app`.
+type Program = (Platform, &'static [u8]);
+
+/// An image of `sample()`'s config for `platform` whose `/app` holds `program`.
+fn image_for(platform: Platform, program: &[u8]) -> Image {
+    let (config, mut layer) = sample();
+    layer.file("/app", 0o755, program.to_vec()).unwrap();
+    Image::build_for(&config, &layer, Compression::fast(), platform).unwrap()
+}
+
+/// The per-platform manifests of a multi-platform archive, followed from `index.json`
+/// through the index blob, each checked against its descriptor: `(platform descriptor,
+/// manifest, config)`.
+fn platform_manifests(files: &BTreeMap<String, Vec<u8>>) -> Vec<(Value, Value, Value)> {
+    let layout_index = json(&files["index.json"]);
+    assert_eq!(layout_index["mediaType"], MEDIA_TYPE_INDEX);
+    let named = layout_index["manifests"].as_array().unwrap();
+    assert_eq!(named.len(), 1, "index.json names one image");
+    assert_eq!(
+        named[0]["mediaType"], MEDIA_TYPE_INDEX,
+        "and it is an image index"
+    );
+    let index = json(blob(files, &named[0]));
+    assert_eq!(index["schemaVersion"], 2);
+    assert_eq!(index["mediaType"], MEDIA_TYPE_INDEX);
+    index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|descriptor| {
+            assert_eq!(descriptor["mediaType"], MEDIA_TYPE_MANIFEST);
+            assert!(descriptor.get("annotations").is_none(), "only the index is named");
+            let manifest = json(blob(files, descriptor));
+            let config = json(blob(files, &manifest["config"]));
+            for layer in manifest["layers"].as_array().unwrap() {
+                let tar = gunzip(blob(files, layer));
+                assert_eq!(config["rootfs"]["diff_ids"], serde_json::json!([digest_of(&tar)]));
+            }
+            (descriptor["platform"].clone(), manifest, config)
+        })
+        .collect()
+}
+
+#[test]
+fn an_image_index_lists_each_platforms_manifest_with_its_platform_and_shares_identical_blobs() {
+    let amd64 = Platform::LINUX_AMD64;
+    let arm64 = Platform::LINUX_ARM64;
+    // (platform and program of each image, distinct blobs in the archive: each image's
+    // layer, config and manifest, and the index; identical layers stored once).
+    let cases: &[(&[Program], usize)] = &[
+        (&[(amd64, b"x86 code"), (arm64, b"arm code")], 7),
+        // One program for both: one layer; the configs still differ by architecture.
+        (&[(amd64, b"script"), (arm64, b"script")], 6),
+        (&[(arm64, b"arm code"), (amd64, b"x86 code")], 7),
+        (&[(amd64, b"x86 code")], 4),
+    ];
+    for (images, blobs) in cases {
+        let built: Vec<Image> = images
+            .iter()
+            .map(|(platform, program)| image_for(*platform, program))
+            .collect();
+        let multi = MultiPlatformImage::build("example.test/team/app:1.2.3", built.clone()).unwrap();
+        let files = files(&multi.archive().unwrap());
+        let stored = files
+            .keys()
+            .filter(|path| path.starts_with("blobs/sha256/") && !path.ends_with('/'));
+        assert_eq!(stored.count(), *blobs, "{images:?}");
+        assert_eq!(files.len(), blobs + 4, "two directories, index.json, oci-layout");
+        assert_eq!(
+            json(&files["oci-layout"]),
+            serde_json::json!({"imageLayoutVersion": "1.0.0"})
+        );
+
+        let listed = platform_manifests(&files);
+        assert_eq!(listed.len(), images.len());
+        for (((platform, _), (descriptor, manifest, config)), image) in images.iter().zip(&listed).zip(&built)
+        {
+            assert_eq!(
+                *descriptor,
+                serde_json::json!({"architecture": platform.architecture, "os": platform.os}),
+                "in the given order"
+            );
+            assert_eq!(config["architecture"], platform.architecture);
+            assert_eq!(config["os"], platform.os);
+            assert_eq!(config["config"]["Entrypoint"], serde_json::json!(["/app"]));
+            assert_eq!(*manifest, json(&image.manifest.data), "the image's own manifest");
+            assert_eq!(multi.image_for(*platform).unwrap().digest(), image.digest());
+        }
+
+        let named = &json(&files["index.json"])["manifests"][0];
+        assert_eq!(
+            named["digest"],
+            multi.digest(),
+            "the image's digest is the index's"
+        );
+        assert_eq!(
+            named["annotations"][ANNOTATION_CONTAINERD_NAME],
+            "example.test/team/app:1.2.3"
+        );
+        assert_eq!(named["annotations"][ANNOTATION_REF_NAME], "1.2.3");
+    }
+}
+
+#[test]
+fn an_image_index_refuses_no_image_and_two_for_one_platform() {
+    let reference = "example.test/app:1";
+    let error = MultiPlatformImage::build(reference, Vec::new()).unwrap_err();
+    assert!(error.to_string().contains("at least one image"), "{error}");
+    let twice = vec![
+        image_for(Platform::LINUX_ARM64, b"a"),
+        image_for(Platform::LINUX_AMD64, b"b"),
+        image_for(Platform::LINUX_ARM64, b"c"),
+    ];
+    let error = MultiPlatformImage::build(reference, twice).unwrap_err();
+    assert!(
+        error.to_string().contains("two images for linux/arm64"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_single_platform_image_is_the_amd64_one_and_its_manifest_is_the_indexs_amd64_entry() {
+    let (config, layer) = sample();
+    let single = Image::build(&config, &layer).unwrap();
+    assert_eq!(single.platform, Platform::LINUX_AMD64);
+    let amd64 = Image::build_for(&config, &layer, Compression::best(), Platform::LINUX_AMD64).unwrap();
+    assert!(
+        single.archive().unwrap() == amd64.archive().unwrap(),
+        "build is build_for linux/amd64"
+    );
+    // So the digest `cargo xtask image` prints for a binary is the amd64 entry of a
+    // release's index built from the same binary.
+    let arm64 = Image::build_for(&config, &layer, Compression::best(), Platform::LINUX_ARM64).unwrap();
+    let multi = MultiPlatformImage::build(&config.reference, vec![amd64, arm64.clone()]).unwrap();
+    assert_eq!(
+        multi.image_for(Platform::LINUX_AMD64).unwrap().digest(),
+        single.digest()
+    );
+    assert_ne!(
+        arm64.digest(),
+        single.digest(),
+        "the config names the architecture"
+    );
+    assert_eq!(arm64.layer.digest(), single.layer.digest(), "the same files");
+    assert_eq!(
+        json(&arm64.index)["manifests"][0]["platform"],
+        serde_json::json!({"architecture": "arm64", "os": "linux"}),
+        "an arm64 image alone says so in its index.json"
+    );
+}
+
+#[test]
+fn a_multi_platform_archive_is_deterministic_and_written_whole() {
+    let build = || {
+        MultiPlatformImage::build(
+            "example.test/app:1",
+            vec![
+                image_for(Platform::LINUX_AMD64, b"x86"),
+                image_for(Platform::LINUX_ARM64, b"arm"),
+            ],
+        )
+        .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("release/app.oci.tar");
+    build().write(&out).unwrap();
+    assert!(
+        fs::read(&out).unwrap() == build().archive().unwrap(),
+        "two builds differ"
+    );
+    assert_eq!(
+        fs::read_dir(out.parent().unwrap()).unwrap().count(),
+        1,
+        "no leftover"
+    );
+    let renamed = MultiPlatformImage::build("example.test/app:2", build().images).unwrap();
+    assert_eq!(
+        renamed.digest(),
+        build().digest(),
+        "the name is not in the index blob"
+    );
+}
