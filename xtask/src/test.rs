@@ -31,6 +31,24 @@ pub(crate) struct Test {
 }
 
 /// Runs one phase and prints how long it took.
+/// One of ckpt-e2e's `test = false` integration tests (they build images, need root),
+/// with its progress shown.
+fn e2e_crate_test(name: &str) -> anyhow::Result<()> {
+    ckpt_e2e::run(
+        "cargo",
+        &[
+            "test",
+            "-p",
+            "ckpt-e2e",
+            "--test",
+            name,
+            "--locked",
+            "--",
+            "--nocapture",
+        ],
+    )
+}
+
 fn phase(name: &str, run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
     let started = Instant::now();
     eprintln!("xtask test: phase {name}");
@@ -86,39 +104,11 @@ impl Test {
             ckpt_e2e::run("cargo", &["test", "--workspace", "--locked"])
         })?;
         // The image: the static release build, its root filesystem, a private containerd.
-        phase("image", || {
-            ckpt_e2e::run(
-                "cargo",
-                &[
-                    "test",
-                    "-p",
-                    "ckpt-e2e",
-                    "--test",
-                    "image",
-                    "--locked",
-                    "--",
-                    "--nocapture",
-                ],
-            )
-        })?;
+        phase("image", || e2e_crate_test("image"))?;
         // The release (`cargo xtask release` into a temporary directory): the image test
         // built both static agents, so what is left is cargo-cyclonedx (installed once into
         // the cache) and the archive.
-        phase("release", || {
-            ckpt_e2e::run(
-                "cargo",
-                &[
-                    "test",
-                    "-p",
-                    "ckpt-e2e",
-                    "--test",
-                    "release",
-                    "--locked",
-                    "--",
-                    "--nocapture",
-                ],
-            )
-        })?;
+        phase("release", || e2e_crate_test("release"))?;
 
         if self.no_e2e_build
             && let Err(missing) = e2e_env::cached_bins(Release::default())

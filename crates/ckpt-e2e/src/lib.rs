@@ -79,6 +79,23 @@ pub fn project_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Whether a test that needs root may go on: `true` as root; otherwise it says it is
+/// skipped (`why`: what needs root) and returns `false`, except with CI=true, where it
+/// panics: CI runs as root and skips nothing (ARCHITECTURE.md, Testing).
+pub fn root_or_skip(why: &str) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
+        return true;
+    }
+    assert_ne!(
+        std::env::var("CI").as_deref(),
+        Ok("true"),
+        "this test needs root ({why})"
+    );
+    eprintln!("skipped: {why} needs root");
+    false
+}
+
 /// Runs `program args…` in the project root on the terminal, echoing it first.
 pub fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
     eprintln!("$ {program} {}", args.join(" "));

@@ -329,6 +329,16 @@ pub fn in_path(program: &str) -> bool {
     })
 }
 
+/// Whether a program given by path is there: an absolute path is a file, a bare name is
+/// [`in_path`] (Debian's tools, named rather than built beside the others).
+pub fn installed(program: &std::path::Path) -> bool {
+    if program.is_absolute() {
+        program.is_file()
+    } else {
+        in_path(&program.to_string_lossy())
+    }
+}
+
 /// `bytes` random bytes from the kernel, hex-encoded (tokens, unique names).
 pub fn random_hex(bytes: usize) -> anyhow::Result<String> {
     let mut buf = vec![0u8; bytes];

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -36,13 +36,7 @@ const NAMESPACE: &str = "k8s.io";
 #[test]
 fn the_agent_image_runs_alone_resolves_localhost_and_imports_into_containerd() {
     // With CI=true nothing is skipped (ARCHITECTURE.md, Testing): CI runs as root.
-    if std::fs::metadata("/proc/self").unwrap().uid() != 0 {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "this test needs root (chroot, mount namespaces, containerd)"
-        );
-        eprintln!("skipped: chroot, mount namespaces and containerd need root");
+    if !ckpt_e2e::root_or_skip("chroot, mount namespaces, containerd") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -48,7 +48,7 @@ use super::curl::{http_probe, http_status, node_ready_probe};
 use super::node_network::{NodeNetwork, is_mount_point};
 use super::state::parse_state;
 use crate::command::{command_line, run_command};
-use crate::process::{Managed, in_path};
+use crate::process::{Managed, in_path, installed};
 use crate::progress::human_duration;
 use crate::wait::{Probe, wait_ready};
 
@@ -816,12 +816,7 @@ fn preflight(options: &RealNodeOptions) -> anyhow::Result<()> {
         release => format!("`cargo xtask e2e-env build --kubernetes {}`", release.name()),
     };
     for tool in [runtime.containerd(), runtime.ctr(), runtime.runc()] {
-        let found = if tool.is_absolute() {
-            tool.is_file()
-        } else {
-            in_path(&tool.to_string_lossy())
-        };
-        anyhow::ensure!(found, "{} is missing: run {build}", tool.display());
+        anyhow::ensure!(installed(&tool), "{} is missing: run {build}", tool.display());
     }
     for plugin in ["bridge", "host-local", "loopback"] {
         let path = runtime.cni_bin_dir().join(plugin);

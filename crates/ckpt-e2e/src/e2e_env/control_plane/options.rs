@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use super::hollow::CRI_SOCKET;
 use crate::e2e_env::build::BinDir;
 use crate::e2e_env::node_network::NodeNetwork;
-use crate::process::{in_path, random_hex};
+use crate::process::{in_path, installed, random_hex};
 
 /// What to start, and where.
 #[derive(Clone, Debug)]
@@ -91,13 +91,8 @@ pub(super) fn preflight(options: &StartOptions) -> anyhow::Result<()> {
     // The etcd these binaries run with: built from its module beside them (v1.34 and
     // later), or Debian's on PATH (v1.20). Debian's on PATH proves nothing for the former.
     let etcd = options.bins.etcd();
-    let etcd_found = if etcd.is_absolute() {
-        etcd.is_file()
-    } else {
-        in_path(&etcd.to_string_lossy())
-    };
     anyhow::ensure!(
-        etcd_found,
+        installed(etcd),
         "etcd ({}) is not installed: run `cargo xtask e2e-env build`",
         etcd.display()
     );
