@@ -147,6 +147,23 @@ struct Inner {
     anonymous: bool,
 }
 
+impl Status {
+    /// After an outage, whether a not-ready answer (`status`, at `now`) still keeps the
+    /// server unreachable: until the same kind of answer has lasted `grace`.
+    fn waits_for_ready(
+        &mut self,
+        status: http::StatusCode,
+        now: tokio::time::Instant,
+        grace: Duration,
+    ) -> bool {
+        let since = *self.not_ready_since.get_or_insert_with(|| {
+            info!(%status, ?grace, "API server answers again after an outage, but not ready: waiting for a 200 on /readyz (or the same answer that long)");
+            now
+        });
+        now.duration_since(since) < grace
+    }
+}
+
 impl Inner {
     fn bump(&self) {
         self.notify.send_modify(|n| *n = n.wrapping_add(1));
@@ -264,7 +281,8 @@ impl Inner {
 ///   Any other HTTP answer (2xx, and also 401/403/404: the server is alive) is a success,
 ///   except that after an outage only a 2xx or a 401 ends it at once: another answer must
 ///   persist for `not_ready_grace` (a restarted server refuses everything while its
-///   authorizer loads); a 401 makes the state [`ApiState::Unauthorized`] until a probe is answered otherwise,
+///   authorizer loads); a 401 makes the state [`ApiState::Unauthorized`] until a probe is
+///   answered otherwise,
 ///   and so does a 403 on the pod list or watch of every namespace, until one lists again.
 ///   A failed watch request never makes it unreachable;
 /// - [`ApiState::Synced`] needs a complete list from every namespace since the last
@@ -655,13 +673,9 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
             Ok(_) => {}
         }
         inner.update(|st| match &result {
-            Ok(Answered::NotReady(status)) if !st.reachable && {
-                let since = *st.not_ready_since.get_or_insert_with(|| {
-                    info!(%status, grace = ?config.not_ready_grace, "API server answers again after an outage, but not ready: waiting for a 200 on /readyz (or the same answer that long)");
-                    answered_at
-                });
-                answered_at.duration_since(since) < config.not_ready_grace
-            } => {
+            Ok(Answered::NotReady(status))
+                if !st.reachable && st.waits_for_ready(*status, answered_at, config.not_ready_grace) =>
+            {
                 // Still unreachable: the watches stay stopped, the probe keeps its pace.
                 st.probe_error = Some(format!(
                     "GET /readyz answered {status} after an outage: waiting for 200 OK"
