@@ -6,13 +6,15 @@
 //! on one (`--self-hosted`: a self-hosted control plane through a power cut); `e2e-env`
 //! builds, starts and stops that control plane by hand; `image` builds the agent's OCI image
 //! archive; `release` builds everything a release publishes into `dist/`; `fuzz` runs the
-//! fuzz targets; `doclinks` checks the documentation's links; `render` and `deploy` install
-//! the agent. One module per subcommand; each is a struct with a `run` method. The
-//! end-to-end infrastructure (control plane, harness, suite, bench, demo, image and release
-//! builders) lives in the `ckpt-e2e` crate; xtask dispatches to it.
+//! fuzz targets; `doclinks` checks the documentation's links; `deny` the dependency policy
+//! (cargo-deny against `deny.toml`); `render` and `deploy` install the agent. One module
+//! per subcommand; each is a struct with a `run` method. The end-to-end infrastructure
+//! (control plane, harness, suite, bench, demo, image and release builders) lives in the
+//! `ckpt-e2e` crate; xtask dispatches to it.
 
 mod compat;
 mod demo;
+mod deny;
 mod deploy;
 mod doclinks;
 mod e2e;
@@ -61,6 +63,9 @@ enum Task {
     /// Check that every relative link and #anchor in the repository's Markdown files
     /// resolves (the first phase of `test`).
     Doclinks(doclinks::Doclinks),
+    /// Check the dependency policy of deny.toml with cargo-deny (licences, bans, sources;
+    /// the advisories need a database this machine cannot fetch): a phase of `test`.
+    Deny(deny::Deny),
     /// Build everything a release publishes into dist/: the agent's image for linux/amd64
     /// and linux/arm64 as one OCI archive, its binaries, the install YAML pinned to the
     /// image's digest, an SBOM, the release notes, SHA256SUMS.
@@ -81,6 +86,7 @@ fn main() -> anyhow::Result<()> {
         Task::Release(cmd) => cmd.run(),
         Task::Fuzz(cmd) => cmd.run(),
         Task::Doclinks(cmd) => cmd.run(),
+        Task::Deny(cmd) => cmd.run(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the README's test command and what `.ci/run` runs: the documentation's
-//! links, formatting, lints, each crate checked and packaged alone, every unit and
-//! integration test of the workspace, the agent's image (built, run, imported into
+//! links, formatting, lints, each crate checked and packaged alone, the dependency policy
+//! (cargo-deny: licences, bans, sources; advisories skipped, the reason printed), every
+//! unit and integration test of the workspace, the agent's image (built, run, imported into
 //! containerd; its arm64 build run under qemu-user), the release (`cargo xtask release` into
 //! a temporary directory), then the end-to-end suite against a real control plane and a real
 //! node of the newest Kubernetes release (v1.37.2, built from its Go modules into the cache
@@ -14,8 +15,8 @@ use ckpt_e2e::progress::human_duration;
 /// Formatting and lint gates, unit and integration tests, then the end-to-end suite.
 #[derive(clap::Args)]
 pub(crate) struct Test {
-    /// Skip `cargo fmt --check`, clippy and the check that each crate builds and packages
-    /// alone (for a quick local loop).
+    /// Skip `cargo fmt --check`, clippy, the check that each crate builds and packages
+    /// alone and the dependency policy (for a quick local loop).
     #[arg(long)]
     no_lint: bool,
     /// Do not build the end-to-end control plane when it is not cached yet (~8.5 min): the
@@ -99,6 +100,10 @@ impl Test {
             phase("each crate alone", || {
                 crate::standalone::run(&ckpt_e2e::project_root()).map(drop)
             })?;
+            // deny.toml: the licences, bans and sources of every crate in Cargo.lock
+            // (cargo-deny, installed once into the cache); the advisories are skipped with
+            // the reason printed.
+            phase("dependency policy (cargo deny)", crate::deny::run)?;
         }
         phase("unit and integration tests", || {
             ckpt_e2e::run("cargo", &["test", "--workspace", "--locked"])
