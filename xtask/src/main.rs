@@ -2,7 +2,7 @@
 //!
 //! Developer and operator tasks for pod-checkpointer, run as `cargo xtask <task>`:
 //! `test` runs everything CI runs; `e2e` runs the end-to-end suite against a real control
-//! plane; `bench` measures the release agent against one; `demo` narrates the agent at work
+//! plane; `bench` measures the image's agent against one; `demo` narrates the agent at work
 //! on one (`--self-hosted`: a self-hosted control plane through a power cut); `e2e-env`
 //! builds, starts and stops that control plane by hand; `image` builds the agent's OCI image
 //! archive; `release` builds everything a release publishes into `dist/`; `fuzz` runs the
@@ -45,7 +45,7 @@ enum Task {
     Demo(demo::Demo),
     /// The real kube-apiserver, etcd and hollow kubelet for the end-to-end tests.
     E2eEnv(e2e_env::E2eEnv),
-    /// End-to-end benchmarks of the release agent against the real control plane: latency,
+    /// End-to-end benchmarks of the image's agent against the real control plane: latency,
     /// footprint and API load (ARCHITECTURE.md, Targets); writes target/bench/e2e-<timestamp>.{json,md}.
     Bench(bench::Bench),
     /// Write the manifests that install pod-checkpointer (ServiceAccount, RBAC, config,

@@ -1,4 +1,5 @@
-//! `cargo xtask bench`: the end-to-end benchmarks (issue 9). The release agent runs as a
+//! `cargo xtask bench`: the end-to-end benchmarks (issue 9). The agent as the image ships it
+//! (the static musl release build) runs as a
 //! process against the real control plane (kube-apiserver v1.37.2 or v1.20.2, etcd, kubemark's hollow
 //! kubelet, see `e2e_env`), driven by the e2e harness, and every target (ARCHITECTURE.md, Targets) that needs a
 //! real API server and kubelet is measured over repetitions:
@@ -117,6 +118,8 @@ const ALL_PARTS: [Part; 5] = [
 
 /// The agent's log level in the benchmarks: its production default.
 const AGENT_LOG_LEVEL: &str = "info";
+/// The report's name for the default build under test.
+const SHIPPED_AGENT: &str = "the image's static build (x86_64-unknown-linux-musl, release profile, stripped)";
 
 impl Bench {
     pub fn run(&self) -> anyhow::Result<()> {
@@ -156,7 +159,7 @@ impl Bench {
             .into_iter()
             .filter(|p| self.only.is_empty() || self.only.contains(p))
             .collect();
-        progress.say("building the control plane's binaries (cached) and the release agent");
+        progress.say("building the control plane's binaries (cached) and the agent as the image ships it");
         let bins = e2e_env::ensure_built_release(self.kubernetes)?;
         let target_dir = crate::image::target_dir();
         // Before the build under test: both builds leave their binary at the same path.
@@ -164,13 +167,15 @@ impl Bench {
             Some(rev) => Some(baseline_agent(rev, &target_dir, &progress)?),
             None => None,
         };
-        let agent_bin = match std::env::var_os("POD_CHECKPOINTER_BIN").filter(|p| !p.is_empty()) {
+        let (agent_bin, agent) = match std::env::var_os("POD_CHECKPOINTER_BIN").filter(|p| !p.is_empty()) {
             // Another build of the agent (a profile or runtime variant) measured the same way.
-            Some(path) => PathBuf::from(path),
-            None => {
-                crate::run("cargo", &["build", "-p", "ckpt-bin", "--release"])?;
-                target_dir.join("release/pod-checkpointer")
+            Some(path) => {
+                let agent = format!("POD_CHECKPOINTER_BIN={}", path.to_string_lossy());
+                (PathBuf::from(path), agent)
             }
+            // What operators run: the image's static (musl) release build, not a glibc one
+            // (whose shared libraries alone map ~2 MiB more).
+            None => (crate::image::build_static_agent()?, SHIPPED_AGENT.to_owned()),
         };
         anyhow::ensure!(agent_bin.is_file(), "{} was not built", agent_bin.display());
 
@@ -218,6 +223,7 @@ impl Bench {
             reps: self.reps,
             failures: failures.clone(),
             kubernetes: self.kubernetes,
+            agent,
         };
         let (json, md) = report::write(
             &crate::project_root().join("target/bench"),
@@ -271,9 +277,9 @@ impl Bench {
     }
 }
 
-/// The release agent built from `rev`: its short commit and binary. Built once per commit
-/// in a temporary git worktree, with the same target dir (dependencies are shared), and
-/// kept in `TARGET/bench-baselines`.
+/// The agent built from `rev` as its image ships it (static, musl): its short commit and
+/// binary. Built once per commit in a temporary git worktree, with the static builds'
+/// target dir (dependencies are shared), and kept in `TARGET/bench-baselines-static`.
 fn baseline_agent(rev: &str, target_dir: &Path, progress: &Progress) -> anyhow::Result<(String, PathBuf)> {
     let commit = git(&[
         "rev-parse",
@@ -283,14 +289,14 @@ fn baseline_agent(rev: &str, target_dir: &Path, progress: &Progress) -> anyhow::
     ])
     .with_context(|| format!("--baseline {rev}: not a commit of this repository"))?;
     let short = git(&["rev-parse", "--short", &commit])?;
-    let cache = target_dir.join("bench-baselines");
+    let cache = target_dir.join("bench-baselines-static");
     let bin = cache.join(format!("pod-checkpointer-{commit}"));
     if bin.is_file() {
         progress.say(&format!("baseline {short}: {} (cached)", bin.display()));
         return Ok((short, bin));
     }
     progress.say(&format!(
-        "baseline {short}: building the release agent in a git worktree"
+        "baseline {short}: building its static agent (as its image ships it) in a git worktree"
     ));
     let src = cache.join(format!("src-{commit}"));
     if src.exists() {
@@ -300,17 +306,13 @@ fn baseline_agent(rev: &str, target_dir: &Path, progress: &Progress) -> anyhow::
     }
     fs::create_dir_all(&cache).with_context(|| format!("cannot create {}", cache.display()))?;
     git(&["worktree", "add", "--detach", &src.to_string_lossy(), &commit])?;
-    let built = run_on_terminal(
-        std::process::Command::new("cargo")
-            .args(["build", "-p", "ckpt-bin", "--release"])
-            .current_dir(&src)
-            .env("CARGO_TARGET_DIR", target_dir),
-    )
-    .with_context(|| format!("building the baseline {short} failed"));
+    crate::image::static_toolchain(crate::image::Arch::Amd64)?;
+    let (mut cargo, built_bin) = crate::image::static_build(crate::image::Arch::Amd64, &src);
+    let built = run_on_terminal(&mut cargo).with_context(|| format!("building the baseline {short} failed"));
     // The worktree goes whether or not the build worked.
     let kept = built.and_then(|()| {
         let partial = cache.join(format!(".pod-checkpointer-{commit}.partial"));
-        fs::copy(target_dir.join("release/pod-checkpointer"), &partial)
+        fs::copy(&built_bin, &partial)
             .and_then(|_| fs::rename(&partial, &bin))
             .with_context(|| format!("cannot keep the baseline binary as {}", bin.display()))
     });

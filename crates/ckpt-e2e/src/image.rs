@@ -23,6 +23,7 @@ use crate::progress::human_duration;
 pub(crate) use static_binary::nested_cargo;
 pub use static_binary::{
     Arch, STATIC_TARGET, build_static_agent, build_static_agent_for, elf_machine, is_static_elf,
+    static_build, static_toolchain,
 };
 
 /// The kubelet's default sandbox image (`--pod-infra-container-image`), which a node without

@@ -153,38 +153,16 @@ pub fn build_static_agent() -> anyhow::Result<PathBuf> {
 pub fn build_static_agent_for(arch: Arch) -> anyhow::Result<PathBuf> {
     let started = Instant::now();
     let target = arch.rust_target();
-    ensure_rust_target(target)?;
-    Apt::new(super::apt_log(), PROGRESS).install(arch.build_packages())?;
+    static_toolchain(arch)?;
 
-    let cargo_target = target_dir().join("static");
+    let cargo_target = static_target_dir();
     PROGRESS.say(&format!(
         "building pod-checkpointer for {target} (release, stripped) in {}; ~5 min cold on 2 cores",
         cargo_target.display()
     ));
-    let args = [
-        "build",
-        "--release",
-        "--locked",
-        "-p",
-        "ckpt-bin",
-        "--bin",
-        "pod-checkpointer",
-        "--target",
-        target,
-    ];
-    eprintln!("$ cargo {}", args.join(" "));
-    let mut cargo = nested_cargo();
-    cargo
-        .args(args)
-        .current_dir(project_root())
-        .env("CARGO_TARGET_DIR", &cargo_target)
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
-    for (name, value) in arch.build_env() {
-        cargo.env(name, value);
-    }
+    let (mut cargo, binary) = static_build(arch, &project_root());
     run_on_terminal(&mut cargo).with_context(|| format!("building the static agent for {arch} failed"))?;
 
-    let binary = cargo_target.join(target).join("release/pod-checkpointer");
     let data = std::fs::read(&binary).with_context(|| format!("cannot read {}", binary.display()))?;
     ensure!(
         is_static_elf(&data)?,
@@ -271,6 +249,50 @@ pub(crate) fn nested_cargo() -> Command {
         }
     }
     cargo
+}
+
+/// What [`static_build`] needs for `arch`: the Rust target and Debian's packages, installed
+/// when missing.
+pub fn static_toolchain(arch: Arch) -> anyhow::Result<()> {
+    ensure_rust_target(arch.rust_target())?;
+    Apt::new(super::apt_log(), PROGRESS).install(arch.build_packages())
+}
+
+/// The target dir of the static builds (dependencies shared by every source tree built there).
+fn static_target_dir() -> PathBuf {
+    target_dir().join("static")
+}
+
+/// The cargo command that builds the static agent for `arch` from the workspace at `source`
+/// (the project, or a worktree of another commit), and where it leaves the binary. Needs
+/// [`static_toolchain`].
+pub fn static_build(arch: Arch, source: &Path) -> (Command, PathBuf) {
+    let target = arch.rust_target();
+    let args = [
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "ckpt-bin",
+        "--bin",
+        "pod-checkpointer",
+        "--target",
+        target,
+    ];
+    eprintln!("$ cargo {}", args.join(" "));
+    let mut cargo = nested_cargo();
+    cargo
+        .args(args)
+        .current_dir(source)
+        .env("CARGO_TARGET_DIR", static_target_dir())
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
+    for (name, value) in arch.build_env() {
+        cargo.env(name, value);
+    }
+    (
+        cargo,
+        static_target_dir().join(target).join("release/pod-checkpointer"),
+    )
 }
 
 /// `rustup target add` when the toolchain lacks `target`'s standard library.
