@@ -52,8 +52,9 @@ const PAUSE_VERSION: &str = "v3.4.1-local";
 
 /// Debian packages a running environment needs: the control plane's etcd and the clients
 /// (openssl, curl), and the real node's runtime (containerd with `ctr`, runc, the CNI
-/// plugins in /usr/lib/cni, and the static busybox of the test image).
-const RUNTIME_PACKAGES: [&str; 7] = [
+/// plugins in /usr/lib/cni, and the static busybox of the test image), and socat, the
+/// node-local API server of the install-from-dist scenario.
+const RUNTIME_PACKAGES: [&str; 8] = [
     "etcd-server",
     "openssl",
     "curl",
@@ -61,6 +62,7 @@ const RUNTIME_PACKAGES: [&str; 7] = [
     "runc",
     "containernetworking-plugins",
     "busybox-static",
+    "socat",
 ];
 
 /// `Build-Depends` of src:kubernetes, `apt-get source` itself, the fixed reflect2 and a C

@@ -25,6 +25,7 @@
 
 mod admission;
 mod credentials;
+mod from_dist;
 mod gc;
 mod install;
 mod network;
@@ -125,6 +126,7 @@ const REAL_NODE_SCENARIOS: &[(&str, NodeScenarioFn)] = &[
         "real_node_seed_deploy_power_cut_without_api_then_self_gc",
         real_node_seed::seed,
     ),
+    ("real_node_install_from_dist_alone", from_dist::install_from_dist),
     (
         "real_node_upgrade_under_grace_period",
         real_node_seed::upgrade_under_grace_period,

@@ -349,14 +349,11 @@ pub(crate) fn upgrade_under_owner_reference(run: &mut NodeRun) -> anyhow::Result
     upgrade(run, "owner-reference", false)
 }
 
-/// Deselects the node, waits for the static copy to remove every checkpoint (the pods of
-/// `expected_removed` in that order, the agent's own last), checks that no file of the
-/// agent's is left on the node, then deletes what the scenario and `deploy` created.
+/// Deselects the node, waits for [`self_gc_after`], then deletes what the scenario and
+/// `deploy` created.
 fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow::Result<()> {
-    // Opened before the patch: the static copy's log must outlive its pod.
-    let mut logs = AgentLogs::default();
-    logs.collect(run);
-    run.kubectl.run(
+    self_gc_after(
+        run,
         &[
             "patch",
             "daemonset",
@@ -368,8 +365,23 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
             "-p",
             DESELECTING_PATCH,
         ],
-        None,
+        expected_removed,
     )?;
+    delete_objects(run)
+}
+
+/// Runs `kubectl untarget…` (which stops the DaemonSet from targeting the node), waits for
+/// the static copy to remove every checkpoint (the pods of `expected_removed` in that
+/// order, the agent's own last), and checks that no file of the agent's is left on the node.
+pub(crate) fn self_gc_after(
+    run: &mut NodeRun,
+    untarget: &[&str],
+    expected_removed: &[&str],
+) -> anyhow::Result<()> {
+    // Opened before the change: the static copy's log must outlive its pod.
+    let mut logs = AgentLogs::default();
+    logs.collect(run);
+    run.kubectl.run(untarget, None)?;
     let deselected = Instant::now();
     wait_for("every agent pod to be gone", TIMEOUT, || {
         logs.collect(run);
@@ -419,8 +431,7 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
         "self-GC done {} after the DaemonSet stopped targeting the node; nothing of ours is left",
         human_duration(deselected.elapsed())
     ));
-
-    delete_objects(run)
+    Ok(())
 }
 
 /// The files on the node's `/etc/kubernetes` (the node has none of its own there): all
@@ -486,7 +497,7 @@ pub(crate) fn reset(run: &NodeRun) -> anyhow::Result<()> {
 
 /// Deletes the workload's objects and the agent's DaemonSet (`deploy` re-applies the rest),
 /// then waits for the workload's pods to go.
-fn delete_objects(run: &NodeRun) -> anyhow::Result<()> {
+pub(crate) fn delete_objects(run: &NodeRun) -> anyhow::Result<()> {
     run.kubectl.run(
         &[
             "delete",
@@ -678,7 +689,7 @@ fn reads_files(uid: &str) -> String {
 /// pod) whose two containers, one root and one uid 65534 (fsGroup 65534), print what they
 /// read from both, and how many files an optional ConfigMap that does not exist gives them
 /// (none: its checkpointed directory exists, empty, as the `type: Directory` mount needs).
-fn workload_objects() -> Vec<Value> {
+pub(crate) fn workload_objects() -> Vec<Value> {
     let labels = json!({ "pod-checkpointer.e2e/owned": "true" });
     let script = r#"while true; do echo "uid=$(id -u) secret=$(cat /secret/password) config=$(cat /config/greeting) absent-optional=$(ls /absent | wc -l)"; sleep 2; done"#;
     let container = |name: &str, user: u32| {
@@ -766,7 +777,11 @@ fn wait_no_pods(run: &NodeRun, selector: &str, expected: &str) -> anyhow::Result
 }
 
 /// The workload DaemonSet's one pod (not a mirror pod), once `check` holds for it; its name.
-fn wait_workload(run: &NodeRun, expected: &str, check: impl Fn(&Value) -> bool) -> anyhow::Result<String> {
+pub(crate) fn wait_workload(
+    run: &NodeRun,
+    expected: &str,
+    check: impl Fn(&Value) -> bool,
+) -> anyhow::Result<String> {
     let (name, _) = wait_for(expected, TIMEOUT, || {
         waiting_on_error((|| {
             let pods: Vec<Value> = workload_pods(run)?
@@ -912,7 +927,7 @@ pub(crate) fn lock_file(run: &NodeRun) -> anyhow::Result<PathBuf> {
 }
 
 /// Waits until the process holding the agent's lock says it is `pod`.
-fn wait_lock_holder(run: &NodeRun, pod: &str) -> anyhow::Result<()> {
+pub(crate) fn wait_lock_holder(run: &NodeRun, pod: &str) -> anyhow::Result<()> {
     wait_lock_holder_among(run, &[pod])
 }
 

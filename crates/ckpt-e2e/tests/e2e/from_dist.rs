@@ -1,0 +1,177 @@
+//! Installed from `dist/` alone (issue 40): what a person who has never seen the project
+//! does with what `cargo xtask release` publishes, and nothing else (no cargo, no
+//! `deploy`, nothing edited): check the sums, import the image archive into the node's
+//! containerd (`ctr images import --local --base-name … --digests`, as docs/release.md says), apply
+//! the install YAML, which names the image by its index's digest. Then
+//! the agent runs as the seed scenario's does (the DaemonSet copy holds the lock, its static
+//! copy waits, the workload and the agent are checkpointed), and the documented uninstall
+//! (docs/operations.md: delete the DaemonSet, then the rest) leaves nothing of ours.
+//!
+//! The YAML's API server is the node-local one (`https://127.0.0.1:6443`, verified as
+//! `kubernetes`), as on a self-hosted control-plane node. The plane here runs beside the
+//! node, so a forwarder in the node's network namespace (socat, from 127.0.0.1:6443 to the
+//! plane's API server) stands in for the node's own kube-apiserver; what the agent talks to
+//! is still the real one, through its real serving certificate.
+
+use std::fs;
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::Context;
+use ckpt_e2e::image::Arch;
+use ckpt_e2e::release::{self, ReleaseOptions};
+use ckpt_render::{DEFAULT_API_SERVER, DEFAULT_IMAGE};
+
+use crate::real_node::NodeRun;
+use crate::real_node_seed::{
+    NS, delete_objects, label_control_plane, reset, self_gc_after, state_of, wait_agent_pair, wait_health,
+    wait_inspect, wait_lock_holder, wait_workload, workload_objects,
+};
+
+/// The release's image name: a tag of its own, so that importing it leaves the tag the other
+/// scenarios deploy where it was (the YAML names the image by digest anyway).
+fn release_reference() -> String {
+    format!("{DEFAULT_IMAGE}-dist")
+}
+
+pub(crate) fn install_from_dist(run: &mut NodeRun) -> anyhow::Result<()> {
+    let progress = run.progress;
+    reset(run)?;
+    label_control_plane(run)?;
+    run.kubectl.apply(&workload_objects())?;
+    let workload = wait_workload(run, "the workload's pod Running", |_| true)?;
+
+    progress.say("the release, as `cargo xtask release` publishes it (amd64 and arm64)");
+    let dist = run.plane.workdir().join("dist");
+    let artifacts = release::build_release(&ReleaseOptions {
+        reference: release_reference(),
+        archs: Arch::ALL.to_vec(),
+        output: dist.clone(),
+    })?;
+    let forwarder = NodeLocalApi::start(run)?;
+
+    progress.say("the operator: `sha256sum --check`, `ctr images import`, `kubectl apply -f`");
+    let sums = ckpt_e2e::command::run_command(
+        Command::new("sha256sum")
+            .args(["--check", "--strict", release::SUMS_FILE])
+            .current_dir(&dist),
+    )?;
+    anyhow::ensure!(
+        sums.lines().count() == artifacts.files.len() - 1,
+        "sha256sum checked only:\n{sums}"
+    );
+    // As docs/release.md says: `--digests` also names the image by the index's digest, the
+    // name the YAML's pin resolves to (a plain import names it by its tag alone, and the
+    // kubelet then tries to pull the digest from the registry); `--local`, because
+    // containerd 2's transfer service gives that name the digest of the archive's own
+    // index.json instead.
+    let pinned = release::pinned_reference(&release_reference(), &artifacts.image_digest)?;
+    let (repository, _) = pinned
+        .split_once('@')
+        .context("a pinned reference has a digest")?;
+    let archive = artifacts.archive.display().to_string();
+    run.node.ctr(&[
+        "images",
+        "import",
+        "--local",
+        "--base-name",
+        repository,
+        "--digests",
+        &archive,
+    ])?;
+    let yaml = artifacts.manifests.display().to_string();
+    run.kubectl.run(&["apply", "-f", &yaml], None)?;
+
+    let (c1, c2) = wait_agent_pair(run, "the DaemonSet's pod C1 and its static copy C2 running")?;
+    wait_lock_holder(run, &c1)?;
+    let pod = run.kubectl.get("pod", NS, &c1)?.context("C1 is gone")?;
+    let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or_default();
+    let image_id = pod["status"]["containerStatuses"][0]["imageID"]
+        .as_str()
+        .unwrap_or_default();
+    anyhow::ensure!(
+        image == pinned && image_id.ends_with(&artifacts.image_digest),
+        "C1 runs {image} (image ID {image_id}), not the release's {pinned}"
+    );
+    progress.say(&format!(
+        "C1 {c1} runs {pinned} from the imported archive and holds the lock; C2 {c2} waits"
+    ));
+    wait_health(run, &c1, "ok")?;
+    wait_health(run, &c2, "standby")?;
+    let checkpoints = wait_inspect(run, "the workload's and the agent's checkpoints", |i| {
+        state_of(i, &workload) == Some("inactive")
+            && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
+    })?;
+    progress.say(&format!("checkpoints: {}", checkpoints.summary()));
+
+    progress
+        .say("uninstall as docs/operations.md says: the DaemonSet first, the rest once its pods are gone");
+    self_gc_after(
+        run,
+        &["delete", "daemonset", "pod-checkpointer", "-n", NS],
+        &[&workload, &c1],
+    )?;
+    run.kubectl.run(
+        &["delete", "-f", &yaml, "--ignore-not-found", "--wait=true"],
+        None,
+    )?;
+    drop(forwarder);
+    run.node.ctr(&["images", "rm", &release_reference(), &pinned])?;
+    fs::remove_dir_all(&dist).with_context(|| format!("cannot remove {}", dist.display()))?;
+    delete_objects(run)
+}
+
+/// socat in the node's network namespace, forwarding the YAML's API server address to the
+/// plane's: the node-local API server of a self-hosted node. Stopped (its whole process
+/// group, the connections it forked too) when dropped.
+struct NodeLocalApi {
+    child: Child,
+}
+
+impl NodeLocalApi {
+    fn start(run: &NodeRun) -> anyhow::Result<NodeLocalApi> {
+        let local = DEFAULT_API_SERVER
+            .strip_prefix("https://")
+            .context("the default API server is not https")?;
+        let (host, port) = local
+            .rsplit_once(':')
+            .context("the default API server has no port")?;
+        let plane = run
+            .plane
+            .apiserver_url()
+            .strip_prefix("https://")
+            .context("the plane's API server is not https")?
+            .to_owned();
+        let child = run
+            .node
+            .command("socat")
+            .arg(format!("TCP-LISTEN:{port},bind={host},reuseaddr,fork"))
+            .arg(format!("TCP:{plane}"))
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("cannot start socat in the node")?;
+        let forwarder = NodeLocalApi { child };
+        ckpt_e2e::wait::wait_for(
+            &format!("socat listening on {local} in the node"),
+            std::time::Duration::from_secs(10),
+            || {
+                let listening = run.node.exec(&["ss", "-Htln", &format!("sport = :{port}")])?;
+                Ok(if listening.contains(local) {
+                    ckpt_e2e::wait::Probe::Ready(())
+                } else {
+                    ckpt_e2e::wait::Probe::Waiting("not yet".to_owned())
+                })
+            },
+        )?;
+        Ok(forwarder)
+    }
+}
+
+impl Drop for NodeLocalApi {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
