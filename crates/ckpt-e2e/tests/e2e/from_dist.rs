@@ -24,8 +24,8 @@ use ckpt_render::{DEFAULT_API_SERVER, DEFAULT_IMAGE};
 
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
-    NS, delete_objects, label_control_plane, reset, self_gc_after, state_of, wait_agent_pair, wait_health,
-    wait_inspect, wait_lock_holder, wait_workload, workload_objects,
+    NS, delete_objects, label_control_plane, reset, self_gc_after, wait_installed, wait_workload,
+    workload_objects,
 };
 
 /// The release's image name: a tag of its own, so that importing it leaves the tag the other
@@ -82,8 +82,7 @@ pub(crate) fn install_from_dist(run: &mut NodeRun) -> anyhow::Result<()> {
     let yaml = artifacts.manifests.display().to_string();
     run.kubectl.run(&["apply", "-f", &yaml], None)?;
 
-    let (c1, c2) = wait_agent_pair(run, "the DaemonSet's pod C1 and its static copy C2 running")?;
-    wait_lock_holder(run, &c1)?;
+    let (c1, _) = wait_installed(run, &workload)?;
     let pod = run.kubectl.get("pod", NS, &c1)?.context("C1 is gone")?;
     let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or_default();
     let image_id = pod["status"]["containerStatuses"][0]["imageID"]
@@ -93,16 +92,7 @@ pub(crate) fn install_from_dist(run: &mut NodeRun) -> anyhow::Result<()> {
         image == pinned && image_id.ends_with(&artifacts.image_digest),
         "C1 runs {image} (image ID {image_id}), not the release's {pinned}"
     );
-    progress.say(&format!(
-        "C1 {c1} runs {pinned} from the imported archive and holds the lock; C2 {c2} waits"
-    ));
-    wait_health(run, &c1, "ok")?;
-    wait_health(run, &c2, "standby")?;
-    let checkpoints = wait_inspect(run, "the workload's and the agent's checkpoints", |i| {
-        state_of(i, &workload) == Some("inactive")
-            && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
-    })?;
-    progress.say(&format!("checkpoints: {}", checkpoints.summary()));
+    progress.say(&format!("C1 runs {pinned}, imported from the archive"));
 
     progress
         .say("uninstall as docs/operations.md says: the DaemonSet first, the rest once its pods are gone");

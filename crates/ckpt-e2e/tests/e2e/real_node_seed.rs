@@ -94,18 +94,7 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
     let workload = wait_workload(run, "the workload's pod Running", |_| true)?;
     install_monitoring_crds(run)?;
     deploy(run, "grace-period", &["--prometheus"])?;
-    let (c1, c2) = wait_agent_pair(run, "C1 and the static copy C2 running")?;
-    wait_lock_holder(run, &c1)?;
-    progress.say(&format!(
-        "C1 {c1} and its static copy C2 {c2} run; C1 holds the lock"
-    ));
-    wait_health(run, &c1, "ok")?;
-    wait_health(run, &c2, "standby")?;
-    let checkpoints = wait_inspect(run, "the workload's and the agent's checkpoints", |i| {
-        state_of(i, &workload) == Some("inactive")
-            && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
-    })?;
-    progress.say(&format!("checkpoints: {}", checkpoints.summary()));
+    let (c1, c2) = wait_installed(run, &workload)?;
     check_config_from_configmap(run, "grace-period")?;
     // Read now: in the power cut below there is no API server to read it from.
     let rules = run
@@ -808,6 +797,25 @@ fn agent_pods(run: &NodeRun) -> anyhow::Result<(Option<Value>, Option<Value>)> {
     Ok((c1.cloned(), c2.cloned()))
 }
 
+/// The agent just installed, settled: C1 and its static copy C2 run, C1 holds the lock and
+/// answers ready, C2 stands by, and `workload`'s checkpoint (inactive) and C1's (active)
+/// are on the node; their names.
+pub(crate) fn wait_installed(run: &NodeRun, workload: &str) -> anyhow::Result<(String, String)> {
+    let (c1, c2) = wait_agent_pair(run, "C1 and the static copy C2 running")?;
+    wait_lock_holder(run, &c1)?;
+    run.progress.say(&format!(
+        "C1 {c1} and its static copy C2 {c2} run; C1 holds the lock"
+    ));
+    wait_health(run, &c1, "ok")?;
+    wait_health(run, &c2, "standby")?;
+    let checkpoints = wait_inspect(run, "the workload's and the agent's checkpoints", |i| {
+        state_of(i, workload) == Some("inactive") && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
+    })?;
+    run.progress
+        .say(&format!("checkpoints: {}", checkpoints.summary()));
+    Ok((c1, c2))
+}
+
 /// C1 and C2 both running, C2 the static copy of C1; their names.
 pub(crate) fn wait_agent_pair(run: &NodeRun, expected: &str) -> anyhow::Result<(String, String)> {
     let (pair, _) = wait_for(expected, TIMEOUT, || {
@@ -927,7 +935,7 @@ pub(crate) fn lock_file(run: &NodeRun) -> anyhow::Result<PathBuf> {
 }
 
 /// Waits until the process holding the agent's lock says it is `pod`.
-pub(crate) fn wait_lock_holder(run: &NodeRun, pod: &str) -> anyhow::Result<()> {
+fn wait_lock_holder(run: &NodeRun, pod: &str) -> anyhow::Result<()> {
     wait_lock_holder_among(run, &[pod])
 }
 
