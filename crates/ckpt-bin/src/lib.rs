@@ -30,6 +30,7 @@ mod events;
 mod executor;
 mod health;
 mod inspect;
+mod kubeconfig;
 mod original_cli;
 pub mod render;
 

@@ -930,3 +930,132 @@ fn the_originals_command_line_runs_as_run() {
     assert_eq!(run(&[]).status.code(), Some(2));
     assert!(text(&run(&["--help"]).stdout).contains("Usage: pod-checkpointer"));
 }
+
+/// What bootkube's checkpointer reads at start (it cannot be built here, so its reading is
+/// modelled from its code, docs/migration.md): every file of the kubelet's manifests dir
+/// and of `inactive-manifests` whose name does not start with `.` (those it deletes),
+/// decoded as a pod and kept when it has the `checkpoint-of` annotation, keyed by its
+/// content's namespace and name, not by the file name. Returns those ids, and the files of
+/// the data dirs it would read for them.
+fn what_the_original_reads(dir: &Path) -> (Vec<String>, Vec<PathBuf>) {
+    let mut checkpoints = Vec::new();
+    for read in [dir.join("manifests"), dir.join("ck/inactive-manifests")] {
+        for entry in std::fs::read_dir(&read).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(text) = std::fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            let Ok(pod) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            let annotations = &pod["metadata"]["annotations"];
+            if !name.starts_with('.')
+                && annotations
+                    .get("checkpointer.alpha.coreos.com/checkpoint-of")
+                    .is_some()
+            {
+                checkpoints.push(format!(
+                    "{}/{}",
+                    pod["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    pod["metadata"]["name"].as_str().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    let data = ["ck/checkpoint-secrets", "ck/checkpoint-configmaps"]
+        .iter()
+        .map(|d| dir.join(d))
+        .filter(|d| d.is_dir())
+        .flat_map(|d| files_under(&d))
+        // A key's file, as the kubelet's atomic writer leaves it: a link into the
+        // `..<time>` directory of its latest write, which the path resolves through.
+        .filter(|(path, _)| path.is_file() && !path.to_string_lossy().contains("/.."))
+        .map(|(path, _)| path)
+        .collect();
+    (checkpoints, data)
+}
+
+/// Issue 40, the way back (docs/migration.md, "Going back to bootkube's checkpointer"):
+/// while this agent runs, its files are the original's layout (its checkpoints are pods with
+/// `checkpoint-of` that the original reads, by content; the Secrets a pod mounts under
+/// `checkpoint-secrets/<ns>/<pod>/<secret>/<key>`). The guide has the agent remove them
+/// before the original starts, as the original names its files `<ns>-<name>.json` and would
+/// never remove ours from the kubelet's dir. After step 3's `drain`, the original starts from
+/// what it would have created itself: directories, and nothing it reads.
+#[test]
+fn the_way_back_leaves_what_the_original_starts_from() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(Layout::new(dir.path().join("ck"), dir.path().join("manifests"))).expect("store");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kube-apiserver-x1", "namespace": "kube-system", "uid": "u1",
+                     "annotations": {"checkpointer.alpha.coreos.com/checkpoint": "true"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/kube-apiserver:v1.37.2",
+                                 "volumeMounts": [{"name": "certs", "mountPath": "/certs"}]}],
+                 "volumes": [{"name": "certs", "secret": {"secretName": "apiserver-certs"}}]}
+    }))
+    .expect("pod");
+    let secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "apiserver-certs", "namespace": "kube-system"},
+        "data": {"tls.crt": "Y2VydA=="}
+    }))
+    .expect("secret");
+    let objects = ApiObjects {
+        secrets: [("apiserver-certs".to_owned(), std::sync::Arc::new(secret))].into(),
+        ..ApiObjects::default()
+    };
+    let options = SanitizeOptions {
+        checkpoint_dir: dir.path().join("ck").display().to_string(),
+        checkpointed_at: Timestamp::now(),
+    };
+    let checkpoint = sanitize(&pod, &objects, &options).expect("sanitizes").checkpoint;
+    store.write_inactive(&checkpoint).expect("written");
+    store.activate(&checkpoint.parent).expect("activated");
+    seed_checkpoint(dir.path(), "pod-checkpointer-x7k2p", true);
+
+    let (read, data) = what_the_original_reads(dir.path());
+    assert_eq!(
+        read,
+        [
+            "kube-system/kube-apiserver-x1",
+            "kube-system/pod-checkpointer-x7k2p",
+            "kube-system/kube-apiserver-x1",
+            "kube-system/pod-checkpointer-x7k2p"
+        ],
+        "active, then inactive"
+    );
+    assert_eq!(
+        data,
+        [dir.path()
+            .join("ck/checkpoint-secrets/kube-system/kube-apiserver-x1/apiserver-certs/tls.crt")]
+    );
+    assert_eq!(std::fs::read(&data[0]).expect("data"), b"cert");
+
+    let mut drain = vec!["drain".to_owned()];
+    drain.extend(disk_args(dir.path()));
+    let out = bin().args(&drain).output().expect("runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        what_the_original_reads(dir.path()),
+        (Vec::new(), Vec::new()),
+        "{}",
+        text(&out.stdout)
+    );
+    // What is left is directories (mount points in the agent's pod), the manifests dir the
+    // original lists, and `inactive-manifests`, which it creates 0700 and reuses.
+    let left: Vec<_> = files_under(dir.path())
+        .into_iter()
+        .filter(|(path, _)| !path.is_dir())
+        .collect();
+    assert_eq!(
+        left,
+        [(dir.path().join("lock"), 0)],
+        "only the emptied lock file is left"
+    );
+    assert!(dir.path().join("manifests").is_dir());
+    let inactive = std::fs::metadata(dir.path().join("ck/inactive-manifests")).expect("inactive-manifests");
+    assert!(inactive.is_dir());
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&inactive.permissions()) & 0o777,
+        0o700
+    );
+}

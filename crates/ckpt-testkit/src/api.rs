@@ -75,6 +75,9 @@ struct FakeState {
     lists: BTreeMap<(String, String), Reply>,
     /// Watch answers by (resource, namespace); default Normal (an open stream).
     watches: BTreeMap<(String, String), Reply>,
+    /// Answers to GETs of one object by (resource, namespace); default Normal (the object,
+    /// or a 404).
+    object_gets: BTreeMap<(String, String), Reply>,
     /// Open watch streams: (resource, namespace, name selector) → frames.
     streams: Vec<(String, String, Option<String>, Frames)>,
     /// Answers to plain GETs by path.
@@ -93,7 +96,9 @@ struct FakeState {
 /// A fake Kubernetes API behind a real `kube::Client`.
 ///
 /// Answers `/readyz`, lists and watches of `/api/v1/namespaces/<ns>/<resource>` (with
-/// `fieldSelector=metadata.name=…`), `events.k8s.io/v1` Event creates and patches (see
+/// `fieldSelector=metadata.name=…`), GETs of one of those objects
+/// (`…/<resource>/<name>`, see [`FakeApi::set_object_get`]), `events.k8s.io/v1` Event
+/// creates and patches (see
 /// [`FakeApi::set_event_writes`]), and plain GETs set with [`FakeApi::set_get`];
 /// anything else is a 404. Every request is logged, with its body.
 #[derive(Clone)]
@@ -254,6 +259,13 @@ impl FakeApi {
     pub fn set_watch(&self, resource: &str, ns: &str, reply: Reply) {
         lock(&self.state)
             .watches
+            .insert((resource.to_owned(), ns.to_owned()), reply);
+    }
+
+    /// Sets how GETs of one object of a resource in a namespace are answered.
+    pub fn set_object_get(&self, resource: &str, ns: &str, reply: Reply) {
+        lock(&self.state)
+            .object_gets
             .insert((resource.to_owned(), ns.to_owned()), reply);
     }
 
@@ -488,6 +500,28 @@ fn answer(st: &mut FakeState, seen: &Seen) -> Answer {
             reply,
             list,
             &format!("{resource} is forbidden: User \"agent\" cannot list"),
+        );
+    }
+    if let ["api", "v1", "namespaces", ns, resource, name] = segments.as_slice()
+        && seen.method == "GET"
+        && !st.gets.contains_key(&seen.path)
+    {
+        let key = ((*resource).to_owned(), (*ns).to_owned());
+        let reply = st.object_gets.get(&key).cloned().unwrap_or(Reply::Normal);
+        let found = (st.objects.get(&key).into_iter().flatten())
+            .find(|o| o["metadata"]["name"] == *name)
+            .cloned();
+        let object = || match found {
+            Some(object) => respond_json(200, &object),
+            None => respond_json(
+                404,
+                &status_body(404, &format!("{resource} \"{name}\" not found")),
+            ),
+        };
+        return answer_with(
+            reply,
+            object,
+            &format!("{resource} \"{name}\" is forbidden: User \"agent\" cannot get"),
         );
     }
     match st.gets.get(&seen.path) {

@@ -386,6 +386,7 @@ impl ApiWatch {
                     use k8s_openapi::Metadata;
                     pod.metadata_mut().managed_fields = None;
                 },
+                get_fallback: None,
             };
             tasks.push(tokio::spawn(driver.run()));
         }

@@ -38,7 +38,8 @@ struct Entry {
 /// checkpointed pods need: watches start for new names and stop for names no longer
 /// needed. A change of any watched object bumps the `notify` counter. RBAC: `list` and
 /// `watch` on the resource in the namespace (which a Role may restrict to these names
-/// with `resourceNames`).
+/// with `resourceNames`). With `get` alone (bootkube's Role), each object is read by GET
+/// every minute instead, as bootkube did, and its watch tried again every five minutes.
 pub struct ObjectWatch {
     client: kube::Client,
     notify: watch::Sender<u64>,
@@ -210,6 +211,7 @@ impl ObjectWatch {
             what,
             rbac_hint,
             modify: |o: &mut K| o.meta_mut().managed_fields = None,
+            get_fallback: Some(r.name.clone()),
         };
         Entry {
             watched: watched(slot),
@@ -269,6 +271,7 @@ mod tests {
             vec![secret("tls", "b25l", "5"), secret("unrelated", "eA==", "6")],
         );
         fake.set_list("configmaps", "ks", Reply::Status(403));
+        fake.set_object_get("configmaps", "ks", Reply::Status(403));
         let (notify, _) = watch::channel(0);
         let mut rx = notify.subscribe();
         let objects = ObjectWatch::new(client, notify);
@@ -354,6 +357,65 @@ mod tests {
             lists_before,
             "the failing configmap watch stopped retrying"
         );
+    }
+
+    /// bootkube's Role: `get` on Secrets, no `list` or `watch`.
+    #[tokio::test]
+    async fn an_object_that_cannot_be_listed_is_read_by_get() {
+        let (client, fake, _server) = FakeApi::start();
+        fake.set_objects("secrets", "ks", vec![secret("tls", "b25l", "5")]);
+        fake.set_list("secrets", "ks", Reply::Status(403));
+        let (notify, _) = watch::channel(0);
+        let (relist_tx, relist_rx) = watch::channel(0u64);
+        let rx = notify.subscribe();
+        let objects = ObjectWatch::new(client, notify).with_relists(relist_rx);
+        let need = required(&["tls", "missing"], &[]);
+        objects.ensure("ks", &need);
+        wait_until(5, "both read by GET", rx.clone(), || {
+            let v = objects.objects("ks");
+            v.loading.is_empty() && v.failed.is_empty()
+        })
+        .await;
+        let view = objects.objects("ks");
+        assert_eq!(
+            view.objects.secrets["tls"].data.as_ref().unwrap()["key"].0,
+            b"one"
+        );
+        assert!(view.absent.contains(&ObjectRef::secret("missing")), "{view:?}");
+        assert!(view.unresolved(&need).is_empty(), "{view:?}");
+        let gets = |fake: &FakeApi| {
+            fake.count(|s| s.path.starts_with("/api/v1/namespaces/ks/secrets/") && !s.is_watch())
+        };
+        assert_eq!(gets(&fake), 2, "{:#?}", fake.log());
+        assert_eq!(fake.count(|s| s.is_watch()), 0, "no watch after a forbidden list");
+
+        // The next read (here at once, by a relist signal; else within a minute) sees a
+        // change and notifies.
+        fake.set_objects("secrets", "ks", vec![secret("tls", "dHdv", "9")]);
+        relist_tx.send_modify(|n| *n += 1);
+        wait_until(5, "the new content", rx.clone(), || {
+            objects.objects("ks").objects.secrets["tls"]
+                .data
+                .as_ref()
+                .is_some_and(|d| d["key"].0 == b"two")
+        })
+        .await;
+
+        // A GET that fails keeps the last value, as a failed watch keeps its last list (a
+        // GET forbidden from the start is the first test's ConfigMap).
+        let before = gets(&fake);
+        fake.set_object_get("secrets", "ks", Reply::Status(500));
+        relist_tx.send_modify(|n| *n += 1);
+        fake.wait_requests(before + 2, "the failed GETs", |s| {
+            s.path.starts_with("/api/v1/namespaces/ks/secrets/")
+        })
+        .await;
+        let view = objects.objects("ks");
+        assert_eq!(
+            view.objects.secrets["tls"].data.as_ref().unwrap()["key"].0,
+            b"two"
+        );
+        assert!(view.unresolved(&need).is_empty(), "{view:?}");
     }
 
     #[tokio::test]

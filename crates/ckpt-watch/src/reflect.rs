@@ -16,7 +16,11 @@
 //!   unreachable; it restarts with a fresh LIST when the probe succeeds again;
 //! - an optional relist signal (also the probe's: an answer after a probe that got none)
 //!   restarts it at once: its connection may have gone silent without closing, and
-//!   kube's watcher would notice only after its five-minute idle timeout.
+//!   kube's watcher would notice only after its five-minute idle timeout;
+//! - a watch of one object (a Secret or ConfigMap by name) whose list is forbidden reads
+//!   that object by GET instead, every [`GET_POLL`], and tries its watch again every
+//!   [`WATCH_AGAIN`]: the original's Role grants only `get` on them (a true drop-in keeps
+//!   checkpointing the pods that mount them, seeing changes a minute late, as it did).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -136,6 +140,28 @@ pub(crate) struct Driver<K: Resource> {
     pub(crate) rbac_hint: String,
     /// Applied to every object before it is stored (e.g. drop managed fields).
     pub(crate) modify: fn(&mut K),
+    /// The one object this watch selects, read by GET while its list is forbidden; `None`:
+    /// a forbidden list is retried like any failure.
+    pub(crate) get_fallback: Option<String>,
+}
+
+/// How often an object whose list is forbidden is read by GET: the original's pace (it
+/// read every mounted Secret and ConfigMap again each minute), jittered.
+pub(crate) const GET_POLL: Duration = Duration::from_secs(60);
+
+/// How long an object is read by GET before its watch is tried again: a Role that gains
+/// `list` and `watch` is used within this, at the cost of one refused list per object.
+pub(crate) const WATCH_AGAIN: Duration = Duration::from_secs(300);
+
+/// How reading one object by GET ended.
+enum ByGet {
+    /// The gate's sender is gone: the owner shut down.
+    Shutdown,
+    /// Time to try the watch again (or the API server went unreachable: the watch waits
+    /// for it as usual).
+    WatchAgain,
+    /// The GET is forbidden too.
+    Forbidden(Problem),
 }
 
 /// Waits until the gate reports "down"; forever without a gate. Returns `false` when the
@@ -194,6 +220,8 @@ where
         let mut gate = self.gate.take();
         let mut relist = self.relist.take();
         let mut list_timeout = self.request_timeout;
+        // Whether reading by GET has been said (once: it goes on for as long as the Role).
+        let mut said_by_get = false;
         loop {
             if let Some(g) = &mut gate
                 && g.wait_for(|up| *up).await.is_err()
@@ -254,6 +282,20 @@ where
                     debug!(what = %self.what, "watch restarted: its connection may have gone silent");
                     self.set_problem(None);
                 }
+                Stop::Failed(problem) if problem.forbidden && self.get_fallback.is_some() => {
+                    match self.read_by_get(&mut gate, &mut relist, &mut said_by_get).await {
+                        ByGet::Shutdown => return,
+                        ByGet::WatchAgain => {}
+                        ByGet::Forbidden(problem) => {
+                            self.set_problem(Some(problem));
+                            let delay = equal_jitter(backoff.next_delay(None));
+                            tokio::select! {
+                                () = tokio::time::sleep(delay) => {}
+                                alive = gate_down(&mut gate) => if !alive { return },
+                            }
+                        }
+                    }
+                }
                 Stop::Failed(message) => {
                     self.set_problem(Some(message));
                     let delay = equal_jitter(backoff.next_delay(listed_at.map(|at| at.elapsed())));
@@ -263,6 +305,103 @@ where
                     }
                 }
             }
+        }
+    }
+
+    /// Reads the one object of [`Driver::get_fallback`] by GET, every [`GET_POLL`] (at once
+    /// on a relist signal), for [`WATCH_AGAIN`]. A GET that fails otherwise than by a 403
+    /// marks the object not synced and keeps its last value, as a failed watch does.
+    async fn read_by_get(
+        &self,
+        gate: &mut Option<watch::Receiver<bool>>,
+        relist: &mut Option<watch::Receiver<u64>>,
+        said: &mut bool,
+    ) -> ByGet {
+        let Some(name) = self.get_fallback.as_deref() else {
+            return ByGet::WatchAgain;
+        };
+        let until = Instant::now() + WATCH_AGAIN;
+        loop {
+            match tokio::time::timeout(self.request_timeout, self.api.get_opt(name)).await {
+                Ok(Ok(object)) => {
+                    if !*said {
+                        info!(
+                            what = %self.what,
+                            every = ?GET_POLL,
+                            "list and watch forbidden: reading it by GET instead (grant {} to see changes at once)",
+                            self.rbac_hint
+                        );
+                        *said = true;
+                    }
+                    self.store_got(name, object);
+                }
+                Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
+                    *said = false;
+                    return ByGet::Forbidden(Problem {
+                        message: format!(
+                            "forbidden: needs {} ({})",
+                            self.rbac_hint,
+                            if status.message.is_empty() {
+                                "403"
+                            } else {
+                                &status.message
+                            }
+                        ),
+                        forbidden: true,
+                    });
+                }
+                Ok(Err(e)) => self.set_problem(Some(Problem::other(format!(
+                    "the GET of {} failed: {}",
+                    self.what,
+                    error_chain(&e)
+                )))),
+                Err(_) => self.set_problem(Some(Problem::other(format!(
+                    "the GET of {} did not complete within {:?}",
+                    self.what, self.request_timeout
+                )))),
+            }
+            if Instant::now() >= until {
+                return ByGet::WatchAgain;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(equal_jitter(GET_POLL)) => {}
+                () = relist_due(relist) => {}
+                alive = gate_down(gate) => {
+                    if !alive {
+                        return ByGet::Shutdown;
+                    }
+                    self.set_problem(None);
+                    return ByGet::WatchAgain;
+                }
+            }
+        }
+    }
+
+    /// Stores what a GET of `name` read (`None`: it does not exist) as a complete view.
+    fn store_got(&self, name: &str, object: Option<K>) {
+        let version = |o: &K| o.meta().resource_version.clone();
+        let changed = {
+            let mut slot = lock(&self.slot);
+            let before = slot.objects.get(name).map(|o| version(o));
+            let after = object.as_ref().map(version);
+            let changed = !slot.synced || slot.error.is_some() || before != after;
+            if let Some(problem) = slot.error.take() {
+                info!(what = %self.what, %problem, "read again by GET");
+            }
+            slot.objects = (object.into_iter())
+                .map(|mut o| {
+                    (self.modify)(&mut o);
+                    (name.to_owned(), Arc::new(o))
+                })
+                .collect();
+            slot.buffer = None;
+            slot.synced = true;
+            slot.known = true;
+            slot.forbidden = false;
+            changed
+        };
+        if changed {
+            (self.on_change)();
         }
     }
 

@@ -171,8 +171,7 @@ pub(super) async fn anonymous_probe(settings: &RunSettings) -> Option<ApiWatch> 
 /// nothing secret and learns only whether an answer came, so an impostor could at worst
 /// keep checkpoints inactive, as one holding the API server's port already does.
 async fn anonymous_config(path: &std::path::Path) -> Result<kube::Config> {
-    let mut kubeconfig = kube::config::Kubeconfig::read_from(path)
-        .map_err(|e| Error::usage(format!("--kubeconfig: cannot read {}", path.display()), e))?;
+    let mut kubeconfig = crate::kubeconfig::read(path)?;
     kubeconfig.auth_infos.clear();
     for cluster in kubeconfig.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
         if (cluster.certificate_authority.as_ref()).is_some_and(|ca| !std::path::Path::new(ca).exists()) {
@@ -260,8 +259,7 @@ async fn load_kube_config(source: &KubeconfigSource) -> Result<kube::Config> {
         KubeconfigSource::InCluster => kube::Config::incluster()
             .map_err(|e| Error::usage("--kubeconfig: in-cluster configuration failed", e)),
         KubeconfigSource::File(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| Error::usage(format!("--kubeconfig: cannot read {}", path.display()), e))?;
+            let kubeconfig = crate::kubeconfig::read(path)?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(|e| Error::usage(format!("--kubeconfig: {}", path.display()), e))

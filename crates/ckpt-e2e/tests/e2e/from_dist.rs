@@ -24,8 +24,8 @@ use ckpt_render::{DEFAULT_API_SERVER, DEFAULT_IMAGE};
 
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
-    NS, delete_objects, label_control_plane, reset, self_gc_after, wait_installed, wait_workload,
-    workload_objects,
+    AGENT_SELECTOR, NS, delete_objects, label_control_plane, reset, self_gc_after, wait_installed,
+    wait_workload, workload_objects,
 };
 
 /// The release's image name: a tag of its own, so that importing it leaves the tag the other
@@ -98,6 +98,7 @@ pub(crate) fn install_from_dist(run: &mut NodeRun) -> anyhow::Result<()> {
         .say("uninstall as docs/operations.md says: the DaemonSet first, the rest once its pods are gone");
     self_gc_after(
         run,
+        AGENT_SELECTOR,
         &["delete", "daemonset", "pod-checkpointer", "-n", NS],
         &[&workload, &c1],
     )?;

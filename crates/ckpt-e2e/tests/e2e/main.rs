@@ -25,6 +25,7 @@
 
 mod admission;
 mod credentials;
+mod drop_in;
 mod from_dist;
 mod gc;
 mod install;
@@ -127,6 +128,7 @@ const REAL_NODE_SCENARIOS: &[(&str, NodeScenarioFn)] = &[
         real_node_seed::seed,
     ),
     ("real_node_install_from_dist_alone", from_dist::install_from_dist),
+    ("real_node_drop_in_under_the_originals_install", drop_in::drop_in),
     (
         "real_node_upgrade_under_grace_period",
         real_node_seed::upgrade_under_grace_period,

@@ -38,7 +38,8 @@ use crate::real_node::NodeRun;
 /// default `--namespaces` is its own).
 pub(crate) const NS: &str = "kube-system";
 const AGENT: &str = "pod-checkpointer";
-const AGENT_SELECTOR: &str = "app.kubernetes.io/name=pod-checkpointer";
+/// The agent's pods as render labels them.
+pub(crate) const AGENT_SELECTOR: &str = "app.kubernetes.io/name=pod-checkpointer";
 const WORKLOAD: &str = "e2e-workload";
 /// The image an upgrade moves to: the same binary under a new tag.
 const UPGRADE_TAG_SUFFIX: &str = "-e2e-upgrade";
@@ -225,7 +226,7 @@ fn upgrade(run: &mut NodeRun, strategy: &str, prometheus: bool) -> anyhow::Resul
     deploy(run, strategy, &upgrade_args)?;
     let (new_c1, new_c2) = wait_for("the static copy on the new image", TIMEOUT, || {
         waiting_on_error((|| {
-            let (c1, c2) = agent_pods(run)?;
+            let (c1, c2) = agent_pods(run, AGENT_SELECTOR)?;
             Ok(match (c1, c2) {
                 (Some(c1), Some(c2))
                     if image_of(&c1) == upgrade_image() && image_of(&c2) == upgrade_image() =>
@@ -343,6 +344,7 @@ pub(crate) fn upgrade_under_owner_reference(run: &mut NodeRun) -> anyhow::Result
 fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow::Result<()> {
     self_gc_after(
         run,
+        AGENT_SELECTOR,
         &[
             "patch",
             "daemonset",
@@ -360,10 +362,12 @@ fn self_gc_and_clean_up(run: &mut NodeRun, expected_removed: &[&str]) -> anyhow:
 }
 
 /// Runs `kubectl untarget…` (which stops the DaemonSet from targeting the node), waits for
-/// the static copy to remove every checkpoint (the pods of `expected_removed` in that
-/// order, the agent's own last), and checks that no file of the agent's is left on the node.
+/// the agent's pods (`selector`) to go and the static copy to remove every checkpoint (the
+/// pods of `expected_removed` in that order, the agent's own last), and checks that no file
+/// of the agent's is left on the node.
 pub(crate) fn self_gc_after(
     run: &mut NodeRun,
+    selector: &str,
     untarget: &[&str],
     expected_removed: &[&str],
 ) -> anyhow::Result<()> {
@@ -375,7 +379,7 @@ pub(crate) fn self_gc_after(
     wait_for("every agent pod to be gone", TIMEOUT, || {
         logs.collect(run);
         waiting_on_error((|| {
-            let pods = pods(run, AGENT_SELECTOR)?;
+            let pods = pods(run, selector)?;
             Ok(if pods.is_empty() {
                 Probe::Ready(())
             } else {
@@ -670,7 +674,7 @@ pub(crate) fn label_control_plane(run: &NodeRun) -> anyhow::Result<()> {
 }
 
 /// The line each workload container prints once it has read its files as `uid`.
-fn reads_files(uid: &str) -> String {
+pub(crate) fn reads_files(uid: &str) -> String {
     format!("uid={uid} secret={SECRET_VALUE} config={CONFIG_VALUE} absent-optional=0")
 }
 
@@ -787,9 +791,10 @@ pub(crate) fn wait_workload(
     Ok(name)
 }
 
-/// The agent's DaemonSet pod (C1) and the mirror pod of its static copy (C2), if any.
-fn agent_pods(run: &NodeRun) -> anyhow::Result<(Option<Value>, Option<Value>)> {
-    let pods = pods(run, AGENT_SELECTOR)?;
+/// The agent's DaemonSet pod (C1) and the mirror pod of its static copy (C2), if any,
+/// among the pods `selector` selects.
+fn agent_pods(run: &NodeRun, selector: &str) -> anyhow::Result<(Option<Value>, Option<Value>)> {
+    let pods = pods(run, selector)?;
     let c1 = pods
         .iter()
         .find(|p| !is_mirror(p) && p["metadata"]["deletionTimestamp"].is_null());
@@ -818,9 +823,18 @@ pub(crate) fn wait_installed(run: &NodeRun, workload: &str) -> anyhow::Result<(S
 
 /// C1 and C2 both running, C2 the static copy of C1; their names.
 pub(crate) fn wait_agent_pair(run: &NodeRun, expected: &str) -> anyhow::Result<(String, String)> {
+    wait_agent_pair_among(run, AGENT_SELECTOR, expected)
+}
+
+/// [`wait_agent_pair`] among the pods `selector` selects.
+pub(crate) fn wait_agent_pair_among(
+    run: &NodeRun,
+    selector: &str,
+    expected: &str,
+) -> anyhow::Result<(String, String)> {
     let (pair, _) = wait_for(expected, TIMEOUT, || {
         waiting_on_error((|| {
-            Ok(match agent_pods(run)? {
+            Ok(match agent_pods(run, selector)? {
                 (Some(c1), Some(c2))
                     if pod_running(&c1)
                         && pod_running(&c2)
