@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD as BASE64, URL_SAFE_NO_PAD as BASE64_URL};
+use ckpt_watch::backoff::nth_delay;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::PostParams;
@@ -50,8 +51,7 @@ pub(crate) const RETRY: Duration = Duration::from_secs(300);
 /// yet) used to wait the full 5 minutes, while the static copy's kept token might be
 /// revoked or close to expiry.
 pub(crate) fn retry_after(failures: u32) -> Duration {
-    let doublings = failures.saturating_sub(1).min(16);
-    RETRY_FIRST.saturating_mul(1 << doublings).min(RETRY)
+    nth_delay(RETRY_FIRST, RETRY, failures.saturating_sub(1))
 }
 
 /// Who the kept credentials are for: the agent's own service account.

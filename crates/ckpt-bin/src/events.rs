@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ckpt_core::{ApiState, PodId};
+use ckpt_watch::backoff::nth_delay;
 use ckpt_watch::jitter::equal_jitter;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -294,7 +295,8 @@ impl Publisher {
                         continue;
                     }
                     // Jittered: after an outage every node publishes at once.
-                    let backoff = equal_jitter(RETRY_BASE * 2u32.pow(attempts - 1));
+                    // No cap of its own: the attempts run out first.
+                    let backoff = equal_jitter(nth_delay(RETRY_BASE, Duration::MAX, attempts - 1));
                     debug!(%error, reason = next.kind.describe().1, pod = %next.parent, retry_ms = backoff.as_millis() as u64, "cannot publish an Event; trying again later");
                     if let Some(front) = outbox.queue.front_mut() {
                         front.attempts = attempts;

@@ -315,7 +315,11 @@ impl LockFile {
             // locking notices and we reopen.
             open_file = Some(file);
             tokio::time::sleep(interval).await;
-            // A doubling poll needs no backoff crate (this crate does not depend on kube).
+            // A poll pace, not a retry back-off, so not backon's as the agent's retries are:
+            // nothing failed and no server is spared while the other copy holds the lock. The
+            // doubling keeps a handover quick (10 ms first) and a long wait cheap, never
+            // slower than `poll_interval`, the takeover delay the caller chose; one waiter per
+            // node polling a local flock needs no jitter. ckpt-lock also stays a leaf crate.
             interval = (interval * 2).min(self.poll_interval);
         }
     }

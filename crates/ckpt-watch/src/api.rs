@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::WatchedPod;
+use crate::backoff::nth_delay;
 use crate::error::error_chain;
 use crate::jitter::{equal_jitter, uniform_between};
 use crate::reflect::{Driver, SharedSlot, Slot, lock};
@@ -564,10 +565,11 @@ pub(crate) const QUIET_UNREACHABLE_PROBE_INTERVAL: Duration = Duration::from_sec
 
 /// How long after the last probe the next one runs, before jitter: `probe_interval` while
 /// `fast` (at stake, or after a failed probe). Past the unreachable threshold, if
-/// `at_stake`, doubling after each failed probe up to [`MAX_UNREACHABLE_PROBE_INTERVAL`]
-/// (so a network that resets every connection costs the server a TLS handshake a second
-/// from each node, not four, and a recovery is still seen within a second); if not,
-/// [`QUIET_UNREACHABLE_PROBE_INTERVAL`] at once. Else `idle_probe_interval`.
+/// `at_stake`, doubling after each failed probe ([`nth_delay`]) up to
+/// [`MAX_UNREACHABLE_PROBE_INTERVAL`] (so a network that resets every connection costs the
+/// server a TLS handshake a second from each node, not four, and a recovery is still seen
+/// within a second); if not, [`QUIET_UNREACHABLE_PROBE_INTERVAL`] at once. Else
+/// `idle_probe_interval`.
 fn probe_pace(config: &ApiWatchConfig, fast: bool, at_stake: bool, failures: u32) -> Duration {
     if !fast {
         return config.idle_probe_interval;
@@ -577,10 +579,7 @@ fn probe_pace(config: &ApiWatchConfig, fast: bool, at_stake: bool, failures: u32
         return QUIET_UNREACHABLE_PROBE_INTERVAL.max(config.probe_interval);
     }
     let cap = MAX_UNREACHABLE_PROBE_INTERVAL.max(config.probe_interval);
-    config
-        .probe_interval
-        .checked_mul(1 << past_threshold.min(16))
-        .map_or(cap, |pace| pace.min(cap))
+    nth_delay(config.probe_interval, cap, past_threshold)
 }
 
 /// The jittered wait before the next probe while the API is unreachable (`pace` from

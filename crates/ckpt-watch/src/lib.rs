@@ -57,6 +57,7 @@
 //! ```
 
 mod api;
+pub mod backoff;
 pub mod cri;
 mod error;
 pub mod jitter;

@@ -27,6 +27,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use kube::Resource;
 use kube::api::Api;
@@ -36,6 +37,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::backoff::doubling;
 use crate::error::error_chain;
 use crate::jitter::equal_jitter;
 
@@ -77,16 +79,17 @@ impl<K> Default for Slot<K> {
 /// A shared slot.
 pub(crate) type SharedSlot<K> = Arc<Mutex<Slot<K>>>;
 
-/// Exponential backoff between restarts: 250 ms doubling to 10 s, each delay jittered
-/// ([`equal_jitter`]) where it is slept. Not kube's `DefaultBackoff` (fixed 0.8 s → 30 s):
-/// a watch here must retry within 10 s.
+/// Exponential backoff between restarts: 250 ms doubling to 10 s ([`doubling`]), each
+/// delay jittered ([`equal_jitter`]) where it is slept. Not kube's `DefaultBackoff` (fixed
+/// 0.8 s → 30 s): a watch here must retry within 10 s.
 ///
 /// Reset only by a watch that held [`Backoff::HELD`] after its complete list, not by the
 /// list itself: with lists allowed and every watch failing at once (refused, cut by a
 /// proxy), a reset per list relisted every object every 250 ms for as long as it lasted.
 #[derive(Debug)]
 struct Backoff {
-    next: Duration,
+    // Named through the trait: backon hides its iterator type from its docs.
+    delays: <ExponentialBuilder as BackoffBuilder>::Backoff,
 }
 
 impl Backoff {
@@ -98,18 +101,18 @@ impl Backoff {
     const HELD: Duration = Duration::from_secs(30);
 
     fn new() -> Self {
-        Self { next: Self::MIN }
+        Self {
+            delays: doubling(Self::MIN, Self::MAX).build(),
+        }
     }
 
     /// The delay before the next start (unjittered), after a watch that ran `held` since
     /// its complete list (`None`: it never completed one).
     fn next_delay(&mut self, held: Option<Duration>) -> Duration {
         if held.is_some_and(|held| held >= Self::HELD) {
-            self.next = Self::MIN;
+            *self = Self::new();
         }
-        let d = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        d
+        self.delays.next().unwrap_or(Self::MAX)
     }
 }
 

@@ -15,6 +15,7 @@ use ckpt_core::{DecideConfig, LocalView, NamespaceAllowList, PersistentState, Se
 use ckpt_gc::GcPolicy;
 use ckpt_lock::{Confirmed, LockFile, LockGuard};
 use ckpt_store::{LoadedJournal, Store};
+use ckpt_watch::backoff::nth_delay;
 use ckpt_watch::jitter::equal_jitter;
 use ckpt_watch::{CriClient, KubeletClient, KubeletConfig, LocalObserver};
 use tracing::{debug, error, info, warn};
@@ -39,7 +40,7 @@ const MAX_FOLLOW_UPS: u32 = 3;
 const RESYNC: Duration = Duration::from_secs(30);
 /// After a pass in which a step failed (a failing or full disk), the first retry comes
 /// this soon (each delay jittered between half and all of it), then twice as late after
-/// each failed retry, up to [`RESYNC`] (passes that
+/// each failed retry ([`nth_delay`]), up to [`RESYNC`] (passes that
 /// events bring meanwhile keep the delay): a transient error must not
 /// hold an activation back for a resync, nor a lasting one retry in a tight loop.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -374,7 +375,9 @@ impl Agent {
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut local = self.local.observe().await;
         let mut follow_ups = 0;
-        let mut retry_after: Option<Duration> = None;
+        // How many retries of a failed pass failed in turn: the step of the retry delay
+        // (`None`: the last pass did not fail).
+        let mut failed_retries: Option<u32> = None;
         // Whether this pass is the retry of a failed one (not a pass some event brought).
         let mut retrying = false;
         loop {
@@ -389,17 +392,17 @@ impl Agent {
                 }
                 PassResult::Changed | PassResult::Settled => {
                     follow_ups = 0;
-                    retry_after = None;
+                    failed_retries = None;
                 }
                 PassResult::Failed => {
                     follow_ups = 0;
                     // Only a failed retry backs off further: the passes that events bring
                     // meanwhile (an outage brings several) would otherwise reach the
                     // resync's pace within seconds.
-                    retry_after = Some(match retry_after {
-                        Some(after) if retrying => (after * 2).min(RESYNC),
-                        Some(after) => after,
-                        None => RETRY_FIRST,
+                    failed_retries = Some(match failed_retries {
+                        Some(n) if retrying => n.saturating_add(1),
+                        Some(n) => n,
+                        None => 0,
                     });
                 }
                 PassResult::SelfGcComplete => {
@@ -427,7 +430,8 @@ impl Agent {
             });
             // Jittered: a fault shared by many nodes (a storage backend) must not bring their
             // retries in step.
-            let retry = retry_after.map(|after| tokio::time::Instant::now() + equal_jitter(after));
+            let retry = failed_retries
+                .map(|n| tokio::time::Instant::now() + equal_jitter(nth_delay(RETRY_FIRST, RESYNC, n)));
             retrying = false;
             local = loop {
                 tokio::select! {
