@@ -21,8 +21,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use ckpt_core::backoff::nth_delay;
 use ckpt_core::{ApiState, PodId};
-use ckpt_watch::backoff::nth_delay;
 use ckpt_watch::jitter::equal_jitter;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;

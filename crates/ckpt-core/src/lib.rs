@@ -55,6 +55,7 @@
 //! ```
 
 mod admission;
+pub mod backoff;
 mod checkpoint;
 mod decide;
 mod error;

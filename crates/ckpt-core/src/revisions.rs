@@ -433,8 +433,7 @@ pub(crate) fn handoff(input: &HandoffInput<'_>, now: Timestamp) -> HandoffOutcom
 pub(crate) fn handoff_retry_after(failures: u32) -> Duration {
     const FIRST: Duration = Duration::from_secs(5 * 60);
     const MOST: Duration = Duration::from_secs(60 * 60);
-    let doublings = failures.saturating_sub(1).min(8);
-    FIRST.saturating_mul(1 << doublings).min(MOST)
+    crate::backoff::nth_delay(FIRST, MOST, failures.saturating_sub(1))
 }
 
 /// Restarts of an active revision's static pod, counted from the first look in an outage,

@@ -15,10 +15,10 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::WatchedPod;
-use crate::backoff::nth_delay;
 use crate::error::error_chain;
 use crate::jitter::{equal_jitter, uniform_between};
 use crate::reflect::{Driver, SharedSlot, Slot, lock};
+use ckpt_core::backoff::nth_delay;
 
 /// Settings of [`ApiWatch`].
 #[derive(Clone, Debug)]

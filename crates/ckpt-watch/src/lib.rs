@@ -57,7 +57,6 @@
 //! ```
 
 mod api;
-pub mod backoff;
 pub mod cri;
 mod error;
 pub mod jitter;

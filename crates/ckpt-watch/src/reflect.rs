@@ -27,7 +27,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use ckpt_core::backoff::{Doubling, doubling};
 use futures::StreamExt;
 use kube::Resource;
 use kube::api::Api;
@@ -37,7 +37,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::backoff::doubling;
 use crate::error::error_chain;
 use crate::jitter::equal_jitter;
 
@@ -88,8 +87,7 @@ pub(crate) type SharedSlot<K> = Arc<Mutex<Slot<K>>>;
 /// proxy), a reset per list relisted every object every 250 ms for as long as it lasted.
 #[derive(Debug)]
 struct Backoff {
-    // Named through the trait: backon hides its iterator type from its docs.
-    delays: <ExponentialBuilder as BackoffBuilder>::Backoff,
+    delays: Doubling,
 }
 
 impl Backoff {
@@ -102,7 +100,7 @@ impl Backoff {
 
     fn new() -> Self {
         Self {
-            delays: doubling(Self::MIN, Self::MAX).build(),
+            delays: doubling(Self::MIN, Self::MAX),
         }
     }
 

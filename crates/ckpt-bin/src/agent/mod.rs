@@ -11,11 +11,11 @@ mod report;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ckpt_core::backoff::nth_delay;
 use ckpt_core::{DecideConfig, LocalView, NamespaceAllowList, PersistentState, SelfIdentity, Timestamp};
 use ckpt_gc::GcPolicy;
 use ckpt_lock::{Confirmed, LockFile, LockGuard};
 use ckpt_store::{LoadedJournal, Store};
-use ckpt_watch::backoff::nth_delay;
 use ckpt_watch::jitter::equal_jitter;
 use ckpt_watch::{CriClient, KubeletClient, KubeletConfig, LocalObserver};
 use tracing::{debug, error, info, warn};
