@@ -1,6 +1,7 @@
 //! `/healthz`, `/readyz` and `/metrics` on `--metrics-addr`, and `/healthz` and `/readyz`
-//! on `--health-socket`: a deliberately tiny HTTP/1.1 server (three GET paths, one
-//! response per connection) so the agent needs no web stack.
+//! on `--health-socket`: three GET paths, one request per connection, answered by hyper,
+//! the HTTP server of `--metrics-listen` too (one parser for every request the agent
+//! reads, fuzzed upstream).
 //!
 //! Both copies of the agent (the DaemonSet pod and its static copy) run with the host
 //! network, so whichever binds the TCP port answers there for the node. The unix socket
@@ -20,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ckpt_core::Timestamp;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tracing::{debug, info, warn};
 
@@ -451,8 +452,10 @@ async fn accept_loop<L: Accept>(listener: &L, health: Health, with_metrics: bool
                 }
                 let health = health.clone();
                 tokio::spawn(async move {
-                    let answered =
-                        tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &health, with_metrics));
+                    let answered = tokio::time::timeout(
+                        REQUEST_TIMEOUT,
+                        listen::answer_one(stream, &health, with_metrics),
+                    );
                     if let Err(e) = answered.await {
                         debug!(error = %e, "health request timed out");
                     }
@@ -468,39 +471,6 @@ async fn accept_loop<L: Accept>(listener: &L, health: Health, with_metrics: bool
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
         }
-    }
-}
-
-async fn respond<S>(mut stream: S, health: &Health, with_metrics: bool)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut buf = vec![0u8; 4096];
-    let mut len = 0;
-    // Read until the end of the request head (or the buffer is full: a bad request).
-    while len < buf.len() {
-        match stream.read(&mut buf[len..]).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => len += n,
-        }
-        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") || buf[..len].windows(2).any(|w| w == b"\n\n") {
-            break;
-        }
-    }
-    let head = String::from_utf8_lossy(&buf[..len]);
-    let mut parts = head.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, content_type, body) = if !with_metrics && path.starts_with("/metrics") {
-        ("404 Not Found", TEXT, "not found\n".to_owned())
-    } else {
-        route_off_thread(method, path, health).await
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    if let Err(e) = stream.write_all(response.as_bytes()).await {
-        warn!(error = %e, "cannot answer a health request");
     }
 }
 
@@ -594,6 +564,8 @@ pub(crate) fn probe_socket(flag: Option<PathBuf>, config_socket: Option<PathBuf>
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
 
     const STALL: Duration = Duration::from_secs(90);

@@ -1,7 +1,8 @@
-//! `--metrics-listen`: `/metrics`, `/healthz` and `/readyz` for Prometheus on an address
-//! beyond loopback (the node's IP), served by hyper rather than the tiny server of
-//! `--metrics-addr`, and only by the copy that holds the lock: both copies share the host
-//! network, so the one that answers on the node's address is always the active one.
+//! hyper's HTTP/1.1 for every health endpoint: [`answer_one`] for `--metrics-addr` and
+//! `--health-socket`, and `--metrics-listen`: `/metrics`, `/healthz` and `/readyz` for
+//! Prometheus on an address beyond loopback (the node's IP), with keep-alive and write
+//! deadlines, only by the copy that holds the lock: both copies share the host network,
+//! so the one that answers on the node's address is always the active one.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -193,6 +194,35 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
         let this = self.get_mut();
         let result = Pin::new(&mut this.inner).poll_shutdown(cx);
         this.watch(cx, result, true)
+    }
+}
+
+/// One request on `stream` (`--metrics-addr`, `--health-socket`), then the connection is
+/// closed: `pod-checkpointer health` reads its answer to the end. `/metrics` only
+/// `with_metrics` (not on the socket, which only the pod's probes ask).
+pub(super) async fn answer_one<S>(stream: S, health: &Health, with_metrics: bool)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let health = health.clone();
+    let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+        let health = health.clone();
+        async move {
+            let response = if !with_metrics && request.uri().path().starts_with("/metrics") {
+                let mut response = Response::new(Full::new(Bytes::from_static(b"not found\n")));
+                *response.status_mut() = StatusCode::NOT_FOUND;
+                response
+            } else {
+                answer(&request, &health).await
+            };
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let served = http1::Builder::new()
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    if let Err(e) = served.await {
+        debug!(error = %e, "health connection ended");
     }
 }
 
