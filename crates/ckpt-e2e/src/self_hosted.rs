@@ -28,6 +28,7 @@
 //! ```
 
 pub mod objects;
+pub mod plot;
 pub mod timeline;
 
 use std::fs;

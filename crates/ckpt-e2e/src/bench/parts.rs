@@ -44,6 +44,9 @@ pub(crate) struct Results {
     pub(crate) hung_to_active: Samples,
     pub(crate) killed_to_active: Samples,
     pub(crate) running_to_deactivated: Samples,
+    /// The outage agent's VmHWM (KiB) after its outages: its resident peak through every
+    /// activation and deactivation, the figure a memory limit must leave room for.
+    pub(crate) outage_hwm_kib: Option<u64>,
     pub(crate) idle: Option<Idle>,
     pub(crate) scale: Option<Scale>,
 }
@@ -272,6 +275,7 @@ pub(crate) fn outage(env: &mut Env, reps: usize, results: &mut Results) -> anyho
             }
             results.running_to_deactivated.push(deactivation);
         }
+        results.outage_hwm_kib = Some(procfs::sample(agent.pid())?.hwm_kib);
         Ok(())
     })();
     finish(env, outcome, Some(&mut agent), &[dirs], &ns)

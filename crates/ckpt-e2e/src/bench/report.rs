@@ -174,6 +174,7 @@ fn to_json(run: &Run, results: &Results, secs: u64) -> Value {
         "kubernetes": run.kubernetes.to_string(),
         "method": method(run.kubernetes),
         "latencies": latencies_json(results),
+        "outage_hwm_kib": results.outage_hwm_kib,
         "idle": results.idle.as_ref().map(idle_json),
         "scale": results.scale.as_ref().map(scale_json),
         "failures": run.failures,
@@ -255,6 +256,14 @@ fn to_markdown(run: &Run, results: &Results, secs: u64) -> String {
         md.push_str(&format!(
             "| {} | {cells} | {} | {} |\n",
             row.what, row.target, row.bootkube
+        ));
+    }
+    if let Some(hwm) = results.outage_hwm_kib {
+        md.push_str(&format!(
+            "\nThe outage part's agent peaked at {:.1} MiB resident (VmHWM after its {} \
+             outages, each an activation and a deactivation): room a `--memory-limit` must leave.\n",
+            hwm as f64 / 1024.0,
+            results.running_to_deactivated.summary().map_or(0, |s| s.n)
         ));
     }
     if let Some(idle) = &results.idle {

@@ -52,9 +52,10 @@ const PAUSE_VERSION: &str = "v3.4.1-local";
 
 /// Debian packages a running environment needs: the control plane's etcd and the clients
 /// (openssl, curl), and the real node's runtime (containerd with `ctr`, runc, the CNI
-/// plugins in /usr/lib/cni, and the static busybox of the test image), and socat, the
-/// node-local API server of the install-from-dist scenario.
-const RUNTIME_PACKAGES: [&str; 8] = [
+/// plugins in /usr/lib/cni, and the static busybox of the test image), socat, the
+/// node-local API server of the install-from-dist scenario, and gnuplot, which draws the
+/// self-hosted scenario's power-cut timeline.
+const RUNTIME_PACKAGES: [&str; 9] = [
     "etcd-server",
     "openssl",
     "curl",
@@ -63,6 +64,7 @@ const RUNTIME_PACKAGES: [&str; 8] = [
     "containernetworking-plugins",
     "busybox-static",
     "socat",
+    "gnuplot-nox",
 ];
 
 /// `Build-Depends` of src:kubernetes, `apt-get source` itself, the fixed reflect2 and a C

@@ -352,6 +352,11 @@ impl ControlPlane {
         Ok(path)
     }
 
+    /// The Kubernetes release the plane runs.
+    pub fn release(&self) -> Release {
+        self.release
+    }
+
     /// `https://127.0.0.1:PORT`, or with a node network `https://<host end of the veth>:PORT`.
     pub fn apiserver_url(&self) -> String {
         format!("https://{}:{}", self.bind_ip, self.apiserver_port)

@@ -437,8 +437,9 @@ fn module_hash(module: &Path) -> anyhow::Result<String> {
 
 /// Debian packages a running environment needs besides the components: the clients of the
 /// control plane (openssl, curl), the static busybox of the real node's test image, and
-/// socat, the node-local API server of the install-from-dist scenario.
-const RUNTIME_PACKAGES: [&str; 4] = ["openssl", "curl", "busybox-static", "socat"];
+/// socat, the node-local API server of the install-from-dist scenario, and gnuplot, which
+/// draws the self-hosted scenario's power-cut timeline.
+const RUNTIME_PACKAGES: [&str; 5] = ["openssl", "curl", "busybox-static", "socat", "gnuplot-nox"];
 
 /// Builds every component of `release` that is not cached (installing what its build needs
 /// first), and prints each one's time.

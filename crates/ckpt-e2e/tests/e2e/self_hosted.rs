@@ -594,10 +594,33 @@ enum Cut {
 }
 
 /// Each cut's line, then min / median / max of each milestone over the cuts; the lines are
-/// appended to `<target>/e2e/self-hosted-cuts.jsonl` too.
+/// appended to `<target>/e2e/self-hosted-cuts.jsonl` too, and this run's cuts drawn as a
+/// timeline in `<target>/e2e/self-hosted-cuts.png` (docs/behaviour.md shows one).
 fn report_cuts(run: &NodeRun, cuts: &[CutTimeline]) -> anyhow::Result<()> {
     let lines: Vec<Value> = cuts.iter().map(CutTimeline::to_json).collect();
     let path = append_lines("self-hosted-cuts.jsonl", &lines)?;
+    let moments = &CutTimeline::MILESTONES[..CutTimeline::MOMENTS];
+    let names: Vec<&str> = moments.iter().map(|(name, _)| *name).collect();
+    // Drawn from the JSON lines just written, so the picture is those figures.
+    let rows: Vec<ckpt_e2e::self_hosted::plot::CutRow> = lines
+        .iter()
+        .map(|line| ckpt_e2e::self_hosted::plot::CutRow {
+            label: format!(
+                "cut {} ({})",
+                line["cut"],
+                line["variant"].as_str().unwrap_or("?")
+            ),
+            seconds: names.iter().map(|name| line[*name].as_f64()).collect(),
+        })
+        .collect();
+    let png = path.with_file_name("self-hosted-cuts.png");
+    let title = format!(
+        "pod-checkpointer: a self-hosted node's power cuts, kube-apiserver {}",
+        run.plane.release()
+    );
+    ckpt_e2e::self_hosted::plot::draw(&png, &names, &rows, &title)?;
+    run.progress
+        .say(&format!("the cuts' timeline drawn in {}", png.display()));
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     run.progress.say(&format!(
@@ -716,8 +739,8 @@ struct CutTimeline {
 type Milestone = (&'static str, fn(&CutTimeline) -> Option<Duration>);
 
 impl CutTimeline {
-    /// Every duration, by the name the summary shows.
     /// Every duration, by the name the summary shows (`None`: not measured in this cut).
+    /// The first [`Self::MOMENTS`] are moments after the cut; the rest, lengths of time.
     const MILESTONES: [Milestone; 11] = [
         ("kubelet up", |c| Some(c.kubelet_up)),
         ("the agent holds the lock", |c| Some(c.c2_locked)),
@@ -733,6 +756,9 @@ impl CutTimeline {
         }),
         ("the agent's share", |c| c.agent_share),
     ];
+
+    /// How many of [`Self::MILESTONES`] are moments after the cut (the timeline's marks).
+    const MOMENTS: usize = 7;
 
     fn to_json(&self) -> Value {
         let mut line = json!({ "cut": self.n, "variant": format!("{:?}", self.cut) });
