@@ -29,9 +29,10 @@ pub struct ApiWatchConfig {
     pub namespaces: NamespaceAllowList,
     /// How often `/readyz` is probed while something is at stake (see
     /// [`ApiWatch::set_at_stake`]), while the API is unreachable and after a failed probe
-    /// (default 250 ms). With the defaults a hung server is then unreachable 1.5–1.75 s
-    /// after it hung (two probe timeouts after the first probe that follows the hang) and
-    /// a refusing one after 0.25–0.5 s. Once unreachable, with something at stake the
+    /// (default 250 ms). With the defaults a hung server is then unreachable 1.1–1.4 s
+    /// after it hung (the first probe that follows the hang times out, and the probe that
+    /// confirms it, [`confirming_timeout`], after half as long) and a refusing one after
+    /// 0.25–0.5 s. Once unreachable, with something at stake the
     /// interval doubles after each failed probe, up to 1 s (or this interval if longer);
     /// with nothing at stake the probe slows to one every 5–10 s at once, its first retry
     /// spread over 0.25–10 s.
@@ -582,6 +583,21 @@ fn probe_pace(config: &ApiWatchConfig, fast: bool, at_stake: bool, failures: u32
     nth_delay(config.probe_interval, cap, past_threshold)
 }
 
+/// How long the next probe may take: `probe_timeout`, but half as long for a probe that
+/// confirms an unanswered one (`unanswered`, fewer than `unreachable_after` failures so
+/// far). A server that let one probe time out is hung or overloaded; the confirmation need
+/// not wait as long, and with something at stake its half is what brings a hung server's
+/// detection under 1.5 s (DESIGN §5). Once unreachable, every probe has the whole timeout
+/// again: a server coming back slowly is seen back.
+fn confirming_timeout(config: &ApiWatchConfig, unanswered: bool, failures: u32) -> Duration {
+    let confirming = unanswered && failures > 0 && failures < config.unreachable_after.max(1);
+    if confirming {
+        config.probe_timeout / 2
+    } else {
+        config.probe_timeout
+    }
+}
+
 /// The jittered wait before the next probe while the API is unreachable (`pace` from
 /// [`probe_pace`]): equal jitter, except for the first quiet probe after the threshold,
 /// spread over the whole quiet interval, so that a fleet that lost the server together is
@@ -653,7 +669,8 @@ async fn probe_loop(client: kube::Client, config: ApiWatchConfig, inner: Arc<Inn
         }
         nudged = false;
         last_probe = Some(tokio::time::Instant::now());
-        let result = match probe_once(&client, config.probe_timeout).await {
+        let timeout = confirming_timeout(&config, unanswered, failures);
+        let result = match probe_once(&client, timeout).await {
             // Without credentials a 401 is an answer like a 403.
             Ok(Answered::Unauthorized) if inner.anonymous => {
                 Ok(Answered::NotReady(http::StatusCode::UNAUTHORIZED))

@@ -635,6 +635,32 @@ fn the_probe_slows_down_while_the_api_stays_unreachable() {
 }
 
 #[test]
+fn a_probe_that_confirms_an_unanswered_one_waits_half_as_long() {
+    let config = ApiWatchConfig::new("node-1", NamespaceAllowList::new(["kube-system"]));
+    let check = |unanswered: bool, failures: u32, expected_ms: u64| {
+        assert_eq!(
+            confirming_timeout(&config, unanswered, failures),
+            Duration::from_millis(expected_ms),
+            "unanswered {unanswered}, {failures} failures"
+        );
+    };
+    // (a probe got no answer since the last answer, consecutive failed probes, timeout)
+    let cases = [
+        (false, 0, 750),
+        // The first timeout: confirmed with half of it.
+        (true, 1, 375),
+        // The failure was an answer (a refusal, a 5xx): nothing hangs, the whole timeout.
+        (false, 1, 750),
+        // Unreachable: the whole timeout, so a slow return is seen.
+        (true, 2, 750),
+        (true, 60, 750),
+    ];
+    for (unanswered, failures, expected_ms) in cases {
+        check(unanswered, failures, expected_ms);
+    }
+}
+
+#[test]
 fn a_quiet_fleet_spreads_its_first_retry_over_the_whole_interval() {
     let config = ApiWatchConfig::new("node-1", NamespaceAllowList::new(["kube-system"]));
     let quiet = QUIET_UNREACHABLE_PROBE_INTERVAL;
