@@ -31,7 +31,7 @@ pub struct ApiWatchConfig {
     /// [`ApiWatch::set_at_stake`]), while the API is unreachable and after a failed probe
     /// (default 250 ms). With the defaults a hung server is then unreachable 1.1–1.4 s
     /// after it hung (the first probe that follows the hang times out, and the probe that
-    /// confirms it, [`confirming_timeout`], after half as long) and a refusing one after
+    /// confirms it after half as long) and a refusing one after
     /// 0.25–0.5 s. Once unreachable, with something at stake the
     /// interval doubles after each failed probe, up to 1 s (or this interval if longer);
     /// with nothing at stake the probe slows to one every 5–10 s at once, its first retry
