@@ -338,18 +338,7 @@ where
                 }
                 Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
                     *said = false;
-                    return ByGet::Forbidden(Problem {
-                        message: format!(
-                            "forbidden: needs {} ({})",
-                            self.rbac_hint,
-                            if status.message.is_empty() {
-                                "403"
-                            } else {
-                                &status.message
-                            }
-                        ),
-                        forbidden: true,
-                    });
+                    return ByGet::Forbidden(self.forbidden(&status));
                 }
                 Ok(Err(e)) => self.set_problem(Some(Problem::other(format!(
                     "the GET of {} failed: {}",
@@ -499,15 +488,24 @@ where
             watcher::Error::NoResourceVersion => None,
         };
         match status {
-            Some(s) if s.code == 403 => Problem {
-                message: format!(
-                    "forbidden: needs {} ({})",
-                    self.rbac_hint,
-                    if s.message.is_empty() { "403" } else { &s.message }
-                ),
-                forbidden: true,
-            },
+            Some(s) if s.code == 403 => self.forbidden(s),
             _ => Problem::other(format!("watch of {} failed: {}", self.what, error_chain(err))),
+        }
+    }
+
+    /// A 403: the rule the credentials lack, and the server's words.
+    fn forbidden(&self, status: &kube::core::Status) -> Problem {
+        Problem {
+            message: format!(
+                "forbidden: needs {} ({})",
+                self.rbac_hint,
+                if status.message.is_empty() {
+                    "403"
+                } else {
+                    &status.message
+                }
+            ),
+            forbidden: true,
         }
     }
 }

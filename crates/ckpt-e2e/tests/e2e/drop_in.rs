@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
-    NS, count_in_logs, delete_objects, host, inspect_node, label_control_plane, last_log_line, reads_files,
+    NS, count_in_logs, delete_objects, host, label_control_plane, last_log_line, power_cut_without_api,
     reset, restart_count, self_gc_after, state_of, wait_agent_pair_among, wait_inspect, wait_workload,
     workload_objects,
 };
@@ -87,39 +87,7 @@ pub(crate) fn drop_in(run: &mut NodeRun) -> anyhow::Result<()> {
     progress.say("C1 reads the Secrets and ConfigMaps by GET; C2 has no credentials to run with");
 
     progress.say("power cut with the API server down: C2 takes the lock and runs the workload's checkpoint");
-    run.plane.kill_apiserver()?;
-    let cut = Instant::now();
-    run.node.reboot()?;
-    let c2_log = format!("{c1}-{NODE_NAME}");
-    wait_for("C2 to take the lock after the power cut", TIMEOUT, || {
-        Ok(
-            if count_in_logs(run, &c2_log, "lock taken: this copy is active") >= 1 {
-                Probe::Ready(())
-            } else {
-                Probe::Waiting(format!("C2's logs: {}", last_log_line(run, &c2_log)))
-            },
-        )
-    })?;
-    let workload_static = format!("{workload}-{NODE_NAME}");
-    wait_for(
-        "the workload's checkpoint to run and read its files, as root and as 65534",
-        TIMEOUT,
-        || {
-            let read = ["0", "65534"].map(|uid| count_in_logs(run, &workload_static, &reads_files(uid)));
-            Ok(if read.iter().all(|n| *n >= 1) {
-                Probe::Ready(())
-            } else {
-                Probe::Waiting(format!(
-                    "lines read by uid 0 and 65534: {read:?}; last: {}",
-                    last_log_line(run, &workload_static)
-                ))
-            })
-        },
-    )?;
-    anyhow::ensure!(
-        state_of(&inspect_node(run)?, &workload) == Some("active"),
-        "the workload's checkpoint runs but is not active"
-    );
+    let cut = power_cut_without_api(run, &c1, &workload)?;
     progress.say(&format!(
         "the workload's checkpoint runs and reads the Secret and ConfigMap read by GET, {} after the cut",
         human_duration(cut.elapsed())

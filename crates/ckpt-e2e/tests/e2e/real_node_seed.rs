@@ -107,42 +107,7 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
     progress.say("the deployed alerts, on C1's metrics held as scraped: none fires");
 
     progress.say("seed B: power cut with the API server down; only static pods start");
-    run.plane.kill_apiserver()?;
-    let cut = Instant::now();
-    run.node.reboot()?;
-    let c2_mirror = format!("{c1}-{NODE_NAME}");
-    wait_for("C2 to take the lock after the power cut", TIMEOUT, || {
-        let taken = count_in_logs(run, &c2_mirror, "lock taken: this copy is active");
-        Ok(if taken >= 1 {
-            Probe::Ready(())
-        } else {
-            Probe::Waiting(format!("C2's logs: {}", last_log_line(run, &c2_mirror)))
-        })
-    })?;
-    progress.say(&format!(
-        "C2 holds the lock {} after the cut",
-        human_duration(cut.elapsed())
-    ));
-    let workload_static = format!("{workload}-{NODE_NAME}");
-    wait_for(
-        "the workload's checkpoint to run and read its files, as root and as 65534",
-        TIMEOUT,
-        || {
-            let read = ["0", "65534"].map(|uid| count_in_logs(run, &workload_static, &reads_files(uid)));
-            Ok(if read.iter().all(|n| *n >= 1) {
-                Probe::Ready(())
-            } else {
-                Probe::Waiting(format!(
-                    "lines read by uid 0 and 65534: {read:?}; last: {}",
-                    last_log_line(run, &workload_static)
-                ))
-            })
-        },
-    )?;
-    anyhow::ensure!(
-        state_of(&inspect_node(run)?, &workload) == Some("active"),
-        "the workload's checkpoint runs but is not active"
-    );
+    let cut = power_cut_without_api(run, &c1, &workload)?;
     progress.say(&format!(
         "the workload's checkpoint runs and reads its Secret and ConfigMap {} after the cut",
         human_duration(cut.elapsed())
@@ -185,6 +150,50 @@ pub(crate) fn seed(run: &mut NodeRun) -> anyhow::Result<()> {
         .say("seed C: the DaemonSet no longer targets the node; C2 removes every checkpoint, then itself");
     self_gc_and_clean_up(run, &[&workload, &c1])?;
     remove_monitoring_crds(run)
+}
+
+/// A power cut with the API server down: kills it, reboots the node, and waits until C2
+/// (the static copy of `c1`) has taken the lock and `workload`'s checkpoint runs, reads its
+/// Secret and ConfigMap as root and as 65534, and is active; when the cut was.
+pub(crate) fn power_cut_without_api(run: &mut NodeRun, c1: &str, workload: &str) -> anyhow::Result<Instant> {
+    let progress = run.progress;
+    run.plane.kill_apiserver()?;
+    let cut = Instant::now();
+    run.node.reboot()?;
+    let c2_mirror = format!("{c1}-{NODE_NAME}");
+    wait_for("C2 to take the lock after the power cut", TIMEOUT, || {
+        let taken = count_in_logs(run, &c2_mirror, "lock taken: this copy is active");
+        Ok(if taken >= 1 {
+            Probe::Ready(())
+        } else {
+            Probe::Waiting(format!("C2's logs: {}", last_log_line(run, &c2_mirror)))
+        })
+    })?;
+    progress.say(&format!(
+        "C2 holds the lock {} after the cut",
+        human_duration(cut.elapsed())
+    ));
+    let workload_static = format!("{workload}-{NODE_NAME}");
+    wait_for(
+        "the workload's checkpoint to run and read its files, as root and as 65534",
+        TIMEOUT,
+        || {
+            let read = ["0", "65534"].map(|uid| count_in_logs(run, &workload_static, &reads_files(uid)));
+            Ok(if read.iter().all(|n| *n >= 1) {
+                Probe::Ready(())
+            } else {
+                Probe::Waiting(format!(
+                    "lines read by uid 0 and 65534: {read:?}; last: {}",
+                    last_log_line(run, &workload_static)
+                ))
+            })
+        },
+    )?;
+    anyhow::ensure!(
+        state_of(&inspect_node(run)?, workload) == Some("active"),
+        "the workload's checkpoint runs but is not active"
+    );
+    Ok(cut)
 }
 
 /// The agent's upgrade to a new image tag under `strategy`, then the strategy at work.
@@ -674,7 +683,7 @@ pub(crate) fn label_control_plane(run: &NodeRun) -> anyhow::Result<()> {
 }
 
 /// The line each workload container prints once it has read its files as `uid`.
-pub(crate) fn reads_files(uid: &str) -> String {
+fn reads_files(uid: &str) -> String {
     format!("uid={uid} secret={SECRET_VALUE} config={CONFIG_VALUE} absent-optional=0")
 }
 
