@@ -53,6 +53,8 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 pub(crate) fn drop_in(run: &mut NodeRun) -> anyhow::Result<()> {
     let progress = run.progress;
     reset(run)?;
+    let rbac = render_rbac()?;
+    delete_installs(run, &rbac)?;
     label_control_plane(run)?;
     label_master(run, true)?;
     run.kubectl.apply(&workload_objects())?;
@@ -108,7 +110,6 @@ pub(crate) fn drop_in(run: &mut NodeRun) -> anyhow::Result<()> {
     ));
 
     progress.say("render's RBAC added (docs/migration.md, step 2), then a new DaemonSet pod");
-    let rbac = render_rbac()?;
     run.kubectl.apply(&rbac)?;
     let (old_c1, _) = wait_agent_pair_among(run, ORIGINAL_SELECTOR, "C1 running again beside C2")?;
     run.kubectl
@@ -145,7 +146,7 @@ pub(crate) fn drop_in(run: &mut NodeRun) -> anyhow::Result<()> {
         &["delete", "daemonset", AGENT, "-n", NS],
         &[&workload, &c1],
     )?;
-    delete_original_objects(run, &rbac)?;
+    delete_installs(run, &rbac)?;
     label_master(run, false)?;
     delete_objects(run)
 }
@@ -265,8 +266,11 @@ fn render_rbac() -> anyhow::Result<Vec<Value>> {
         .collect()
 }
 
-/// Deletes what [`original_objects`] and [`render_rbac`] created but the DaemonSet.
-fn delete_original_objects(run: &NodeRun, rbac: &[Value]) -> anyhow::Result<()> {
+/// Deletes what either install creates beside the DaemonSet: render's ServiceAccounts,
+/// Roles and bindings (`rbac`, the original's names among them) and the original's
+/// kubeconfig ConfigMap. Also before the scenario: `deploy` in an earlier one leaves its
+/// RBAC, which would let the agent mint the static copy's token.
+fn delete_installs(run: &NodeRun, rbac: &[Value]) -> anyhow::Result<()> {
     let mut names: Vec<(String, String, Option<String>)> = rbac
         .iter()
         .map(|o| {
