@@ -63,11 +63,9 @@ fn with_client_go_defaults(text: &str) -> Option<Kubeconfig> {
         .into_iter()
         .flatten())
     .any(|c| c["name"] == "");
-    let current = object
-        .get("current-context")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if unnamed_context && current.is_empty() && object.get("current-context") != Some(&Value::from("")) {
+    // Absent or null: client-go's "" (a "" already there changes nothing).
+    let unset = !matches!(object.get("current-context"), Some(Value::String(_)));
+    if unnamed_context && unset {
         object.insert("current-context".to_owned(), Value::String(String::new()));
         changed = true;
     }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ckpt_core::backoff::nth_delay;
 use ckpt_core::{NamespaceAllowList, PodId, Timestamp};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -18,7 +19,6 @@ use crate::WatchedPod;
 use crate::error::error_chain;
 use crate::jitter::{equal_jitter, uniform_between};
 use crate::reflect::{Driver, SharedSlot, Slot, lock};
-use ckpt_core::backoff::nth_delay;
 
 /// Settings of [`ApiWatch`].
 #[derive(Clone, Debug)]
@@ -31,9 +31,8 @@ pub struct ApiWatchConfig {
     /// [`ApiWatch::set_at_stake`]), while the API is unreachable and after a failed probe
     /// (default 250 ms). With the defaults a hung server is then unreachable 1.1–1.4 s
     /// after it hung (the first probe that follows the hang times out, and the probe that
-    /// confirms it after half as long) and a refusing one after
-    /// 0.25–0.5 s. Once unreachable, with something at stake the
-    /// interval doubles after each failed probe, up to 1 s (or this interval if longer);
+    /// confirms it after half as long) and a refusing one after 0.25–0.5 s. Once
+    /// unreachable, with something at stake the interval doubles after each failed probe, up to 1 s (or this interval if longer);
     /// with nothing at stake the probe slows to one every 5–10 s at once, its first retry
     /// spread over 0.25–10 s.
     pub probe_interval: Duration,

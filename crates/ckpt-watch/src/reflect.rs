@@ -75,6 +75,19 @@ impl<K> Default for Slot<K> {
     }
 }
 
+impl<K> Slot<K> {
+    /// A complete view received (a list, or a GET of the one object): synced and known,
+    /// and the problem it ends, if any, returned.
+    fn complete(&mut self, objects: BTreeMap<String, Arc<K>>) -> Option<String> {
+        self.objects = objects;
+        self.buffer = None;
+        self.synced = true;
+        self.known = true;
+        self.forbidden = false;
+        self.error.take()
+    }
+}
+
 /// A shared slot.
 pub(crate) type SharedSlot<K> = Arc<Mutex<Slot<K>>>;
 
@@ -375,19 +388,15 @@ where
             let before = slot.objects.get(name).map(|o| version(o));
             let after = object.as_ref().map(version);
             let changed = !slot.synced || slot.error.is_some() || before != after;
-            if let Some(problem) = slot.error.take() {
-                info!(what = %self.what, %problem, "read again by GET");
-            }
-            slot.objects = (object.into_iter())
+            let read = (object.into_iter())
                 .map(|mut o| {
                     (self.modify)(&mut o);
                     (name.to_owned(), Arc::new(o))
                 })
                 .collect();
-            slot.buffer = None;
-            slot.synced = true;
-            slot.known = true;
-            slot.forbidden = false;
+            if let Some(problem) = slot.complete(read) {
+                info!(what = %self.what, %problem, "read again by GET");
+            }
             changed
         };
         if changed {
@@ -425,14 +434,9 @@ where
                         return false;
                     }
                     let listed = slot.buffer.take().unwrap_or_default();
-                    slot.objects = listed;
-                    let recovered = slot.error.take();
-                    if let Some(problem) = recovered {
+                    if let Some(problem) = slot.complete(listed) {
                         info!(what = %self.what, %problem, "watch recovered: complete list received");
                     }
-                    slot.forbidden = false;
-                    slot.synced = true;
-                    slot.known = true;
                     completed = true;
                     true
                 }

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use ckpt_e2e::e2e_env::NODE_NAME;
 use ckpt_e2e::harness::kubectl::pod_running;
-use ckpt_e2e::harness::lock::{Holding, lock_holder};
 use ckpt_e2e::progress::human_duration;
 use ckpt_e2e::wait::{Probe, wait_for};
 use ckpt_render::{DEFAULT_IMAGE, KubernetesVersion, Manifest, ManifestArgs, render};
@@ -30,8 +29,8 @@ use serde_json::{Value, json};
 use crate::real_node::NodeRun;
 use crate::real_node_seed::{
     NS, count_in_logs, delete_objects, host, label_control_plane, last_log_line, power_cut_without_api,
-    reset, restart_count, self_gc_after, state_of, wait_agent_pair_among, wait_inspect, wait_workload,
-    workload_objects,
+    reset, restart_count, self_gc_after, state_of, wait_agent_pair_among, wait_inspect, wait_lock_holder_in,
+    wait_workload, workload_objects,
 };
 
 /// The original's names: its DaemonSet, ServiceAccount, Role and ClusterRole (and their
@@ -66,7 +65,7 @@ pub(crate) fn drop_in(run: &mut NodeRun) -> anyhow::Result<()> {
     let server = run.plane.apiserver_url();
     run.kubectl.apply(&original_objects(&server))?;
     let (c1, c2) = wait_agent_pair_among(run, ORIGINAL_SELECTOR, "C1 and its static copy C2 running")?;
-    wait_lock_holder(run, &[&c1])?;
+    wait_lock_holder_in(&host(run, LOCK_FILE)?, &[&c1])?;
     let checkpoints = wait_inspect(run, "the workload's and the agent's checkpoints", |i| {
         state_of(i, &workload) == Some("inactive")
             && state_of(i, &c1).is_some_and(|s| s.starts_with("active"))
@@ -117,7 +116,7 @@ pub(crate) fn drop_in(run: &mut NodeRun) -> anyhow::Result<()> {
     // Deleted with --wait: the pair found next is the new pod and its own static copy.
     let (c1, c2) = wait_agent_pair_among(run, ORIGINAL_SELECTOR, "a new C1 and its static copy")?;
     anyhow::ensure!(c1 != old_c1, "{old_c1} was deleted but is listed again");
-    wait_lock_holder(run, &[&c1, &c2])?;
+    wait_lock_holder_in(&host(run, LOCK_FILE)?, &[&c1, &c2])?;
     wait_for("credentials kept for the static copy", TIMEOUT, || {
         Ok(
             if count_in_logs(run, &c1, "kept fresh API credentials for the static copy") >= 1 {
@@ -301,23 +300,5 @@ fn label_master(run: &NodeRun, set: bool) -> anyhow::Result<()> {
     };
     run.kubectl
         .run(&["label", "node", NODE_NAME, &label, "--overwrite"], None)?;
-    Ok(())
-}
-
-/// Waits until the process holding the original's lock says it is one of `pods`.
-fn wait_lock_holder(run: &NodeRun, pods: &[&str]) -> anyhow::Result<()> {
-    let lock_file = host(run, LOCK_FILE)?;
-    wait_for(
-        &format!("{} to hold the lock", pods.join(" or ")),
-        TIMEOUT,
-        || {
-            Ok(match lock_holder(&lock_file)? {
-                Some(Holding {
-                    pod: Some(holder), ..
-                }) if pods.contains(&holder.as_str()) => Probe::Ready(()),
-                other => Probe::Waiting(format!("held by {other:?}")),
-            })
-        },
-    )?;
     Ok(())
 }

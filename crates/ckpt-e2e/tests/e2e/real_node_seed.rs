@@ -964,12 +964,16 @@ fn wait_lock_holder(run: &NodeRun, pod: &str) -> anyhow::Result<()> {
 
 /// Waits until one of `pods` holds the node's lock.
 fn wait_lock_holder_among(run: &NodeRun, pods: &[&str]) -> anyhow::Result<()> {
-    let lock_file = lock_file(run)?;
+    wait_lock_holder_in(&lock_file(run)?, pods)
+}
+
+/// Waits until one of `pods` holds `lock_file` (on the host).
+pub(crate) fn wait_lock_holder_in(lock_file: &Path, pods: &[&str]) -> anyhow::Result<()> {
     wait_for(
         &format!("{} to hold the lock", pods.join(" or ")),
         TIMEOUT,
         || {
-            Ok(match lock_holder(&lock_file)? {
+            Ok(match lock_holder(lock_file)? {
                 Some(Holding {
                     pod: Some(holder), ..
                 }) if pods.contains(&holder.as_str()) => Probe::Ready(()),
