@@ -161,7 +161,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let agent = fake_agent(dir.path(), "keep-forever  keeps all\n", true);
         let options = render_with(&agent, "keep-forever").unwrap();
-        assert!(options.agent_config().contains("gc-strategy: keep-forever"));
+        assert!(options.agent_config().contains("gc-strategy: \"keep-forever\""));
         let error = render_with(&agent, "grace-period").unwrap_err().to_string();
         assert!(error.contains("registered strategies: keep-forever"), "{error}");
 

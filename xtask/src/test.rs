@@ -1,8 +1,9 @@
 //! `cargo xtask test`: the README's test command and what `.ci/run` runs: the documentation's
 //! links, formatting, lints, each crate checked and packaged alone, the dependency policy
 //! (cargo-deny: licences, bans, sources; advisories skipped, the reason printed), every
-//! unit and integration test of the workspace, the agent's image (built, run, imported into
-//! containerd; its arm64 build run under qemu-user), the release (`cargo xtask release` into
+//! unit and integration test of the workspace, the Helm chart against render (helm built
+//! from its Go module into the cache on first use, ~3 minutes), the agent's image (built,
+//! run, imported into containerd; its arm64 build run under qemu-user), the release (`cargo xtask release` into
 //! a temporary directory), then the end-to-end suite against a real control plane and a real
 //! node of the newest Kubernetes release (v1.37.2, built from its Go modules into the cache
 //! on first use, ~8.5 minutes on 2 cores).
@@ -93,7 +94,7 @@ impl Test {
                     "cargo",
                     &[
                         "clippy", "-p", "ckpt-e2e", "--test", "e2e", "--test", "image", "--test", "release",
-                        "--locked", "--", "-D", "warnings",
+                        "--test", "chart", "--locked", "--", "-D", "warnings",
                     ],
                 )
             })?;
@@ -108,6 +109,8 @@ impl Test {
         phase("unit and integration tests", || {
             ckpt_e2e::run("cargo", &["test", "--workspace", "--locked"])
         })?;
+        // The Helm chart against render, with helm built from its Go module (cached).
+        phase("Helm chart", || e2e_crate_test("chart"))?;
         // The image: the static release build, its root filesystem, a private containerd.
         phase("image", || e2e_crate_test("image"))?;
         // The release (`cargo xtask release` into a temporary directory): the image test

@@ -693,11 +693,11 @@ fn render_writes_the_install_manifests() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let yaml = std::fs::read_to_string(&file).expect("written");
     for expected in [
-        "gc-strategy: owner-reference",
+        "gc-strategy: \"owner-reference\"",
         "namespace: checkpointer",
         "image: registry.example/pc:dev",
-        "kubelet-ca: /etc/kubernetes/pki/ca.crt",
-        "server: https://10.0.0.1:6443",
+        "kubelet-ca: \"/etc/kubernetes/pki/ca.crt\"",
+        "server: \"https://10.0.0.1:6443\"",
         "name: pod-checkpointer-kubelet",
     ] {
         assert!(yaml.contains(expected), "{expected}: {yaml}");

@@ -15,8 +15,9 @@
 //!    (kube-apiserver, etcd and kubemark's hollow kubelet; kill, pause or restart its API
 //!    server), then the real node (kubelet, containerd and runc in namespaces of its own);
 //!    beside it [`promtool`], Prometheus' rule checker (for the alerts `render --prometheus`
-//!    writes), and [`cargo_tool`], programs from crates.io (the SBOM generator), kept in the
-//!    environment's cache;
+//!    writes), [`chart`], the Helm chart templated by helm (built from its Go module) and
+//!    packaged, and [`cargo_tool`], programs from crates.io (the SBOM generator), kept in
+//!    the environment's cache;
 //! 4. [`harness`]: what drives the agent against the environment: `pod-checkpointer`
 //!    processes with their logs, kubectl, the Kubernetes objects the scenarios create, the
 //!    expectations, and [`harness::testbed::Testbed`], the one plane harness;
@@ -53,9 +54,10 @@ pub mod wait;
 pub mod apt;
 pub mod image;
 
-// The environment: its build, the control plane, the real node; promtool and the tools
-// from crates.io in its cache.
+// The environment: its build, the control plane, the real node; promtool, helm and the
+// chart, and the tools from crates.io in its cache.
 pub mod cargo_tool;
+pub mod chart;
 pub mod e2e_env;
 pub mod promtool;
 

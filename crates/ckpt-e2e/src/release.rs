@@ -1,8 +1,8 @@
 //! `cargo xtask release`: everything a release publishes, built here into `dist/` (there is
 //! no registry to push to): the agent's image as one OCI archive holding an image index for
 //! linux/amd64 and linux/arm64, the static binaries in it, the install manifests pinned to
-//! the index's digest, an SBOM of the binary's crates, the release notes, and SHA256SUMS
-//! over all of them. docs/release.md says what each file is for.
+//! the index's digest, the Helm chart packaged with the same pin, an SBOM of the binary's
+//! crates, the release notes, and SHA256SUMS over all of them. docs/release.md says what each file is for.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,8 +32,8 @@ pub const NOTES_FILE: &str = "RELEASE-NOTES.md";
 pub const SUMS_FILE: &str = "SHA256SUMS";
 
 /// Build what a release publishes into dist/: the multi-platform image archive, the
-/// binaries, the install YAML pinned to the image's digest, an SBOM, the release notes,
-/// SHA256SUMS.
+/// binaries, the install YAML pinned to the image's digest, the Helm chart with the same
+/// pin, an SBOM, the release notes, SHA256SUMS.
 #[derive(clap::Args)]
 pub struct Release {
     /// The image's name; the install YAML names it by digest [default: the rendered
@@ -85,6 +85,8 @@ pub struct ReleaseArtifacts {
     /// Each architecture's static binary, as shipped in the image.
     pub binaries: Vec<(Arch, PathBuf)>,
     pub manifests: PathBuf,
+    /// The Helm chart's package, its default image the same pin.
+    pub chart: PathBuf,
     pub sbom: PathBuf,
     pub notes: PathBuf,
     pub sums: PathBuf,
@@ -152,6 +154,15 @@ pub fn build_release(options: &ReleaseOptions) -> anyhow::Result<ReleaseArtifact
         Ok(())
     })?;
 
+    let chart = phase("Helm chart").run(|| {
+        let file = crate::chart::package(&crate::chart::chart_dir(), &staging, &pinned)?;
+        progress.say(&format!(
+            "{}: image {pinned}",
+            file.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        Ok(out.join(file.file_name().unwrap_or_default()))
+    })?;
+
     let sbom_name = format!("pod-checkpointer-{version}.cdx.json");
     phase("SBOM").run(|| write_sbom(&options.archs, &staging.join(&sbom_name), progress))?;
 
@@ -175,6 +186,7 @@ pub fn build_release(options: &ReleaseOptions) -> anyhow::Result<ReleaseArtifact
         archive: out.join(archive_name),
         binaries,
         manifests: out.join(MANIFESTS_FILE),
+        chart,
         sbom: out.join(sbom_name),
         notes: out.join(NOTES_FILE),
         sums: out.join(SUMS_FILE),

@@ -1,8 +1,8 @@
 //! `cargo xtask release` as it runs, into a temporary directory: the image archive holds an
 //! index of an amd64 and an arm64 image whose binaries are the ones shipped beside it (the
 //! arm64 one runs under qemu-user), the install YAML names the index by digest, the SBOM
-//! lists the binary's crates, the notes say what the release is, and `sha256sum -c` accepts
-//! SHA256SUMS.
+//! lists the binary's crates, the chart's package templates the same objects as that YAML,
+//! the notes say what the release is, and `sha256sum -c` accepts SHA256SUMS.
 //!
 //! Needs root for what it installs from Debian when missing (musl-tools, clang, llvm,
 //! qemu-user-static) and builds both static agents (minutes cold; the image test builds
@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::process::Command;
 
+use ckpt_e2e::chart;
 use ckpt_e2e::image::{self, Arch, oci};
 use ckpt_e2e::release::{self, ReleaseOptions};
 use serde_json::Value;
@@ -44,6 +45,7 @@ fn a_release_is_a_two_platform_image_its_binaries_pinned_manifests_an_sbom_notes
         format!("pod-checkpointer-{version}-linux-arm64"),
         format!("pod-checkpointer-{version}.cdx.json"),
         format!("pod-checkpointer-{version}.oci.tar"),
+        format!("pod-checkpointer-{version}.tgz"),
         release::MANIFESTS_FILE.to_owned(),
         release::NOTES_FILE.to_owned(),
         release::SUMS_FILE.to_owned(),
@@ -123,6 +125,20 @@ fn a_release_is_a_two_platform_image_its_binaries_pinned_manifests_an_sbom_notes
         "{images:?}"
     );
     assert!(!yaml.contains(reference), "no tag left: {yaml}");
+
+    // The chart's package templates what the manifests hold (helm, cached by the chart's
+    // phase of `cargo xtask test`, or built here).
+    let helm = ckpt_e2e::e2e_env::modules::helm().unwrap();
+    let templated = chart::template(
+        &helm,
+        &artifacts.chart,
+        ckpt_render::DEFAULT_NAMESPACE,
+        ckpt_render::KubernetesVersion::NEWEST,
+        &serde_json::json!({}),
+    )
+    .unwrap();
+    let differences = chart::differences(&chart::objects_of_yaml(&yaml).unwrap(), &templated);
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
 
     // The SBOM: CycloneDX, the binary's crates (what it links) and not the build tools.
     let sbom: Value = serde_json::from_slice(&std::fs::read(&artifacts.sbom).unwrap()).unwrap();

@@ -63,5 +63,5 @@ fn the_custom_binary_lists_checks_and_renders_its_strategy() {
 
     let rendered = run(&custom, &["render", "--gc-strategy", "keep-forever"], "");
     assert!(rendered.status.success(), "{}", text(&rendered.stderr));
-    assert!(text(&rendered.stdout).contains("gc-strategy: keep-forever"));
+    assert!(text(&rendered.stdout).contains("gc-strategy: \"keep-forever\""));
 }

@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::defaults::{CONFIG_API_VERSION, CONFIG_KIND, DEFAULT_NAMESPACE, MEMORY_REQUEST};
 use crate::manifest::Manifest;
@@ -289,12 +289,15 @@ fn api_kubeconfig(api: &ApiEndpoint) -> Option<String> {
     let ApiEndpoint::Server { url, tls_server_name } = api else {
         return None;
     };
+    // Quoted like the agent config's strings: a name is free text.
+    let quoted = |text: &str| serde_json::Value::from(text).to_string();
     let server_name = tls_server_name
         .as_deref()
-        .map(|name| format!("    tls-server-name: {name}\n"))
+        .map(|name| format!("    tls-server-name: {}\n", quoted(name)))
         .unwrap_or_default();
+    let url = quoted(url);
     Some(format!(
-        "# The agent's API server, chosen at render time (--api-server), with the pod's\n\
+        "# The agent's API server (render's --api-server, the chart's apiServer), with the pod's\n\
          # service-account token and CA.\n\
          apiVersion: v1\n\
          kind: Config\n\
@@ -425,10 +428,7 @@ fn daemonset(options: &ManifestOptions) -> DaemonSet {
     let template_annotations = BTreeMap::from([
         // It checkpoints itself: the static copy that restarts it after a reboot.
         (CHECKPOINT_ANNOTATION.to_owned(), "true".to_owned()),
-        (
-            CONFIG_HASH_ANNOTATION.to_owned(),
-            format!("{:016x}", fnv1a64(hashed.as_bytes())),
-        ),
+        (CONFIG_HASH_ANNOTATION.to_owned(), config_hash(&hashed)),
     ]);
     DaemonSet {
         metadata: namespaced_meta(NAME, &options.namespace),
@@ -682,12 +682,13 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-/// FNV-1a: a stable hash with no dependency (std's hasher may change between releases,
-/// which would churn the checked-in manifests).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+/// The first 16 hex digits of the SHA-256 of the config and kubeconfig text: stable
+/// across releases (std's hasher may change, which would churn the checked-in manifests),
+/// and what the Helm chart computes with `sha256sum | trunc 16`.
+fn config_hash(text: &str) -> String {
+    (Sha256::digest(text.as_bytes()).iter().take(8))
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 impl ManifestOptions {
@@ -700,59 +701,49 @@ impl ManifestOptions {
         self.kubernetes_version.has_daemonset_max_surge() && self.prometheus_port.is_none()
     }
 
-    /// The agent's `--config` file: the long flag names without dashes.
+    /// The agent's `--config` file: the long flag names without dashes. Every string the
+    /// flags chose is double-quoted (as JSON writes it, which YAML reads), so a value that
+    /// looks like a number or a boolean stays a string, and the Helm chart's `quote` writes
+    /// the same bytes (the config hash is over them).
     pub fn agent_config(&self) -> String {
-        #[derive(Serialize)]
-        #[serde(rename_all = "kebab-case")]
-        struct AgentConfig<'a> {
-            #[serde(rename = "apiVersion")]
-            api_version: &'a str,
-            kind: &'a str,
-            gc_strategy: &'a str,
-            checkpoint_grace_period: &'a str,
-            revisions: usize,
-            handoff_timeout: &'a str,
-            namespaces: &'a [String],
-            checkpoint_dir: &'a str,
-            manifests_dir: &'a str,
-            lock_file: &'a str,
-            runtime_endpoint: &'a str,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            kubelet_ca: Option<&'a str>,
-            #[serde(skip_serializing_if = "std::ops::Not::not")]
-            kubelet_insecure: bool,
-            metrics_addr: String,
-            health_socket: String,
-            // Written out so operators find where to turn on debug logs for both copies.
-            log_level: &'a str,
-            log_format: LogFormat,
-        }
-        let config = AgentConfig {
-            api_version: CONFIG_API_VERSION,
-            kind: CONFIG_KIND,
-            gc_strategy: &self.gc_strategy,
-            checkpoint_grace_period: &self.grace_period,
-            revisions: self.revisions,
-            handoff_timeout: &self.handoff_timeout,
-            namespaces: &self.namespaces,
-            checkpoint_dir: CHECKPOINT_DIR,
-            manifests_dir: &self.manifests_dir,
-            lock_file: &self.lock_file,
-            runtime_endpoint: &self.runtime_endpoint,
-            kubelet_ca: match &self.kubelet {
-                KubeletTrust::Ca(path) => Some(path),
-                _ => None,
-            },
-            kubelet_insecure: self.kubelet == KubeletTrust::Insecure,
-            metrics_addr: format!("127.0.0.1:{}", self.metrics_port),
-            health_socket: health_socket(),
-            log_level: &self.log_level,
-            log_format: self.log_format,
-        };
-        let body = serde_saphyr::to_string(&config).unwrap_or_default();
-        format!(
+        let quoted = |text: &str| serde_json::Value::from(text).to_string();
+        let mut out = format!(
             "# pod-checkpointer run --config: the keys are its long flag names (see --help).\n\
-             # NODE_NAME, POD_NAME, POD_NAMESPACE and HOST_IP come from the pod's environment.\n{body}"
-        )
+             # NODE_NAME, POD_NAME, POD_NAMESPACE and HOST_IP come from the pod's environment.\n\
+             apiVersion: {CONFIG_API_VERSION}\n\
+             kind: {CONFIG_KIND}\n"
+        );
+        let line = |out: &mut String, key: &str, value: String| out.push_str(&format!("{key}: {value}\n"));
+        line(&mut out, "gc-strategy", quoted(&self.gc_strategy));
+        line(&mut out, "checkpoint-grace-period", quoted(&self.grace_period));
+        line(&mut out, "revisions", self.revisions.to_string());
+        line(&mut out, "handoff-timeout", quoted(&self.handoff_timeout));
+        out.push_str("namespaces:\n");
+        for ns in &self.namespaces {
+            out.push_str(&format!("- {}\n", quoted(ns)));
+        }
+        line(&mut out, "checkpoint-dir", quoted(CHECKPOINT_DIR));
+        line(&mut out, "manifests-dir", quoted(&self.manifests_dir));
+        line(&mut out, "lock-file", quoted(&self.lock_file));
+        line(&mut out, "runtime-endpoint", quoted(&self.runtime_endpoint));
+        match &self.kubelet {
+            KubeletTrust::Ca(path) => line(&mut out, "kubelet-ca", quoted(path)),
+            KubeletTrust::Insecure => line(&mut out, "kubelet-insecure", "true".to_owned()),
+            KubeletTrust::NotUsed => {}
+        }
+        line(
+            &mut out,
+            "metrics-addr",
+            quoted(&format!("127.0.0.1:{}", self.metrics_port)),
+        );
+        line(&mut out, "health-socket", quoted(&health_socket()));
+        // Written out so operators find where to turn on debug logs for both copies.
+        line(&mut out, "log-level", quoted(&self.log_level));
+        let format = match self.log_format {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        };
+        line(&mut out, "log-format", quoted(format));
+        out
     }
 }

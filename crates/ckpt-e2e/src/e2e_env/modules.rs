@@ -248,6 +248,32 @@ const RUNTIME: [GoComponent; 4] = [
     },
 ];
 
+/// helm, for the test that the Helm chart renders what `render` renders (tests/chart.rs):
+/// built like the components, cached beside them, never part of a release's set.
+const HELM: GoComponent = GoComponent {
+    name: "helm",
+    module_dir: "helm-4.3",
+    version: "4.3.2",
+    binaries: &[("helm", "helm.sh/helm/v4/cmd/helm")],
+    links: &[],
+    cgo: false,
+    tags: &[],
+    build_packages: &[],
+    patches: &[],
+    c_programs: &[],
+};
+
+/// The cached helm, built from its module on first use (a few minutes on 2 cores).
+pub fn helm() -> anyhow::Result<PathBuf> {
+    // Tests of one process ask at once: one builds, the others then find it cached.
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _building = BUILD.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let root = super::build::cache_root().join("modules");
+    fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
+    ensure_component(&HELM, &root.join("build.log"))?;
+    Ok(HELM.binary("helm"))
+}
+
 impl GoComponent {
     /// Its cache dir.
     pub fn dir(&self) -> PathBuf {
@@ -624,6 +650,7 @@ mod tests {
         for component in RELEASES
             .iter()
             .flat_map(|&r| components(r).expect("from modules"))
+            .chain([HELM])
         {
             let module = component.module_path();
             for file in ["go.mod", "go.sum"] {

@@ -592,7 +592,7 @@ fn check_config_from_configmap(run: &NodeRun, strategy: &str) -> anyhow::Result<
         .context("no agent ConfigMap")?;
     let config = configmap["data"]["config.yaml"].as_str().unwrap_or_default();
     anyhow::ensure!(
-        config.contains(&format!("gc-strategy: {strategy}\n")),
+        config.contains(&format!("gc-strategy: \"{strategy}\"\n")),
         "the ConfigMap does not name {strategy}: {config}"
     );
     Ok(())
