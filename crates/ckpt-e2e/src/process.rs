@@ -263,6 +263,30 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The last `count` error lines of a log file: klog's `E` lines (the Kubernetes
+/// components') and `level=error` ones (containerd's).
+pub fn log_error_lines(path: &Path, count: usize) -> Vec<String> {
+    error_lines(
+        &String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()),
+        count,
+    )
+}
+
+fn error_lines(text: &str, count: usize) -> Vec<String> {
+    let errors: Vec<&str> = (text.lines())
+        .filter(|line| {
+            let klog = line
+                .strip_prefix('E')
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+            klog || line.contains("level=error")
+        })
+        .collect();
+    errors[errors.len().saturating_sub(count)..]
+        .iter()
+        .map(|line| (*line).to_owned())
+        .collect()
+}
+
 /// `--- last lines of NAME ---` followed by the tail, for error messages (only the file name:
 /// a failed start removes its work dir).
 pub fn log_tail_section(path: &Path, lines: usize) -> String {
@@ -405,6 +429,27 @@ pub fn run_logged(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn error_lines_are_klogs_and_containerds_last_ones() {
+        let log = "I1207 07:52:57.1 server.go:1] started\n\
+                   E1207 07:52:58.2 kubelet.go:2] first\n\
+                   time=\"2026-12-07\" level=error msg=\"second\"\n\
+                   Everything is fine\n\
+                   time=\"2026-12-07\" level=info msg=\"quiet\"\n\
+                   E1207 07:52:59.3 kubelet.go:3] third\n";
+        let check = |count: usize, expected: &[&str]| {
+            let got = super::error_lines(log, count);
+            let suffixes: Vec<&str> = got
+                .iter()
+                .map(|l| l.rsplit(' ').next().unwrap_or_default())
+                .collect();
+            assert_eq!(suffixes, expected, "{count}");
+        };
+        check(2, &["msg=\"second\"", "third"]);
+        check(5, &["first", "msg=\"second\"", "third"]);
+        check(0, &[]);
+    }
+
     use super::*;
 
     #[test]

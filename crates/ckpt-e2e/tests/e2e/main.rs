@@ -232,6 +232,13 @@ fn main() -> ExitCode {
             format!("; failed: {}", failed.join(", "))
         }
     );
+    let digest = std::mem::take(&mut *DIGEST.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    if !digest.is_empty() {
+        eprintln!("e2e: why, in short (the full reports are above):");
+        for line in digest {
+            eprintln!("  {line}");
+        }
+    }
     println!("e2e: {passed} passed, {} failed", failed.len());
     let ran = (selected.iter().map(|(name, _, _)| *name)).chain(selected_real.iter().map(|(name, _)| *name));
     if let Err(e) = write_results(ran, &failed) {
@@ -242,6 +249,23 @@ fn main() -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// What the end of the run repeats about each failure, so that the last lines of a CI log
+/// say why (the full reports, log tails and all, scroll away above them).
+static DIGEST: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds a line to the failures' digest; a long line is cut.
+pub(crate) fn remember_failure(line: &str) {
+    const MAX: usize = 400;
+    let mut cut: String = line.chars().take(MAX).collect();
+    if cut.len() < line.len() {
+        cut.push('…');
+    }
+    DIGEST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(cut);
 }
 
 /// Where `cargo xtask e2e` wants the run's results (docs/compatibility.md is made from them).
@@ -278,6 +302,7 @@ fn run_hollow_node_scenarios(selected: &[&(&'static str, &'static str, ScenarioF
         Ok(suite) => suite,
         Err(e) => {
             eprintln!("e2e: cannot set up the end-to-end environment: {e:#}");
+            remember_failure(&format!("the hollow node's plane: {e:#}"));
             return selected.iter().map(|(name, _, _)| *name).collect();
         }
     };
@@ -294,6 +319,7 @@ fn run_hollow_node_scenarios(selected: &[&(&'static str, &'static str, ScenarioF
             Ok(ctx) => ctx,
             Err(e) => {
                 eprintln!("--- {name}: FAILED in set-up: {e:#}");
+                remember_failure(&format!("{name}: in set-up: {e:#}"));
                 failed.push(*name);
                 continue;
             }
@@ -308,11 +334,12 @@ fn run_hollow_node_scenarios(selected: &[&(&'static str, &'static str, ScenarioF
                 if let Err(e) = report {
                     eprintln!("--- {name}: clean-up failed: {e:#}");
                 }
-                if outcome.is_err() {
+                if let Err(e) = &outcome {
                     eprintln!(
                         "--- {name}: FAILED after {}",
                         human_duration(scenario_started.elapsed())
                     );
+                    remember_failure(&format!("{name}: {e:#}"));
                 }
                 failed.push(*name);
             }

@@ -83,6 +83,7 @@ pub(crate) fn run(selected: &[&(&'static str, NodeScenarioFn)]) -> Vec<&'static 
         Ok(run) => run,
         Err(e) => {
             eprintln!("e2e: cannot start the real node: {e:#}");
+            crate::remember_failure(&format!("the real node's start: {e:#}"));
             return all();
         }
     };
@@ -111,12 +112,24 @@ pub(crate) fn run(selected: &[&(&'static str, NodeScenarioFn)]) -> Vec<&'static 
                     "--- {name}: FAILED after {}: {e:#}",
                     human_duration(scenario_started.elapsed())
                 );
+                crate::remember_failure(&format!("{name}: {e:#}"));
+                // The scenarios share the node: the first failure's node errors explain
+                // the ones after it too.
+                if failed.is_empty() {
+                    for log in [run.node.kubelet_log(), run.node.containerd_log()] {
+                        for line in ckpt_e2e::process::log_error_lines(&log, 6) {
+                            let file = log.file_name().unwrap_or_default().to_string_lossy();
+                            crate::remember_failure(&format!("  {file}: {line}"));
+                        }
+                    }
+                }
                 failed.push(*name);
             }
         }
     }
     if let Err(e) = stop(run, &machine_before) {
         eprintln!("--- {STOP_CHECK}: FAILED: {e:#}");
+        crate::remember_failure(&format!("{STOP_CHECK}: {e:#}"));
         failed.push(STOP_CHECK);
     }
     failed
