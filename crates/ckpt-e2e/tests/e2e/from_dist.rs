@@ -5,7 +5,9 @@
 //! the install YAML, which names the image by its index's digest. Then
 //! the agent runs as the seed scenario's does (the DaemonSet copy holds the lock, its static
 //! copy waits, the workload and the agent are checkpointed), and the documented uninstall
-//! (docs/operations.md: delete the DaemonSet, then the rest) leaves nothing of ours.
+//! (docs/operations.md: delete the DaemonSet, then the rest) leaves nothing of ours. Then the
+//! same with the release's Helm chart: `helm install` of the package (its default image the
+//! same pin), the agent pair again, and the DaemonSet deleted before `helm uninstall`.
 //!
 //! The YAML's API server is the node-local one (`https://127.0.0.1:6443`, verified as
 //! `kubernetes`), as on a self-hosted control-plane node. The plane here runs beside the
@@ -106,10 +108,72 @@ pub(crate) fn install_from_dist(run: &mut NodeRun) -> anyhow::Result<()> {
         &["delete", "-f", &yaml, "--ignore-not-found", "--wait=true"],
         None,
     )?;
+
+    // The same release through its Helm chart: the package's default image is the pin.
+    let chart = artifacts.chart.display().to_string();
+    progress.say(&format!(
+        "the operator again, with helm: `helm install pod-checkpointer {} -n {NS}`",
+        artifacts.chart.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    let helm = Helm::new(run)?;
+    helm.run(&["install", "pod-checkpointer", &chart, "--namespace", NS])?;
+    let (c1, _) = wait_installed(run, &workload)?;
+    let pod = run.kubectl.get("pod", NS, &c1)?.context("C1 is gone")?;
+    let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or_default();
+    anyhow::ensure!(
+        image == pinned,
+        "the chart's C1 runs {image}, not the release's {pinned}"
+    );
+    progress.say("uninstall: the DaemonSet first, then `helm uninstall`");
+    self_gc_after(
+        run,
+        AGENT_SELECTOR,
+        &["delete", "daemonset", "pod-checkpointer", "-n", NS],
+        &[&workload, &c1],
+    )?;
+    helm.run(&["uninstall", "pod-checkpointer", "--namespace", NS, "--wait"])?;
+    for (resource, name) in [
+        ("configmap", "pod-checkpointer"),
+        ("serviceaccount", "pod-checkpointer"),
+    ] {
+        anyhow::ensure!(
+            run.kubectl.get(resource, NS, name)?.is_none(),
+            "helm uninstall left {resource} {name}"
+        );
+    }
     drop(forwarder);
     run.node.ctr(&["images", "rm", &release_reference(), &pinned])?;
     fs::remove_dir_all(&dist).with_context(|| format!("cannot remove {}", dist.display()))?;
     delete_objects(run)
+}
+
+/// helm (built from its Go module, cached) as the scenario's kubectl identity.
+struct Helm {
+    binary: std::path::PathBuf,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Helm {
+    fn new(run: &NodeRun) -> anyhow::Result<Helm> {
+        Ok(Helm {
+            binary: ckpt_e2e::e2e_env::modules::helm()?,
+            kubeconfig: run.kubectl.kubeconfig().to_owned(),
+        })
+    }
+
+    fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        // Its caches and config beside the kubeconfig, not in the machine's $HOME.
+        let home = self.kubeconfig.with_file_name("helm-home");
+        ckpt_e2e::command::run_command(
+            Command::new(&self.binary)
+                .args(args)
+                .arg("--kubeconfig")
+                .arg(&self.kubeconfig)
+                .env("HELM_CACHE_HOME", home.join("cache"))
+                .env("HELM_CONFIG_HOME", home.join("config"))
+                .env("HELM_DATA_HOME", home.join("data")),
+        )
+    }
 }
 
 /// socat in the node's network namespace, forwarding the YAML's API server address to the
