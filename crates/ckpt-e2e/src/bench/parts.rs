@@ -58,7 +58,11 @@ pub(crate) struct Idle {
     pub(crate) rss_kib: Vec<f64>,
     pub(crate) before: ProcSample,
     pub(crate) after: ProcSample,
+    /// utime + stime, from whole clock ticks.
     pub(crate) cpu_seconds: f64,
+    /// The same to the nanosecond, from a cgroup of the agent's own (`None` where none
+    /// could be made).
+    pub(crate) cgroup_cpu_seconds: Option<f64>,
     pub(crate) api: ApiRequests,
     pub(crate) watches: WatchesInWindow,
     pub(crate) cri_calls: u64,
@@ -331,10 +335,12 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
         sleep(SETTLE);
 
         let pid = agent.pid();
+        let account = procfs::CpuAccount::enter(pid, "pod-checkpointer-bench-idle");
         let files_before = file_states(&dirs, &ns);
         let (audit_from, cri_from, kubelet_from) =
             (audit::log_len(&audit_log)?, cri.requests(), kubelet.requests());
         let before = procfs::sample(pid)?;
+        let account_before = account.as_ref().map(procfs::CpuAccount::usage_ns).transpose()?;
         let (started, window_start) = (Instant::now(), SystemTime::now());
         let mut rss_kib = Vec::new();
         let mut next_progress = Duration::from_secs(30);
@@ -357,6 +363,7 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
             sleep(next.saturating_sub(started.elapsed()).min(Duration::from_secs(1)));
         }
         let after = procfs::sample(pid)?;
+        let account_after = account.as_ref().map(procfs::CpuAccount::usage_ns).transpose()?;
         let (measured, window_end) = (started.elapsed(), SystemTime::now());
         let (audit_to, cri_to, kubelet_to) =
             (audit::log_len(&audit_log)?, cri.requests(), kubelet.requests());
@@ -381,6 +388,9 @@ pub(crate) fn idle(env: &mut Env, window: Duration, results: &mut Results) -> an
             before,
             after,
             cpu_seconds: (after.cpu_ticks - before.cpu_ticks) as f64 / ticks,
+            cgroup_cpu_seconds: account_before
+                .zip(account_after)
+                .map(|(from, to)| to.saturating_sub(from) as f64 / 1e9),
             api: audit::requests_between(&audit_log, audit_from, audit_to, AGENT_USER)?,
             watches,
             cri_calls: cri_to - cri_from,

@@ -196,6 +196,8 @@ fn idle_json(idle: &Idle) -> Value {
         "threads": idle.after.threads,
         "cpu_s": idle.cpu_seconds,
         "cpu_percent_of_one_core": idle.cpu_seconds / window * 100.0,
+        "cgroup_cpu_s": idle.cgroup_cpu_seconds,
+        "cgroup_cpu_percent_of_one_core": idle.cgroup_cpu_seconds.map(|cpu| cpu / window * 100.0),
         "api": idle.api.to_json(window),
         "api_watches": { "opened_in_window": idle.watches.opened, "open_throughout_by_resource": idle.watches.held },
         "cri_calls": idle.cri_calls,
@@ -339,10 +341,15 @@ fn idle_figures() -> [(&'static str, IdleFigure, &'static str); 7] {
         (
             "CPU",
             |idle| {
-                format!(
-                    "{:.3} % of one core",
-                    idle.cpu_seconds / idle.window.as_secs_f64() * 100.0
-                )
+                let percent = |cpu: f64| cpu / idle.window.as_secs_f64() * 100.0;
+                match idle.cgroup_cpu_seconds {
+                    Some(cpu) => format!(
+                        "{:.4} % of one core ({:.3} % in ticks)",
+                        percent(cpu),
+                        percent(idle.cpu_seconds)
+                    ),
+                    None => format!("{:.3} % of one core", percent(idle.cpu_seconds)),
+                }
             },
             "≤ 0.05 %",
         ),
@@ -437,10 +444,19 @@ fn idle_markdown(idle: &Idle) -> String {
             "5 threads",
         ),
         (
-            "CPU (utime + stime)".into(),
+            "CPU (utime + stime, whole 10 ms ticks)".into(),
             format!("{:.2} s = {cpu_percent:.3} % of one core", idle.cpu_seconds),
             "≤ 0.05 %",
             "0.14 %",
+        ),
+        (
+            "CPU to the nanosecond (a cgroup of the agent's own: every thread, exited ones too)".into(),
+            idle.cgroup_cpu_seconds.map_or_else(
+                || "— (no cgroup could be made)".to_owned(),
+                |cpu| format!("{cpu:.4} s = {:.4} % of one core", cpu / window * 100.0),
+            ),
+            "≤ 0.05 %",
+            "",
         ),
         (
             "API requests of all kinds: probes, watches opened, the rest (audit log)".into(),
