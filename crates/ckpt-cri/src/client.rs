@@ -22,6 +22,40 @@ const KUBELET_CRI_VERSION: &str = "0.1.0";
 /// sandbox carries its pod's labels and annotations.
 pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
+/// The codec buffers' first size: CRI requests are tens of bytes and an idle node's
+/// answers a few KiB (a buffer grows as needed). tonic's default of 8 KiB each way is, with
+/// musl's allocator, two fresh mappings mapped and unmapped on every call: twice a second
+/// for an idle agent.
+const CODEC_BUFFER_BYTES: usize = 1024;
+/// tonic's default: how much is encoded before the encoder yields.
+const CODEC_YIELD_BYTES: usize = 32 * 1024;
+
+/// prost's codec with [`CODEC_BUFFER_BYTES`] buffers.
+struct SmallBuffers<Req, Resp>(std::marker::PhantomData<(Req, Resp)>);
+
+impl<Req, Resp> tonic::codec::Codec for SmallBuffers<Req, Resp>
+where
+    Req: prost::Message + Send + 'static,
+    Resp: prost::Message + Default + Send + 'static,
+{
+    type Encode = Req;
+    type Decode = Resp;
+    type Encoder = tonic_prost::ProstEncoder<Req>;
+    type Decoder = tonic_prost::ProstDecoder<Resp>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstCodec::<Req, Resp>::raw_encoder(buffer_settings())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstCodec::<Req, Resp>::raw_decoder(buffer_settings())
+    }
+}
+
+fn buffer_settings() -> tonic::codec::BufferSettings {
+    tonic::codec::BufferSettings::new(CODEC_BUFFER_BYTES, CODEC_YIELD_BYTES)
+}
+
 /// A CRI `RuntimeService` client over a unix socket.
 ///
 /// The API version is negotiated on first use (`runtime.v1` `Version`; on
@@ -272,7 +306,7 @@ impl RuntimeClient {
             grpc.ready()
                 .await
                 .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
-            let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+            let codec = SmallBuffers::<Req, Resp>(std::marker::PhantomData);
             grpc.unary(
                 tonic::Request::new(request),
                 PathAndQuery::from_static(path),
