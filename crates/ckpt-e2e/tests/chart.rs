@@ -15,7 +15,7 @@ use std::process::Command;
 
 use ckpt_bin::render::BuiltInOptions as _;
 use ckpt_e2e::chart::{self, Objects};
-use ckpt_render::{AgentChecks as _, DEFAULT_IMAGE, KubernetesVersion, LogFormat, ManifestArgs, render};
+use ckpt_render::{AgentChecks as _, DEFAULT_IMAGE, KubernetesVersion, ManifestArgs, render};
 use clap::Parser;
 use serde_json::{Value, json};
 
@@ -233,10 +233,7 @@ fn values(args: &ManifestArgs) -> Value {
         "priorityClass": priority_class,
         "imagePullSecrets": image_pull_secret,
         "memoryLimit": memory_limit.clone().unwrap_or_default(),
-        "logFormat": match log_format {
-            LogFormat::Text => "text",
-            LogFormat::Json => "json",
-        },
+        "logFormat": log_format.as_str(),
         "logLevel": log_level,
     })
 }

@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use crate::defaults::{CONFIG_API_VERSION, CONFIG_KIND, DEFAULT_NAMESPACE, MEMORY_REQUEST};
 use crate::manifest::Manifest;
 use crate::monitoring;
-use crate::options::{ApiEndpoint, KubeletTrust, LogFormat, ManifestOptions, parent_dir};
+use crate::options::{ApiEndpoint, KubeletTrust, ManifestOptions, parent_dir};
 use crate::{NAME, STATIC_NAME, labels};
 
 /// Marks a pod for checkpointing; on the agent's own template it checkpoints itself.
@@ -290,7 +290,6 @@ fn api_kubeconfig(api: &ApiEndpoint) -> Option<String> {
         return None;
     };
     // Quoted like the agent config's strings: a name is free text.
-    let quoted = |text: &str| serde_json::Value::from(text).to_string();
     let server_name = tls_server_name
         .as_deref()
         .map(|name| format!("    tls-server-name: {}\n", quoted(name)))
@@ -682,6 +681,13 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
+/// `text` double-quoted as JSON writes it (YAML reads it alike), as the Helm chart's `quote`
+/// does for the text a config holds: a value that looks like a number or a boolean stays a
+/// string.
+fn quoted(text: &str) -> String {
+    serde_json::Value::from(text).to_string()
+}
+
 /// The first 16 hex digits of the SHA-256 of the config and kubeconfig text: stable
 /// across releases (std's hasher may change, which would churn the checked-in manifests),
 /// and what the Helm chart computes with `sha256sum | trunc 16`.
@@ -706,7 +712,6 @@ impl ManifestOptions {
     /// looks like a number or a boolean stays a string, and the Helm chart's `quote` writes
     /// the same bytes (the config hash is over them).
     pub fn agent_config(&self) -> String {
-        let quoted = |text: &str| serde_json::Value::from(text).to_string();
         let mut out = format!(
             "# pod-checkpointer run --config: the keys are its long flag names (see --help).\n\
              # NODE_NAME, POD_NAME, POD_NAMESPACE and HOST_IP come from the pod's environment.\n\
@@ -739,11 +744,7 @@ impl ManifestOptions {
         line(&mut out, "health-socket", quoted(&health_socket()));
         // Written out so operators find where to turn on debug logs for both copies.
         line(&mut out, "log-level", quoted(&self.log_level));
-        let format = match self.log_format {
-            LogFormat::Text => "text",
-            LogFormat::Json => "json",
-        };
-        line(&mut out, "log-format", quoted(format));
+        line(&mut out, "log-format", quoted(self.log_format.as_str()));
         out
     }
 }

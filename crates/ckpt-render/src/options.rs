@@ -114,14 +114,23 @@ pub struct ManifestArgs {
 }
 
 /// `--log-format`: the agent's own choices.
-#[derive(clap::ValueEnum, serde::Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LogFormat {
     /// Human-readable lines.
     #[default]
     Text,
     /// One JSON object per line, for a log pipeline.
     Json,
+}
+
+impl LogFormat {
+    /// The name the flag and the config file use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
 }
 
 /// A node label the DaemonSet's pods must find: `value: None` means any value.

@@ -84,26 +84,7 @@ pub(crate) fn install_from_dist(run: &mut NodeRun) -> anyhow::Result<()> {
     let yaml = artifacts.manifests.display().to_string();
     run.kubectl.run(&["apply", "-f", &yaml], None)?;
 
-    let (c1, _) = wait_installed(run, &workload)?;
-    let pod = run.kubectl.get("pod", NS, &c1)?.context("C1 is gone")?;
-    let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or_default();
-    let image_id = pod["status"]["containerStatuses"][0]["imageID"]
-        .as_str()
-        .unwrap_or_default();
-    anyhow::ensure!(
-        image == pinned && image_id.ends_with(&artifacts.image_digest),
-        "C1 runs {image} (image ID {image_id}), not the release's {pinned}"
-    );
-    progress.say(&format!("C1 runs {pinned}, imported from the archive"));
-
-    progress
-        .say("uninstall as docs/operations.md says: the DaemonSet first, the rest once its pods are gone");
-    self_gc_after(
-        run,
-        AGENT_SELECTOR,
-        &["delete", "daemonset", "pod-checkpointer", "-n", NS],
-        &[&workload, &c1],
-    )?;
+    runs_the_pin_until_its_daemonset_goes(run, &workload, &pinned, &artifacts.image_digest)?;
     run.kubectl.run(
         &["delete", "-f", &yaml, "--ignore-not-found", "--wait=true"],
         None,
@@ -117,20 +98,7 @@ pub(crate) fn install_from_dist(run: &mut NodeRun) -> anyhow::Result<()> {
     ));
     let helm = Helm::new(run)?;
     helm.run(&["install", "pod-checkpointer", &chart, "--namespace", NS])?;
-    let (c1, _) = wait_installed(run, &workload)?;
-    let pod = run.kubectl.get("pod", NS, &c1)?.context("C1 is gone")?;
-    let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or_default();
-    anyhow::ensure!(
-        image == pinned,
-        "the chart's C1 runs {image}, not the release's {pinned}"
-    );
-    progress.say("uninstall: the DaemonSet first, then `helm uninstall`");
-    self_gc_after(
-        run,
-        AGENT_SELECTOR,
-        &["delete", "daemonset", "pod-checkpointer", "-n", NS],
-        &[&workload, &c1],
-    )?;
+    runs_the_pin_until_its_daemonset_goes(run, &workload, &pinned, &artifacts.image_digest)?;
     helm.run(&["uninstall", "pod-checkpointer", "--namespace", NS, "--wait"])?;
     for (resource, name) in [
         ("configmap", "pod-checkpointer"),
@@ -145,6 +113,38 @@ pub(crate) fn install_from_dist(run: &mut NodeRun) -> anyhow::Result<()> {
     run.node.ctr(&["images", "rm", &release_reference(), &pinned])?;
     fs::remove_dir_all(&dist).with_context(|| format!("cannot remove {}", dist.display()))?;
     delete_objects(run)
+}
+
+/// Waits for the installed agent (C1 holding the lock, its static copy, the workload and
+/// itself checkpointed), checks that C1 runs the release's pinned image from the imported
+/// archive, then uninstalls as docs/operations.md says: the DaemonSet first, and the agent
+/// removes every checkpoint and itself while the rest of the install is still there.
+fn runs_the_pin_until_its_daemonset_goes(
+    run: &mut NodeRun,
+    workload: &str,
+    pinned: &str,
+    image_digest: &str,
+) -> anyhow::Result<()> {
+    let (c1, _) = wait_installed(run, workload)?;
+    let pod = run.kubectl.get("pod", NS, &c1)?.context("C1 is gone")?;
+    let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or_default();
+    let image_id = pod["status"]["containerStatuses"][0]["imageID"]
+        .as_str()
+        .unwrap_or_default();
+    anyhow::ensure!(
+        image == pinned && image_id.ends_with(image_digest),
+        "C1 runs {image} (image ID {image_id}), not the release's {pinned}"
+    );
+    run.progress
+        .say(&format!("C1 runs {pinned}, imported from the archive"));
+    run.progress
+        .say("uninstall as docs/operations.md says: the DaemonSet first, the rest once its pods are gone");
+    self_gc_after(
+        run,
+        AGENT_SELECTOR,
+        &["delete", "daemonset", "pod-checkpointer", "-n", NS],
+        &[workload, &c1],
+    )
 }
 
 /// helm (built from its Go module, cached) as the scenario's kubectl identity.
