@@ -7,6 +7,17 @@ use std::process::{Command, Output, Stdio};
 
 use anyhow::{Context, bail};
 
+/// `nsenter --net=NETNS -- program`: `program` in the network namespace pinned at `netns`,
+/// with this process's mounts, pids and user (a LAN's plane and clients, a node's probes).
+pub fn in_netns(netns: &std::path::Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new("nsenter");
+    command
+        .arg(format!("--net={}", netns.display()))
+        .arg("--")
+        .arg(program);
+    command
+}
+
 /// Runs `command` with stdin closed and its stdout and stderr captured (unless the caller
 /// sent them elsewhere); returns its stdout, or fails with the command line, the exit status
 /// and its stderr.

@@ -20,6 +20,7 @@ pub mod release;
 // Small clients and records: curl, the CRI, the state files, the node network.
 pub mod cri;
 pub(crate) mod curl;
+pub mod lan;
 pub mod node_network;
 pub(crate) mod state;
 
@@ -36,10 +37,11 @@ pub use build::{BinDir, KUBERNETES_VERSION, cache_root, ensure_built};
 use control_plane::PROGRESS;
 pub use control_plane::{
     AGENT_USER, CONTROLLER_MANAGER_USER, CRI_SOCKET, ControlPlane, FLEET_GROUP, NODE_NAME, SCHEDULER_USER,
-    StartOptions, fleet_user, render_kubeconfig,
+    StartOptions, fleet_user, node_name, render_kubeconfig,
 };
 use cri::CriClient;
 pub(crate) use curl::ApiEndpoint;
+pub use lan::Lan;
 pub use node_network::NodeNetwork;
 pub use real_node::{NodeFootprint, RealNode, RealNodeOptions};
 pub use release::{RELEASE_ENV, Release};
@@ -112,12 +114,18 @@ enum NodeAction {
     Reboot {
         #[arg(long)]
         workdir: PathBuf,
+        /// Which of `start --real-nodes`' nodes (1, 2, …).
+        #[arg(long)]
+        node: Option<usize>,
     },
     /// Run a command inside the node (its network and mount namespaces), e.g.
     /// `-- ctr -n k8s.io containers ls` or `-- ip route`.
     Exec {
         #[arg(long)]
         workdir: PathBuf,
+        /// Which of `start --real-nodes`' nodes (1, 2, …).
+        #[arg(long)]
+        node: Option<usize>,
         #[arg(required = true, last = true)]
         command: Vec<String>,
     },
@@ -132,8 +140,14 @@ struct StartArgs {
     /// Also run a real node-1: kubelet, containerd and runc in the network namespace
     /// pod-checkpointer-node (10.213.0.2, the API server on 10.213.0.1) and a private mount
     /// namespace, with kube-controller-manager and kube-scheduler. Needs root.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "real_nodes")]
     real_node: bool,
+    /// Run N real nodes node-1 … node-N (issue 38), each like `--real-node`'s in namespaces
+    /// of its own (pod-checkpointer-node-N, 10.213.8.1N, pods 10.213.1N.0/24), joined by a
+    /// bridge in the namespace pod-checkpointer-lan, where the plane runs too (the API
+    /// server on 10.213.8.2): reach it with `ip netns exec pod-checkpointer-lan kubectl …`.
+    #[arg(long, value_name = "N", conflicts_with = "hollow_node")]
+    real_nodes: Option<usize>,
     /// Work dir to create (must be missing or empty); default $TMPDIR/ckpt-e2e.XXXXXX.
     #[arg(long)]
     workdir: Option<PathBuf>,
@@ -222,10 +236,10 @@ pub fn ensure_built_release(release: Release) -> anyhow::Result<BinDir> {
 
 fn start(args: &StartArgs) -> anyhow::Result<()> {
     let bins = cached_bins(args.kubernetes)?;
-    let defaults = if args.real_node {
-        StartOptions::real_node(bins.clone())
-    } else {
-        StartOptions::new(bins.clone())
+    let defaults = match args.real_nodes {
+        Some(count) => StartOptions::real_nodes(bins.clone(), count)?,
+        None if args.real_node => StartOptions::real_node(bins.clone()),
+        None => StartOptions::new(bins.clone()),
     };
     let options = StartOptions {
         workdir: args.workdir.clone(),
@@ -240,15 +254,24 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
     };
     let plane = ControlPlane::start(&options)?;
     let node = if args.real_node {
-        Some(RealNode::start(&plane, &RealNodeOptions::new(bins))?)
+        Some(RealNode::start(&plane, &RealNodeOptions::new(bins.clone()))?)
     } else {
         None
     };
+    let lan_nodes = (1..=args.real_nodes.unwrap_or(0))
+        .map(|index| RealNode::start_on_lan(&plane, &RealNodeOptions::new(bins.clone()), index))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     for (key, value) in plane.env_vars() {
         println!("{key}={value}");
     }
     for (key, value) in node.iter().flat_map(RealNode::env_vars) {
         println!("{key}={value}");
+    }
+    for (index, lan_node) in (1..).zip(&lan_nodes) {
+        for (key, value) in lan_node.env_vars() {
+            let key = key.replacen("REAL_NODE_", &format!("REAL_NODE_{index}_"), 1);
+            println!("{key}={value}");
+        }
     }
     PROGRESS.say(&format!(
         "stop with: cargo xtask e2e-env stop --workdir {}",
@@ -262,18 +285,36 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
         ));
         node.detach();
     }
+    if !lan_nodes.is_empty() {
+        PROGRESS.say(&format!(
+            "inside node N: cargo xtask e2e-env node exec --node N --workdir {} -- <command>; the API: `ip netns exec {} kubectl --kubeconfig {} …`",
+            plane.workdir().display(),
+            plane.lan().map(|lan| lan.netns.as_str()).unwrap_or_default(),
+            plane.kubeconfig().display()
+        ));
+    }
+    lan_nodes.into_iter().for_each(RealNode::detach);
     plane.detach();
     Ok(())
 }
 
 fn node(action: &NodeAction) -> anyhow::Result<()> {
-    let workdir = match action {
-        NodeAction::Reboot { workdir } | NodeAction::Exec { workdir, .. } => workdir,
+    let (workdir, index) = match action {
+        NodeAction::Reboot { workdir, node } | NodeAction::Exec { workdir, node, .. } => (workdir, node),
     };
     // The plane's own spelling of its work dir marks the node's processes as ours.
     let plane = ControlPlane::attach(workdir)?;
-    let mut node = RealNode::attach(plane.workdir())?
-        .with_context(|| format!("no real node runs in {}", workdir.display()))?;
+    let attached = match index {
+        Some(index) => RealNode::attach_on_lan(plane.workdir(), &node_name(*index))?,
+        None => RealNode::attach(plane.workdir())?,
+    };
+    let mut node = attached.with_context(|| match index {
+        Some(index) => format!("no real node {} runs in {}", node_name(*index), workdir.display()),
+        None => format!(
+            "no real node runs in {} (for `start --real-nodes`, say which with --node N)",
+            workdir.display()
+        ),
+    })?;
     match action {
         NodeAction::Reboot { .. } => node.reboot().map(drop),
         NodeAction::Exec { command, .. } => {

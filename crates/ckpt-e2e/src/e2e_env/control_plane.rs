@@ -25,6 +25,11 @@
 //! static pod dir, with the controllers `controller-manager.log`, `scheduler.log` and
 //! `kcm-flex-volumes/`, and with a real node `node/` (see `real_node`).
 //!
+//! For several real nodes ([`StartOptions::real_nodes`]) the plane creates their [`Lan`]
+//! instead and runs in the LAN's namespace (its processes through `nsenter --net`, its
+//! probes too): the API server on the LAN's bridge address, and a kubeconfig
+//! `kubeconfig-node-N` per node.
+//!
 //! The plane knows nothing of the node: a node started in its work dir has the plane stop it
 //! first ([`ControlPlane::stop_first`]).
 
@@ -45,7 +50,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 pub use self::credentials::{
-    AGENT_USER, CONTROLLER_MANAGER_USER, FLEET_GROUP, NODE_NAME, SCHEDULER_USER, fleet_user,
+    AGENT_USER, CONTROLLER_MANAGER_USER, FLEET_GROUP, NODE_NAME, SCHEDULER_USER, fleet_user, node_name,
     render_kubeconfig,
 };
 use self::credentials::{identities, openssl, render_tokens_csv, serving_names, token_of, write_pki};
@@ -58,6 +63,7 @@ use self::hollow::{HollowNode, hollow_log_name, remove_hollow_root};
 pub use self::options::StartOptions;
 use self::options::{create_workdir, preflight};
 use super::curl::{ApiEndpoint, http_probe, http_status};
+use super::lan::{Lan, parse_lan};
 use super::node_network::NodeNetwork;
 use super::release::Release;
 use super::state::parse_state;
@@ -106,6 +112,8 @@ pub struct ControlPlane {
     controller_manager: Option<Managed>,
     scheduler: Option<Managed>,
     network: Option<CreatedNetwork>,
+    /// The LAN this plane created and runs in, and whether creating it created `/run/netns`.
+    lan: Option<(Lan, bool)>,
     /// See [`stop_first`](ControlPlane::stop_first).
     stop_first: OnceLock<fn(&Path) -> anyhow::Result<()>>,
     stop_on_drop: bool,
@@ -144,6 +152,7 @@ impl ControlPlane {
             controller_manager: None,
             scheduler: None,
             network: None,
+            lan: None,
             stop_first: OnceLock::new(),
             stop_on_drop: true,
             stopped: false,
@@ -164,6 +173,23 @@ impl ControlPlane {
                 network.node_link,
                 network.node_ip,
                 network.pod_cidr_text()
+            ));
+        }
+        if let Some(lan) = &options.lan {
+            let created_run_dir = lan.create()?;
+            plane.lan = Some((lan.clone(), created_run_dir));
+            plane.write_state()?;
+            let nodes: Vec<String> = lan
+                .nodes
+                .iter()
+                .map(|node| format!("{} (pods {})", node.node_ip, node.pod_cidr_text()))
+                .collect();
+            PROGRESS.say(&format!(
+                "LAN {}: bridge {} {} (the plane's), nodes {} (no default route)",
+                lan.netns,
+                lan.bridge,
+                lan.ip,
+                nodes.join(", ")
             ));
         }
         plane.start_etcd()?;
@@ -240,9 +266,18 @@ impl ControlPlane {
                 .map(PathBuf::from),
         });
         let network = parse_network(&state);
-        let bind_ip = network
-            .as_ref()
-            .map_or(Ipv4Addr::LOCALHOST, |created| created.network.host_ip);
+        let lan = match state.get("LAN").filter(|json| !json.is_empty()) {
+            Some(json) => Some((
+                parse_lan(json)?,
+                state.get("LAN_CREATED_RUN_DIR").is_some_and(|v| v == "true"),
+            )),
+            None => None,
+        };
+        let bind_ip = match (&lan, &network) {
+            (Some((lan, _)), _) => lan.ip,
+            (None, Some(created)) => created.network.host_ip,
+            (None, None) => Ipv4Addr::LOCALHOST,
+        };
         Ok(ControlPlane {
             workdir: workdir.to_owned(),
             apiserver_bin: PathBuf::from(get("KUBE_APISERVER_BIN")?),
@@ -264,6 +299,7 @@ impl ControlPlane {
                 .map(|pid| attach("kube-controller-manager", pid, CONTROLLER_MANAGER_LOG)),
             scheduler: read_pid(SCHEDULER_PID_FILE).map(|pid| attach("kube-scheduler", pid, SCHEDULER_LOG)),
             network,
+            lan,
             stop_first: OnceLock::new(),
             stop_on_drop: false,
             stopped: false,
@@ -300,7 +336,12 @@ impl ControlPlane {
 
     /// The kubeconfig of `system:node:node-1` (group `system:nodes`).
     pub fn node_kubeconfig(&self) -> PathBuf {
-        self.workdir.join(format!("kubeconfig-{NODE_NAME}"))
+        self.kubeconfig_of_node(NODE_NAME)
+    }
+
+    /// The kubeconfig of `system:node:NAME`: each of a LAN's nodes has one.
+    pub fn kubeconfig_of_node(&self, name: &str) -> PathBuf {
+        self.workdir.join(format!("kubeconfig-{name}"))
     }
 
     /// The kubeconfig of the user `pod-checkpointer`, which has no rights until RBAC grants some.
@@ -365,6 +406,31 @@ impl ControlPlane {
     /// The node network the plane created, if it was started with one.
     pub fn node_network(&self) -> Option<&NodeNetwork> {
         self.network.as_ref().map(|created| &created.network)
+    }
+
+    /// The LAN the plane created and runs in, if it was started with one.
+    pub fn lan(&self) -> Option<&Lan> {
+        self.lan.as_ref().map(|(lan, _)| lan)
+    }
+
+    /// The network namespace the plane's processes and clients run in: the LAN's, or `None`
+    /// (this process's).
+    pub fn netns(&self) -> Option<PathBuf> {
+        self.lan().map(Lan::netns_path)
+    }
+
+    /// A command for `program` where the plane's clients run (see [`netns`](Self::netns)).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        match self.lan() {
+            Some(lan) => lan.command(program),
+            None => Command::new(program),
+        }
+    }
+
+    /// The names of the nodes the plane has identities for: `node-1`, and a LAN's others.
+    pub fn node_names(&self) -> Vec<String> {
+        let count = self.lan().map_or(1, |lan| lan.nodes.len());
+        (1..=count).map(node_name).collect()
     }
 
     pub fn apiserver_port(&self) -> u16 {
@@ -512,6 +578,12 @@ impl ControlPlane {
             vars.push(("POD_CIDR", network.pod_cidr_text()));
             vars.push(("NODE_NETNS_CREATED_RUN_DIR", created_run_dir.to_string()));
         }
+        if let Some((lan, created_run_dir)) = &self.lan {
+            vars.push(("LAN_NETNS", lan.netns.clone()));
+            vars.push(("LAN_IP", lan.ip.to_string()));
+            vars.push(("LAN", serde_json::to_string(lan).unwrap_or_default()));
+            vars.push(("LAN_CREATED_RUN_DIR", created_run_dir.to_string()));
+        }
         if let Some(hollow) = &self.hollow {
             vars.push(("NODE_NAME", NODE_NAME.to_owned()));
             vars.push((
@@ -545,6 +617,7 @@ impl ControlPlane {
             url: self.apiserver_url(),
             ca: self.ca_cert(),
             token,
+            netns: self.netns(),
         }
     }
 
@@ -584,7 +657,7 @@ impl ControlPlane {
             Some(network) => format!("{client},http://{}:{}", network.host_ip, self.etcd_port),
             None => client.clone(),
         };
-        let mut command = Command::new(&self.etcd_bin);
+        let mut command = self.command(&self.etcd_bin);
         command
             .args(["--name", "e2e", "--data-dir"])
             .arg(self.workdir.join("etcd"))
@@ -608,12 +681,13 @@ impl ControlPlane {
             &self.workdir,
         )?;
         self.write_pid(ETCD_PID_FILE, etcd.pid())?;
+        let netns = self.netns();
         let etcd = self.etcd.insert(etcd);
         let health = format!("{client}/health");
         let log = etcd.log().to_owned();
         let ((), took) = wait_ready("etcd /health 200", ETCD_READY_TIMEOUT, &log, || {
             etcd.ensure_running(&format!("etcd failed (port {} busy?)", self.etcd_port))?;
-            Ok(http_probe(http_status(&health, &[])))
+            Ok(http_probe(http_status(netns.as_deref(), &health, &[])))
         })?;
         PROGRESS.say(&format!(
             "etcd healthy on {client} after {}",
@@ -625,12 +699,19 @@ impl ControlPlane {
     /// The CA and serving certificate, the service-account key, the tokens and a kubeconfig
     /// for the first three.
     fn write_credentials(&mut self) -> anyhow::Result<()> {
-        let node_ip = self.node_network().map(|network| network.node_ip);
-        write_pki(&self.workdir.join("certs"), &serving_names(self.bind_ip, node_ip))?;
+        let node_ips: Vec<Ipv4Addr> = match (self.lan(), self.node_network()) {
+            (Some(lan), _) => lan.nodes.iter().map(|node| node.node_ip).collect(),
+            (None, network) => network.iter().map(|network| network.node_ip).collect(),
+        };
+        write_pki(
+            &self.workdir.join("certs"),
+            &serving_names(self.bind_ip, &node_ips),
+        )?;
         let sa_key = self.service_account_key();
         openssl(&["genrsa", "-out", &sa_key.to_string_lossy(), "2048"])?;
 
-        let identities = identities(self.fleet_agents)?;
+        let more_nodes = self.node_names().split_off(1);
+        let identities = identities(self.fleet_agents, &more_nodes)?;
         fs::write(self.workdir.join("tokens.csv"), render_tokens_csv(&identities))?;
         fs::write(
             self.workdir.join(AUDIT_POLICY_FILE),
@@ -647,11 +728,18 @@ impl ControlPlane {
             fs::write(path, render_kubeconfig(&server, &ca, &user, &identity.token))
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
+        for name in &more_nodes {
+            self.write_kubeconfig(
+                &format!("kubeconfig-{name}"),
+                &server,
+                &format!("system:node:{name}"),
+            )?;
+        }
         Ok(())
     }
 
     fn spawn_apiserver(&mut self) -> anyhow::Result<()> {
-        let mut command = Command::new(&self.apiserver_bin);
+        let mut command = self.command(&self.apiserver_bin);
         command.args(apiserver_args(&ApiserverFlags {
             release: self.release,
             workdir: &self.workdir,
@@ -714,7 +802,7 @@ impl ControlPlane {
     pub fn start_controllers(&mut self, options: &StartOptions) -> anyhow::Result<()> {
         let started = Instant::now();
         let kubeconfig = self.kubeconfig();
-        let mut kcm = Command::new(options.bins.kube_controller_manager());
+        let mut kcm = self.command(options.bins.kube_controller_manager());
         kcm.args(controller_manager_args(
             self.release,
             &self.workdir,
@@ -730,7 +818,7 @@ impl ControlPlane {
         )?;
         self.write_pid(CONTROLLER_MANAGER_PID_FILE, kcm.pid())?;
         self.controller_manager = Some(kcm);
-        let mut scheduler = Command::new(options.bins.kube_scheduler());
+        let mut scheduler = self.command(options.bins.kube_scheduler());
         scheduler.args(scheduler_args(self.release, &kubeconfig, options.scheduler_port));
         let scheduler = Managed::spawn(
             "kube-scheduler",
@@ -743,6 +831,7 @@ impl ControlPlane {
         self.write_state()?;
 
         let api = self.api();
+        let netns = self.netns();
         for (process, port) in [
             (&mut self.controller_manager, options.controller_manager_port),
             (&mut self.scheduler, options.scheduler_port),
@@ -758,7 +847,11 @@ impl ControlPlane {
                 || {
                     process.ensure_running(&format!("{name} did not become healthy"))?;
                     // Its serving cert is self-signed in memory: nothing to verify it with.
-                    Ok(http_probe(http_status(&healthz, &["--insecure"])))
+                    Ok(http_probe(http_status(
+                        netns.as_deref(),
+                        &healthz,
+                        &["--insecure"],
+                    )))
                 },
             )?;
         }
@@ -927,6 +1020,11 @@ impl ControlPlane {
         }
         if let Some(created) = &self.network
             && let Err(e) = created.network.remove(created.created_run_dir)
+        {
+            errors.push(e);
+        }
+        if let Some((lan, created_run_dir)) = &self.lan
+            && let Err(e) = lan.remove(*created_run_dir)
         {
             errors.push(e);
         }

@@ -1,7 +1,7 @@
 //! HTTP GETs with curl (installed by the build step): the API server as one identity, the
 //! status of any URL, and what a status or a Node's JSON says about readiness.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -23,6 +23,9 @@ pub(crate) struct ApiEndpoint {
     pub(crate) url: String,
     pub(crate) ca: PathBuf,
     pub(crate) token: String,
+    /// The network namespace curl runs in (a LAN's, see [`lan`](super::lan)); `None`: this
+    /// process's.
+    pub(crate) netns: Option<PathBuf>,
 }
 
 impl ApiEndpoint {
@@ -44,7 +47,12 @@ impl ApiEndpoint {
             "-H",
             "User-Agent: pod-checkpointer-xtask",
         ];
-        let output = curl(&format!("{}{path}", self.url), &args, timeout)?;
+        let output = curl(
+            self.netns.as_deref(),
+            &format!("{}{path}", self.url),
+            &args,
+            timeout,
+        )?;
         Ok(split_status(&output))
     }
 }
@@ -52,16 +60,22 @@ impl ApiEndpoint {
 /// How long a curl request may take, unless said otherwise.
 const CURL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The HTTP status of `GET url` (0 when it cannot connect or times out).
-pub(crate) fn http_status(url: &str, args: &[&str]) -> u16 {
-    curl(url, args, CURL_TIMEOUT)
+/// The HTTP status of `GET url` (0 when it cannot connect or times out), from the network
+/// namespace `netns` (`None`: this process's).
+pub(crate) fn http_status(netns: Option<&Path>, url: &str, args: &[&str]) -> u16 {
+    curl(netns, url, args, CURL_TIMEOUT)
         .map(|out| split_status(&out).0)
         .unwrap_or(0)
 }
 
-/// `curl -s URL` within `timeout`, with the status code appended on a line of its own.
-fn curl(url: &str, args: &[&str], timeout: Duration) -> anyhow::Result<String> {
-    let output = Command::new("curl")
+/// `curl -s URL` within `timeout` from the network namespace `netns`, with the status code
+/// appended on a line of its own.
+fn curl(netns: Option<&Path>, url: &str, args: &[&str], timeout: Duration) -> anyhow::Result<String> {
+    let mut command = match netns {
+        Some(netns) => crate::command::in_netns(netns, "curl"),
+        None => Command::new("curl"),
+    };
+    let output = command
         .args(["-s", "-w", "\n%{http_code}", "--max-time"])
         .arg(format!("{:.3}", timeout.as_secs_f64()))
         .args(args)

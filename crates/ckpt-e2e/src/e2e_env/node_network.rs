@@ -24,15 +24,17 @@ use serde::{Deserialize, Serialize};
 use crate::command::{command_line, run_command};
 
 /// Where `ip netns` pins named network namespaces.
-const NETNS_RUN_DIR: &str = "/run/netns";
+pub(super) const NETNS_RUN_DIR: &str = "/run/netns";
 
 /// The addresses and names of the node network. [`NodeNetwork::project`] is the one the real
-/// node uses; one node network per machine, since the names are fixed.
+/// node uses; one node network per machine, since the names are fixed. The nodes of a
+/// [`Lan`](super::lan::Lan) have theirs from [`Lan::project`](super::lan::Lan::project).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeNetwork {
     /// The network namespace, pinned at `/run/netns/<netns>` (`ip netns exec` finds it).
     pub netns: String,
-    /// The veth end in the host namespace, holding [`host_ip`](Self::host_ip).
+    /// The veth end outside the node ([`uplink`](Self::uplink)'s namespace): on the machine
+    /// it holds [`host_ip`](Self::host_ip); on a LAN it is a port of the LAN's bridge.
     pub host_link: String,
     /// The veth end in the node namespace, holding [`node_ip`](Self::node_ip).
     pub node_link: String,
@@ -44,6 +46,26 @@ pub struct NodeNetwork {
     pub bridge: String,
     pub pod_cidr: Ipv4Addr,
     pub pod_prefix_len: u8,
+    /// Where the veth's other end is.
+    #[serde(default)]
+    pub uplink: Uplink,
+}
+
+/// Where a node network's veth leads, and so where [`NodeNetwork::host_ip`] is: the address at
+/// which the node reaches the plane.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Uplink {
+    /// The machine's namespace (the single real node): the host end holds `host_ip` and the
+    /// machine routes the pod CIDR to the node.
+    #[default]
+    Host,
+    /// A port of the bridge `bridge` in the LAN's namespace `netns`, whose own address is
+    /// `host_ip`. The node routes the other nodes' pod CIDRs to them (`routes`: CIDR, via).
+    Lan {
+        netns: String,
+        bridge: String,
+        routes: Vec<(String, Ipv4Addr)>,
+    },
 }
 
 impl NodeNetwork {
@@ -60,6 +82,7 @@ impl NodeNetwork {
             bridge: "pckpt-br0".into(),
             pod_cidr: Ipv4Addr::new(10, 213, 1, 0),
             pod_prefix_len: 24,
+            uplink: Uplink::Host,
         }
     }
 
@@ -83,9 +106,10 @@ impl NodeNetwork {
         self.netns_path().exists()
     }
 
-    /// Creates the namespace, the veth pair, the addresses and the host route to the pod CIDR.
-    /// Returns whether `/run/netns` had to be created (then [`remove`](Self::remove) removes
-    /// it again when it is empty). A failure undoes what was done.
+    /// Creates the namespace, the veth pair, the addresses and the uplink's route to the pod
+    /// CIDR (and, on a LAN, the node's routes to the other nodes' pods). Returns whether
+    /// `/run/netns` had to be created (then [`remove`](Self::remove) removes it again when it
+    /// is empty). A failure undoes what was done. A LAN's namespace must exist first.
     pub fn create(&self) -> anyhow::Result<bool> {
         self.preflight()?;
         let run_dir_existed = Path::new(NETNS_RUN_DIR).exists();
@@ -93,9 +117,16 @@ impl NodeNetwork {
         let node_addr = format!("{}/{}", self.node_ip, self.prefix_len);
         let pod_cidr = self.pod_cidr_text();
         let node_ip = self.node_ip.to_string();
-        let steps: Vec<Vec<&str>> = vec![
-            vec!["netns", "add", &self.netns],
-            vec![
+        let in_node = |args: &[&str]| -> Vec<String> {
+            ["-n", self.netns.as_str()]
+                .into_iter()
+                .chain(args.iter().copied())
+                .map(str::to_owned)
+                .collect()
+        };
+        let mut steps: Vec<Vec<String>> = vec![
+            vec!["netns".into(), "add".into(), self.netns.clone()],
+            self.in_outside(&[
                 "link",
                 "add",
                 &self.host_link,
@@ -106,30 +137,66 @@ impl NodeNetwork {
                 &self.node_link,
                 "netns",
                 &self.netns,
-            ],
-            vec!["addr", "add", &host_addr, "dev", &self.host_link],
-            vec!["link", "set", &self.host_link, "up"],
-            vec!["-n", &self.netns, "link", "set", "lo", "up"],
-            vec![
-                "-n",
-                &self.netns,
-                "addr",
-                "add",
-                &node_addr,
-                "dev",
-                &self.node_link,
-            ],
-            vec!["-n", &self.netns, "link", "set", &self.node_link, "up"],
-            // Before any pod starts: replies to pod IPs must not follow the default route.
-            vec!["route", "add", &pod_cidr, "via", &node_ip, "dev", &self.host_link],
+            ]),
         ];
+        match &self.uplink {
+            Uplink::Host => steps.push(self.in_outside(&["addr", "add", &host_addr, "dev", &self.host_link])),
+            Uplink::Lan { bridge, .. } => {
+                steps.push(self.in_outside(&["link", "set", &self.host_link, "master", bridge]));
+            }
+        }
+        steps.extend([
+            self.in_outside(&["link", "set", &self.host_link, "up"]),
+            in_node(&["link", "set", "lo", "up"]),
+            in_node(&["addr", "add", &node_addr, "dev", &self.node_link]),
+            in_node(&["link", "set", &self.node_link, "up"]),
+            // Before any pod starts: replies to pod IPs must not follow the default route.
+            self.in_outside(&[
+                "route",
+                "add",
+                &pod_cidr,
+                "via",
+                &node_ip,
+                "dev",
+                self.uplink_device(),
+            ]),
+        ]);
+        if let Uplink::Lan { routes, .. } = &self.uplink {
+            for (cidr, via) in routes {
+                steps.push(in_node(&["route", "add", cidr, "via", &via.to_string()]));
+            }
+        }
         for step in steps {
+            let step: Vec<&str> = step.iter().map(String::as_str).collect();
             if let Err(e) = ip(&step) {
                 let _ = self.remove(!run_dir_existed);
                 return Err(e.context(format!("cannot create the node network {}", self.netns)));
             }
         }
         Ok(!run_dir_existed)
+    }
+
+    /// The outside device that routes to the node: the host end, or the LAN's bridge.
+    fn uplink_device(&self) -> &str {
+        match &self.uplink {
+            Uplink::Host => &self.host_link,
+            Uplink::Lan { bridge, .. } => bridge,
+        }
+    }
+
+    /// `ip` arguments `args` for the namespace of the veth's other end: as they are for the
+    /// machine's, after `-n LAN` for a LAN's.
+    fn in_outside(&self, args: &[&str]) -> Vec<String> {
+        let netns = match &self.uplink {
+            Uplink::Host => None,
+            Uplink::Lan { netns, .. } => Some(["-n", netns.as_str()]),
+        };
+        netns
+            .into_iter()
+            .flatten()
+            .chain(args.iter().copied())
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Removes the route, the veth pair and the namespace (its links go with it), then
@@ -139,9 +206,15 @@ impl NodeNetwork {
     pub fn remove(&self, remove_run_dir: bool) -> anyhow::Result<()> {
         let pod_cidr = self.pod_cidr_text();
         let mut errors = Vec::new();
-        if link_exists(&self.host_link) {
-            let _ = ip(&["route", "del", &pod_cidr, "dev", &self.host_link]);
-            if let Err(e) = ip(&["link", "del", &self.host_link]) {
+        let outside_exists = match &self.uplink {
+            Uplink::Host => true,
+            Uplink::Lan { netns, .. } => Path::new(NETNS_RUN_DIR).join(netns).exists(),
+        };
+        if outside_exists && self.host_link_exists() {
+            let route = self.in_outside(&["route", "del", &pod_cidr, "dev", self.uplink_device()]);
+            let _ = ip(&route.iter().map(String::as_str).collect::<Vec<_>>());
+            let del = self.in_outside(&["link", "del", &self.host_link]);
+            if let Err(e) = ip(&del.iter().map(String::as_str).collect::<Vec<_>>()) {
                 errors.push(format!("{e:#}"));
             }
         }
@@ -163,6 +236,17 @@ impl NodeNetwork {
         Ok(())
     }
 
+    /// Whether the veth's outside end exists (in the machine's namespace or the LAN's).
+    pub fn host_link_exists(&self) -> bool {
+        match &self.uplink {
+            Uplink::Host => link_exists(&self.host_link),
+            Uplink::Lan { netns, .. } => {
+                Path::new(NETNS_RUN_DIR).join(netns).exists()
+                    && ip(&["-n", netns, "link", "show", &self.host_link]).is_ok()
+            }
+        }
+    }
+
     /// The routes of the node namespace (`ip -n NETNS route`), one per line.
     pub fn node_routes(&self) -> anyhow::Result<String> {
         ip(&["-n", &self.netns, "route", "show"])
@@ -178,7 +262,12 @@ impl NodeNetwork {
                 self.netns
             );
         }
-        for link in [&self.host_link, &self.node_link, &self.bridge] {
+        let machine_links = match self.uplink {
+            Uplink::Host => vec![&self.host_link, &self.node_link, &self.bridge],
+            // The LAN's ports live in its namespace, created fresh by its preflight.
+            Uplink::Lan { .. } => vec![&self.node_link],
+        };
+        for link in machine_links {
             if link_exists(link) {
                 bail!(
                     "the network interface {link} exists on the host: a leftover real node? (`ip link del {link}`)"
@@ -186,7 +275,11 @@ impl NodeNetwork {
             }
         }
         let addresses = ip(&["-4", "-o", "addr", "show"])?;
-        for taken in [self.host_ip, self.node_ip] {
+        let taken = match self.uplink {
+            Uplink::Host => vec![self.host_ip, self.node_ip],
+            Uplink::Lan { .. } => vec![self.node_ip],
+        };
+        for taken in taken {
             let needle = format!(" {taken}/");
             if addresses.contains(&needle) {
                 bail!("the address {taken} is already assigned on the host; the node network needs it");
@@ -196,12 +289,12 @@ impl NodeNetwork {
     }
 }
 
-fn link_exists(name: &str) -> bool {
+pub(super) fn link_exists(name: &str) -> bool {
     Path::new("/sys/class/net").join(name).exists()
 }
 
 /// `ip ARGS…`; fails with the command and its stderr.
-fn ip(args: &[&str]) -> anyhow::Result<String> {
+pub(super) fn ip(args: &[&str]) -> anyhow::Result<String> {
     let mut command = Command::new("ip");
     command.args(args);
     run_command(&mut command).with_context(|| format!("`{}`", command_line(&command)))
@@ -209,7 +302,7 @@ fn ip(args: &[&str]) -> anyhow::Result<String> {
 
 /// `ip netns add` made `/run/netns` a shared bind mount of itself: once nothing is pinned
 /// there any more, unmount and remove it.
-fn remove_empty_netns_dir() {
+pub(super) fn remove_empty_netns_dir() {
     let dir = Path::new(NETNS_RUN_DIR);
     let empty = fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none());
     if !empty {

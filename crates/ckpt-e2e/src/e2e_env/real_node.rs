@@ -18,6 +18,10 @@
 //! is the same cut without the restart, plus the namespace pins; the plane removes the network
 //! and the work dir when it stops (and stops a node it finds in its work dir first).
 //!
+//! On a plane started with [`StartOptions::real_nodes`](crate::e2e_env::StartOptions::real_nodes)
+//! each node of its [`Lan`](super::lan::Lan) is one such node ([`RealNode::start_on_lan`]),
+//! `node-N` in `<plane work dir>/node-N`; [`stop_in`] stops them all.
+//!
 //! The images the node runs are imported into containerd: the pause image and a busybox
 //! ([`PAUSE_IMAGE`], [`BUSYBOX_IMAGE`]), plus any archives in [`RealNodeOptions::images`].
 
@@ -43,7 +47,7 @@ use self::processes::{
     remove_cgroups, wait_gone,
 };
 use super::build::{BinDir, NodeRuntime};
-use super::control_plane::{ControlPlane, NODE_NAME, PROGRESS};
+use super::control_plane::{ControlPlane, NODE_NAME, PROGRESS, node_name};
 use super::curl::{http_probe, http_status, node_ready_probe};
 use super::node_network::{NodeNetwork, is_mount_point};
 use super::state::parse_state;
@@ -52,7 +56,7 @@ use crate::process::{Managed, in_path, installed};
 use crate::progress::human_duration;
 use crate::wait::{Probe, wait_ready};
 
-/// The node's directory in the plane's work dir.
+/// The node's directory in the plane's work dir (a LAN's nodes have `node-N`, their names).
 pub const NODE_DIR: &str = "node";
 
 const CONTAINERD_READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -87,6 +91,8 @@ impl RealNodeOptions {
 /// A running (or partly started) real node. Dropping it stops it (see [`RealNode::stop`]),
 /// unless it was [`detach`](RealNode::detach)ed or [`attach`](RealNode::attach)ed.
 pub struct RealNode {
+    /// The Node's name: `node-1`, or a LAN's `node-N`.
+    name: String,
     layout: Layout,
     network: NodeNetwork,
     kubelet_bin: PathBuf,
@@ -105,23 +111,57 @@ impl RealNode {
     /// Starts containerd and the kubelet on the plane's node network, imports the images and
     /// waits until the Node is Ready. On failure everything started so far is stopped.
     pub fn start(plane: &ControlPlane, options: &RealNodeOptions) -> anyhow::Result<RealNode> {
-        let started = Instant::now();
         let network = plane.node_network().cloned().context(
             "the control plane has no node network: start it with StartOptions::real_node (`e2e-env start --real-node`)",
         )?;
+        RealNode::start_as(plane, options, NODE_NAME, NODE_DIR, network)
+    }
+
+    /// Starts node number `index` (from 1) of the plane's LAN, `node-N` in `<work dir>/node-N`,
+    /// like [`start`](RealNode::start).
+    pub fn start_on_lan(
+        plane: &ControlPlane,
+        options: &RealNodeOptions,
+        index: usize,
+    ) -> anyhow::Result<RealNode> {
+        let lan = plane.lan().context(
+            "the control plane has no LAN: start it with StartOptions::real_nodes (`e2e-env start --real-nodes N`)",
+        )?;
+        let network = index
+            .checked_sub(1)
+            .and_then(|i| lan.nodes.get(i))
+            .cloned()
+            .with_context(|| format!("the LAN has no node {index}: it has {}", lan.nodes.len()))?;
+        let name = node_name(index);
+        RealNode::start_as(plane, options, &name, &name, network)
+    }
+
+    fn start_as(
+        plane: &ControlPlane,
+        options: &RealNodeOptions,
+        name: &str,
+        dir: &str,
+        network: NodeNetwork,
+    ) -> anyhow::Result<RealNode> {
+        let started = Instant::now();
         preflight(options)?;
         // From here on, a plane that stops first stops this node before itself.
         plane.stop_first(stop_in);
-        let layout = Layout::new(&plane.workdir().join(NODE_DIR));
+        let layout = Layout::new(&plane.workdir().join(dir));
         anyhow::ensure!(
             !layout.dir().exists(),
             "{} exists: a real node ran in this work dir",
             layout.dir().display()
         );
-        let mut kubelet_args =
-            config::kubelet_args(options.bins.release(), &network, &plane.node_kubeconfig());
+        let mut kubelet_args = config::kubelet_args(
+            options.bins.release(),
+            name,
+            &network,
+            &plane.kubeconfig_of_node(name),
+        );
         kubelet_args.extend(options.extra_kubelet_args.iter().cloned());
         let mut node = RealNode {
+            name: name.to_owned(),
             layout,
             network,
             kubelet_bin: options.bins.kubelet(),
@@ -153,7 +193,7 @@ impl RealNode {
         node.start_kubelet()?;
         let ready_after = node.wait_ready(plane, options.ready_timeout)?;
         PROGRESS.say(&format!(
-            "real node {NODE_NAME} Ready after {} (start total {}); static pods: {}",
+            "real node {name} Ready after {} (start total {}); static pods: {}",
             human_duration(ready_after),
             human_duration(started.elapsed()),
             node.manifests_dir().display()
@@ -164,7 +204,17 @@ impl RealNode {
     /// The node that `start` left running in the plane's work dir, if any. Dropping it stops
     /// nothing; [`stop`](RealNode::stop) and [`reboot`](RealNode::reboot) work.
     pub fn attach(plane_workdir: &Path) -> anyhow::Result<Option<RealNode>> {
-        let layout = Layout::new(&plane_workdir.join(NODE_DIR));
+        RealNode::attach_named(plane_workdir, NODE_DIR)
+    }
+
+    /// The node `name` (`node-N`) that `start_on_lan` left running in the plane's work dir,
+    /// if any; like [`attach`](RealNode::attach).
+    pub fn attach_on_lan(plane_workdir: &Path, name: &str) -> anyhow::Result<Option<RealNode>> {
+        RealNode::attach_named(plane_workdir, name)
+    }
+
+    fn attach_named(plane_workdir: &Path, dir: &str) -> anyhow::Result<Option<RealNode>> {
+        let layout = Layout::new(&plane_workdir.join(dir));
         let Ok(text) = fs::read_to_string(layout.state_file()) else {
             return Ok(None);
         };
@@ -196,7 +246,12 @@ impl RealNode {
             mnt: pinned_inode(&layout.mnt_ns_pin()),
             net: pinned_inode(&network.netns_path()),
         };
+        let name = state
+            .get("NODE_NAME")
+            .cloned()
+            .unwrap_or_else(|| NODE_NAME.to_owned());
         Ok(Some(RealNode {
+            name,
             containerd: attach("containerd"),
             kubelet: attach("kubelet"),
             layout: layout.clone(),
@@ -225,13 +280,15 @@ impl RealNode {
         let started = Instant::now();
         let killed = self.power_off()?;
         PROGRESS.say(&format!(
-            "real node powered off: {killed} process(es) killed, runtime state dropped"
+            "real node {} powered off: {killed} process(es) killed, runtime state dropped",
+            self.name
         ));
         self.start_runtime()?;
         self.start_kubelet()?;
         let took = started.elapsed();
         PROGRESS.say(&format!(
-            "real node rebooted: containerd and the kubelet up {} after the power cut",
+            "real node {} rebooted: containerd and the kubelet up {} after the power cut",
+            self.name,
             human_duration(took)
         ));
         Ok(took)
@@ -268,17 +325,23 @@ impl RealNode {
 
     /// Waits until the API server reports the Node Ready; returns how long that took.
     pub fn wait_ready(&mut self, plane: &ControlPlane, timeout: Duration) -> anyhow::Result<Duration> {
-        let node_path = format!("/api/v1/nodes/{NODE_NAME}");
+        let name = &self.name;
+        let node_path = format!("/api/v1/nodes/{name}");
         let log = self.layout.log("kubelet");
         let kubelet = self.kubelet.as_mut().context("the kubelet is not running")?;
-        let ((), took) = wait_ready(&format!("Node {NODE_NAME} Ready"), timeout, &log, || {
+        let ((), took) = wait_ready(&format!("Node {name} Ready"), timeout, &log, || {
             kubelet.ensure_running("the real node did not become Ready")?;
             Ok(node_ready_probe(plane.api_get(&node_path)?))
         })?;
         Ok(took)
     }
 
-    /// The node's directory (`<plane work dir>/node`).
+    /// The Node's name: `node-1`, or a LAN's `node-N`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's directory (`<plane work dir>/node`, or a LAN's `<plane work dir>/node-N`).
     pub fn dir(&self) -> &Path {
         self.layout.dir()
     }
@@ -519,6 +582,8 @@ impl RealNode {
         )?;
         write(&self.layout.pid_file("kubelet"), &format!("{}\n", kubelet.pid()))?;
         let healthz = format!("{}/healthz", self.kubelet_read_only_url());
+        // From the node's own namespace: on a LAN the machine's has no route to it.
+        let netns = self.network.netns_path();
         let kubelet = self.kubelet.insert(kubelet);
         let log = kubelet.log().to_owned();
         wait_ready(
@@ -527,12 +592,13 @@ impl RealNode {
             &log,
             || {
                 kubelet.ensure_running("the kubelet did not start")?;
-                Ok(http_probe(http_status(&healthz, &[])))
+                Ok(http_probe(http_status(Some(&netns), &healthz, &[])))
             },
         )?;
         self.write_state()?;
         PROGRESS.say(&format!(
-            "kubelet healthy on {} after {}",
+            "kubelet of {} healthy on {} after {}",
+            self.name,
             self.network.node_ip,
             human_duration(started.elapsed())
         ));
@@ -663,6 +729,7 @@ impl RealNode {
 
     fn write_state(&self) -> anyhow::Result<()> {
         let lines = [
+            ("NODE_NAME", self.name.clone()),
             ("NODE_DIR", path_str(self.layout.dir())),
             ("NODE_NETWORK", serde_json::to_string(&self.network)?),
             ("KUBELET_BIN", path_str(&self.kubelet_bin)),
@@ -686,13 +753,36 @@ impl Drop for RealNode {
     }
 }
 
-/// Stops the real node in a plane's work dir, if one runs there: what the plane runs first when
-/// it stops ([`ControlPlane::stop_first`]).
+/// Stops the real nodes in a plane's work dir (the single node, a LAN's `node-N`), if any run
+/// there: what the plane runs first when it stops ([`ControlPlane::stop_first`]). Tries every
+/// node; the error names each that failed.
 pub fn stop_in(plane_workdir: &Path) -> anyhow::Result<()> {
-    match RealNode::attach(plane_workdir)? {
-        Some(node) => node.stop(),
-        None => Ok(()),
+    let mut dirs = vec![NODE_DIR.to_owned()];
+    if let Ok(entries) = fs::read_dir(plane_workdir) {
+        let mut lan_dirs: Vec<String> = entries
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| {
+                name.strip_prefix("node-")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .collect();
+        lan_dirs.sort();
+        dirs.extend(lan_dirs);
     }
+    let mut errors = Vec::new();
+    for dir in dirs {
+        let stopped =
+            RealNode::attach_named(plane_workdir, &dir).and_then(|node| node.map_or(Ok(()), RealNode::stop));
+        if let Err(e) = stopped {
+            errors.push(format!("{dir}: {e:#}"));
+        }
+    }
+    anyhow::ensure!(
+        errors.is_empty(),
+        "cannot stop the real nodes: {}",
+        errors.join("; ")
+    );
+    Ok(())
 }
 
 /// What a node had made on the machine at one moment (see [`RealNode::footprint`]).
@@ -745,7 +835,7 @@ impl NodeFootprint {
         if self.network.exists() {
             left.push(format!("network namespace {}", self.network.netns));
         }
-        if Path::new("/sys/class/net").join(&self.network.host_link).exists() {
+        if self.network.host_link_exists() {
             left.push(format!("link {}", self.network.host_link));
         }
         let cidr = self.network.pod_cidr_text();

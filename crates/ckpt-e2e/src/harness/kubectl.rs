@@ -15,6 +15,8 @@ use crate::command::{run_command, run_command_with_input};
 pub struct Kubectl {
     kubeconfig: PathBuf,
     cache_dir: PathBuf,
+    /// The network namespace kubectl runs in (a LAN's); `None`: this process's.
+    netns: Option<PathBuf>,
 }
 
 impl Kubectl {
@@ -24,7 +26,14 @@ impl Kubectl {
         Kubectl {
             kubeconfig: kubeconfig.to_owned(),
             cache_dir: cache_dir.to_owned(),
+            netns: None,
         }
+    }
+
+    /// This kubectl run in the network namespace `netns` (a LAN's: see
+    /// `ControlPlane::netns`), or in this process's for `None`.
+    pub fn in_netns(self, netns: Option<PathBuf>) -> Kubectl {
+        Kubectl { netns, ..self }
     }
 
     pub fn kubeconfig(&self) -> &Path {
@@ -33,7 +42,10 @@ impl Kubectl {
 
     /// `kubectl ARGS…` with `stdin`; returns stdout, or fails with the command and its stderr.
     pub fn run(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
-        let mut command = Command::new("kubectl");
+        let mut command = match &self.netns {
+            Some(netns) => crate::command::in_netns(netns, "kubectl"),
+            None => Command::new("kubectl"),
+        };
         command
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .arg(format!("--cache-dir={}", self.cache_dir.display()))

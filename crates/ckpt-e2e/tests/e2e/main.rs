@@ -28,6 +28,7 @@ mod credentials;
 mod drop_in;
 mod from_dist;
 mod gc;
+mod group;
 mod install;
 mod network;
 mod outage;
@@ -37,6 +38,7 @@ mod real_node_seed;
 mod self_gc;
 mod self_hosted;
 mod suite;
+mod three_nodes;
 
 use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
@@ -44,8 +46,10 @@ use std::time::Instant;
 
 use ckpt_e2e::interrupt;
 use ckpt_e2e::progress::human_duration;
-use real_node::NodeScenarioFn;
+use group::GroupScenario;
+use real_node::NodeRun;
 use suite::{Scenario, ScenarioFn};
+use three_nodes::ClusterRun;
 
 /// Every scenario: its name, its namespace and what it does.
 const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
@@ -113,8 +117,8 @@ const SCENARIOS: &[(&str, &str, ScenarioFn)] = &[
 ];
 
 /// The real-node scenarios, in order, on one plane and real node started for them once the
-/// hollow plane is stopped (see [`real_node::run`]).
-const REAL_NODE_SCENARIOS: &[(&str, NodeScenarioFn)] = &[
+/// hollow plane is stopped (see [`real_node::GROUP`]).
+const REAL_NODE_SCENARIOS: &[GroupScenario<NodeRun>] = &[
     (
         "real_node_runs_pods_reboots_and_leaves_nothing",
         real_node::runs_pods_and_reboots,
@@ -144,6 +148,13 @@ const REAL_NODE_SCENARIOS: &[(&str, NodeScenarioFn)] = &[
     // Last: it pivots the plane to a self-hosted one and kills the plane's API server.
     ("real_node_self_hosted_power_cut", self_hosted::power_cut),
 ];
+
+/// The scenarios on three real nodes (issue 38), on one cluster of their own, after the
+/// single real node's (see [`three_nodes::GROUP`]).
+const THREE_NODE_SCENARIOS: &[GroupScenario<ClusterRun>] = &[(
+    "three_nodes_start_power_cut_one_and_back",
+    three_nodes::start_cut_one_and_back,
+)];
 
 /// Scenarios that run only in the longer mode (`cargo xtask test --long`, which sets
 /// [`LONG_ENV`]): the upgrade under the strategies CI does not cover.
@@ -175,7 +186,8 @@ fn main() -> ExitCode {
         let names = SCENARIOS
             .iter()
             .map(|(name, _, _)| name)
-            .chain(REAL_NODE_SCENARIOS.iter().map(|(name, _)| name));
+            .chain(REAL_NODE_SCENARIOS.iter().map(|(name, _)| name))
+            .chain(THREE_NODE_SCENARIOS.iter().map(|(name, _)| name));
         for name in names {
             println!("{name}: test");
         }
@@ -198,7 +210,11 @@ fn main() -> ExitCode {
         .iter()
         .filter(|(name, _)| wanted(name))
         .collect();
-    if selected.is_empty() && selected_real.is_empty() {
+    let selected_three: Vec<_> = THREE_NODE_SCENARIOS
+        .iter()
+        .filter(|(name, _)| wanted(name))
+        .collect();
+    if selected.is_empty() && selected_real.is_empty() && selected_three.is_empty() {
         eprintln!("e2e: no scenario matches {filters:?}; `--list` shows them");
         return ExitCode::FAILURE;
     }
@@ -216,12 +232,23 @@ fn main() -> ExitCode {
         if interrupt::requested() {
             failed.extend(selected_real.iter().map(|(n, _)| *n));
         } else {
-            failed.extend(real_node::run(&selected_real));
+            failed.extend(real_node::GROUP.run(&selected_real));
+        }
+    }
+    if !selected_three.is_empty() {
+        if interrupt::requested() {
+            failed.extend(selected_three.iter().map(|(n, _)| *n));
+        } else {
+            failed.extend(three_nodes::GROUP.run(&selected_three));
         }
     }
 
-    // The real node's stop check counts as one more.
-    let total = selected.len() + selected_real.len() + usize::from(!selected_real.is_empty());
+    // Each real-node group's stop check counts as one more.
+    let total = selected.len()
+        + selected_real.len()
+        + usize::from(!selected_real.is_empty())
+        + selected_three.len()
+        + usize::from(!selected_three.is_empty());
     let passed = total.saturating_sub(failed.len());
     eprintln!(
         "\ne2e: finished in {}{}",
@@ -240,7 +267,9 @@ fn main() -> ExitCode {
         }
     }
     println!("e2e: {passed} passed, {} failed", failed.len());
-    let ran = (selected.iter().map(|(name, _, _)| *name)).chain(selected_real.iter().map(|(name, _)| *name));
+    let ran = (selected.iter().map(|(name, _, _)| *name))
+        .chain(selected_real.iter().map(|(name, _)| *name))
+        .chain(selected_three.iter().map(|(name, _)| *name));
     if let Err(e) = write_results(ran, &failed) {
         eprintln!("e2e: cannot write the results: {e:#}");
     }

@@ -4,7 +4,6 @@
 //! daemons' resident memory.
 
 use std::fs;
-use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,8 @@ use ckpt_e2e::e2e_env::real_node::BUSYBOX_IMAGE;
 use ckpt_e2e::e2e_env::{ControlPlane, NODE_NAME, RealNode, RealNodeOptions, StartOptions};
 use ckpt_e2e::harness::kubectl::{Kubectl, pod_running};
 use ckpt_e2e::interrupt;
+
+use crate::group::{Group, SharedEnv};
 use ckpt_e2e::process::{log_tail, rss_kib};
 use ckpt_e2e::progress::Progress;
 use ckpt_e2e::progress::human_duration;
@@ -60,82 +61,41 @@ pub(crate) struct NodeRun {
     pub(crate) node: RealNode,
     pub(crate) kubectl: Kubectl,
     pub(crate) progress: Progress,
+    /// Which of [`MACHINE_PATHS`] existed before the start.
+    machine_before: Vec<PathBuf>,
 }
 
-pub(crate) type NodeScenarioFn = fn(&mut NodeRun) -> anyhow::Result<()>;
+/// The real-node scenarios' group: one plane and real node for all of them.
+pub(crate) const GROUP: Group<NodeRun> = Group {
+    on: "a real node",
+    start,
+    stop,
+    stop_check: "real_node_stop_leaves_nothing",
+};
 
-/// The name under which a node that leaves something behind fails the run.
-pub(crate) const STOP_CHECK: &str = "real_node_stop_leaves_nothing";
+impl SharedEnv for NodeRun {
+    fn keep_logs(&self, scenario: &str) {
+        keep_logs(scenario, &self.plane, &self.node);
+    }
 
-/// Starts a plane with the controllers and a real node, runs `selected` on it one after the
-/// other (each leaves the node as it found it), then stops it all and checks that nothing
-/// survives; returns the names of what failed.
-pub(crate) fn run(selected: &[&(&'static str, NodeScenarioFn)]) -> Vec<&'static str> {
-    let all = || selected.iter().map(|(name, _)| *name).collect::<Vec<_>>();
-    let progress = Progress::timed("e2e");
-    let machine_before = existing(&MACHINE_PATHS);
-    eprintln!(
-        "\ne2e: {} scenario(s) on a real node; starting a control plane with the controllers",
-        selected.len()
-    );
-    let started = Instant::now();
-    let mut run = match start(progress) {
-        Ok(run) => run,
-        Err(e) => {
-            eprintln!("e2e: cannot start the real node: {e:#}");
-            crate::remember_failure(&format!("the real node's start: {e:#}"));
-            return all();
-        }
-    };
-    progress.say(&format!(
-        "real node Ready {} after the start",
-        human_duration(started.elapsed())
-    ));
-    let mut failed = Vec::new();
-    for (index, (name, scenario)) in selected.iter().enumerate() {
-        if interrupt::requested() {
-            failed.extend(selected[index..].iter().map(|(n, _)| *n));
-            break;
-        }
-        eprintln!("\n=== scenario {name} (on the real node)");
-        let scenario_started = Instant::now();
-        let outcome = panic::catch_unwind(AssertUnwindSafe(|| scenario(&mut run)))
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the scenario panicked")));
-        if outcome.is_err() || std::env::var_os(crate::suite::KEEP_LOGS_ENV).is_some() {
-            keep_logs(name, &run.plane, &run.node);
-        }
-        match outcome {
-            Ok(()) => eprintln!("--- {name}: ok ({})", human_duration(scenario_started.elapsed())),
-            Err(e) => {
-                report_failure(&run.plane, &run.node);
-                eprintln!(
-                    "--- {name}: FAILED after {}: {e:#}",
-                    human_duration(scenario_started.elapsed())
-                );
-                crate::remember_failure(&format!("{name}: {e:#}"));
-                // The scenarios share the node: the first failure's node errors explain
-                // the ones after it too.
-                if failed.is_empty() {
-                    for log in [run.node.kubelet_log(), run.node.containerd_log()] {
-                        for line in ckpt_e2e::process::log_error_lines(&log, 6) {
-                            let file = log.file_name().unwrap_or_default().to_string_lossy();
-                            crate::remember_failure(&format!("  {file}: {line}"));
-                        }
-                    }
-                }
-                failed.push(*name);
+    fn report_failure(&self) {
+        report_failure(&self.plane, &self.node);
+    }
+
+    fn failure_digest(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for log in [self.node.kubelet_log(), self.node.containerd_log()] {
+            for line in ckpt_e2e::process::log_error_lines(&log, 6) {
+                let file = log.file_name().unwrap_or_default().to_string_lossy();
+                lines.push(format!("  {file}: {line}"));
             }
         }
+        lines
     }
-    if let Err(e) = stop(run, &machine_before) {
-        eprintln!("--- {STOP_CHECK}: FAILED: {e:#}");
-        crate::remember_failure(&format!("{STOP_CHECK}: {e:#}"));
-        failed.push(STOP_CHECK);
-    }
-    failed
 }
 
 fn start(progress: Progress) -> anyhow::Result<NodeRun> {
+    let machine_before = existing(&MACHINE_PATHS);
     let bins = ckpt_e2e::e2e_env::cached_bins(ckpt_e2e::e2e_env::Release::from_env()?)?;
     let plane = ControlPlane::start(&StartOptions::real_node(bins.clone()))?;
     progress.say("the agent's images (the static release build), then the real node");
@@ -153,16 +113,18 @@ fn start(progress: Progress) -> anyhow::Result<NodeRun> {
         node,
         kubectl,
         progress,
+        machine_before,
     })
 }
 
 /// Stops the node and the plane; what the running node made on the machine (taken before
 /// the stop, so the same check could fail) must all be gone afterwards.
-fn stop(run: NodeRun, machine_before: &[PathBuf]) -> anyhow::Result<()> {
+fn stop(run: NodeRun) -> anyhow::Result<()> {
     let NodeRun {
         plane,
         node,
         progress,
+        machine_before,
         ..
     } = run;
     let workdir = plane.workdir().to_owned();

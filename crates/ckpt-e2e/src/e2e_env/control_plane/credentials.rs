@@ -14,6 +14,11 @@ use crate::process::random_hex;
 /// The node the hollow kubelet registers, and whose identity `kubeconfig-node-1` carries.
 pub const NODE_NAME: &str = "node-1";
 
+/// The name of node number `index` (from 1) of a LAN: `node-1` ([`NODE_NAME`]), `node-2` …
+pub fn node_name(index: usize) -> String {
+    format!("node-{index}")
+}
+
 /// The user of `kubeconfig-agent`, the only one whose requests are audited.
 pub const AGENT_USER: &str = "pod-checkpointer";
 /// The users a self-hosted kube-controller-manager and kube-scheduler authenticate as.
@@ -30,9 +35,9 @@ pub fn fleet_user(i: usize) -> String {
 
 /// What the API server's serving certificate names: `bind_ip`, loopback, the first service
 /// address, the node's address if there is a node, and the in-cluster names.
-pub(super) fn serving_names(bind_ip: Ipv4Addr, node_ip: Option<Ipv4Addr>) -> Vec<String> {
+pub(super) fn serving_names(bind_ip: Ipv4Addr, node_ips: &[Ipv4Addr]) -> Vec<String> {
     let mut ips = vec![bind_ip, Ipv4Addr::LOCALHOST, Ipv4Addr::new(10, 96, 0, 1)];
-    ips.extend(node_ip);
+    ips.extend(node_ips);
     ips.dedup();
     let dns = [
         "localhost",
@@ -123,8 +128,9 @@ pub(super) fn openssl(args: &[&str]) -> anyhow::Result<()> {
 
 /// The identities the API server's token file authenticates, each with a fresh token: admin,
 /// the node, the agent (the first three get kubeconfigs, in this order), and those of a
-/// self-hosted controller-manager and scheduler; then `fleet` agents of [`FLEET_GROUP`].
-pub(super) fn identities(fleet: usize) -> anyhow::Result<Vec<Identity>> {
+/// self-hosted controller-manager and scheduler; then `fleet` agents of [`FLEET_GROUP`], then
+/// the nodes `more_nodes` (`system:node:NAME`, beside [`NODE_NAME`]).
+pub(super) fn identities(fleet: usize, more_nodes: &[String]) -> anyhow::Result<Vec<Identity>> {
     let mut identities = vec![
         Identity {
             token: random_hex(16)?,
@@ -166,6 +172,14 @@ pub(super) fn identities(fleet: usize) -> anyhow::Result<Vec<Identity>> {
             user: fleet_user(i),
             uid: format!("uid-fleet-{i:04}"),
             groups: vec![FLEET_GROUP.into()],
+        });
+    }
+    for name in more_nodes {
+        identities.push(Identity {
+            token: random_hex(16)?,
+            user: format!("system:node:{name}"),
+            uid: format!("uid-{name}"),
+            groups: vec!["system:nodes".into()],
         });
     }
     Ok(identities)
@@ -283,7 +297,7 @@ mod tests {
     #[test]
     fn the_serving_cert_names_the_host_the_node_and_the_service() {
         assert_eq!(
-            serving_names(Ipv4Addr::new(10, 213, 0, 1), Some(Ipv4Addr::new(10, 213, 0, 2))),
+            serving_names(Ipv4Addr::new(10, 213, 0, 1), &[Ipv4Addr::new(10, 213, 0, 2)]),
             [
                 "IP:10.213.0.1",
                 "IP:127.0.0.1",
@@ -296,7 +310,7 @@ mod tests {
                 "DNS:kubernetes.default.svc.cluster.local"
             ]
         );
-        let loopback = serving_names(Ipv4Addr::LOCALHOST, None);
+        let loopback = serving_names(Ipv4Addr::LOCALHOST, &[]);
         assert_eq!(loopback[..2], ["IP:127.0.0.1", "IP:10.96.0.1"]);
     }
 }

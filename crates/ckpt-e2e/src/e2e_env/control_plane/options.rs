@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 
 use super::hollow::CRI_SOCKET;
 use crate::e2e_env::build::BinDir;
+use crate::e2e_env::lan::Lan;
 use crate::e2e_env::node_network::NodeNetwork;
 use crate::process::{in_path, installed, random_hex};
 
@@ -29,6 +30,11 @@ pub struct StartOptions {
     /// Create this network and bind the API server to its host end instead of loopback, so
     /// the real node reaches it from its namespace (host clients use that address too).
     pub node_network: Option<NodeNetwork>,
+    /// Create this LAN instead (several real nodes) and run the plane in its namespace, the
+    /// API server bound to the LAN's address (clients reach it from there too, see
+    /// [`ControlPlane::lan`](super::ControlPlane::lan)). Excludes `node_network` and
+    /// `hollow_node`.
+    pub lan: Option<Lan>,
     /// Also run kube-controller-manager and kube-scheduler (host network, admin identity),
     /// with ServiceAccount admission and bound service-account tokens on the API server.
     pub controllers: bool,
@@ -52,6 +58,7 @@ impl StartOptions {
             kubelet_port: 10250,
             kubelet_read_only_port: 10255,
             node_network: None,
+            lan: None,
             controllers: false,
             controller_manager_port: 20257,
             scheduler_port: 20259,
@@ -72,16 +79,33 @@ impl StartOptions {
         }
     }
 
-    /// Where the API server listens: the host end of the node network, or loopback.
+    /// The plane `count` real nodes join (issue 38): [`real_node`](Self::real_node)'s, on
+    /// the project's LAN ([`Lan::project`]) instead of the single node's network.
+    pub fn real_nodes(bins: BinDir, count: usize) -> anyhow::Result<StartOptions> {
+        Ok(StartOptions {
+            node_network: None,
+            lan: Some(Lan::project(count)?),
+            ..StartOptions::real_node(bins)
+        })
+    }
+
+    /// Where the API server listens: the LAN's address, the host end of the node network,
+    /// or loopback.
     pub(super) fn bind_ip(&self) -> Ipv4Addr {
-        self.node_network
-            .as_ref()
-            .map_or(Ipv4Addr::LOCALHOST, |network| network.host_ip)
+        match (&self.lan, &self.node_network) {
+            (Some(lan), _) => lan.ip,
+            (None, Some(network)) => network.host_ip,
+            (None, None) => Ipv4Addr::LOCALHOST,
+        }
     }
 }
 
 /// Fails early, before anything is started: missing commands, busy ports, a running hollow node.
 pub(super) fn preflight(options: &StartOptions) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        options.lan.is_none() || (options.node_network.is_none() && !options.hollow_node),
+        "a plane on a LAN has no single node network and no hollow node"
+    );
     for command in ["openssl", "curl"] {
         anyhow::ensure!(
             in_path(command),
@@ -156,6 +180,10 @@ pub(super) fn preflight(options: &StartOptions) -> anyhow::Result<()> {
                  that path, so only one hollow node can run per machine)"
             );
         }
+    }
+    // In a LAN's namespace, created fresh, every port is free.
+    if options.lan.is_some() {
+        ports.clear();
     }
     for (addr, port, what, env) in ports {
         if let Err(e) = TcpListener::bind((addr, port)) {

@@ -6,7 +6,6 @@ use std::path::Path;
 use super::images::PAUSE_IMAGE;
 use super::layout::{CNI_CONF_DIR, CONTAINERD_SOCKET, MANIFESTS_DIR};
 use crate::e2e_env::build::NodeRuntime;
-use crate::e2e_env::control_plane::NODE_NAME;
 use crate::e2e_env::node_network::NodeNetwork;
 use crate::e2e_env::release::Release;
 
@@ -140,11 +139,16 @@ pub(super) fn cni_conflist(network: &NodeNetwork) -> String {
 /// /var/lib/kubelet), and what this machine needs (see reference/real-node, walls 1-5).
 /// Every flag is still accepted by 1.37 (deprecated in favour of its config file, with a
 /// warning each); what differs by release is in [`release_kubelet_args`].
-pub(super) fn kubelet_args(release: Release, network: &NodeNetwork, kubeconfig: &Path) -> Vec<String> {
+pub(super) fn kubelet_args(
+    release: Release,
+    name: &str,
+    network: &NodeNetwork,
+    kubeconfig: &Path,
+) -> Vec<String> {
     let node_ip = network.node_ip;
     let mut args = vec![
         format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--hostname-override={NODE_NAME}"),
+        format!("--hostname-override={name}"),
         // Wall 3: a loopback node IP is refused; the apiserver reaches the kubelet here.
         format!("--node-ip={node_ip}"),
         format!("--address={node_ip}"),
@@ -230,6 +234,7 @@ mod tests {
     fn the_kubelet_registers_node_1_on_the_node_address() {
         let args = kubelet_args(
             Release::V1_20,
+            crate::e2e_env::NODE_NAME,
             &NodeNetwork::project(),
             Path::new("/w/kubeconfig-node-1"),
         );
@@ -278,10 +283,12 @@ mod tests {
     fn kubelet_1_37_runs_on_cgroup_v1_without_the_removed_flags() {
         let args = kubelet_args(
             Release::V1_37,
+            "node-2",
             &NodeNetwork::project(),
             Path::new("/w/kubeconfig-node-1"),
         );
         assert!(args.contains(&"--fail-cgroupv1=false".to_owned()));
+        assert!(args.contains(&"--hostname-override=node-2".to_owned()));
         for removed in ["--container-runtime=", "--pod-infra-container-image="] {
             assert!(!args.iter().any(|a| a.starts_with(removed)), "{removed} is gone");
         }
