@@ -252,15 +252,25 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
             .unwrap_or(defaults.kubelet_read_only_port),
         ..defaults
     };
-    let plane = ControlPlane::start(&options)?;
+    let (plane, lan_nodes) = match args.real_nodes {
+        Some(count) => {
+            let (plane, mut nodes) = ControlPlane::start_on_lan(&options, |plane| {
+                (1..=count)
+                    .map(|index| RealNode::boot_on_lan(plane, &RealNodeOptions::new(bins.clone()), index))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })?;
+            for node in &mut nodes {
+                node.wait_ready(&plane, RealNodeOptions::new(bins.clone()).ready_timeout)?;
+            }
+            (plane, nodes)
+        }
+        None => (ControlPlane::start(&options)?, Vec::new()),
+    };
     let node = if args.real_node {
         Some(RealNode::start(&plane, &RealNodeOptions::new(bins.clone()))?)
     } else {
         None
     };
-    let lan_nodes = (1..=args.real_nodes.unwrap_or(0))
-        .map(|index| RealNode::start_on_lan(&plane, &RealNodeOptions::new(bins.clone()), index))
-        .collect::<anyhow::Result<Vec<_>>>()?;
     for (key, value) in plane.env_vars() {
         println!("{key}={value}");
     }

@@ -129,8 +129,35 @@ struct CreatedNetwork {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver (and the hollow node if asked) and waits until they are
     /// ready. On failure everything started so far is stopped and the error carries the tail
-    /// of the failing log.
+    /// of the failing log. A plane on a LAN starts with [`start_on_lan`](Self::start_on_lan).
     pub fn start(options: &StartOptions) -> anyhow::Result<ControlPlane> {
+        anyhow::ensure!(
+            options.lan.is_none(),
+            "a LAN's etcd members run on its nodes: start its plane with ControlPlane::start_on_lan"
+        );
+        ControlPlane::start_with(options, |_| Ok(())).map(|(plane, ())| plane)
+    }
+
+    /// Starts a plane on `options.lan`, whose etcd is one member per node: creates the LAN and
+    /// the credentials, has `boot` start the nodes (their etcd members and kubelets: the
+    /// plane cannot name them, they sit above it), then starts kube-apiserver on the members
+    /// and the controllers. Returns what `boot` returned too; on failure everything started
+    /// so far is stopped (what `boot` returned, by its own Drop).
+    pub fn start_on_lan<T>(
+        options: &StartOptions,
+        boot: impl FnOnce(&ControlPlane) -> anyhow::Result<T>,
+    ) -> anyhow::Result<(ControlPlane, T)> {
+        anyhow::ensure!(
+            options.lan.is_some(),
+            "no LAN to start the plane on: see StartOptions::real_nodes"
+        );
+        ControlPlane::start_with(options, boot)
+    }
+
+    fn start_with<T>(
+        options: &StartOptions,
+        before_apiserver: impl FnOnce(&ControlPlane) -> anyhow::Result<T>,
+    ) -> anyhow::Result<(ControlPlane, T)> {
         let started = Instant::now();
         preflight(options)?;
         let workdir = create_workdir(options.workdir.as_deref())?;
@@ -192,28 +219,44 @@ impl ControlPlane {
                 nodes.join(", ")
             ));
         }
-        plane.start_etcd()?;
+        // A LAN's etcd is its nodes' members, which `before_apiserver` starts.
+        if plane.lan.is_none() {
+            plane.start_etcd()?;
+        }
         plane.write_credentials()?;
-        plane.spawn_apiserver()?;
-        let ready_after = plane.wait_apiserver_ready()?;
+        let booted = before_apiserver(&plane)?;
+        // On failure what `before_apiserver` started goes first: nodes talk to the plane.
+        match plane.start_servers(options, started) {
+            Ok(()) => Ok((plane, booted)),
+            Err(e) => {
+                drop(booted);
+                Err(e)
+            }
+        }
+    }
+
+    /// kube-apiserver, then the controllers and the hollow node if asked.
+    fn start_servers(&mut self, options: &StartOptions, started: Instant) -> anyhow::Result<()> {
+        self.spawn_apiserver()?;
+        let ready_after = self.wait_apiserver_ready()?;
         PROGRESS.say(&format!(
             "kube-apiserver ready at {} after {} (total {})",
-            plane.apiserver_url(),
+            self.apiserver_url(),
             human_duration(ready_after),
             human_duration(started.elapsed())
         ));
         if options.controllers {
-            plane.start_controllers(options)?;
+            self.start_controllers(options)?;
         }
         if options.hollow_node {
-            plane.start_hollow_node(options)?;
+            self.start_hollow_node(options)?;
         }
-        plane.write_state()?;
+        self.write_state()?;
         PROGRESS.say(&format!(
             "control plane up in {}",
             human_duration(started.elapsed())
         ));
-        Ok(plane)
+        Ok(())
     }
 
     /// The control plane that `start` left running in `workdir` (e.g. from another process).
@@ -439,6 +482,15 @@ impl ControlPlane {
 
     pub fn etcd_port(&self) -> u16 {
         self.etcd_port
+    }
+
+    /// What the plane's API server names as `--etcd-servers`: the plane's etcd, or every
+    /// member of a LAN's.
+    pub fn etcd_servers(&self) -> String {
+        match self.lan() {
+            Some(lan) => lan.etcd_servers(),
+            None => format!("http://127.0.0.1:{}", self.etcd_port),
+        }
     }
 
     pub fn etcd_pid(&self) -> Option<u32> {
@@ -743,7 +795,7 @@ impl ControlPlane {
         command.args(apiserver_args(&ApiserverFlags {
             release: self.release,
             workdir: &self.workdir,
-            etcd_port: self.etcd_port,
+            etcd_servers: self.etcd_servers(),
             apiserver_port: self.apiserver_port,
             bind_ip: self.bind_ip,
             service_accounts: self.service_accounts,

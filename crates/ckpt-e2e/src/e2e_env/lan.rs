@@ -29,6 +29,17 @@ use crate::command::in_netns;
 /// 10.213.11.0/24 onwards.
 pub const MAX_NODES: usize = 9;
 
+/// A LAN node's etcd member: clients on this port (on the node's address and its loopback),
+/// peers on the next one.
+pub const ETCD_CLIENT_PORT: u16 = 2379;
+pub const ETCD_PEER_PORT: u16 = 2380;
+
+/// etcd's heartbeat and election timeouts (ms) on the nodes. Its defaults (100/1000) expect
+/// machines of their own; here three members, three API servers and everything else share
+/// 2 cores, and a member that misses a few heartbeats would start an election.
+const ETCD_HEARTBEAT_MS: u32 = 250;
+const ETCD_ELECTION_MS: u32 = 2500;
+
 /// The LAN's namespace and bridge, and the networks of its nodes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lan {
@@ -96,6 +107,45 @@ impl Lan {
     /// processes, the LAN's network): the plane's processes and the test's clients.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         in_netns(&self.netns_path(), program)
+    }
+
+    /// `--etcd-servers` for an API server in the LAN's namespace: every node's member.
+    pub fn etcd_servers(&self) -> String {
+        let urls: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|node| format!("http://{}:{ETCD_CLIENT_PORT}", node.node_ip))
+            .collect();
+        urls.join(",")
+    }
+
+    /// The flags of node number `index`'s (from 1) etcd member `node-N`, its data in
+    /// `data_dir`: one of a cluster of every node's member, created new on the first start and
+    /// joined again with its data after a power cut.
+    pub fn etcd_member_args(&self, index: usize, data_dir: &Path) -> anyhow::Result<Vec<String>> {
+        let node = index
+            .checked_sub(1)
+            .and_then(|i| self.nodes.get(i))
+            .with_context(|| format!("the LAN has no node {index}"))?;
+        let peer = |ip: Ipv4Addr| format!("http://{ip}:{ETCD_PEER_PORT}");
+        let cluster: Vec<String> = (1..)
+            .zip(&self.nodes)
+            .map(|(n, node)| format!("node-{n}={}", peer(node.node_ip)))
+            .collect();
+        let client = format!("http://{}:{ETCD_CLIENT_PORT}", node.node_ip);
+        Ok(vec![
+            format!("--name=node-{index}"),
+            format!("--data-dir={}", data_dir.display()),
+            format!("--listen-client-urls={client},http://127.0.0.1:{ETCD_CLIENT_PORT}"),
+            format!("--advertise-client-urls={client}"),
+            format!("--listen-peer-urls={}", peer(node.node_ip)),
+            format!("--initial-advertise-peer-urls={}", peer(node.node_ip)),
+            format!("--initial-cluster={}", cluster.join(",")),
+            "--initial-cluster-state=new".into(),
+            "--initial-cluster-token=pod-checkpointer-lan".into(),
+            format!("--heartbeat-interval={ETCD_HEARTBEAT_MS}"),
+            format!("--election-timeout={ETCD_ELECTION_MS}"),
+        ])
     }
 
     /// Creates the namespace, the bridge with its address, then every node's network.
@@ -205,6 +255,31 @@ mod tests {
         }
         let json = serde_json::to_string(&lan).unwrap();
         assert_eq!(parse_lan(&json).unwrap(), lan);
+    }
+
+    #[test]
+    fn each_node_runs_a_member_of_one_etcd_cluster() {
+        let lan = Lan::project(3).unwrap();
+        assert_eq!(
+            lan.etcd_servers(),
+            "http://10.213.8.11:2379,http://10.213.8.12:2379,http://10.213.8.13:2379"
+        );
+        let args = lan.etcd_member_args(2, Path::new("/n/etcd")).unwrap();
+        for expected in [
+            "--name=node-2",
+            "--data-dir=/n/etcd",
+            "--listen-client-urls=http://10.213.8.12:2379,http://127.0.0.1:2379",
+            "--listen-peer-urls=http://10.213.8.12:2380",
+            "--initial-cluster=node-1=http://10.213.8.11:2380,node-2=http://10.213.8.12:2380,node-3=http://10.213.8.13:2380",
+            "--election-timeout=2500",
+        ] {
+            assert!(
+                args.contains(&expected.to_owned()),
+                "missing {expected}: {args:?}"
+            );
+        }
+        assert!(lan.etcd_member_args(4, Path::new("/n/etcd")).is_err());
+        assert!(lan.etcd_member_args(0, Path::new("/n/etcd")).is_err());
     }
 
     #[test]

@@ -19,8 +19,10 @@
 //! and the work dir when it stops (and stops a node it finds in its work dir first).
 //!
 //! On a plane started with [`StartOptions::real_nodes`](crate::e2e_env::StartOptions::real_nodes)
-//! each node of its [`Lan`](super::lan::Lan) is one such node ([`RealNode::start_on_lan`]),
-//! `node-N` in `<plane work dir>/node-N`; [`stop_in`] stops them all.
+//! each node of its [`Lan`](super::lan::Lan) is one such node ([`RealNode::boot_on_lan`]),
+//! `node-N` in `<plane work dir>/node-N`, which also runs a member of the LAN's etcd as a host
+//! process (its data on the node's disk; a power cut kills it, the node's boot starts it
+//! again, as systemd would); [`stop_in`] stops them all.
 //!
 //! The images the node runs are imported into containerd: the pause image and a busybox
 //! ([`PAUSE_IMAGE`], [`BUSYBOX_IMAGE`]), plus any archives in [`RealNodeOptions::images`].
@@ -49,6 +51,7 @@ use self::processes::{
 use super::build::{BinDir, NodeRuntime};
 use super::control_plane::{ControlPlane, NODE_NAME, PROGRESS, node_name};
 use super::curl::{http_probe, http_status, node_ready_probe};
+use super::lan::ETCD_PEER_PORT;
 use super::node_network::{NodeNetwork, is_mount_point};
 use super::state::parse_state;
 use crate::command::{command_line, run_command};
@@ -60,6 +63,7 @@ use crate::wait::{Probe, wait_ready};
 pub const NODE_DIR: &str = "node";
 
 const CONTAINERD_READY_TIMEOUT: Duration = Duration::from_secs(30);
+const ETCD_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 const KUBELET_HEALTHY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Registration, the CNI network and the first status update take ~16 s here (the recipe).
 const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -88,6 +92,13 @@ impl RealNodeOptions {
     }
 }
 
+/// How a node runs its etcd member.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct EtcdMember {
+    bin: PathBuf,
+    args: Vec<String>,
+}
+
 /// A running (or partly started) real node. Dropping it stops it (see [`RealNode::stop`]),
 /// unless it was [`detach`](RealNode::detach)ed or [`attach`](RealNode::attach)ed.
 pub struct RealNode {
@@ -100,6 +111,9 @@ pub struct RealNode {
     runtime: NodeRuntime,
     containerd: Option<Managed>,
     kubelet: Option<Managed>,
+    /// The node's etcd member (a LAN's nodes), started with containerd at each boot.
+    etcd_member: Option<EtcdMember>,
+    etcd: Option<Managed>,
     namespaces: NodeNamespaces,
     /// The machine's values of [`KUBELET_SYSCTLS`] before the node started.
     host_sysctls: Vec<(String, String)>,
@@ -114,12 +128,24 @@ impl RealNode {
         let network = plane.node_network().cloned().context(
             "the control plane has no node network: start it with StartOptions::real_node (`e2e-env start --real-node`)",
         )?;
-        RealNode::start_as(plane, options, NODE_NAME, NODE_DIR, network)
+        let started = Instant::now();
+        let mut node = RealNode::boot(plane, options, NODE_NAME, NODE_DIR, network, None)?;
+        let ready_after = node.wait_ready(plane, options.ready_timeout)?;
+        PROGRESS.say(&format!(
+            "real node {NODE_NAME} Ready after {} (start total {}); static pods: {}",
+            human_duration(ready_after),
+            human_duration(started.elapsed()),
+            node.manifests_dir().display()
+        ));
+        Ok(node)
     }
 
-    /// Starts node number `index` (from 1) of the plane's LAN, `node-N` in `<work dir>/node-N`,
-    /// like [`start`](RealNode::start).
-    pub fn start_on_lan(
+    /// Boots node number `index` (from 1) of the plane's LAN, `node-N` in `<work dir>/node-N`:
+    /// containerd, its etcd member and the kubelet, without waiting for the API server (the
+    /// plane starts it on the members once they all run: see
+    /// [`ControlPlane::start_on_lan`]); [`wait_ready`](RealNode::wait_ready) then waits for
+    /// the Node. On failure everything started so far is stopped.
+    pub fn boot_on_lan(
         plane: &ControlPlane,
         options: &RealNodeOptions,
         index: usize,
@@ -133,17 +159,22 @@ impl RealNode {
             .cloned()
             .with_context(|| format!("the LAN has no node {index}: it has {}", lan.nodes.len()))?;
         let name = node_name(index);
-        RealNode::start_as(plane, options, &name, &name, network)
+        let etcd = EtcdMember {
+            bin: options.bins.etcd().to_owned(),
+            args: lan.etcd_member_args(index, &plane.workdir().join(&name).join("disk/etcd"))?,
+        };
+        RealNode::boot(plane, options, &name, &name, network, Some(etcd))
     }
 
-    fn start_as(
+    /// Everything of a start but the wait for the Node to be Ready.
+    fn boot(
         plane: &ControlPlane,
         options: &RealNodeOptions,
         name: &str,
         dir: &str,
         network: NodeNetwork,
+        etcd_member: Option<EtcdMember>,
     ) -> anyhow::Result<RealNode> {
-        let started = Instant::now();
         preflight(options)?;
         // From here on, a plane that stops first stops this node before itself.
         plane.stop_first(stop_in);
@@ -169,6 +200,8 @@ impl RealNode {
             runtime: options.bins.runtime().clone(),
             containerd: None,
             kubelet: None,
+            etcd_member,
+            etcd: None,
             namespaces: NodeNamespaces::default(),
             host_sysctls: read_host_sysctls(),
             stop_on_drop: true,
@@ -191,13 +224,6 @@ impl RealNode {
             human_duration(imported.elapsed())
         ));
         node.start_kubelet()?;
-        let ready_after = node.wait_ready(plane, options.ready_timeout)?;
-        PROGRESS.say(&format!(
-            "real node {name} Ready after {} (start total {}); static pods: {}",
-            human_duration(ready_after),
-            human_duration(started.elapsed()),
-            node.manifests_dir().display()
-        ));
         Ok(node)
     }
 
@@ -207,7 +233,7 @@ impl RealNode {
         RealNode::attach_named(plane_workdir, NODE_DIR)
     }
 
-    /// The node `name` (`node-N`) that `start_on_lan` left running in the plane's work dir,
+    /// The node `name` (`node-N`) that `boot_on_lan` left running in the plane's work dir,
     /// if any; like [`attach`](RealNode::attach).
     pub fn attach_on_lan(plane_workdir: &Path, name: &str) -> anyhow::Result<Option<RealNode>> {
         RealNode::attach_named(plane_workdir, name)
@@ -250,10 +276,16 @@ impl RealNode {
             .get("NODE_NAME")
             .cloned()
             .unwrap_or_else(|| NODE_NAME.to_owned());
+        let etcd_member = match state.get("ETCD_MEMBER").filter(|json| !json.is_empty()) {
+            Some(json) => Some(serde_json::from_str(json).context("bad ETCD_MEMBER in the node's state")?),
+            None => None,
+        };
         Ok(Some(RealNode {
             name,
             containerd: attach("containerd"),
             kubelet: attach("kubelet"),
+            etcd: attach("etcd"),
+            etcd_member,
             layout: layout.clone(),
             network,
             kubelet_bin: PathBuf::from(get("KUBELET_BIN")?),
@@ -287,7 +319,7 @@ impl RealNode {
         self.start_kubelet()?;
         let took = started.elapsed();
         PROGRESS.say(&format!(
-            "real node {} rebooted: containerd and the kubelet up {} after the power cut",
+            "real node {} rebooted: its daemons up {} after the power cut",
             self.name,
             human_duration(took)
         ));
@@ -398,6 +430,16 @@ impl RealNode {
         self.containerd.as_ref().map(Managed::pid)
     }
 
+    /// The node's etcd member's pid (a LAN's nodes have one).
+    pub fn etcd_pid(&self) -> Option<u32> {
+        self.etcd.as_ref().map(Managed::pid)
+    }
+
+    /// The node's etcd member's log, if it has one.
+    pub fn etcd_log(&self) -> Option<PathBuf> {
+        self.etcd_member.as_ref().map(|_| self.layout.log("etcd"))
+    }
+
     /// Every live process of the node: kubelet, containerd, shims, containers, helpers.
     pub fn processes(&self) -> BTreeSet<u32> {
         node_processes(self.namespaces, &self.daemon_pids())
@@ -478,7 +520,7 @@ impl RealNode {
     }
 
     fn daemon_pids(&self) -> Vec<u32> {
-        [&self.kubelet, &self.containerd]
+        [&self.kubelet, &self.containerd, &self.etcd]
             .into_iter()
             .flatten()
             .filter_map(Managed::live_pid)
@@ -564,6 +606,43 @@ impl RealNode {
         self.write_state()?;
         PROGRESS.say(&format!(
             "containerd ready in the node's namespaces after {}",
+            human_duration(started.elapsed())
+        ));
+        self.start_etcd()
+    }
+
+    /// The node's etcd member, if it has one; waits until it answers on its peer port. Its
+    /// client port answers only once a quorum of members runs, which a node's boot cannot
+    /// wait for: the other nodes may boot after it.
+    fn start_etcd(&mut self) -> anyhow::Result<()> {
+        let Some(member) = &self.etcd_member else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let mut command = self.command(&member.bin);
+        command.args(&member.args);
+        let etcd = Managed::spawn("etcd", &mut command, &self.layout.log("etcd"), self.layout.dir())?;
+        write(&self.layout.pid_file("etcd"), &format!("{}\n", etcd.pid()))?;
+        let netns = self.network.netns_path();
+        let peer = format!("http://{}:{ETCD_PEER_PORT}/version", self.network.node_ip);
+        let etcd = self.etcd.insert(etcd);
+        let log = etcd.log().to_owned();
+        wait_ready(
+            "the etcd member to answer on its peer port",
+            ETCD_ANSWER_TIMEOUT,
+            &log,
+            || {
+                etcd.ensure_running("the node's etcd member did not start")?;
+                Ok(match http_status(Some(&netns), &peer, &[]) {
+                    0 => Probe::Waiting("no answer yet".into()),
+                    _ => Probe::Ready(()),
+                })
+            },
+        )?;
+        self.write_state()?;
+        PROGRESS.say(&format!(
+            "etcd member of {} answering after {}",
+            self.name,
             human_duration(started.elapsed())
         ));
         Ok(())
@@ -679,7 +758,10 @@ impl RealNode {
     fn power_off(&mut self) -> anyhow::Result<usize> {
         let victims = self.processes();
         let cgroups = kill_all(self.namespaces, &self.daemon_pids())?;
-        for daemon in [&mut self.kubelet, &mut self.containerd].into_iter().flatten() {
+        for daemon in [&mut self.kubelet, &mut self.containerd, &mut self.etcd]
+            .into_iter()
+            .flatten()
+        {
             daemon.terminate("KILL", Duration::from_secs(5))?;
         }
         let victims: Vec<u32> = victims.into_iter().collect();
@@ -689,7 +771,8 @@ impl RealNode {
         );
         self.kubelet = None;
         self.containerd = None;
-        for name in ["kubelet", "containerd"] {
+        self.etcd = None;
+        for name in ["kubelet", "containerd", "etcd"] {
             let _ = fs::remove_file(self.layout.pid_file(name));
         }
         let pin = self.layout.mnt_ns_pin();
@@ -730,6 +813,13 @@ impl RealNode {
     fn write_state(&self) -> anyhow::Result<()> {
         let lines = [
             ("NODE_NAME", self.name.clone()),
+            (
+                "ETCD_MEMBER",
+                match &self.etcd_member {
+                    Some(member) => serde_json::to_string(member)?,
+                    None => String::new(),
+                },
+            ),
             ("NODE_DIR", path_str(self.layout.dir())),
             ("NODE_NETWORK", serde_json::to_string(&self.network)?),
             ("KUBELET_BIN", path_str(&self.kubelet_bin)),

@@ -1,7 +1,8 @@
-//! Three real nodes on one LAN (issue 38, its first increment): a plane in the LAN's namespace,
-//! three kubelets with containerd and runc in namespaces of their own, pods on each that reach
-//! each other across nodes, one node's power cut that leaves the other two untouched, and a
-//! stop that leaves nothing behind. It measures the start, the cut, and what the three nodes
+//! Three real nodes on one LAN (issue 38, its first increments): a plane in the LAN's
+//! namespace on an etcd of one member per node, three kubelets with containerd and runc in
+//! namespaces of their own, pods on each that reach each other across nodes, one node's power
+//! cut that leaves the other two untouched and whose etcd member rejoins, and a stop that
+//! leaves nothing behind. It measures the start, the cut, and what the three nodes
 //! and the plane cost in memory.
 //!
 //! The scenarios of this group share the cluster and run after the single real node's (the
@@ -61,19 +62,15 @@ impl SharedEnv for ClusterRun {
 
 fn start(progress: Progress) -> anyhow::Result<ClusterRun> {
     let bins = ckpt_e2e::e2e_env::cached_bins(ckpt_e2e::e2e_env::Release::from_env()?)?;
-    let plane = ControlPlane::start(&StartOptions::real_nodes(bins.clone(), NODES)?)?;
-    let mut nodes = Vec::with_capacity(NODES);
-    for index in 1..=NODES {
-        let started = Instant::now();
-        nodes.push(RealNode::start_on_lan(
-            &plane,
-            &RealNodeOptions::new(bins.clone()),
-            index,
-        )?);
-        progress.say(&format!(
-            "node-{index} Ready {} after its start",
-            human_duration(started.elapsed())
-        ));
+    let options = RealNodeOptions::new(bins.clone());
+    let (plane, mut nodes) = ControlPlane::start_on_lan(&StartOptions::real_nodes(bins, NODES)?, |plane| {
+        (1..=NODES)
+            .map(|index| RealNode::boot_on_lan(plane, &options, index))
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    for node in &mut nodes {
+        let took = node.wait_ready(&plane, options.ready_timeout)?;
+        progress.say(&format!("{} Ready after {}", node.name(), human_duration(took)));
     }
     let kubectl =
         Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache")).in_netns(plane.netns());
@@ -156,6 +153,9 @@ pub(crate) fn start_cut_one_and_back(run: &mut ClusterRun) -> anyhow::Result<()>
         "the machine's namespace has LAN interfaces: {machine_links:?}"
     );
 
+    progress.say("etcd: a member on each node, all healthy");
+    wait_members_healthy(plane, nodes)?;
+
     progress.say("a pod on each node, serving its /etc; each reached from the next node's pod");
     kubectl.run(&["create", "namespace", NAMESPACE], None)?;
     for node in nodes.iter() {
@@ -222,6 +222,7 @@ pub(crate) fn start_cut_one_and_back(run: &mut ClusterRun) -> anyhow::Result<()>
             "{name}'s pod restarted during node-2's cut"
         );
     }
+    wait_members_healthy(plane, nodes)?;
     let (from, to) = (&pods[0].0, "node-2");
     let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
     let hostname = fetch_hostname(kubectl, from, ip)?;
@@ -230,6 +231,23 @@ pub(crate) fn start_cut_one_and_back(run: &mut ClusterRun) -> anyhow::Result<()>
         "after the cut {from}'s pod asked {to}'s at {ip} and got {hostname:?}"
     );
     kubectl.run(&["delete", "namespace", NAMESPACE, "--wait=true"], None)?;
+    Ok(())
+}
+
+/// Waits until every node's etcd member answers `/health` with `true`, asked from the LAN.
+fn wait_members_healthy(plane: &ControlPlane, nodes: &[RealNode]) -> anyhow::Result<()> {
+    for node in nodes {
+        let url = format!("http://{}:2379/health", node.ip());
+        wait_for(&format!("{}'s etcd member healthy", node.name()), TIMEOUT, || {
+            let mut curl = plane.command("curl");
+            curl.args(["-s", "--max-time", "5", &url]);
+            Ok(match ckpt_e2e::command::run_command(&mut curl) {
+                Ok(body) if body.contains(r#""health":"true""#) => Probe::Ready(()),
+                Ok(body) => Probe::Waiting(body),
+                Err(e) => Probe::Waiting(format!("{e:#}")),
+            })
+        })?;
+    }
     Ok(())
 }
 
@@ -317,9 +335,9 @@ fn restarts(kubectl: &Kubectl, node: &str) -> anyhow::Result<u64> {
     Ok(restart_count(&pod))
 }
 
-/// The node's processes other than its kubelet and containerd: shims, pause and containers.
+/// The node's processes other than its daemons: shims, pause and containers.
 fn container_pids(node: &RealNode) -> Vec<u32> {
-    let daemons = [node.kubelet_pid(), node.containerd_pid()];
+    let daemons = [node.kubelet_pid(), node.containerd_pid(), node.etcd_pid()];
     node.processes()
         .into_iter()
         .filter(|pid| !daemons.contains(&Some(*pid)))
@@ -331,7 +349,6 @@ fn report_memory(plane: &ControlPlane, nodes: &[RealNode], progress: &Progress) 
     let mib = |pid: Option<u32>| pid.and_then(rss_kib).unwrap_or(0) as f64 / 1024.0;
     let plane_parts = [
         ("kube-apiserver", plane.apiserver_pid()),
-        ("etcd", plane.etcd_pid()),
         ("kube-controller-manager", plane.controller_manager_pid()),
         ("kube-scheduler", plane.scheduler_pid()),
     ];
@@ -345,10 +362,11 @@ fn report_memory(plane: &ControlPlane, nodes: &[RealNode], progress: &Progress) 
         let all: f64 = node.processes().into_iter().map(|pid| mib(Some(pid))).sum();
         total += all;
         parts.push(format!(
-            "{}: kubelet {:.0}, containerd {:.0}, all {:.0}",
+            "{}: kubelet {:.0}, containerd {:.0}, etcd {:.0}, all {:.0}",
             node.name(),
             mib(node.kubelet_pid()),
             mib(node.containerd_pid()),
+            mib(node.etcd_pid()),
             all
         ));
     }
@@ -358,18 +376,14 @@ fn report_memory(plane: &ControlPlane, nodes: &[RealNode], progress: &Progress) 
 /// The nodes' and the plane's logs a failure is read from.
 fn logs(run: &ClusterRun) -> Vec<PathBuf> {
     let workdir = run.plane.workdir();
-    let mut logs: Vec<PathBuf> = [
-        "apiserver.log",
-        "controller-manager.log",
-        "scheduler.log",
-        "etcd.log",
-    ]
-    .iter()
-    .map(|log| workdir.join(log))
-    .collect();
+    let mut logs: Vec<PathBuf> = ["apiserver.log", "controller-manager.log", "scheduler.log"]
+        .iter()
+        .map(|log| workdir.join(log))
+        .collect();
     for node in &run.nodes {
         logs.push(node.kubelet_log());
         logs.push(node.containerd_log());
+        logs.extend(node.etcd_log());
     }
     logs
 }

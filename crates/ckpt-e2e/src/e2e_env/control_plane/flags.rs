@@ -28,7 +28,8 @@ pub(super) fn audit_policy(user: &str, group: &str) -> String {
 pub(super) struct ApiserverFlags<'a> {
     pub(super) release: Release,
     pub(super) workdir: &'a Path,
-    pub(super) etcd_port: u16,
+    /// `--etcd-servers`: the plane's etcd, or a LAN's members.
+    pub(super) etcd_servers: String,
     pub(super) apiserver_port: u16,
     pub(super) bind_ip: Ipv4Addr,
     pub(super) service_accounts: bool,
@@ -39,7 +40,7 @@ pub(super) struct ApiserverFlags<'a> {
 pub(super) fn apiserver_args(flags: &ApiserverFlags<'_>) -> Vec<String> {
     let w = flags.workdir.display();
     let mut args = vec![
-        format!("--etcd-servers=http://127.0.0.1:{}", flags.etcd_port),
+        format!("--etcd-servers={}", flags.etcd_servers),
         // The serving cert names this address (see `serving_names`).
         format!("--bind-address={}", flags.bind_ip),
         format!("--advertise-address={}", flags.bind_ip),
@@ -129,7 +130,7 @@ mod tests {
         let flags = ApiserverFlags {
             release: Release::V1_20,
             workdir: Path::new("/w"),
-            etcd_port: 22379,
+            etcd_servers: "http://127.0.0.1:22379".into(),
             apiserver_port: 16443,
             bind_ip: Ipv4Addr::LOCALHOST,
             service_accounts: false,
@@ -156,7 +157,7 @@ mod tests {
         let flags = ApiserverFlags {
             release: Release::V1_20,
             workdir: Path::new("/w"),
-            etcd_port: 12379,
+            etcd_servers: "http://127.0.0.1:12379".into(),
             apiserver_port: 17443,
             bind_ip: Ipv4Addr::new(10, 213, 0, 1),
             service_accounts: true,
@@ -196,7 +197,7 @@ mod tests {
         let flags = ApiserverFlags {
             release: Release::V1_37,
             workdir: Path::new("/w"),
-            etcd_port: 12379,
+            etcd_servers: "http://127.0.0.1:12379".into(),
             apiserver_port: 17443,
             bind_ip: Ipv4Addr::LOCALHOST,
             service_accounts: true,
