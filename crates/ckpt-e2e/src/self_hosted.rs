@@ -22,7 +22,7 @@
 //! use ckpt_e2e::e2e_env::BinDir;
 //! use ckpt_e2e::self_hosted::SelfHosted;
 //!
-//! let self_hosted = SelfHosted::install(plane, node, &BinDir::cached()?)?;
+//! let self_hosted = SelfHosted::install(plane, std::slice::from_mut(node), &BinDir::cached()?)?;
 //! println!("{}", self_hosted.kubectl().run(&["get", "pods", "-A"], None)?);
 //! # Ok(()) }
 //! ```
@@ -38,9 +38,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::e2e_env::{
-    ApiEndpoint, BinDir, CONTROLLER_MANAGER_USER, ControlPlane, NODE_NAME, RealNode, SCHEDULER_USER,
-};
+use crate::e2e_env::lan::ETCD_CLIENT_PORT;
+use crate::e2e_env::{ApiEndpoint, BinDir, CONTROLLER_MANAGER_USER, ControlPlane, RealNode, SCHEDULER_USER};
 use crate::harness::kubectl::{Kubectl, pod_running};
 use crate::image::{CONTROL_PLANE_IMAGE, control_plane_image};
 use crate::progress::Progress;
@@ -51,29 +50,32 @@ use objects::{APISERVER, APISERVER_PORT, CONTROLLER_MANAGER, NAMESPACE, Params, 
 const PROGRESS: Progress = Progress::new("self-hosted");
 /// Pods started by real components, a kubelet restart and Lease hand-overs: generous.
 const TIMEOUT: Duration = Duration::from_secs(120);
-/// The admin's kubeconfig against the node's API server, in the plane's work dir.
+/// The admin's kubeconfig against the (first) node's API server, in the plane's work dir.
 const ADMIN_KUBECONFIG: &str = "kubeconfig-self-hosted";
-/// The kubelet's against its own node's API server.
-const NODE_KUBECONFIG: &str = "kubeconfig-node-1-self-hosted";
 
 /// The self-hosted control plane after the pivot.
 #[derive(Clone)]
 pub struct SelfHosted {
-    /// The node's API server as admin.
+    /// The first node's API server as admin.
     api: ApiEndpoint,
     kubectl: Kubectl,
+    /// Every node's API server as admin (`https://<node>:6443`), the first node's first.
+    apis: Vec<ApiEndpoint>,
 }
 
 impl SelfHosted {
-    /// Pivots the plane of `node` to a self-hosted control plane (see the module doc). On
-    /// return the host API server, controller-manager and scheduler are gone; the node's
-    /// pods serve, the kubelet talks to them, and their pods hold the Leases.
+    /// Pivots the plane of `nodes` (one real node, or a LAN's) to a self-hosted control
+    /// plane (see the module doc). On return the host API server, controller-manager and
+    /// scheduler are gone; the nodes' pods serve, each kubelet talks to its own node's API
+    /// server, and their pods hold the Leases. On several nodes each API server uses its
+    /// node's etcd member and the controllers run two replicas.
     pub fn install(
         plane: &mut ControlPlane,
-        node: &mut RealNode,
+        nodes: &mut [RealNode],
         bins: &BinDir,
     ) -> anyhow::Result<SelfHosted> {
         let started = Instant::now();
+        anyhow::ensure!(!nodes.is_empty(), "no node to pivot to");
         let archive = plane.workdir().join("images").join("kube-control-plane.oci.tar");
         control_plane_image(
             &[
@@ -83,70 +85,95 @@ impl SelfHosted {
             ],
             &archive,
         )?;
-        node.import_image(&archive)?;
-        // The archive is in the node's containerd now; 250 MB need not stay.
+        for node in nodes.iter() {
+            node.import_image(&archive)?;
+        }
+        // The archive is in the nodes' containerd now; 250 MB need not stay.
         let _ = fs::remove_file(&archive);
         PROGRESS.say(&format!(
-            "{CONTROL_PLANE_IMAGE} built and imported after {}",
+            "{CONTROL_PLANE_IMAGE} built and imported into {} node(s) after {}",
+            nodes.len(),
             human_duration(started.elapsed())
         ));
 
-        let url = format!("https://{}:{APISERVER_PORT}", node.ip());
-        let host = Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache"));
+        let apis: Vec<ApiEndpoint> = nodes
+            .iter()
+            .map(|node| ApiEndpoint {
+                url: format!("https://{}:{APISERVER_PORT}", node.ip()),
+                ..plane.api()
+            })
+            .collect();
+        let host =
+            Kubectl::new(&plane.kubeconfig(), &plane.workdir().join("kubectl-cache")).in_netns(plane.netns());
         let self_hosted = SelfHosted {
             kubectl: Kubectl::new(
-                &plane.write_kubeconfig(ADMIN_KUBECONFIG, &url, "admin")?,
+                &plane.write_kubeconfig(ADMIN_KUBECONFIG, &apis[0].url, "admin")?,
                 &plane.workdir().join("kubectl-cache-self-hosted"),
-            ),
-            api: ApiEndpoint { url, ..plane.api() },
+            )
+            .in_netns(plane.netns()),
+            api: apis[0].clone(),
+            apis,
         };
-        host.apply(&objects::control_plane_objects(&params(plane, node, bins)?))?;
+        host.apply(&objects::control_plane_objects(&params(plane, nodes, bins)?))?;
         wait_running(&host, &[APISERVER, CONTROLLER_MANAGER, SCHEDULER])?;
-        wait_for(&format!("{} /readyz 200", self_hosted.api.url), TIMEOUT, || {
-            Ok(match self_hosted.readyz() {
-                200 => Probe::Ready(()),
-                status => Probe::Waiting(format!("HTTP {status}")),
-            })
-        })?;
+        for api in &self_hosted.apis {
+            wait_for(&format!("{} /readyz 200", api.url), TIMEOUT, || {
+                Ok(match api.get_within("/readyz", Duration::from_secs(1)) {
+                    Ok((200, _)) => Probe::Ready(()),
+                    Ok((status, _)) => Probe::Waiting(format!("HTTP {status}")),
+                    Err(e) => Probe::Waiting(format!("{e:#}")),
+                })
+            })?;
+        }
         PROGRESS.say(&format!(
-            "the self-hosted control plane's pods run and its API server serves at {} after {}",
-            self_hosted.api.url,
+            "the self-hosted control plane's pods run and its API servers serve at {} after {}",
+            self_hosted
+                .apis
+                .iter()
+                .map(|api| api.url.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
             human_duration(started.elapsed())
         ));
 
         let bootstrap_holders = [CONTROLLER_MANAGER, SCHEDULER]
             .map(|lease| lease_holder(&host, lease).ok().flatten().unwrap_or_default());
-        let kubelet_kubeconfig = plane.write_kubeconfig(
-            NODE_KUBECONFIG,
-            &format!("https://127.0.0.1:{APISERVER_PORT}"),
-            &format!("system:node:{NODE_NAME}"),
-        )?;
-        node.set_kubeconfig(&kubelet_kubeconfig)?;
         let switched = Instant::now();
-        node.restart_kubelet()?;
+        for node in nodes.iter_mut() {
+            let kubelet_kubeconfig = plane.write_kubeconfig(
+                &format!("kubeconfig-{}-self-hosted", node.name()),
+                &format!("https://127.0.0.1:{APISERVER_PORT}"),
+                &format!("system:node:{}", node.name()),
+            )?;
+            node.set_kubeconfig(&kubelet_kubeconfig)?;
+            node.restart_kubelet()?;
+        }
         plane.stop_controllers()?;
         plane.kill_apiserver()?;
         let pivoted = Instant::now();
-        PROGRESS.say("the kubelet talks to the node's API server; the bootstrap plane is stopped");
+        PROGRESS.say("each kubelet talks to its node's API server; the bootstrap plane is stopped");
 
         let kubectl = &self_hosted.kubectl;
-        wait_for(
-            "the kubelet to renew its Lease through the node's API server",
-            TIMEOUT,
-            || {
-                waiting_on_error((|| {
-                    let lease = kubectl
-                        .get("lease", "kube-node-lease", NODE_NAME)?
-                        .context("no Lease of the node")?;
-                    let renewed = lease["spec"]["renewTime"].as_str().unwrap_or_default().to_owned();
-                    Ok(if renewed_since(&renewed, switched) {
-                        Probe::Ready(())
-                    } else {
-                        Probe::Waiting(format!("renewTime {renewed}"))
-                    })
-                })())
-            },
-        )?;
+        for node in nodes.iter() {
+            let name = node.name();
+            wait_for(
+                &format!("{name}'s kubelet to renew its Lease through its node's API server"),
+                TIMEOUT,
+                || {
+                    waiting_on_error((|| {
+                        let lease = kubectl
+                            .get("lease", "kube-node-lease", name)?
+                            .context("no Lease of the node")?;
+                        let renewed = lease["spec"]["renewTime"].as_str().unwrap_or_default().to_owned();
+                        Ok(if renewed_since(&renewed, switched) {
+                            Probe::Ready(())
+                        } else {
+                            Probe::Waiting(format!("renewTime {renewed}"))
+                        })
+                    })())
+                },
+            )?;
+        }
         for (lease, before) in [CONTROLLER_MANAGER, SCHEDULER].iter().zip(&bootstrap_holders) {
             wait_for(&format!("a pod of {lease} to hold its Lease"), TIMEOUT, || {
                 waiting_on_error((|| {
@@ -160,11 +187,26 @@ impl SelfHosted {
             })?;
         }
         PROGRESS.say(&format!(
-            "pivot done: the node's pods hold the Leases {} after the bootstrap plane stopped (total {})",
+            "pivot done: the nodes' pods hold the Leases {} after the bootstrap plane stopped (total {})",
             human_duration(pivoted.elapsed()),
             human_duration(started.elapsed())
         ));
         Ok(self_hosted)
+    }
+
+    /// Every node's API server as admin, the first node's first.
+    pub fn apis(&self) -> impl Iterator<Item = &str> {
+        self.apis.iter().map(|api| api.url.as_str())
+    }
+
+    /// The HTTP status of `GET /readyz` on the API server at `url` (one of [`apis`](Self::apis);
+    /// 0 when unreachable within a second).
+    pub fn readyz_of(&self, url: &str) -> u16 {
+        self.apis
+            .iter()
+            .find(|api| api.url == url)
+            .and_then(|api| api.get_within("/readyz", Duration::from_secs(1)).ok())
+            .map_or(0, |(status, _)| status)
     }
 
     /// kubectl as admin against the node's API server.
@@ -194,11 +236,23 @@ impl SelfHosted {
 }
 
 /// The objects' parameters from the plane's files: the same PKI and tokens as the bootstrap.
-fn params(plane: &ControlPlane, node: &RealNode, bins: &BinDir) -> anyhow::Result<Params> {
+/// One node reaches the plane's etcd; a LAN's nodes each their own member.
+fn params(plane: &ControlPlane, nodes: &[RealNode], bins: &BinDir) -> anyhow::Result<Params> {
     let read =
         |path: &Path| fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()));
     let (crt, key) = plane.serving_cert();
-    let network = plane.node_network().context("the plane has no node network")?;
+    let (etcd_servers, node_ip, replicas) = match (plane.lan(), nodes) {
+        (Some(_), _) => (format!("http://127.0.0.1:{ETCD_CLIENT_PORT}"), None, 2),
+        (None, [node]) => {
+            let network = plane.node_network().context("the plane has no node network")?;
+            (
+                format!("http://{}:{}", network.host_ip, plane.etcd_port()),
+                Some(node.ip()),
+                1,
+            )
+        }
+        (None, _) => anyhow::bail!("several nodes need a LAN"),
+    };
     Ok(Params {
         ca_crt: read(&plane.ca_cert())?,
         apiserver_crt: read(&crt)?,
@@ -207,8 +261,9 @@ fn params(plane: &ControlPlane, node: &RealNode, bins: &BinDir) -> anyhow::Resul
         tokens_csv: read(&plane.tokens_csv())?,
         controller_manager_token: plane.token(CONTROLLER_MANAGER_USER)?,
         scheduler_token: plane.token(SCHEDULER_USER)?,
-        etcd_servers: format!("http://{}:{}", network.host_ip, plane.etcd_port()),
-        node_ip: node.ip(),
+        etcd_servers,
+        node_ip,
+        replicas,
         release: bins.release(),
     })
 }

@@ -310,13 +310,8 @@ impl RealNode {
     /// from the cut until then.
     pub fn reboot(&mut self) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        let killed = self.power_off()?;
-        PROGRESS.say(&format!(
-            "real node {} powered off: {killed} process(es) killed, runtime state dropped",
-            self.name
-        ));
-        self.start_runtime()?;
-        self.start_kubelet()?;
+        self.cut_power()?;
+        self.power_on()?;
         let took = started.elapsed();
         PROGRESS.say(&format!(
             "real node {} rebooted: its daemons up {} after the power cut",
@@ -324,6 +319,25 @@ impl RealNode {
             human_duration(took)
         ));
         Ok(took)
+    }
+
+    /// The first half of a [`reboot`](RealNode::reboot): the power cut alone (several nodes
+    /// cut at once are each cut first, then each powered on). Returns how many processes
+    /// were killed.
+    pub fn cut_power(&mut self) -> anyhow::Result<usize> {
+        let killed = self.power_off()?;
+        PROGRESS.say(&format!(
+            "real node {} powered off: {killed} process(es) killed, runtime state dropped",
+            self.name
+        ));
+        Ok(killed)
+    }
+
+    /// The second half of a [`reboot`](RealNode::reboot): containerd, the etcd member if the
+    /// node has one, and the kubelet, started again; returns once the kubelet answers.
+    pub fn power_on(&mut self) -> anyhow::Result<()> {
+        self.start_runtime()?;
+        self.start_kubelet()
     }
 
     /// Points the kubelet at another API server (another kubeconfig) from its next start on,

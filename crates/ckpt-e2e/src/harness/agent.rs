@@ -339,6 +339,8 @@ pub struct CheckpointInfo {
     pub parent_absent_since: Option<String>,
     /// The content on disk is the one its parent proved (Ready for a minute with it).
     pub known_good: bool,
+    /// Set when the agent set this revision aside (it crash-looped while active).
+    pub known_good_suspended_since: Option<String>,
     /// One of several revisions of a DaemonSet's pod: whether it is the newest.
     pub newest_revision: Option<bool>,
     /// One of several revisions: whether losing the API would run this one.
@@ -363,6 +365,7 @@ impl Inspect {
                     owner: text(&c["owner"]),
                     parent_absent_since: text(&c["parent_absent_since"]),
                     known_good: c["known_good"].as_bool().unwrap_or(false),
+                    known_good_suspended_since: text(&c["known_good_suspended_since"]),
                     newest_revision: c["revision"]["newest"].as_bool(),
                     runs_if_api_lost: c["revision"]["runs_if_api_lost"].as_bool(),
                 })

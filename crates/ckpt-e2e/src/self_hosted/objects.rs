@@ -54,10 +54,14 @@ pub struct Params {
     pub tokens_csv: String,
     pub controller_manager_token: String,
     pub scheduler_token: String,
-    /// etcd's client URL as the node reaches it.
+    /// etcd's client URL as the node reaches it (on several nodes: each node's own member,
+    /// on its loopback).
     pub etcd_servers: String,
-    /// The node's address, which the API server advertises.
-    pub node_ip: Ipv4Addr,
+    /// The node's address, which the API server advertises; `None` on several nodes: each
+    /// pod advertises its node's (`status.hostIP`).
+    pub node_ip: Option<Ipv4Addr>,
+    /// How many pods the controller-manager's and the scheduler's Deployments run.
+    pub replicas: u32,
     /// The release the image's programs are: which flags they take.
     pub release: Release,
 }
@@ -89,7 +93,7 @@ pub fn control_plane_objects(params: &Params) -> Vec<Value> {
             "metadata": metadata(&format!("{APISERVER}-config")),
             "data": {
                 "etcd-servers": params.etcd_servers,
-                "advertise-address": params.node_ip.to_string(),
+                "advertise-address": params.node_ip.map(|ip| ip.to_string()).unwrap_or_default(),
                 // Must be the bootstrap API server's: both allocate from it in etcd.
                 "service-cluster-ip-range": "10.96.0.0/16",
             }
@@ -108,9 +112,13 @@ pub fn control_plane_objects(params: &Params) -> Vec<Value> {
                 "ca.crt": params.ca_crt,
             }),
         ),
-        apiserver_daemonset(params.release),
-        deployment(CONTROLLER_MANAGER, controller_manager_container(params.release)),
-        deployment(SCHEDULER, scheduler_container(params.release)),
+        apiserver_daemonset(params.release, params.node_ip.is_none()),
+        deployment(
+            CONTROLLER_MANAGER,
+            params.replicas,
+            controller_manager_container(params.release),
+        ),
+        deployment(SCHEDULER, params.replicas, scheduler_container(params.release)),
     ]
 }
 
@@ -176,8 +184,10 @@ fn for_release(release: Release, flags: Vec<String>) -> Vec<String> {
 }
 
 /// kube-apiserver on every address of the node. 1.20 has no config file, so the settings
-/// that differ per cluster come from the ConfigMap through the environment.
-fn apiserver_daemonset(release: Release) -> Value {
+/// that differ per cluster come from the ConfigMap through the environment; with
+/// `advertise_host_ip` (several nodes) the address it advertises is its node's, from the
+/// downward API, which a checkpoint keeps as it is and its kubelet resolves.
+fn apiserver_daemonset(release: Release, advertise_host_ip: bool) -> Value {
     let secrets = |file: &str| format!("{SECRETS_DIR}/{file}");
     let config_env = |var: &str, key: &str| {
         json!({
@@ -216,7 +226,11 @@ fn apiserver_daemonset(release: Release) -> Value {
         ]),
         "env": [
             config_env("ETCD_SERVERS", "etcd-servers"),
-            config_env("ADVERTISE_ADDRESS", "advertise-address"),
+            if advertise_host_ip {
+                json!({ "name": "ADVERTISE_ADDRESS", "valueFrom": { "fieldRef": { "fieldPath": "status.hostIP" } } })
+            } else {
+                config_env("ADVERTISE_ADDRESS", "advertise-address")
+            },
             config_env("SERVICE_CLUSTER_IP_RANGE", "service-cluster-ip-range"),
         ],
         "readinessProbe": {
@@ -294,13 +308,13 @@ fn scheduler_container(release: Release) -> Value {
     })
 }
 
-fn deployment(name: &str, container: Value) -> Value {
+fn deployment(name: &str, replicas: u32, container: Value) -> Value {
     json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(name),
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
             "selector": { "matchLabels": { "k8s-app": name } },
             "template": pod_template(name, 5, container, json!([secret_volume("kubeconfig", name)])),
         }
@@ -327,7 +341,8 @@ mod tests {
             controller_manager_token: "kcm-token".into(),
             scheduler_token: "sched-token".into(),
             etcd_servers: "http://10.213.0.1:12379".into(),
-            node_ip: Ipv4Addr::new(10, 213, 0, 2),
+            node_ip: Some(Ipv4Addr::new(10, 213, 0, 2)),
+            replicas: 1,
             release: Release::V1_20,
         }
     }
@@ -434,6 +449,29 @@ mod tests {
             assert!(manifest["spec"].get("serviceAccountName").is_none());
             assert!(sanitized.warnings.is_empty(), "{name}: {:?}", sanitized.warnings);
         }
+    }
+
+    #[test]
+    fn on_several_nodes_each_api_server_advertises_its_node_and_the_controllers_run_twice() {
+        let objects = control_plane_objects(&Params {
+            etcd_servers: "http://127.0.0.1:2379".into(),
+            node_ip: None,
+            replicas: 2,
+            ..params()
+        });
+        let kind = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
+        let daemonset = kind("DaemonSet").next().unwrap();
+        let env = &daemonset["spec"]["template"]["spec"]["containers"][0]["env"];
+        assert!(
+            env.as_array().unwrap().contains(&json!({
+                "name": "ADVERTISE_ADDRESS",
+                "valueFrom": { "fieldRef": { "fieldPath": "status.hostIP" } }
+            })),
+            "{env}"
+        );
+        assert!(kind("Deployment").all(|d| d["spec"]["replicas"] == 2));
+        let config = kind("ConfigMap").next().unwrap();
+        assert_eq!(config["data"]["etcd-servers"], "http://127.0.0.1:2379");
     }
 
     #[test]

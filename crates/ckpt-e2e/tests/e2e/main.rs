@@ -39,6 +39,7 @@ mod self_gc;
 mod self_hosted;
 mod suite;
 mod three_nodes;
+mod three_nodes_cut;
 
 use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
@@ -151,10 +152,17 @@ const REAL_NODE_SCENARIOS: &[GroupScenario<NodeRun>] = &[
 
 /// The scenarios on three real nodes (issue 38), on one cluster of their own, after the
 /// single real node's (see [`three_nodes::GROUP`]).
-const THREE_NODE_SCENARIOS: &[GroupScenario<ClusterRun>] = &[(
-    "three_nodes_start_power_cut_one_and_back",
-    three_nodes::start_cut_one_and_back,
-)];
+const THREE_NODE_SCENARIOS: &[GroupScenario<ClusterRun>] = &[
+    (
+        "three_nodes_start_power_cut_one_and_back",
+        three_nodes::start_cut_one_and_back,
+    ),
+    // Last: the pivot stops the plane's own API server for good.
+    (
+        "three_nodes_self_hosted_full_power_cut",
+        three_nodes_cut::full_power_cut,
+    ),
+];
 
 /// Scenarios that run only in the longer mode (`cargo xtask test --long`, which sets
 /// [`LONG_ENV`]): the upgrade under the strategies CI does not cover.

@@ -50,7 +50,7 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     reset(run)?;
     label_control_plane(run)?;
     let bins = e2e_env::cached_bins(e2e_env::Release::from_env()?)?;
-    let self_hosted = SelfHosted::install(&mut run.plane, &mut run.node, &bins)?;
+    let self_hosted = SelfHosted::install(&mut run.plane, std::slice::from_mut(&mut run.node), &bins)?;
     // From here on every helper talks to the node's API server.
     run.kubectl = self_hosted.kubectl().clone();
     check_scheduling(run)?;

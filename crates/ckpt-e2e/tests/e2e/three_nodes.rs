@@ -62,8 +62,10 @@ impl SharedEnv for ClusterRun {
 
 fn start(progress: Progress) -> anyhow::Result<ClusterRun> {
     let bins = ckpt_e2e::e2e_env::cached_bins(ckpt_e2e::e2e_env::Release::from_env()?)?;
-    let options = RealNodeOptions::new(bins.clone());
+    let mut options = RealNodeOptions::new(bins.clone());
     let (plane, mut nodes) = ControlPlane::start_on_lan(&StartOptions::real_nodes(bins, NODES)?, |plane| {
+        progress.say("the agent's images (the static release build), then the nodes");
+        options.images = crate::real_node_seed::agent_images(&plane.workdir().join("images"))?;
         (1..=NODES)
             .map(|index| RealNode::boot_on_lan(plane, &options, index))
             .collect::<anyhow::Result<Vec<_>>>()

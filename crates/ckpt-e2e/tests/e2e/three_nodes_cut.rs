@@ -1,0 +1,385 @@
+//! Issue 38, scenario 1: a full power cut of a self-hosted control plane on three nodes.
+//!
+//! The plane on the LAN bootstraps kube-apiserver (a DaemonSet: one per node, each on its
+//! node's etcd member) and kube-controller-manager and kube-scheduler (Deployments of two) and
+//! stops ([`SelfHosted::install`]); the agent is deployed through the nodes' API servers and
+//! checkpoints every control-plane pod on every node. Then all three nodes lose power at once
+//! and boot again. etcd has no quorum until two members are back, so every API server,
+//! checkpoint or not, waits for it. Each cut is timed from the moment the last node's
+//! processes are dead:
+//!
+//! - per node, its API server's first `/readyz` 200;
+//! - cluster-wide, the first write that succeeds (through whichever node answers: a client
+//!   that fails over), and the moment every real pod has replaced every checkpoint (the
+//!   DaemonSet's pod Ready on each node, both Deployments' pods Ready, no control-plane
+//!   checkpoint active on any node).
+//!
+//! Afterwards a ConfigMap written before the cut reads back, and no node's agent has set a
+//! revision aside: an API server that waits for a quorum is not a revision that fails. CI
+//! cuts once; the longer mode ([`LONG_CUTS`]) gives the series BENCHMARKS.md records.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ckpt_e2e::e2e_env;
+use ckpt_e2e::harness::agent::{AgentDirs, Inspect, inspect};
+use ckpt_e2e::harness::kubectl::{Kubectl, pod_running};
+use ckpt_e2e::harness::{agent_binary, xtask_binary};
+use ckpt_e2e::process::random_hex;
+use ckpt_e2e::progress::human_duration;
+use ckpt_e2e::self_hosted::objects::{APISERVER, CONTROLLER_MANAGER, SCHEDULER};
+use ckpt_e2e::self_hosted::{SelfHosted, pods_of};
+use ckpt_e2e::wait::{Probe, wait_for, waiting_on_error};
+use serde_json::Value;
+
+use crate::three_nodes::ClusterRun;
+
+const NS: &str = "kube-system";
+const COMPONENTS: [&str; 3] = [APISERVER, CONTROLLER_MANAGER, SCHEDULER];
+const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// Three API servers waiting for a quorum, then for their parents: generous.
+const TIMEOUT: Duration = Duration::from_secs(300);
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// Full cuts in the longer mode (`E2E_LONG=1`); CI cuts once.
+const LONG_CUTS: usize = 5;
+/// The agent's GC grace period here: longer than any recovery, so nothing is collected.
+const GRACE_PERIOD: &str = "10m";
+
+/// The pivot to a self-hosted control plane on the three nodes, the agent deployed through
+/// it, then full power cuts, each timed.
+pub(crate) fn full_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
+    let progress = run.progress;
+    for node in &run.nodes {
+        run.kubectl.run(
+            &[
+                "label",
+                "node",
+                node.name(),
+                &format!("{CONTROL_PLANE_LABEL}="),
+                "--overwrite",
+            ],
+            None,
+        )?;
+    }
+    let bins = e2e_env::cached_bins(e2e_env::Release::from_env()?)?;
+    let self_hosted = SelfHosted::install(&mut run.plane, &mut run.nodes, &bins)?;
+    run.kubectl = self_hosted.kubectl().clone();
+    deploy(run, &self_hosted)?;
+    wait_checkpointed(run)?;
+
+    let cuts = if crate::long_mode() { LONG_CUTS } else { 1 };
+    let mut timelines = Vec::new();
+    for n in 1..=cuts {
+        let marker = format!("before-cut-{n}-{}", random_hex(4)?);
+        run.kubectl.run(
+            &[
+                "create",
+                "configmap",
+                "-n",
+                NS,
+                &marker,
+                &format!("--from-literal=value={marker}"),
+            ],
+            None,
+        )?;
+        let timeline = cut_all_once(run, &self_hosted, n)?;
+        progress.say(&format!("cut {n}: {}", timeline.line()));
+        let read = run
+            .kubectl
+            .get("configmap", NS, &marker)?
+            .with_context(|| format!("the ConfigMap {marker} written before cut {n} is gone"))?;
+        anyhow::ensure!(
+            read["data"]["value"] == marker.as_str(),
+            "the ConfigMap {marker} reads back as {}",
+            read["data"]
+        );
+        for node in &run.nodes {
+            let report = inspect_node(node)?;
+            let set_aside: Vec<&str> = report
+                .checkpoints
+                .iter()
+                .filter(|c| c.known_good_suspended_since.is_some())
+                .map(|c| c.pod.as_str())
+                .collect();
+            anyhow::ensure!(
+                set_aside.is_empty(),
+                "{}'s agent set revisions aside after cut {n} (waiting for a quorum is no failure): {set_aside:?}",
+                node.name()
+            );
+        }
+        timelines.push(timeline);
+    }
+    report(run, &timelines);
+    Ok(())
+}
+
+/// `cargo xtask deploy` through the first node's API server, from the LAN: the agent on every
+/// node talks to its node's own API server (render's default).
+fn deploy(run: &ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut command = run.plane.command(xtask_binary()?);
+    command
+        .arg("deploy")
+        .arg("--kubeconfig")
+        .arg(self_hosted.kubeconfig())
+        .args(["--gc-strategy", "grace-period", "--grace-period", GRACE_PERIOD])
+        .args(["--timeout", "3m"]);
+    eprintln!(
+        "$ cargo xtask deploy --gc-strategy grace-period --grace-period {GRACE_PERIOD} (in the LAN's namespace)"
+    );
+    let status = command.status().context("cannot run xtask deploy")?;
+    anyhow::ensure!(status.success(), "cargo xtask deploy failed: {status}");
+    run.progress.say(&format!(
+        "deploy returned (rollout complete on {} nodes) in {}",
+        run.nodes.len(),
+        human_duration(started.elapsed())
+    ));
+    Ok(())
+}
+
+/// Waits until on every node each control-plane pod that runs there has an inactive
+/// checkpoint, and the agent's static copy holds the lock.
+fn wait_checkpointed(run: &ClusterRun) -> anyhow::Result<()> {
+    for node in &run.nodes {
+        let ((), _) = wait_for(
+            &format!("{}'s control-plane pods checkpointed", node.name()),
+            TIMEOUT,
+            || {
+                waiting_on_error((|| {
+                    let pods = control_plane_pods(&run.kubectl, node.name())?;
+                    let report = inspect_node(node)?;
+                    let missing: Vec<&String> = pods
+                        .iter()
+                        .filter(|pod| {
+                            report
+                                .get(&format!("{NS}/{pod}"))
+                                .is_none_or(|c| c.state != "inactive")
+                        })
+                        .collect();
+                    Ok(
+                        if !pods.is_empty() && missing.is_empty() && report.lock_holder.is_some() {
+                            Probe::Ready(())
+                        } else {
+                            Probe::Waiting(format!(
+                                "pods {pods:?}, not yet inactive {missing:?}: {}",
+                                report.summary()
+                            ))
+                        },
+                    )
+                })())
+            },
+        )?;
+    }
+    run.progress
+        .say("every control-plane pod on every node has an inactive checkpoint");
+    Ok(())
+}
+
+/// The names of the running (non-mirror) control-plane pods on `node`.
+fn control_plane_pods(kubectl: &Kubectl, node: &str) -> anyhow::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for app in COMPONENTS {
+        for pod in pods_of(kubectl, app)? {
+            let mirror = pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string();
+            if !mirror && pod["spec"]["nodeName"] == node && pod_running(&pod) {
+                names.push(pod["metadata"]["name"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// `pod-checkpointer inspect` on `node`'s dirs, seen from the host.
+fn inspect_node(node: &e2e_env::RealNode) -> anyhow::Result<Inspect> {
+    let host = |path: &str| {
+        node.host_path(path)
+            .with_context(|| format!("{path} is not one of {}'s own dirs", node.name()))
+    };
+    let dirs = AgentDirs {
+        checkpoint_dir: host("/etc/kubernetes")?,
+        manifests_dir: host("/etc/kubernetes/manifests")?,
+        lock_file: host("/run/pod-checkpointer/pod-checkpointer.lock")?,
+    };
+    inspect(&agent_binary()?, &dirs)
+}
+
+/// What one full cut took, each from the cut.
+struct CutTimeline {
+    /// Per node: its API server's first `/readyz` 200.
+    api_ready: BTreeMap<String, Duration>,
+    /// The first write that succeeded through any node.
+    first_write: Duration,
+    /// Every real pod Ready in place of every checkpoint.
+    parents_back: Duration,
+}
+
+impl CutTimeline {
+    fn line(&self) -> String {
+        let nodes: Vec<String> = self
+            .api_ready
+            .iter()
+            .map(|(node, took)| format!("{node} API {}", human_duration(*took)))
+            .collect();
+        format!(
+            "{}; first write {}; every parent back {}",
+            nodes.join(", "),
+            human_duration(self.first_write),
+            human_duration(self.parents_back)
+        )
+    }
+}
+
+/// Cuts all three nodes at once, powers them on, and samples until every milestone is
+/// reached.
+fn cut_all_once(run: &mut ClusterRun, self_hosted: &SelfHosted, n: usize) -> anyhow::Result<CutTimeline> {
+    run.progress
+        .say(&format!("cut {n}: all {} nodes lose power", run.nodes.len()));
+    for node in &mut run.nodes {
+        node.cut_power()?;
+    }
+    let cut = Instant::now();
+    for node in &mut run.nodes {
+        node.power_on()?;
+    }
+    let urls: Vec<(String, String)> = run
+        .nodes
+        .iter()
+        .zip(self_hosted.apis())
+        .map(|(node, url)| (node.name().to_owned(), url.to_owned()))
+        .collect();
+    let mut api_ready: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut first_write = None;
+    let mut seen_active = false;
+    let write_name = format!("after-cut-{n}");
+    loop {
+        anyhow::ensure!(
+            cut.elapsed() < TIMEOUT,
+            "cut {n}: not back within {}: APIs ready {api_ready:?}, first write {first_write:?}",
+            human_duration(TIMEOUT)
+        );
+        let round = Instant::now();
+        for (node, url) in &urls {
+            if !api_ready.contains_key(node) && self_hosted.readyz_of(url) == 200 {
+                api_ready.insert(node.clone(), cut.elapsed());
+            }
+        }
+        if first_write.is_none() {
+            // A client that fails over: the first node whose API server takes the write.
+            let written = urls.iter().any(|(_, url)| {
+                run.kubectl
+                    .run(
+                        &[
+                            "--server",
+                            url,
+                            // Less than the sampling's patience: a server waiting for a
+                            // quorum takes the connection and answers nothing.
+                            "--request-timeout=2s",
+                            "create",
+                            "configmap",
+                            "-n",
+                            NS,
+                            &write_name,
+                        ],
+                        None,
+                    )
+                    .is_ok()
+            });
+            if written {
+                first_write = Some(cut.elapsed());
+            }
+        }
+        let reports: Vec<Inspect> = run
+            .nodes
+            .iter()
+            .map(inspect_node)
+            .collect::<anyhow::Result<_>>()?;
+        let active = reports.iter().any(|report| {
+            report.checkpoints.iter().any(|c| {
+                c.state.starts_with("active")
+                    && COMPONENTS
+                        .iter()
+                        .any(|app| c.pod.starts_with(&format!("{NS}/{app}")))
+            })
+        });
+        seen_active |= active;
+        if let (Some(first_write), true, false) = (first_write, api_ready.len() == urls.len(), active)
+            && seen_active
+            && parents_ready(&run.kubectl, run.nodes.len())?
+        {
+            run.kubectl
+                .run(&["delete", "configmap", "-n", NS, &write_name], None)?;
+            return Ok(CutTimeline {
+                api_ready,
+                first_write,
+                parents_back: cut.elapsed(),
+            });
+        }
+        std::thread::sleep(SAMPLE_EVERY.saturating_sub(round.elapsed()));
+    }
+}
+
+/// Whether the DaemonSet has a Ready pod on each of the `nodes` and both Deployments all
+/// their replicas Ready (through whichever API server answers).
+fn parents_ready(kubectl: &Kubectl, nodes: usize) -> anyhow::Result<bool> {
+    let ready = |object: Option<Value>, field: &str, wanted: u64| {
+        object.is_some_and(|o| o["status"][field].as_u64() == Some(wanted))
+    };
+    let Ok(daemonset) = kubectl.get("daemonset", NS, APISERVER) else {
+        return Ok(false);
+    };
+    if !ready(daemonset, "numberReady", nodes as u64) {
+        return Ok(false);
+    }
+    for deployment in [CONTROLLER_MANAGER, SCHEDULER] {
+        let Ok(object) = kubectl.get("deployment", NS, deployment) else {
+            return Ok(false);
+        };
+        let replicas = object
+            .as_ref()
+            .and_then(|o| o["spec"]["replicas"].as_u64())
+            .unwrap_or(1);
+        if !ready(object, "readyReplicas", replicas) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Min / median / max of each milestone over the cuts.
+fn report(run: &ClusterRun, cuts: &[CutTimeline]) {
+    let stats = |mut values: Vec<Duration>| {
+        values.sort();
+        format!(
+            "min {} / median {} / max {}",
+            human_duration(values[0]),
+            human_duration(values[values.len() / 2]),
+            human_duration(values[values.len() - 1])
+        )
+    };
+    if cuts.is_empty() {
+        return;
+    }
+    for node in &run.nodes {
+        let values = cuts
+            .iter()
+            .filter_map(|cut| cut.api_ready.get(node.name()).copied())
+            .collect();
+        run.progress.say(&format!(
+            "{} full cut(s), {}'s API server serving: {}",
+            cuts.len(),
+            node.name(),
+            stats(values)
+        ));
+    }
+    run.progress.say(&format!(
+        "{} full cut(s), first write: {}",
+        cuts.len(),
+        stats(cuts.iter().map(|c| c.first_write).collect())
+    ));
+    run.progress.say(&format!(
+        "{} full cut(s), every parent back: {}",
+        cuts.len(),
+        stats(cuts.iter().map(|c| c.parents_back).collect())
+    ));
+}
