@@ -2383,9 +2383,10 @@ async fn gc_timers_advance_while_the_journal_cannot_be_saved() {
 
     let state_dir = world.path("ck/pod-checkpointer");
     std::fs::create_dir_all(&state_dir).unwrap();
-    // The journal as saved so far (each parent's content as first seen).
-    let saved = std::fs::read_to_string(world.path(JOURNAL)).unwrap_or_default();
+    // The journal as saved so far (each parent's content as first seen), read once it can
+    // no longer change: a pass still under way may save it until then.
     let unsaved = Immutable::set(state_dir);
+    let saved = std::fs::read_to_string(world.path(JOURNAL)).unwrap_or_default();
     assert!(world.api.delete("pods", NS, NETWORK), "listed");
     world.kill(NETWORK);
     eventually("the deleted parent's checkpoint is removed", || async {
