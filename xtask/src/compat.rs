@@ -148,7 +148,12 @@ fn minor(release: &str) -> u32 {
 
 /// A scenario's group, in table order, by its name.
 fn group(scenario: &str) -> (u8, &'static str) {
-    if scenario.starts_with("real_node_self_hosted") {
+    if scenario.starts_with("three_nodes") {
+        (
+            5,
+            "HA, 3 nodes: a LAN of real nodes, one etcd member each, self-hosted",
+        )
+    } else if scenario.starts_with("real_node_self_hosted") {
         (4, "Self-hosted control plane on the real node")
     } else if scenario.starts_with("real_node_upgrade") {
         (3, "The agent's rollout on the real node")

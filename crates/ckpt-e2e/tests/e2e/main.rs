@@ -40,6 +40,7 @@ mod self_hosted;
 mod suite;
 mod three_nodes;
 mod three_nodes_cut;
+mod three_nodes_faults;
 
 use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
@@ -157,11 +158,17 @@ const THREE_NODE_SCENARIOS: &[GroupScenario<ClusterRun>] = &[
         "three_nodes_start_power_cut_one_and_back",
         three_nodes::start_cut_one_and_back,
     ),
-    // Last: the pivot stops the plane's own API server for good.
+    // From here on: the first of these pivots to the self-hosted control plane (the plane's
+    // own API server stops for good), the others use it.
     (
         "three_nodes_self_hosted_full_power_cut",
         three_nodes_cut::full_power_cut,
     ),
+    (
+        "three_nodes_self_hosted_rolling_power_cut",
+        three_nodes_faults::rolling_power_cut,
+    ),
+    ("three_nodes_self_hosted_partition", three_nodes_faults::partition),
 ];
 
 /// Scenarios that run only in the longer mode (`cargo xtask test --long`, which sets
@@ -169,6 +176,8 @@ const THREE_NODE_SCENARIOS: &[GroupScenario<ClusterRun>] = &[
 const LONG_ONLY: &[&str] = &[
     "real_node_upgrade_under_immediate",
     "real_node_upgrade_under_owner_reference",
+    "three_nodes_self_hosted_rolling_power_cut",
+    "three_nodes_self_hosted_partition",
 ];
 
 /// Set to `1` for the longer mode.

@@ -20,6 +20,7 @@ use ckpt_e2e::harness::kubectl::{Kubectl, pod_running};
 use ckpt_e2e::interrupt;
 use ckpt_e2e::process::{is_alive, log_tail, rss_kib};
 use ckpt_e2e::progress::{Progress, human_duration};
+use ckpt_e2e::self_hosted::SelfHosted;
 use ckpt_e2e::wait::{Probe, wait_for, waiting_on_error};
 
 use crate::group::{Group, SharedEnv};
@@ -40,6 +41,9 @@ pub(crate) struct ClusterRun {
     /// kubectl as admin, run in the LAN's namespace (the machine's has no route to it).
     pub(crate) kubectl: Kubectl,
     pub(crate) progress: Progress,
+    /// The self-hosted control plane once a scenario pivoted to it (for good: the plane's
+    /// own API server is gone from then on), with the agent deployed.
+    pub(crate) self_hosted: Option<SelfHosted>,
 }
 
 /// The three-node scenarios' group: one plane and three nodes for all of them.
@@ -81,6 +85,7 @@ fn start(progress: Progress) -> anyhow::Result<ClusterRun> {
         nodes,
         kubectl,
         progress,
+        self_hosted: None,
     })
 }
 
@@ -125,6 +130,7 @@ pub(crate) fn start_cut_one_and_back(run: &mut ClusterRun) -> anyhow::Result<()>
         nodes,
         kubectl,
         progress,
+        ..
     } = run;
     progress.say("the nodes: Ready on their LAN addresses, no default route");
     for node in nodes.iter() {

@@ -35,21 +35,23 @@ use serde_json::Value;
 
 use crate::three_nodes::ClusterRun;
 
-const NS: &str = "kube-system";
-const COMPONENTS: [&str; 3] = [APISERVER, CONTROLLER_MANAGER, SCHEDULER];
+pub(crate) const NS: &str = "kube-system";
+pub(crate) const COMPONENTS: [&str; 3] = [APISERVER, CONTROLLER_MANAGER, SCHEDULER];
 const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 /// Three API servers waiting for a quorum, then for their parents: generous.
-const TIMEOUT: Duration = Duration::from_secs(300);
-const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// Full cuts in the longer mode (`E2E_LONG=1`); CI cuts once.
 const LONG_CUTS: usize = 5;
 /// The agent's GC grace period here: longer than any recovery, so nothing is collected.
 const GRACE_PERIOD: &str = "10m";
 
-/// The pivot to a self-hosted control plane on the three nodes, the agent deployed through
-/// it, then full power cuts, each timed.
-pub(crate) fn full_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
-    let progress = run.progress;
+/// The self-hosted control plane of the run, pivoted to (with the agent deployed and every
+/// control-plane pod checkpointed) by the first scenario that needs it.
+pub(crate) fn ensure_self_hosted(run: &mut ClusterRun) -> anyhow::Result<SelfHosted> {
+    if let Some(self_hosted) = &run.self_hosted {
+        return Ok(self_hosted.clone());
+    }
     for node in &run.nodes {
         run.kubectl.run(
             &[
@@ -67,7 +69,15 @@ pub(crate) fn full_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
     run.kubectl = self_hosted.kubectl().clone();
     deploy(run, &self_hosted)?;
     wait_checkpointed(run)?;
+    run.self_hosted = Some(self_hosted.clone());
+    Ok(self_hosted)
+}
 
+/// The pivot to a self-hosted control plane on the three nodes, the agent deployed through
+/// it, then full power cuts, each timed.
+pub(crate) fn full_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
+    let progress = run.progress;
+    let self_hosted = ensure_self_hosted(run)?;
     let cuts = if crate::long_mode() { LONG_CUTS } else { 1 };
     let mut timelines = Vec::new();
     for n in 1..=cuts {
@@ -96,12 +106,7 @@ pub(crate) fn full_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
         );
         for node in &run.nodes {
             let report = inspect_node(node)?;
-            let set_aside: Vec<&str> = report
-                .checkpoints
-                .iter()
-                .filter(|c| c.known_good_suspended_since.is_some())
-                .map(|c| c.pod.as_str())
-                .collect();
+            let set_aside = set_aside(&report);
             anyhow::ensure!(
                 set_aside.is_empty(),
                 "{}'s agent set revisions aside after cut {n} (waiting for a quorum is no failure): {set_aside:?}",
@@ -191,7 +196,7 @@ fn control_plane_pods(kubectl: &Kubectl, node: &str) -> anyhow::Result<Vec<Strin
 }
 
 /// `pod-checkpointer inspect` on `node`'s dirs, seen from the host.
-fn inspect_node(node: &e2e_env::RealNode) -> anyhow::Result<Inspect> {
+pub(crate) fn inspect_node(node: &e2e_env::RealNode) -> anyhow::Result<Inspect> {
     let host = |path: &str| {
         node.host_path(path)
             .with_context(|| format!("{path} is not one of {}'s own dirs", node.name()))
@@ -202,6 +207,32 @@ fn inspect_node(node: &e2e_env::RealNode) -> anyhow::Result<Inspect> {
         lock_file: host("/run/pod-checkpointer/pod-checkpointer.lock")?,
     };
     inspect(&agent_binary()?, &dirs)
+}
+
+/// The checkpoints in `report` whose revision the agent set aside (their known-good mark
+/// suspended: they crash-looped while active).
+pub(crate) fn set_aside(report: &Inspect) -> Vec<&str> {
+    report
+        .checkpoints
+        .iter()
+        .filter(|c| c.known_good_suspended_since.is_some())
+        .map(|c| c.pod.as_str())
+        .collect()
+}
+
+/// The control-plane checkpoints active in `report` (the agent's own is active by design).
+pub(crate) fn active_control_plane(report: &Inspect) -> Vec<String> {
+    report
+        .checkpoints
+        .iter()
+        .filter(|c| {
+            c.state.starts_with("active")
+                && COMPONENTS
+                    .iter()
+                    .any(|app| c.pod.starts_with(&format!("{NS}/{app}")))
+        })
+        .map(|c| c.pod.clone())
+        .collect()
 }
 
 /// What one full cut took, each from the cut.
@@ -294,14 +325,9 @@ fn cut_all_once(run: &mut ClusterRun, self_hosted: &SelfHosted, n: usize) -> any
             .iter()
             .map(inspect_node)
             .collect::<anyhow::Result<_>>()?;
-        let active = reports.iter().any(|report| {
-            report.checkpoints.iter().any(|c| {
-                c.state.starts_with("active")
-                    && COMPONENTS
-                        .iter()
-                        .any(|app| c.pod.starts_with(&format!("{NS}/{app}")))
-            })
-        });
+        let active = reports
+            .iter()
+            .any(|report| !active_control_plane(report).is_empty());
         seen_active |= active;
         if let (Some(first_write), true, false) = (first_write, api_ready.len() == urls.len(), active)
             && seen_active
@@ -321,7 +347,7 @@ fn cut_all_once(run: &mut ClusterRun, self_hosted: &SelfHosted, n: usize) -> any
 
 /// Whether the DaemonSet has a Ready pod on each of the `nodes` and both Deployments all
 /// their replicas Ready (through whichever API server answers).
-fn parents_ready(kubectl: &Kubectl, nodes: usize) -> anyhow::Result<bool> {
+pub(crate) fn parents_ready(kubectl: &Kubectl, nodes: usize) -> anyhow::Result<bool> {
     let ready = |object: Option<Value>, field: &str, wanted: u64| {
         object.is_some_and(|o| o["status"][field].as_u64() == Some(wanted))
     };
