@@ -26,6 +26,7 @@
 mod admission;
 mod credentials;
 mod drop_in;
+mod failover;
 mod from_dist;
 mod gc;
 mod group;
@@ -41,6 +42,7 @@ mod suite;
 mod three_nodes;
 mod three_nodes_cut;
 mod three_nodes_faults;
+mod three_nodes_upgrades;
 
 use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
@@ -169,6 +171,14 @@ const THREE_NODE_SCENARIOS: &[GroupScenario<ClusterRun>] = &[
         three_nodes_faults::rolling_power_cut,
     ),
     ("three_nodes_self_hosted_partition", three_nodes_faults::partition),
+    (
+        "three_nodes_self_hosted_apiserver_upgrades",
+        three_nodes_upgrades::apiserver_upgrades,
+    ),
+    (
+        "three_nodes_self_hosted_agent_upgrade",
+        three_nodes_upgrades::agent_upgrade,
+    ),
 ];
 
 /// Scenarios that run only in the longer mode (`cargo xtask test --long`, which sets
@@ -178,6 +188,8 @@ const LONG_ONLY: &[&str] = &[
     "real_node_upgrade_under_owner_reference",
     "three_nodes_self_hosted_rolling_power_cut",
     "three_nodes_self_hosted_partition",
+    "three_nodes_self_hosted_apiserver_upgrades",
+    "three_nodes_self_hosted_agent_upgrade",
 ];
 
 /// Set to `1` for the longer mode.

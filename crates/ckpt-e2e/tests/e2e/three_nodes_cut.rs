@@ -33,6 +33,7 @@ use ckpt_e2e::self_hosted::{SelfHosted, pods_of};
 use ckpt_e2e::wait::{Probe, wait_for, waiting_on_error};
 use serde_json::Value;
 
+use crate::failover::FailoverWriter;
 use crate::three_nodes::ClusterRun;
 
 pub(crate) const NS: &str = "kube-system";
@@ -67,7 +68,7 @@ pub(crate) fn ensure_self_hosted(run: &mut ClusterRun) -> anyhow::Result<SelfHos
     let bins = e2e_env::cached_bins(e2e_env::Release::from_env()?)?;
     let self_hosted = SelfHosted::install(&mut run.plane, &mut run.nodes, &bins)?;
     run.kubectl = self_hosted.kubectl().clone();
-    deploy(run, &self_hosted)?;
+    deploy(run, &self_hosted, &[])?;
     wait_checkpointed(run)?;
     run.self_hosted = Some(self_hosted.clone());
     Ok(self_hosted)
@@ -78,6 +79,9 @@ pub(crate) fn ensure_self_hosted(run: &mut ClusterRun) -> anyhow::Result<SelfHos
 pub(crate) fn full_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
     let progress = run.progress;
     let self_hosted = ensure_self_hosted(run)?;
+    if crate::long_mode() {
+        report_cost_at_rest(run)?;
+    }
     let cuts = if crate::long_mode() { LONG_CUTS } else { 1 };
     let mut timelines = Vec::new();
     for n in 1..=cuts {
@@ -95,6 +99,9 @@ pub(crate) fn full_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
         )?;
         let timeline = cut_all_once(run, &self_hosted, n)?;
         progress.say(&format!("cut {n}: {}", timeline.line()));
+        if crate::demo_mode() {
+            timeline.narrate();
+        }
         let read = run
             .kubectl
             .get("configmap", NS, &marker)?
@@ -119,9 +126,9 @@ pub(crate) fn full_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo xtask deploy` through the first node's API server, from the LAN: the agent on every
-/// node talks to its node's own API server (render's default).
-fn deploy(run: &ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()> {
+/// `cargo xtask deploy … EXTRA` through the first node's API server, from the LAN: the agent
+/// on every node talks to its node's own API server (render's default).
+pub(crate) fn deploy(run: &ClusterRun, self_hosted: &SelfHosted, extra: &[&str]) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut command = run.plane.command(xtask_binary()?);
     command
@@ -129,9 +136,11 @@ fn deploy(run: &ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()> {
         .arg("--kubeconfig")
         .arg(self_hosted.kubeconfig())
         .args(["--gc-strategy", "grace-period", "--grace-period", GRACE_PERIOD])
-        .args(["--timeout", "3m"]);
+        .args(["--timeout", "3m"])
+        .args(extra);
     eprintln!(
-        "$ cargo xtask deploy --gc-strategy grace-period --grace-period {GRACE_PERIOD} (in the LAN's namespace)"
+        "$ cargo xtask deploy --gc-strategy grace-period --grace-period {GRACE_PERIOD} {} (in the LAN's namespace)",
+        extra.join(" ")
     );
     let status = command.status().context("cannot run xtask deploy")?;
     anyhow::ensure!(status.success(), "cargo xtask deploy failed: {status}");
@@ -195,18 +204,73 @@ fn control_plane_pods(kubectl: &Kubectl, node: &str) -> anyhow::Result<Vec<Strin
     Ok(names)
 }
 
-/// `pod-checkpointer inspect` on `node`'s dirs, seen from the host.
-pub(crate) fn inspect_node(node: &e2e_env::RealNode) -> anyhow::Result<Inspect> {
+/// How long the self-hosted cluster is watched at rest for its cost.
+const AT_REST: Duration = Duration::from_secs(60);
+
+/// What the self-hosted cluster costs at rest: the machine's busy CPU over [`AT_REST`] (the
+/// whole machine: nothing else runs but this test, which sleeps), and the resident memory
+/// of every process of each node (its daemons and containers: kube-apiserver, the
+/// controllers, the agent).
+fn report_cost_at_rest(run: &ClusterRun) -> anyhow::Result<()> {
+    let before = machine_cpu()?;
+    std::thread::sleep(AT_REST);
+    let after = machine_cpu()?;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
+    let total = after.0.saturating_sub(before.0).max(1) as f64;
+    let busy = after.1.saturating_sub(before.1) as f64;
+    let mut nodes = Vec::new();
+    let mut sum = 0.0;
+    for node in &run.nodes {
+        let mib: f64 = node
+            .processes()
+            .into_iter()
+            .filter_map(ckpt_e2e::process::rss_kib)
+            .sum::<u64>() as f64
+            / 1024.0;
+        sum += mib;
+        nodes.push(format!("{} {mib:.0} MiB", node.name()));
+    }
+    run.progress.say(&format!(
+        "the self-hosted cluster at rest over {}: {:.2} of {cores:.0} cores busy (the whole machine); resident: {} (each node's daemons and containers), {:.2} GiB in all",
+        human_duration(AT_REST),
+        busy / total * cores,
+        nodes.join(", "),
+        sum / 1024.0
+    ));
+    Ok(())
+}
+
+/// The machine's CPU time so far, in ticks: all of it, and the busy part (not idle, not
+/// waiting for I/O), from `/proc/stat`.
+fn machine_cpu() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").context("cannot read /proc/stat")?;
+    let line = stat.lines().next().context("an empty /proc/stat")?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    anyhow::ensure!(ticks.len() >= 5, "an odd /proc/stat line: {line}");
+    let total: u64 = ticks.iter().sum();
+    Ok((total, total - ticks[3] - ticks[4]))
+}
+
+/// The agent's dirs on `node` (its defaults), seen from the host.
+pub(crate) fn agent_dirs(node: &e2e_env::RealNode) -> anyhow::Result<AgentDirs> {
     let host = |path: &str| {
         node.host_path(path)
             .with_context(|| format!("{path} is not one of {}'s own dirs", node.name()))
     };
-    let dirs = AgentDirs {
+    Ok(AgentDirs {
         checkpoint_dir: host("/etc/kubernetes")?,
         manifests_dir: host("/etc/kubernetes/manifests")?,
         lock_file: host("/run/pod-checkpointer/pod-checkpointer.lock")?,
-    };
-    inspect(&agent_binary()?, &dirs)
+    })
+}
+
+/// `pod-checkpointer inspect` on `node`'s dirs, seen from the host.
+pub(crate) fn inspect_node(node: &e2e_env::RealNode) -> anyhow::Result<Inspect> {
+    inspect(&agent_binary()?, &agent_dirs(node)?)
 }
 
 /// The checkpoints in `report` whose revision the agent set aside (their known-good mark
@@ -237,6 +301,11 @@ pub(crate) fn active_control_plane(report: &Inspect) -> Vec<String> {
 
 /// What one full cut took, each from the cut.
 struct CutTimeline {
+    /// How long the three boots took (containerd, the etcd member and the kubelet of each,
+    /// one node after the other).
+    booted: Duration,
+    /// Per node: the first sample with a control-plane checkpoint active.
+    activated: BTreeMap<String, Duration>,
     /// Per node: its API server's first `/readyz` 200.
     api_ready: BTreeMap<String, Duration>,
     /// The first write that succeeded through any node.
@@ -259,11 +328,55 @@ impl CutTimeline {
             human_duration(self.parents_back)
         )
     }
+
+    /// The demo's account of the cut: each milestone, from the moment all three nodes were
+    /// off, with what it means.
+    fn narrate(&self) {
+        let at = |took: Duration| format!("{:>7}", human_duration(took));
+        let mut lines = vec![(
+            self.booted,
+            "power is back on every node: containerd, the etcd member and the kubelet of each run; \
+             the kubelets, pointed at their own node's API server, find none and start their static pods \
+             only: the agent's static copy"
+                .to_owned(),
+        )];
+        for (node, took) in &self.activated {
+            lines.push((
+                *took,
+                format!(
+                    "{node}: its agent finds no API server and activates the control plane's checkpoints"
+                ),
+            ));
+        }
+        lines.push((
+            self.first_write,
+            "the first write succeeds: two etcd members make a quorum, and a checkpointed kube-apiserver \
+             serves it (a client that fails over between the three addresses)"
+                .to_owned(),
+        ));
+        for (node, took) in &self.api_ready {
+            lines.push((*took, format!("{node}: its API server answers /readyz 200")));
+        }
+        lines.push((
+            self.parents_back,
+            "every real pod has replaced every checkpoint: kube-apiserver's DaemonSet pod Ready on each node, \
+             both Deployments' pods Ready, no control-plane checkpoint active anywhere"
+                .to_owned(),
+        ));
+        lines.sort_by_key(|(took, _)| *took);
+        eprintln!("\nthe full power cut, from the moment all three nodes were off:");
+        for (took, what) in lines {
+            eprintln!("  {}  {what}", at(took));
+        }
+    }
 }
 
 /// Cuts all three nodes at once, powers them on, and samples until every milestone is
 /// reached.
 fn cut_all_once(run: &mut ClusterRun, self_hosted: &SelfHosted, n: usize) -> anyhow::Result<CutTimeline> {
+    // Writing throughout: the first write that succeeds after the cut is when the cluster
+    // takes writes again (a quorum, and an API server to take them), seen from a client.
+    let writer = FailoverWriter::start(&run.kubectl, self_hosted)?;
     run.progress
         .say(&format!("cut {n}: all {} nodes lose power", run.nodes.len()));
     for node in &mut run.nodes {
@@ -273,6 +386,7 @@ fn cut_all_once(run: &mut ClusterRun, self_hosted: &SelfHosted, n: usize) -> any
     for node in &mut run.nodes {
         node.power_on()?;
     }
+    let booted = cut.elapsed();
     let urls: Vec<(String, String)> = run
         .nodes
         .iter()
@@ -280,13 +394,11 @@ fn cut_all_once(run: &mut ClusterRun, self_hosted: &SelfHosted, n: usize) -> any
         .map(|(node, url)| (node.name().to_owned(), url.to_owned()))
         .collect();
     let mut api_ready: BTreeMap<String, Duration> = BTreeMap::new();
-    let mut first_write = None;
-    let mut seen_active = false;
-    let write_name = format!("after-cut-{n}");
-    loop {
+    let mut activated: BTreeMap<String, Duration> = BTreeMap::new();
+    let parents_back = loop {
         anyhow::ensure!(
             cut.elapsed() < TIMEOUT,
-            "cut {n}: not back within {}: APIs ready {api_ready:?}, first write {first_write:?}",
+            "cut {n}: not back within {}: APIs ready {api_ready:?}, agents activated {activated:?}",
             human_duration(TIMEOUT)
         );
         let round = Instant::now();
@@ -295,54 +407,33 @@ fn cut_all_once(run: &mut ClusterRun, self_hosted: &SelfHosted, n: usize) -> any
                 api_ready.insert(node.clone(), cut.elapsed());
             }
         }
-        if first_write.is_none() {
-            // A client that fails over: the first node whose API server takes the write.
-            let written = urls.iter().any(|(_, url)| {
-                run.kubectl
-                    .run(
-                        &[
-                            "--server",
-                            url,
-                            // Less than the sampling's patience: a server waiting for a
-                            // quorum takes the connection and answers nothing.
-                            "--request-timeout=2s",
-                            "create",
-                            "configmap",
-                            "-n",
-                            NS,
-                            &write_name,
-                        ],
-                        None,
-                    )
-                    .is_ok()
-            });
-            if written {
-                first_write = Some(cut.elapsed());
+        let mut active = false;
+        for node in &run.nodes {
+            if !active_control_plane(&inspect_node(node)?).is_empty() {
+                active = true;
+                activated.entry(node.name().to_owned()).or_insert(cut.elapsed());
             }
         }
-        let reports: Vec<Inspect> = run
-            .nodes
-            .iter()
-            .map(inspect_node)
-            .collect::<anyhow::Result<_>>()?;
-        let active = reports
-            .iter()
-            .any(|report| !active_control_plane(report).is_empty());
-        seen_active |= active;
-        if let (Some(first_write), true, false) = (first_write, api_ready.len() == urls.len(), active)
-            && seen_active
+        if api_ready.len() == urls.len()
+            && !active
+            && !activated.is_empty()
             && parents_ready(&run.kubectl, run.nodes.len())?
         {
-            run.kubectl
-                .run(&["delete", "configmap", "-n", NS, &write_name], None)?;
-            return Ok(CutTimeline {
-                api_ready,
-                first_write,
-                parents_back: cut.elapsed(),
-            });
+            break cut.elapsed();
         }
         std::thread::sleep(SAMPLE_EVERY.saturating_sub(round.elapsed()));
-    }
+    };
+    let writes = writer.stop()?;
+    let first_write = writes
+        .first_success_after(cut)
+        .with_context(|| format!("cut {n}: no write succeeded after it: {}", writes.summary()))?;
+    Ok(CutTimeline {
+        booted,
+        activated,
+        api_ready,
+        first_write,
+        parents_back,
+    })
 }
 
 /// Whether the DaemonSet has a Ready pod on each of the `nodes` and both Deployments all
@@ -387,17 +478,35 @@ fn report(run: &ClusterRun, cuts: &[CutTimeline]) {
         return;
     }
     for node in &run.nodes {
-        let values = cuts
-            .iter()
-            .filter_map(|cut| cut.api_ready.get(node.name()).copied())
-            .collect();
-        run.progress.say(&format!(
-            "{} full cut(s), {}'s API server serving: {}",
-            cuts.len(),
-            node.name(),
-            stats(values)
-        ));
+        let activated = |cut: &CutTimeline| cut.activated.get(node.name()).copied();
+        let api_ready = |cut: &CutTimeline| cut.api_ready.get(node.name()).copied();
+        for (what, values) in [
+            (
+                "its agent activating",
+                cuts.iter().filter_map(activated).collect::<Vec<_>>(),
+            ),
+            (
+                "its API server serving",
+                cuts.iter().filter_map(api_ready).collect(),
+            ),
+        ] {
+            if values.is_empty() {
+                continue;
+            }
+            run.progress.say(&format!(
+                "{} full cut(s), {}: {what} {} (in {} of them)",
+                cuts.len(),
+                node.name(),
+                stats(values.clone()),
+                values.len()
+            ));
+        }
     }
+    run.progress.say(&format!(
+        "{} full cut(s), the boots: {}",
+        cuts.len(),
+        stats(cuts.iter().map(|c| c.booted).collect())
+    ));
     run.progress.say(&format!(
         "{} full cut(s), first write: {}",
         cuts.len(),

@@ -7,36 +7,23 @@
 //! never went away, so none of them may activate anything.
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ckpt_e2e::command::run_command;
 use ckpt_e2e::e2e_env::RealNode;
-use ckpt_e2e::harness::kubectl::Kubectl;
 use ckpt_e2e::progress::human_duration;
 use ckpt_e2e::self_hosted::SelfHosted;
 
+use crate::failover::{FAILOVER_BOUND, FailoverWriter};
 use crate::three_nodes::ClusterRun;
 use crate::three_nodes_cut::{
-    NS, SAMPLE_EVERY, TIMEOUT, active_control_plane, ensure_self_hosted, inspect_node, parents_ready,
-    set_aside,
+    SAMPLE_EVERY, TIMEOUT, active_control_plane, ensure_self_hosted, inspect_node, parents_ready, set_aside,
 };
 
-/// The failover client's request timeout: a server that takes the connection and answers
-/// nothing (waiting for a quorum) costs it this much before it tries the next address.
-const REQUEST_TIMEOUT: &str = "2s";
-/// The longest a write may keep failing through every address: the client's move to the
-/// next address (at most one request timeout per address that hangs, two of them) and an
-/// etcd election when the cut member led (its election timeout, 2.5 s, twice for a split
-/// vote): 2 × 2 s + 2 × 2.5 s, rounded up.
-const FAILOVER_BOUND: Duration = Duration::from_secs(10);
 /// How long the cluster runs undisturbed between two nodes' cuts.
 const PAUSE: Duration = Duration::from_secs(10);
-/// The ConfigMap the failover client rewrites.
-const PROBE: &str = "failover-probe";
 
 /// Scenario 2: node-1, node-2 and node-3 lose power one after the other, each once the
 /// cluster is whole again and a pause has passed. The cut node's agent activates its
@@ -290,121 +277,4 @@ fn set_link(netns: &str, link: &str, state: &str) -> anyhow::Result<()> {
     run_command(Command::new("ip").args(["-n", netns, "link", "set", link, state]))
         .map(drop)
         .with_context(|| format!("cannot set {link} {state}"))
-}
-
-/// A client writing one ConfigMap again and again, each write through the first of the three
-/// node addresses that takes it. Dropped without [`stop`](FailoverWriter::stop) (a scenario
-/// that failed), it stops writing all the same.
-struct FailoverWriter {
-    kubectl: Kubectl,
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<Vec<(Instant, bool)>>>,
-}
-
-impl Drop for FailoverWriter {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-/// What the failover client saw.
-struct Writes {
-    attempts: usize,
-    failed: usize,
-    /// From the first failed write after a success to the next success.
-    longest_failure: Duration,
-}
-
-impl Writes {
-    fn summary(&self) -> String {
-        format!(
-            "{} writes, {} failed through every address, the longest failing stretch {}",
-            self.attempts,
-            self.failed,
-            human_duration(self.longest_failure)
-        )
-    }
-}
-
-impl FailoverWriter {
-    fn start(kubectl: &Kubectl, self_hosted: &SelfHosted) -> anyhow::Result<FailoverWriter> {
-        let urls: Vec<String> = self_hosted.apis().map(str::to_owned).collect();
-        let kubectl = kubectl.clone();
-        let writer_kubectl = kubectl.clone();
-        kubectl.run(
-            &["create", "configmap", "-n", NS, PROBE, "--from-literal=seq=0"],
-            None,
-        )?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = Arc::clone(&stop);
-        let handle = thread::spawn(move || {
-            let mut attempts = Vec::new();
-            let mut seq = 0u64;
-            while !stopping.load(Ordering::Relaxed) {
-                seq += 1;
-                let patch = format!(r#"{{"data":{{"seq":"{seq}"}}}}"#);
-                let started = Instant::now();
-                let ok = urls.iter().any(|url| {
-                    let kubectl = &writer_kubectl;
-                    let args = [
-                        "--server",
-                        url.as_str(),
-                        &format!("--request-timeout={REQUEST_TIMEOUT}"),
-                        "patch",
-                        "configmap",
-                        "-n",
-                        NS,
-                        PROBE,
-                        "--type=merge",
-                        "-p",
-                        &patch,
-                    ];
-                    kubectl.run(&args, None).is_ok()
-                });
-                attempts.push((started, ok));
-                thread::sleep(Duration::from_millis(200));
-            }
-            attempts
-        });
-        Ok(FailoverWriter {
-            kubectl,
-            stop,
-            handle: Some(handle),
-        })
-    }
-
-    fn stop(mut self) -> anyhow::Result<Writes> {
-        self.stop.store(true, Ordering::Relaxed);
-        let attempts = self
-            .handle
-            .take()
-            .context("the failover client was stopped before")?
-            .join()
-            .map_err(|_| anyhow::anyhow!("the failover client panicked"))?;
-        // Leaves the cluster as it found it: the next scenario writes its own.
-        self.kubectl.run(
-            &["delete", "configmap", "-n", NS, PROBE, "--ignore-not-found"],
-            None,
-        )?;
-        let mut longest = Duration::ZERO;
-        let mut failing_since: Option<Instant> = None;
-        for (at, ok) in &attempts {
-            match (ok, failing_since) {
-                (false, None) => failing_since = Some(*at),
-                (true, Some(since)) => {
-                    longest = longest.max(at.duration_since(since));
-                    failing_since = None;
-                }
-                _ => {}
-            }
-        }
-        if let (Some(since), Some((last, _))) = (failing_since, attempts.last()) {
-            longest = longest.max(last.duration_since(since));
-        }
-        Ok(Writes {
-            attempts: attempts.len(),
-            failed: attempts.iter().filter(|(_, ok)| !ok).count(),
-            longest_failure: longest,
-        })
-    }
 }
