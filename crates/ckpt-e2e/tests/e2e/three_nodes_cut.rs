@@ -402,9 +402,21 @@ fn cut_all_once(run: &mut ClusterRun, self_hosted: &SelfHosted, n: usize) -> any
             human_duration(TIMEOUT)
         );
         let round = Instant::now();
-        for (node, url) in &urls {
-            if !api_ready.contains_key(node) && self_hosted.readyz_of(url) == 200 {
-                api_ready.insert(node.clone(), cut.elapsed());
+        // At once: a server waiting for a quorum holds each probe for its whole timeout, and
+        // one after the other they would stretch the round (and blur every milestone).
+        let serving: Vec<bool> = std::thread::scope(|scope| {
+            let probes: Vec<_> = urls
+                .iter()
+                .map(|(_, url)| scope.spawn(move || self_hosted.readyz_of(url) == 200))
+                .collect();
+            probes
+                .into_iter()
+                .map(|probe| probe.join().unwrap_or(false))
+                .collect()
+        });
+        for ((node, _), serving) in urls.iter().zip(serving) {
+            if serving {
+                api_ready.entry(node.clone()).or_insert(cut.elapsed());
             }
         }
         let mut active = false;
