@@ -20,9 +20,11 @@ pub mod release;
 // Small clients and records: curl, the CRI, the state files, the node network.
 pub mod cri;
 pub(crate) mod curl;
-pub mod lan;
 pub mod node_network;
 pub(crate) mod state;
+
+// Several nodes' networks on one LAN.
+pub mod lan;
 
 pub(crate) mod control_plane;
 

@@ -1,9 +1,10 @@
-//! Three real nodes on one LAN (issue 38, its first increments): a plane in the LAN's
-//! namespace on an etcd of one member per node, three kubelets with containerd and runc in
-//! namespaces of their own, pods on each that reach each other across nodes, one node's power
-//! cut that leaves the other two untouched and whose etcd member rejoins, and a stop that
-//! leaves nothing behind. It measures the start, the cut, and what the three nodes
-//! and the plane cost in memory.
+//! Three real nodes on one LAN (issue 38): the cluster the group's scenarios share (a plane
+//! in the LAN's namespace on an etcd of one member per node, three kubelets with containerd
+//! and runc in namespaces of their own), and its smoke scenario: pods on each node that
+//! reach each other across nodes, one node's power cut that leaves the other two untouched
+//! and whose etcd member rejoins, and a stop that leaves nothing behind. It measures the
+//! start, the cut, and what the three nodes and the plane cost in memory. The self-hosted
+//! scenarios are in `three_nodes_cut`, `three_nodes_faults` and `three_nodes_upgrades`.
 //!
 //! The scenarios of this group share the cluster and run after the single real node's (the
 //! two use different addresses and namespaces, but running them one after the other keeps
