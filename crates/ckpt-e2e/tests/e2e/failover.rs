@@ -103,6 +103,18 @@ impl FailoverWriter {
     pub(crate) fn start(kubectl: &Kubectl, self_hosted: &SelfHosted) -> anyhow::Result<FailoverWriter> {
         let urls: Vec<String> = self_hosted.apis().map(str::to_owned).collect();
         let kubectl = kubectl.clone();
+        // One a failed scenario left (its writer dropped, not stopped) is written over.
+        kubectl.run(
+            &[
+                "delete",
+                "configmap",
+                "-n",
+                NAMESPACE,
+                PROBE,
+                "--ignore-not-found",
+            ],
+            None,
+        )?;
         kubectl.run(
             &[
                 "create",

@@ -417,6 +417,16 @@ fn keep_logs(name: &str, run: &ClusterRun) {
             .unwrap_or_default();
         let _ = std::fs::copy(&log, target.join(format!("{owner}{file}")));
     }
+    // Every pod's container logs on each node (the agents', the control plane's).
+    for node in &run.nodes {
+        if let Some(pods) = node.host_path("/var/log/pods") {
+            let _ = std::process::Command::new("cp")
+                .arg("-rL")
+                .arg(&pods)
+                .arg(target.join(format!("{}-pods", node.name())))
+                .status();
+        }
+    }
     eprintln!("--- logs kept in {}", target.display());
 }
 
