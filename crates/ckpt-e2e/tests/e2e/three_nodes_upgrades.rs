@@ -97,7 +97,7 @@ fn upgrades(run: &mut ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()
         let round = Instant::now();
         for pod in pods_of(&run.kubectl, APISERVER).unwrap_or_default() {
             if is_bad(&pod) {
-                bad_nodes.insert(pod["spec"]["nodeName"].as_str().unwrap_or_default().to_owned());
+                bad_nodes.insert(target_node(&pod));
             }
         }
         anyhow::ensure!(
@@ -317,6 +317,18 @@ fn is_bad(pod: &Value) -> bool {
     pod["spec"]["containers"][0]["command"]
         .as_array()
         .is_some_and(|command| command.iter().any(|arg| arg == BAD_FLAG))
+}
+
+/// The node a DaemonSet's pod is for: its node affinity names it before the pod is bound
+/// (`spec.nodeName` is empty until then).
+fn target_node(pod: &Value) -> String {
+    let terms = &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    let by_affinity = terms.as_array().into_iter().flatten().find_map(|term| {
+        term["matchFields"].as_array()?.iter().find_map(|field| {
+            (field["key"] == "metadata.name").then(|| field["values"][0].as_str().map(str::to_owned))?
+        })
+    });
+    by_affinity.unwrap_or_else(|| pod["spec"]["nodeName"].as_str().unwrap_or_default().to_owned())
 }
 
 fn is_mirror(pod: &Value) -> bool {
