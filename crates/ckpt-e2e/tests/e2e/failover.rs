@@ -55,7 +55,7 @@ pub(crate) struct Writes {
     attempts: Vec<Attempt>,
     /// From the start of the first write that failed after a success to the end of the next
     /// success.
-    pub(crate) longest_failure: Duration,
+    longest_failure: Duration,
 }
 
 impl Writes {
@@ -66,6 +66,18 @@ impl Writes {
             self.attempts.iter().filter(|a| !a.ok).count(),
             human_duration(self.longest_failure)
         )
+    }
+
+    /// Fails when a write kept failing through every address for longer than
+    /// [`FAILOVER_BOUND`] `during` what the scenario did.
+    pub(crate) fn ensure_within_bound(&self, during: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.longest_failure <= FAILOVER_BOUND,
+            "a write kept failing for {} through every address {during} (the bound: {})",
+            human_duration(self.longest_failure),
+            human_duration(FAILOVER_BOUND)
+        );
+        Ok(())
     }
 
     /// How long after `since` the first write that started after it succeeded.
@@ -104,17 +116,7 @@ impl FailoverWriter {
         let urls: Vec<String> = self_hosted.apis().map(str::to_owned).collect();
         let kubectl = kubectl.clone();
         // One a failed scenario left (its writer dropped, not stopped) is written over.
-        kubectl.run(
-            &[
-                "delete",
-                "configmap",
-                "-n",
-                NAMESPACE,
-                PROBE,
-                "--ignore-not-found",
-            ],
-            None,
-        )?;
+        delete_probe(&kubectl)?;
         kubectl.run(
             &[
                 "create",
@@ -179,7 +181,18 @@ impl FailoverWriter {
             .join()
             .map_err(|_| anyhow::anyhow!("the failover client panicked"))?;
         // Leaves the cluster as it found it: the next scenario writes its own.
-        self.kubectl.run(
+        delete_probe(&self.kubectl)?;
+        Ok(Writes {
+            longest_failure: Writes::longest_failure(&attempts),
+            attempts,
+        })
+    }
+}
+
+/// Deletes the ConfigMap the client writes, if it exists.
+fn delete_probe(kubectl: &Kubectl) -> anyhow::Result<()> {
+    kubectl
+        .run(
             &[
                 "delete",
                 "configmap",
@@ -189,10 +202,6 @@ impl FailoverWriter {
                 "--ignore-not-found",
             ],
             None,
-        )?;
-        Ok(Writes {
-            longest_failure: Writes::longest_failure(&attempts),
-            attempts,
-        })
-    }
+        )
+        .map(drop)
 }

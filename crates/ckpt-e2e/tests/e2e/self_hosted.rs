@@ -18,7 +18,7 @@ use anyhow::Context;
 use ckpt_e2e::e2e_env::cri::{ContainerState, CriClient};
 use ckpt_e2e::e2e_env::{self, NODE_NAME};
 use ckpt_e2e::harness::agent::Inspect;
-use ckpt_e2e::harness::kubectl::pod_running;
+use ckpt_e2e::harness::kubectl::{Kubectl, pod_running};
 use ckpt_e2e::harness::lock::{Holding, lock_holder};
 use ckpt_e2e::image::BUSYBOX_IMAGE;
 use ckpt_e2e::process::random_hex;
@@ -133,7 +133,7 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         "path": "/spec/template/spec/containers/0/command/-",
         "value": BAD_FLAG,
     }]);
-    patch_apiserver(run, &patch)?;
+    patch_apiserver(&run.kubectl, &patch)?;
     let good_id = format!("{NS}/{good}");
     let (bad, _) = wait_for(
         "the bad pod checkpointed beside the known-good one, which serves",
@@ -238,7 +238,7 @@ fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> an
         { "op": "test", "path": format!("/spec/template/spec/containers/0/command/{args}"), "value": BAD_FLAG },
         { "op": "remove", "path": format!("/spec/template/spec/containers/0/command/{args}") },
     ]);
-    patch_apiserver(run, &patch)?;
+    patch_apiserver(&run.kubectl, &patch)?;
     let fixed = wait_new_apiserver_ready(run, "the rolled-back pod Ready", &[&good, &bad])?;
     wait_inspect(run, "the known-good checkpoint retired", |i| {
         i.get(&good_id).is_some_and(|c| c.state == "inactive")
@@ -323,7 +323,7 @@ fn known_good_fails_after_the_cut(
         { "op": "add", "path": "/spec/template/spec/containers/0/volumeMounts/-",
           "value": { "name": "audit", "mountPath": AUDIT_DIR, "readOnly": true } },
     ]);
-    patch_apiserver(run, &patch)?;
+    patch_apiserver(&run.kubectl, &patch)?;
     let upgraded = wait_new_apiserver_ready(run, "the upgraded pod Ready", &[previous])?;
     expect_known_good(run, &[upgraded.clone(), previous.to_owned()])?;
     wait_api_settled(self_hosted, &upgraded)?;
@@ -382,7 +382,7 @@ fn known_good_fails_after_the_cut(
         { "op": "remove", "path": format!("/spec/template/spec/volumes/{volumes}") },
         { "op": "remove", "path": format!("/spec/template/spec/containers/0/volumeMounts/{mounts}") },
     ]);
-    patch_apiserver(run, &patch)?;
+    patch_apiserver(&run.kubectl, &patch)?;
     let rolled = wait_new_apiserver_ready(run, "the rolled-back pod Ready", &[previous, &upgraded])?;
     wait_inspect(run, "the previous known-good checkpoint retired", |i| {
         i.get(&previous_id).is_none_or(|c| c.state == "inactive")
@@ -432,8 +432,8 @@ fn events_of(run: &NodeRun, name: &str) -> anyhow::Result<Vec<Value>> {
         .collect())
 }
 
-/// Applies a JSON patch to kube-apiserver's DaemonSet.
-fn patch_apiserver(run: &NodeRun, patch: &Value) -> anyhow::Result<()> {
+/// Applies a JSON patch to kube-apiserver's DaemonSet (the three-node upgrades use it too).
+pub(crate) fn patch_apiserver(kubectl: &Kubectl, patch: &Value) -> anyhow::Result<()> {
     let patch = patch.to_string();
     let args = [
         "patch",
@@ -446,7 +446,7 @@ fn patch_apiserver(run: &NodeRun, patch: &Value) -> anyhow::Result<()> {
         "-p",
         &patch,
     ];
-    run.kubectl.run(&args, None).map(drop)
+    kubectl.run(&args, None).map(drop)
 }
 
 /// Waits for `/readyz` 200.

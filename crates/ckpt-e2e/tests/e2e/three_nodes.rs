@@ -25,6 +25,7 @@ use ckpt_e2e::self_hosted::SelfHosted;
 use ckpt_e2e::wait::{Probe, wait_for, waiting_on_error};
 
 use crate::group::{Group, SharedEnv};
+use crate::real_node_seed::restart_count;
 use serde_json::{Value, json};
 
 /// How many nodes the cluster has.
@@ -329,12 +330,6 @@ fn wait_pod(
         })())
     })?;
     Ok(pod)
-}
-
-fn restart_count(pod: &Value) -> u64 {
-    pod["status"]["containerStatuses"][0]["restartCount"]
-        .as_u64()
-        .unwrap_or(0)
 }
 
 fn restarts(kubectl: &Kubectl, node: &str) -> anyhow::Result<u64> {

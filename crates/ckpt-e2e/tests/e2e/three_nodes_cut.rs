@@ -34,6 +34,7 @@ use ckpt_e2e::wait::{Probe, wait_for, waiting_on_error};
 use serde_json::Value;
 
 use crate::failover::FailoverWriter;
+use crate::real_node_seed::is_mirror;
 use crate::three_nodes::ClusterRun;
 
 pub(crate) const NS: &str = "kube-system";
@@ -195,8 +196,7 @@ fn control_plane_pods(kubectl: &Kubectl, node: &str) -> anyhow::Result<Vec<Strin
     let mut names = Vec::new();
     for app in COMPONENTS {
         for pod in pods_of(kubectl, app)? {
-            let mirror = pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string();
-            if !mirror && pod["spec"]["nodeName"] == node && pod_running(&pod) {
+            if !is_mirror(&pod) && pod["spec"]["nodeName"] == node && pod_running(&pod) {
                 names.push(pod["metadata"]["name"].as_str().unwrap_or_default().to_owned());
             }
         }

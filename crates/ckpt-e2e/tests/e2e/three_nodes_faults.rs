@@ -16,7 +16,7 @@ use ckpt_e2e::e2e_env::RealNode;
 use ckpt_e2e::progress::human_duration;
 use ckpt_e2e::self_hosted::SelfHosted;
 
-use crate::failover::{FAILOVER_BOUND, FailoverWriter};
+use crate::failover::FailoverWriter;
 use crate::three_nodes::ClusterRun;
 use crate::three_nodes_cut::{
     SAMPLE_EVERY, TIMEOUT, active_control_plane, ensure_self_hosted, inspect_node, parents_ready, set_aside,
@@ -28,7 +28,7 @@ const PAUSE: Duration = Duration::from_secs(10);
 /// Scenario 2: node-1, node-2 and node-3 lose power one after the other, each once the
 /// cluster is whole again and a pause has passed. The cut node's agent activates its
 /// checkpoints and retires them once the parents are back; no other node's agent activates
-/// anything; the failover client never fails for longer than [`FAILOVER_BOUND`].
+/// anything; the failover client never fails for longer than [`FAILOVER_BOUND`](crate::failover::FAILOVER_BOUND).
 pub(crate) fn rolling_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
     let self_hosted = ensure_self_hosted(run)?;
     let writer = FailoverWriter::start(&run.kubectl, &self_hosted)?;
@@ -45,12 +45,7 @@ pub(crate) fn rolling_power_cut(run: &mut ClusterRun) -> anyhow::Result<()> {
     let writes = writes?;
     run.progress
         .say(&format!("the failover client: {}", writes.summary()));
-    anyhow::ensure!(
-        writes.longest_failure <= FAILOVER_BOUND,
-        "a write kept failing for {} through every address (the bound: {})",
-        human_duration(writes.longest_failure),
-        human_duration(FAILOVER_BOUND)
-    );
+    writes.ensure_within_bound("during the rolling cut")?;
     Ok(())
 }
 
@@ -205,11 +200,7 @@ pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
             now.known_good_suspended_since
         );
     }
-    anyhow::ensure!(
-        writes.longest_failure <= FAILOVER_BOUND,
-        "a write kept failing for {} through every address during the partition",
-        human_duration(writes.longest_failure)
-    );
+    writes.ensure_within_bound("during the partition")?;
     Ok(())
 }
 

@@ -24,7 +24,9 @@ use ckpt_e2e::self_hosted::{SelfHosted, pods_of};
 use ckpt_e2e::wait::{Probe, wait_for, waiting_on_error};
 use serde_json::{Value, json};
 
-use crate::failover::{FAILOVER_BOUND, FailoverWriter};
+use crate::failover::FailoverWriter;
+use crate::real_node_seed::{is_mirror, is_ready};
+use crate::self_hosted::patch_apiserver;
 use crate::three_nodes::ClusterRun;
 use crate::three_nodes_cut::{
     NS, SAMPLE_EVERY, TIMEOUT, active_control_plane, agent_dirs, deploy, ensure_self_hosted, inspect_node,
@@ -48,11 +50,7 @@ pub(crate) fn apiserver_upgrades(run: &mut ClusterRun) -> anyhow::Result<()> {
     let writes = writes?;
     run.progress
         .say(&format!("the failover client: {}", writes.summary()));
-    anyhow::ensure!(
-        writes.longest_failure <= FAILOVER_BOUND,
-        "a write kept failing for {} through every address during the upgrades",
-        human_duration(writes.longest_failure)
-    );
+    writes.ensure_within_bound("during the upgrades")?;
     Ok(())
 }
 
@@ -65,7 +63,7 @@ fn upgrades(run: &mut ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()
     ));
     let started = Instant::now();
     patch_apiserver(
-        run,
+        &run.kubectl,
         &json!([{
             "op": "add",
             "path": "/spec/template/spec/containers/0/env/-",
@@ -84,7 +82,7 @@ fn upgrades(run: &mut ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()
         "a bad upgrade ({BAD_FLAG}): it must stop at the first node"
     ));
     patch_apiserver(
-        run,
+        &run.kubectl,
         &json!([{
             "op": "add",
             "path": "/spec/template/spec/containers/0/command/-",
@@ -186,7 +184,7 @@ fn wait_rolled_out(
             .iter()
             .filter(|pod| !is_mirror(pod))
             .map(|pod| {
-                let ready = pod_running(pod) && pod_ready(pod) && wanted(pod);
+                let ready = pod_running(pod) && is_ready(pod) && wanted(pod);
                 (
                     pod["spec"]["nodeName"].as_str().unwrap_or_default().to_owned(),
                     ready,
@@ -299,26 +297,6 @@ fn control_plane_checkpoints(report: &ckpt_e2e::harness::agent::Inspect) -> BTre
         .collect()
 }
 
-fn patch_apiserver(run: &ClusterRun, patch: &Value) -> anyhow::Result<()> {
-    let patch = patch.to_string();
-    run.kubectl
-        .run(
-            &[
-                "patch",
-                "daemonset",
-                APISERVER,
-                "-n",
-                NS,
-                "--type",
-                "json",
-                "-p",
-                &patch,
-            ],
-            None,
-        )
-        .map(drop)
-}
-
 fn is_bad(pod: &Value) -> bool {
     pod["spec"]["containers"][0]["command"]
         .as_array()
@@ -335,18 +313,6 @@ fn target_node(pod: &Value) -> String {
         })
     });
     by_affinity.unwrap_or_else(|| pod["spec"]["nodeName"].as_str().unwrap_or_default().to_owned())
-}
-
-fn is_mirror(pod: &Value) -> bool {
-    pod["metadata"]["annotations"]["kubernetes.io/config.mirror"].is_string()
-}
-
-fn pod_ready(pod: &Value) -> bool {
-    pod["status"]["conditions"].as_array().is_some_and(|conditions| {
-        conditions
-            .iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
 }
 
 fn env_of(pod: &Value, name: &str) -> Option<String> {
