@@ -183,6 +183,10 @@ fn for_release(release: Release, flags: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// How long a kube-apiserver pod must be Ready before its DaemonSet counts it available: the
+/// agent's own wait for an unproven parent (docs/behaviour.md, "A handoff without a gap").
+pub const APISERVER_MIN_READY_SECONDS: u32 = 10;
+
 /// kube-apiserver on every address of the node. 1.20 has no config file, so the settings
 /// that differ per cluster come from the ConfigMap through the environment; with
 /// `advertise_host_ip` (several nodes) the address it advertises is its node's, from the
@@ -253,6 +257,10 @@ fn apiserver_daemonset(release: Release, advertise_host_ip: bool) -> Value {
         "metadata": metadata(APISERVER),
         "spec": {
             "selector": { "matchLabels": { "k8s-app": APISERVER } },
+            // Each start of a crash-looping pod reads Ready for a probe period, its probe
+            // answered by the checkpoint on the port they share: without a minimum, the
+            // controller counts that pod available and takes the next node.
+            "minReadySeconds": APISERVER_MIN_READY_SECONDS,
             "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1 } },
             "template": template,
         }

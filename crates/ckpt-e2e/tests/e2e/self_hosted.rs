@@ -63,7 +63,7 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
         &["--handoff-timeout", HANDOFF_TIMEOUT],
     )?;
     let (c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
-    let parents = running_parents(run)?;
+    let parents = wait_running_parents(run)?;
     let report = wait_inspect(
         run,
         "the control plane's checkpoints inactive, C1's active",
@@ -92,7 +92,7 @@ pub(crate) fn power_cut(run: &mut NodeRun) -> anyhow::Result<()> {
     // breaks the streak; the demo does not wait for it).
     if !crate::demo_mode() {
         expect_known_good(run, &parents)?;
-        let fixed = bad_upgrade_then_power_cut(run, &self_hosted)?;
+        let fixed = bad_upgrade_then_power_cut(run, &self_hosted, &parents[0])?;
         known_good_fails_after_the_cut(run, &self_hosted, &fixed)?;
     }
     report_cuts(run, &cuts)?;
@@ -115,9 +115,15 @@ const BAD_FLAG: &str = "--no-such-flag=true";
 /// hands the node over to the new parent once it is Ready, with the API gap measured. The
 /// pods bind beside their checkpoint (`handoff: when-ready`): the bad pod never gets the
 /// node, and the checkpoint retires only once the rolled-back pod is Ready.
-fn bad_upgrade_then_power_cut(run: &mut NodeRun, self_hosted: &SelfHosted) -> anyhow::Result<String> {
+/// `good` is the known-good kube-apiserver pod: the DaemonSet's pod through the cuts, whose
+/// container may be between two starts at this instant.
+fn bad_upgrade_then_power_cut(
+    run: &mut NodeRun,
+    self_hosted: &SelfHosted,
+    good: &str,
+) -> anyhow::Result<String> {
     let progress = run.progress;
-    let good = running_parents(run)?[0].clone();
+    let good = good.to_owned();
     let ds = run
         .kubectl
         .get("daemonset", NS, APISERVER)?
@@ -662,6 +668,26 @@ fn running_parents(run: &NodeRun) -> anyhow::Result<Vec<String>> {
         .collect()
 }
 
+/// Waits until [`running_parents`] finds every component's pod running. Right after the
+/// previous step a parent's container can be between two starts (a restart the kubelet
+/// makes): the step after needs them running, and says when it had to wait for that.
+fn wait_running_parents(run: &NodeRun) -> anyhow::Result<Vec<String>> {
+    let (parents, waited) = wait_for("the control plane's parents running", TIMEOUT, || {
+        Ok(match running_parents(run) {
+            Ok(names) => Probe::Ready(names),
+            Err(e) => Probe::Waiting(format!("{e:#}")),
+        })
+    })?;
+    if waited > Duration::from_secs(1) {
+        run.progress.say(&format!(
+            "the control plane's parents ran again after {} ({})",
+            human_duration(waited),
+            parents.join(", ")
+        ));
+    }
+    Ok(parents)
+}
+
 /// A Deployment's pod needs the controller-manager (ReplicaSet, pod) and the scheduler
 /// (binding): it runs, and is deleted again.
 fn check_scheduling(run: &NodeRun) -> anyhow::Result<()> {
@@ -803,7 +829,7 @@ fn power_cut_once(
     }
     let (c1, _) = wait_agent_pair(run, "C1 and its static copy C2 running")?;
     let c1 = c1.as_str();
-    let parents = running_parents(run)?;
+    let parents = wait_running_parents(run)?;
     let marker = format!("e2e-marker-{n}");
     let value = random_hex(8)?;
     run.kubectl.apply(&[json!({
@@ -1041,8 +1067,6 @@ fn upgrade_and_revoke(run: &NodeRun, self_hosted: &SelfHosted) -> anyhow::Result
     Ok(())
 }
 
-/// The pods of the kube-apiserver containers the node runs (`None` while the runtime does
-/// not answer, as during the reboot).
 /// Whether a kube-apiserver checkpoint's manifest is in the node's manifests dir.
 fn apiserver_checkpoint_active(manifests: &std::path::Path) -> bool {
     let prefix = format!("{NS}_{APISERVER}-");
@@ -1053,7 +1077,9 @@ fn apiserver_checkpoint_active(manifests: &std::path::Path) -> bool {
     })
 }
 
-fn running_apiservers(cri: &CriClient) -> Option<Vec<String>> {
+/// The pods of the kube-apiserver containers the node runs (`None` while the runtime does
+/// not answer, as during the reboot).
+pub(crate) fn running_apiservers(cri: &CriClient) -> Option<Vec<String>> {
     let containers = cri.containers().ok()?;
     Some(
         containers

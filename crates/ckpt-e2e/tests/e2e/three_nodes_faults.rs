@@ -1,6 +1,7 @@
 //! Issue 38, scenarios 2 and 3, on the self-hosted control plane of three nodes (see
 //! [`ensure_self_hosted`]): a rolling power cut, one node at a time, and a partition of one
-//! node from the others. Both run in the longer mode (`E2E_LONG=1`).
+//! node from the others, which is also power-cycled while cut off. Both run in the longer
+//! mode (`E2E_LONG=1`).
 //!
 //! Throughout, a client writes through the three node addresses, failing over from one to the
 //! next ([`FailoverWriter`]), and the agents of the nodes not cut are sampled: their API server
@@ -13,15 +14,24 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use ckpt_e2e::command::run_command;
 use ckpt_e2e::e2e_env::RealNode;
+use ckpt_e2e::e2e_env::cri::CriClient;
+use ckpt_e2e::harness::agent::Inspect;
+use ckpt_e2e::process::random_hex;
+use ckpt_e2e::self_hosted::objects::APISERVER;
+use serde_json::{Value, json};
 use ckpt_e2e::progress::human_duration;
 use ckpt_e2e::self_hosted::SelfHosted;
 
 use crate::failover::FailoverWriter;
+use crate::self_hosted::{patch_apiserver, running_apiservers};
+use crate::three_nodes_upgrades::{env_of, wait_known_good, wait_rolled_out};
 use crate::three_nodes::ClusterRun;
 use crate::three_nodes_cut::{
-    SAMPLE_EVERY, TIMEOUT, active_control_plane, ensure_self_hosted, inspect_node, parents_ready, set_aside,
+    NS, SAMPLE_EVERY, TIMEOUT, active_control_plane, ensure_self_hosted, inspect_node, parents_ready, set_aside,
 };
 
+/// The environment variable the partition's upgrade sets (kube-apiserver ignores it).
+const PARTITION_ENV: &str = "E2E_PARTITION";
 /// How long the cluster runs undisturbed between two nodes' cuts.
 const PAUSE: Duration = Duration::from_secs(10);
 
@@ -120,17 +130,42 @@ fn watch_the_others(
 }
 
 /// Scenario 3: node-2's link to the LAN goes down. Its etcd member loses the others, so its
-/// API server stops serving; its agent activates the local kube-apiserver checkpoint (which
-/// cannot serve either) and sets no revision aside. The other two serve throughout. With the
-/// link back, everything is as before: the API server serves, no checkpoint is active, and
-/// every checkpoint's known-good mark is as it was.
+/// API server stops serving. The other two serve throughout, and their agents activate
+/// nothing.
+///
+/// First kube-apiserver is upgraded (an environment variable), so that node-2 holds two
+/// known-good revisions of it: the set-aside rule needs one to fall back to, else a
+/// crash-looping checkpoint simply runs on.
+///
+/// On node-2 the agent follows the contract (DESIGN §3.3): it replaces only a parent that
+/// does not run. kube-apiserver without quorum keeps running, unready, so first the agent
+/// is watched while that lasts. Then node-2 loses power while still cut off, as a node does
+/// when its switch is dead and someone power-cycles it: after the boot no parent runs (the
+/// kubelet cannot reach an API to learn its pods), so the agent activates the newest
+/// kube-apiserver revision, which crash-loops without quorum. The agent sets it aside and
+/// runs the previous one, which crash-loops alike: the restarts are the environment's, and
+/// the newest runs again with its mark. With the link back, everything is as before: the API
+/// server serves, no checkpoint is active, and every checkpoint's known-good mark is as it
+/// was, none suspended.
 pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
     const VICTIM: usize = 1;
-    /// How long the partition lasts once the checkpoint is active: long enough for a
-    /// checkpoint that cannot serve to crash-loop, which is when a revision would be set aside.
-    const HELD: Duration = Duration::from_secs(60);
     let self_hosted = ensure_self_hosted(run)?;
     let name = run.nodes[VICTIM].name().to_owned();
+    let value = random_hex(4)?;
+    run.progress.say(&format!(
+        "kube-apiserver upgraded ({PARTITION_ENV}={value}): {name} is to hold two known-good revisions of it"
+    ));
+    patch_apiserver(
+        &run.kubectl,
+        &json!([{
+            "op": "add",
+            "path": "/spec/template/spec/containers/0/env/-",
+            "value": { "name": PARTITION_ENV, "value": value },
+        }]),
+    )?;
+    let upgraded = |pod: &Value| env_of(pod, PARTITION_ENV).as_deref() == Some(value.as_str());
+    wait_rolled_out(run, &self_hosted, upgraded)?;
+    wait_known_good(run, upgraded)?;
     run.progress
         .say(&format!("{name}'s checkpoints known-good before the partition"));
     let ((), _) = ckpt_e2e::wait::wait_for(&format!("{name}'s checkpoints known-good"), TIMEOUT, || {
@@ -140,8 +175,11 @@ pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
             .iter()
             .filter(|c| c.pod.contains("kube-"))
             .collect();
+        let apiservers = (control_plane.iter())
+            .filter(|c| c.pod.starts_with(&format!("{NS}/{APISERVER}")))
+            .count();
         Ok(
-            if !control_plane.is_empty() && control_plane.iter().all(|c| c.known_good) {
+            if apiservers >= 2 && control_plane.iter().all(|c| c.known_good) {
                 ckpt_e2e::wait::Probe::Ready(())
             } else {
                 ckpt_e2e::wait::Probe::Waiting(report.summary())
@@ -155,7 +193,7 @@ pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
     run.progress
         .say(&format!("{name} partitioned: its LAN link {link} down"));
     set_link(&lan, &link, "down")?;
-    let outcome = hold_partition(run, VICTIM, HELD);
+    let outcome = hold_partition(run, VICTIM);
     set_link(&lan, &link, "up")?;
     let partitioned = outcome?;
     run.progress.say(&format!(
@@ -205,42 +243,142 @@ pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
 }
 
 /// While `victim` is cut off: waits until its API server stops serving (asked from inside
-/// the node) and its agent has activated its kube-apiserver checkpoint, then holds for
-/// `held`, checking that no revision is set aside there and nothing activates elsewhere.
-/// Returns how long the partition lasted.
-fn hold_partition(run: &ClusterRun, victim: usize, held: Duration) -> anyhow::Result<Duration> {
-    let node = &run.nodes[victim];
-    let name = node.name();
+/// the node) and watches its agent for `PARENT_WATCHED` while the parent runs unready
+/// (nothing may be set aside then); then cuts the node's power and waits until its agent
+/// has activated the newest kube-apiserver revision, set it aside and run it again (see
+/// [`partition`]). Nothing may be active elsewhere at any sample. Returns how long the
+/// partition lasted.
+fn hold_partition(run: &mut ClusterRun, victim: usize) -> anyhow::Result<Duration> {
+    /// How long the agent is watched with its parent running without quorum.
+    const PARENT_WATCHED: Duration = Duration::from_secs(30);
+    /// How long the two revisions get to crash-loop three times each (the kubelet's back-off
+    /// between restarts grows to 40 s and more).
+    const RECOGNISED_WITHIN: Duration = Duration::from_secs(8 * 60);
+    let name = run.nodes[victim].name().to_owned();
+    let ca = run.plane.ca_cert();
     let started = Instant::now();
+
+    // Phase 1: the partition alone.
     let mut stopped_serving = None;
+    let mut parent = ParentSeen::default();
     let mut activated = None;
-    let reached = watch_the_others(run, victim, TIMEOUT, |run| {
-        if stopped_serving.is_none() && local_readyz(node, &run.plane.ca_cert()) != 200 {
-            stopped_serving = Some(started.elapsed());
+    let cri = CriClient::new(&run.nodes[victim].containerd_socket().to_string_lossy());
+    let watched = watch_the_others(run, victim, TIMEOUT, |run| {
+        let node = &run.nodes[victim];
+        if stopped_serving.is_none() && local_readyz(node, &ca) != 200 {
+            stopped_serving = Some(Instant::now());
         }
+        parent.sample(&cri, &name);
         let report = inspect_node(node)?;
-        let suspended = set_aside(&report);
-        anyhow::ensure!(
-            suspended.is_empty(),
-            "{name}'s agent set revisions aside while cut off from the quorum: {suspended:?}"
-        );
-        if activated.is_none() && !active_control_plane(&report).is_empty() {
+        ensure_nothing_set_aside(&name, &report)?;
+        if activated.is_none() && !active_apiserver(&report).is_empty() {
             activated = Some(started.elapsed());
         }
-        Ok(activated.is_some_and(|at| started.elapsed() >= at + held) && stopped_serving.is_some())
+        Ok(stopped_serving.is_some_and(|at| at.elapsed() >= PARENT_WATCHED))
     })?;
+    let stopped_serving = stopped_serving.map(|at| at - started);
     anyhow::ensure!(
-        reached,
-        "partitioned {name}: its API server stopped serving after {stopped_serving:?}, its agent activated after {activated:?} (both needed within {})",
+        watched,
+        "partitioned {name}: its API server stopped serving after {stopped_serving:?} (needed within {})",
         human_duration(TIMEOUT)
     );
     run.progress.say(&format!(
-        "partitioned {name}: its API server stopped serving after {}, its agent activated the checkpoint after {}, nothing set aside for {}",
+        "partitioned {name}: its API server stopped serving after {}; for {} after that, {}, and {}",
         human_duration(stopped_serving.unwrap_or_default()),
+        human_duration(PARENT_WATCHED),
+        parent.summary(),
+        match activated {
+            Some(at) => format!("its agent activated the kube-apiserver checkpoint after {}", human_duration(at)),
+            None => "its agent activated nothing (it replaces only a parent that does not run)".to_owned(),
+        }
+    ));
+
+    // Phase 2: a power cut while cut off. After the boot no parent runs.
+    run.progress.say(&format!("{name} loses power while cut off"));
+    let cut = Instant::now();
+    run.nodes[victim].reboot()?;
+    let mut activated = None;
+    let mut first_set_aside: Option<(Duration, Vec<String>)> = None;
+    let mut ran_again = None;
+    let reached = watch_the_others(run, victim, RECOGNISED_WITHIN, |run| {
+        let report = inspect_node(&run.nodes[victim])?;
+        if activated.is_none() && !active_apiserver(&report).is_empty() {
+            activated = Some(cut.elapsed());
+        }
+        let suspended = set_aside(&report);
+        if first_set_aside.is_none() && !suspended.is_empty() {
+            let suspended = suspended.iter().map(|pod| (*pod).to_owned()).collect();
+            first_set_aside = Some((cut.elapsed(), suspended));
+        }
+        // The restarts recognised as the environment's: no mark suspended any more, and the
+        // newest revision is the one running.
+        let newest_runs = report.checkpoints.iter().any(|c| {
+            c.pod.starts_with(&format!("{NS}/{APISERVER}")) && c.state.starts_with("active") && c.newest_revision == Some(true)
+        });
+        if first_set_aside.is_some() && suspended.is_empty() && newest_runs {
+            ran_again = Some(cut.elapsed());
+        }
+        Ok(ran_again.is_some())
+    })?;
+    anyhow::ensure!(
+        reached,
+        "{name}, rebooted while cut off: within {} its agent activated the kube-apiserver checkpoint after {activated:?}, set {first_set_aside:?} aside, and did not run the newest revision again with its mark (the restarts are the quorum's, not the revision's)",
+        human_duration(RECOGNISED_WITHIN)
+    );
+    let (set_aside_at, suspended) = first_set_aside.unwrap_or_default();
+    run.progress.say(&format!(
+        "{name}, rebooted while cut off: the agent activated the newest kube-apiserver revision {} after the cut; it crash-looped without quorum and was set aside after {} ({}); the previous one crash-looped alike, so after {} the newest ran again, its mark held",
         human_duration(activated.unwrap_or_default()),
-        human_duration(held)
+        human_duration(set_aside_at),
+        suspended.join(", "),
+        human_duration(ran_again.unwrap_or_default())
     ));
     Ok(started.elapsed())
+}
+
+fn ensure_nothing_set_aside(name: &str, report: &Inspect) -> anyhow::Result<()> {
+    let suspended = set_aside(report);
+    anyhow::ensure!(
+        suspended.is_empty(),
+        "{name}'s agent set revisions aside while cut off from the quorum: {suspended:?}"
+    );
+    Ok(())
+}
+
+/// The active kube-apiserver checkpoints of a report.
+fn active_apiserver(report: &Inspect) -> Vec<String> {
+    active_control_plane(report)
+        .into_iter()
+        .filter(|pod| pod.starts_with(&format!("{NS}/{APISERVER}")))
+        .collect()
+}
+
+/// What the samples of a node's runtime showed of its kube-apiserver parent (the DaemonSet's
+/// pod; a checkpoint's static pod is named after it with the node's name appended).
+#[derive(Default)]
+struct ParentSeen {
+    running: usize,
+    not_running: usize,
+    unknown: usize,
+}
+
+impl ParentSeen {
+    fn sample(&mut self, cri: &CriClient, node: &str) {
+        match running_apiservers(cri) {
+            Some(pods) if pods.iter().any(|pod| !pod.ends_with(&format!("-{node}"))) => self.running += 1,
+            Some(_) => self.not_running += 1,
+            None => self.unknown += 1,
+        }
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "its kube-apiserver parent ran in {} of {} samples of its runtime ({} unanswered)",
+            self.running,
+            self.running + self.not_running + self.unknown,
+            self.unknown
+        )
+    }
 }
 
 /// `GET /readyz` of the node's own API server, from inside the node (0: no answer).

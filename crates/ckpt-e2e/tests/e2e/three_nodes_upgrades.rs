@@ -78,6 +78,14 @@ fn upgrades(run: &mut ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()
         human_duration(started.elapsed())
     ));
 
+    // The bad upgrade's protection is the last known-good revision: wherever the bad pod
+    // lands, the good pod it replaces must have proved itself (Ready for a minute) first.
+    // Without that mark the agent has no revision better than the newest one to start.
+    let good = wait_known_good(run, |pod| env_of(pod, GOOD_ENV).as_deref() == Some("good"))?;
+    progress.say(&format!(
+        "known-good on every node: {}",
+        good.values().cloned().collect::<Vec<_>>().join(", ")
+    ));
     progress.say(&format!(
         "a bad upgrade ({BAD_FLAG}): it must stop at the first node"
     ));
@@ -114,25 +122,34 @@ fn upgrades(run: &mut ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()
         .position(|node| node.name() == bad_node)
         .context("the bad pod is on an unknown node")?;
     let url = self_hosted.apis().nth(index).context("no API server")?.to_owned();
+    let known_good = format!(
+        "{NS}/{}",
+        good.get(&bad_node)
+            .with_context(|| format!("no good pod was seen on {bad_node}"))?
+    );
     // Each restart of the bad pod's container may take the shared port for a moment: the
     // node must serve through its known-good checkpoint within a minute of samples, not at
-    // one instant.
+    // one instant. No other kube-apiserver checkpoint (the bad pod's) may be active there.
     wait_for(
-        &format!("{bad_node}'s API server serving through its known-good checkpoint"),
+        &format!("{bad_node}'s API server serving through its known-good checkpoint {known_good}"),
         Duration::from_secs(60),
         || {
             let active = active_control_plane(&inspect_node(&run.nodes[index])?);
-            let through_checkpoint = active
-                .iter()
-                .any(|pod| pod.starts_with(&format!("{NS}/{APISERVER}")));
-            Ok(match (self_hosted.readyz_of(&url), through_checkpoint) {
-                (200, true) => Probe::Ready(()),
+            let apiservers: Vec<&String> = (active.iter())
+                .filter(|pod| pod.starts_with(&format!("{NS}/{APISERVER}")))
+                .collect();
+            anyhow::ensure!(
+                apiservers.iter().all(|pod| **pod == known_good),
+                "{bad_node}: a kube-apiserver checkpoint other than the known-good {known_good} is active: {apiservers:?}"
+            );
+            Ok(match (self_hosted.readyz_of(&url), apiservers.is_empty()) {
+                (200, false) => Probe::Ready(()),
                 (status, _) => Probe::Waiting(format!("/readyz {status}, active checkpoints {active:?}")),
             })
         },
     )?;
     progress.say(&format!(
-        "the bad rollout stopped at {bad_node} for {}: its known-good checkpoint serves, the other nodes kept the good pods",
+        "the bad rollout stopped at {bad_node} for {}: its known-good checkpoint {known_good} serves, the other nodes kept the good pods",
         human_duration(HALTED_FOR)
     ));
 
@@ -154,7 +171,7 @@ fn upgrades(run: &mut ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()
 /// DaemonSet counts them all updated and ready, and no node has a control-plane checkpoint
 /// active; returns the nodes whose kube-apiserver checkpoint was seen active on the way (the
 /// handoffs).
-fn wait_rolled_out(
+pub(crate) fn wait_rolled_out(
     run: &ClusterRun,
     self_hosted: &SelfHosted,
     wanted: impl Fn(&Value) -> bool,
@@ -204,6 +221,41 @@ fn wait_rolled_out(
         }
         thread::sleep(SAMPLE_EVERY.saturating_sub(round.elapsed()));
     }
+}
+
+/// Waits until each node's kube-apiserver checkpoint of its pod for which `wanted` holds is
+/// known-good in that node's `inspect`; returns those pods' names by node.
+pub(crate) fn wait_known_good(run: &ClusterRun, wanted: impl Fn(&Value) -> bool) -> anyhow::Result<BTreeMap<String, String>> {
+    let (good, _) = wait_for(
+        "every node's kube-apiserver checkpoint known-good",
+        TIMEOUT,
+        || {
+            waiting_on_error((|| {
+                let pods = pods_of(&run.kubectl, APISERVER)?;
+                let by_node: BTreeMap<String, String> = (pods.iter())
+                    .filter(|pod| !is_mirror(pod) && wanted(pod))
+                    .map(|pod| (target_node(pod), crate::real_node_seed::name_of(pod)))
+                    .collect();
+                let mut missing = Vec::new();
+                for node in &run.nodes {
+                    let proven = by_node.get(node.name()).is_some_and(|pod| {
+                        inspect_node(node).is_ok_and(|report| {
+                            report.get(&format!("{NS}/{pod}")).is_some_and(|c| c.known_good)
+                        })
+                    });
+                    if !proven {
+                        missing.push(format!("{}: {:?}", node.name(), by_node.get(node.name())));
+                    }
+                }
+                Ok(if missing.is_empty() {
+                    Probe::Ready(by_node)
+                } else {
+                    Probe::Waiting(format!("not known-good yet: {}", missing.join(", ")))
+                })
+            })())
+        },
+    )?;
+    Ok(good)
 }
 
 /// Scenario 5: the agent's own upgrade to a new image tag across the three nodes; at every
@@ -315,7 +367,7 @@ fn target_node(pod: &Value) -> String {
     by_affinity.unwrap_or_else(|| pod["spec"]["nodeName"].as_str().unwrap_or_default().to_owned())
 }
 
-fn env_of(pod: &Value, name: &str) -> Option<String> {
+pub(crate) fn env_of(pod: &Value, name: &str) -> Option<String> {
     pod["spec"]["containers"][0]["env"]
         .as_array()?
         .iter()
