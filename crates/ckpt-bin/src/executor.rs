@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use ckpt_core::revisions::Handoff;
 use ckpt_core::{Decision, PodId, RemovalReason};
 use ckpt_store::Store;
 use tracing::{info, warn};
@@ -45,6 +46,30 @@ impl Reporting<'_> {
     }
 }
 
+/// Why a pass stops `id`'s active checkpoint, in the words of its log line and Event: a
+/// set-aside or a handoff says so, anything else is its parent running again.
+fn stop_reason(id: &PodId, report: &ckpt_core::Report) -> String {
+    if let Some(set_aside) = report.set_aside.iter().find(|s| &s.revision == id) {
+        return if set_aside.failed_alike {
+            format!(
+                "it crash-looped like the revision it replaced: the restarts are the environment's, and {} runs again",
+                set_aside.replacement
+            )
+        } else {
+            format!(
+                "set aside: it crash-looped while active with the API server unreachable, and {} runs instead",
+                set_aside.replacement
+            )
+        };
+    }
+    let handoff = (report.handoffs.iter()).find(|(known_good, _, _)| known_good == id);
+    match handoff {
+        Some((_, newest, Handoff::Ready)) => format!("retired: {newest} is Ready"),
+        Some((_, newest, _)) => format!("handed over to {newest}, which runs"),
+        None => "the parent runs again".to_owned(),
+    }
+}
+
 /// Runs the decision's actions in order, each on the blocking pool ([`on_disk`](crate::blocking_pool::on_disk)): a pass
 /// that writes hundreds of checkpoints, or a disk that takes seconds per fsync, never
 /// starves the health endpoints or the API probe.
@@ -74,12 +99,13 @@ pub(crate) async fn execute(store: &Arc<Store>, plan: &Arc<Decision>, report: &R
         let target = id.clone();
         match on_disk(store, move |s| s.deactivate(&target)).await {
             Ok(true) => {
-                info!(pod = %id, "checkpoint deactivated: the parent runs again");
+                let why = stop_reason(id, &plan.report);
+                info!(pod = %id, "checkpoint deactivated: {why}");
                 report.health.deactivation();
                 report.event(
                     id,
                     EventKind::Deactivated,
-                    "the parent pod runs again; static checkpoint removed".into(),
+                    format!("{why}; static checkpoint removed"),
                 );
             }
             Ok(false) => {}
@@ -162,4 +188,67 @@ pub(crate) async fn execute(store: &Arc<Store>, plan: &Arc<Decision>, report: &R
     }
     outcome.self_gc_complete = plan.self_gc && removes_ok;
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use ckpt_core::revisions::{Handoff, SetAside};
+    use ckpt_core::{PodId, Report};
+
+    use super::stop_reason;
+
+    fn id(name: &str) -> PodId {
+        PodId::new("kube-system", name)
+    }
+
+    fn check(stopped: &str, report: &Report, expected: &str) {
+        assert_eq!(stop_reason(&id(stopped), report), expected, "{stopped}");
+    }
+
+    #[test]
+    fn the_stop_says_why() {
+        let set_aside = |failed_alike| SetAside {
+            revision: id("new"),
+            replacement: id("old"),
+            restarts: 3,
+            failed_alike,
+        };
+        let report = |set_aside: Vec<SetAside>, handoffs: Vec<(PodId, PodId, Handoff)>| Report {
+            set_aside,
+            handoffs,
+            ..Report::default()
+        };
+        let cases = [
+            (report(vec![], vec![]), "new", "the parent runs again"),
+            (
+                report(vec![set_aside(false)], vec![]),
+                "new",
+                "set aside: it crash-looped while active with the API server unreachable, and kube-system/old runs instead",
+            ),
+            (
+                report(vec![set_aside(true)], vec![]),
+                "new",
+                "it crash-looped like the revision it replaced: the restarts are the environment's, and kube-system/old runs again",
+            ),
+            // Another checkpoint's set-aside says nothing of this one.
+            (
+                report(vec![set_aside(false)], vec![]),
+                "other",
+                "the parent runs again",
+            ),
+            (
+                report(vec![], vec![(id("old"), id("new"), Handoff::Started)]),
+                "old",
+                "handed over to kube-system/new, which runs",
+            ),
+            (
+                report(vec![], vec![(id("old"), id("new"), Handoff::Ready)]),
+                "old",
+                "retired: kube-system/new is Ready",
+            ),
+        ];
+        for (report, stopped, expected) in cases {
+            check(stopped, &report, expected);
+        }
+    }
 }

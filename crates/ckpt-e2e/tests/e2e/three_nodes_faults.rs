@@ -17,18 +17,19 @@ use ckpt_e2e::e2e_env::RealNode;
 use ckpt_e2e::e2e_env::cri::CriClient;
 use ckpt_e2e::harness::agent::Inspect;
 use ckpt_e2e::process::random_hex;
-use ckpt_e2e::self_hosted::objects::APISERVER;
-use serde_json::{Value, json};
 use ckpt_e2e::progress::human_duration;
 use ckpt_e2e::self_hosted::SelfHosted;
+use ckpt_e2e::self_hosted::objects::APISERVER;
+use serde_json::{Value, json};
 
 use crate::failover::FailoverWriter;
 use crate::self_hosted::{patch_apiserver, running_apiservers};
-use crate::three_nodes_upgrades::{env_of, wait_known_good, wait_rolled_out};
 use crate::three_nodes::ClusterRun;
 use crate::three_nodes_cut::{
-    NS, SAMPLE_EVERY, TIMEOUT, active_control_plane, ensure_self_hosted, inspect_node, parents_ready, set_aside,
+    NS, SAMPLE_EVERY, TIMEOUT, active_control_plane, ensure_self_hosted, inspect_node, parents_ready,
+    set_aside,
 };
+use crate::three_nodes_upgrades::{env_of, wait_known_good, wait_rolled_out};
 
 /// The environment variable the partition's upgrade sets (kube-apiserver ignores it).
 const PARTITION_ENV: &str = "E2E_PARTITION";
@@ -178,13 +179,11 @@ pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
         let apiservers = (control_plane.iter())
             .filter(|c| c.pod.starts_with(&format!("{NS}/{APISERVER}")))
             .count();
-        Ok(
-            if apiservers >= 2 && control_plane.iter().all(|c| c.known_good) {
-                ckpt_e2e::wait::Probe::Ready(())
-            } else {
-                ckpt_e2e::wait::Probe::Waiting(report.summary())
-            },
-        )
+        Ok(if apiservers >= 2 && control_plane.iter().all(|c| c.known_good) {
+            ckpt_e2e::wait::Probe::Ready(())
+        } else {
+            ckpt_e2e::wait::Probe::Waiting(report.summary())
+        })
     })?;
     let before = inspect_node(&run.nodes[VICTIM])?;
     let writer = FailoverWriter::start(&run.kubectl, &self_hosted)?;
@@ -288,7 +287,10 @@ fn hold_partition(run: &mut ClusterRun, victim: usize) -> anyhow::Result<Duratio
         human_duration(PARENT_WATCHED),
         parent.summary(),
         match activated {
-            Some(at) => format!("its agent activated the kube-apiserver checkpoint after {}", human_duration(at)),
+            Some(at) => format!(
+                "its agent activated the kube-apiserver checkpoint after {}",
+                human_duration(at)
+            ),
             None => "its agent activated nothing (it replaces only a parent that does not run)".to_owned(),
         }
     ));
@@ -313,7 +315,9 @@ fn hold_partition(run: &mut ClusterRun, victim: usize) -> anyhow::Result<Duratio
         // The restarts recognised as the environment's: no mark suspended any more, and the
         // newest revision is the one running.
         let newest_runs = report.checkpoints.iter().any(|c| {
-            c.pod.starts_with(&format!("{NS}/{APISERVER}")) && c.state.starts_with("active") && c.newest_revision == Some(true)
+            c.pod.starts_with(&format!("{NS}/{APISERVER}"))
+                && c.state.starts_with("active")
+                && c.newest_revision == Some(true)
         });
         if first_set_aside.is_some() && suspended.is_empty() && newest_runs {
             ran_again = Some(cut.elapsed());

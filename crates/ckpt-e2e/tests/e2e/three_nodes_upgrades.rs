@@ -225,7 +225,10 @@ pub(crate) fn wait_rolled_out(
 
 /// Waits until each node's kube-apiserver checkpoint of its pod for which `wanted` holds is
 /// known-good in that node's `inspect`; returns those pods' names by node.
-pub(crate) fn wait_known_good(run: &ClusterRun, wanted: impl Fn(&Value) -> bool) -> anyhow::Result<BTreeMap<String, String>> {
+pub(crate) fn wait_known_good(
+    run: &ClusterRun,
+    wanted: impl Fn(&Value) -> bool,
+) -> anyhow::Result<BTreeMap<String, String>> {
     let (good, _) = wait_for(
         "every node's kube-apiserver checkpoint known-good",
         TIMEOUT,
