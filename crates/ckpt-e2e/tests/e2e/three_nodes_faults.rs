@@ -251,6 +251,9 @@ pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
 fn hold_partition(run: &mut ClusterRun, victim: usize) -> anyhow::Result<Duration> {
     /// How long the agent is watched with its parent running without quorum.
     const PARENT_WATCHED: Duration = Duration::from_secs(30);
+    /// How long a parent that does not run may go without its checkpoint activated (the
+    /// agent activates within a second; DESIGN §5).
+    const ACTIVATES_WITHIN: Duration = Duration::from_secs(10);
     /// How long the two revisions get to crash-loop three times each (the kubelet's back-off
     /// between restarts grows to 40 s and more).
     const RECOGNISED_WITHIN: Duration = Duration::from_secs(8 * 60);
@@ -273,6 +276,13 @@ fn hold_partition(run: &mut ClusterRun, victim: usize) -> anyhow::Result<Duratio
         if activated.is_none() && !active_apiserver(&report).is_empty() {
             activated = Some(started.elapsed());
         }
+        // The other half of the contract: a parent that does not run, with the API
+        // unreachable, is replaced within the agent's poll.
+        anyhow::ensure!(
+            activated.is_some() || parent.not_running_for() < ACTIVATES_WITHIN,
+            "partitioned {name}: its kube-apiserver parent has not run for {} and its agent activated nothing",
+            human_duration(parent.not_running_for())
+        );
         Ok(stopped_serving.is_some_and(|at| at.elapsed() >= PARENT_WATCHED))
     })?;
     let stopped_serving = stopped_serving.map(|at| at - started);
@@ -355,15 +365,29 @@ struct ParentSeen {
     running: usize,
     not_running: usize,
     unknown: usize,
+    /// Since when the samples have shown it not running, without a break.
+    not_running_since: Option<Instant>,
 }
 
 impl ParentSeen {
     fn sample(&mut self, cri: &CriClient, node: &str) {
         match running_apiservers(cri) {
-            Some(pods) if pods.iter().any(|pod| !pod.ends_with(&format!("-{node}"))) => self.running += 1,
-            Some(_) => self.not_running += 1,
+            Some(pods) if pods.iter().any(|pod| !pod.ends_with(&format!("-{node}"))) => {
+                self.running += 1;
+                self.not_running_since = None;
+            }
+            Some(_) => {
+                self.not_running += 1;
+                self.not_running_since.get_or_insert_with(Instant::now);
+            }
             None => self.unknown += 1,
         }
+    }
+
+    /// How long the samples have shown the parent not running, without a break.
+    fn not_running_for(&self) -> Duration {
+        self.not_running_since
+            .map_or(Duration::ZERO, |since| since.elapsed())
     }
 
     fn summary(&self) -> String {
