@@ -152,6 +152,9 @@ pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
     const VICTIM: usize = 1;
     let self_hosted = ensure_self_hosted(run)?;
     let name = run.nodes[VICTIM].name().to_owned();
+    // The revision the upgrade replaces must be known-good too: right after the pivot (the
+    // scenario run alone) its pods have not been Ready for a minute yet.
+    wait_known_good(run, |_| true)?;
     let value = random_hex(4)?;
     run.progress.say(&format!(
         "kube-apiserver upgraded ({PARTITION_ENV}={value}): {name} is to hold two known-good revisions of it"
