@@ -284,6 +284,20 @@ pub(crate) fn set_aside(report: &Inspect) -> Vec<&str> {
         .collect()
 }
 
+/// Whether `pod` (`namespace/name`) is one of kube-apiserver's: its pods or their
+/// checkpoints.
+pub(crate) fn is_apiserver(pod: &str) -> bool {
+    pod.starts_with(&format!("{NS}/{APISERVER}"))
+}
+
+/// The kube-apiserver checkpoints active in `report`.
+pub(crate) fn active_apiserver(report: &Inspect) -> Vec<String> {
+    active_control_plane(report)
+        .into_iter()
+        .filter(|pod| is_apiserver(pod))
+        .collect()
+}
+
 /// The control-plane checkpoints active in `report` (the agent's own is active by design).
 pub(crate) fn active_control_plane(report: &Inspect) -> Vec<String> {
     report

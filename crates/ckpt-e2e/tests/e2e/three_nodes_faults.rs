@@ -15,19 +15,17 @@ use anyhow::Context;
 use ckpt_e2e::command::run_command;
 use ckpt_e2e::e2e_env::RealNode;
 use ckpt_e2e::e2e_env::cri::CriClient;
-use ckpt_e2e::harness::agent::Inspect;
 use ckpt_e2e::process::random_hex;
 use ckpt_e2e::progress::human_duration;
 use ckpt_e2e::self_hosted::SelfHosted;
-use ckpt_e2e::self_hosted::objects::APISERVER;
 use serde_json::{Value, json};
 
 use crate::failover::FailoverWriter;
 use crate::self_hosted::{patch_apiserver, running_apiservers};
 use crate::three_nodes::ClusterRun;
 use crate::three_nodes_cut::{
-    NS, SAMPLE_EVERY, TIMEOUT, active_control_plane, ensure_self_hosted, inspect_node, parents_ready,
-    set_aside,
+    SAMPLE_EVERY, TIMEOUT, active_apiserver, active_control_plane, ensure_self_hosted, inspect_node,
+    is_apiserver, parents_ready, set_aside,
 };
 use crate::three_nodes_upgrades::{env_of, wait_known_good, wait_rolled_out};
 
@@ -179,9 +177,7 @@ pub(crate) fn partition(run: &mut ClusterRun) -> anyhow::Result<()> {
             .iter()
             .filter(|c| c.pod.contains("kube-"))
             .collect();
-        let apiservers = (control_plane.iter())
-            .filter(|c| c.pod.starts_with(&format!("{NS}/{APISERVER}")))
-            .count();
+        let apiservers = (control_plane.iter()).filter(|c| is_apiserver(&c.pod)).count();
         Ok(if apiservers >= 2 && control_plane.iter().all(|c| c.known_good) {
             ckpt_e2e::wait::Probe::Ready(())
         } else {
@@ -328,9 +324,7 @@ fn hold_partition(run: &mut ClusterRun, victim: usize) -> anyhow::Result<Duratio
         // The restarts recognised as the environment's: no mark suspended any more, and the
         // newest revision is the one running.
         let newest_runs = report.checkpoints.iter().any(|c| {
-            c.pod.starts_with(&format!("{NS}/{APISERVER}"))
-                && c.state.starts_with("active")
-                && c.newest_revision == Some(true)
+            is_apiserver(&c.pod) && c.state.starts_with("active") && c.newest_revision == Some(true)
         });
         if first_set_aside.is_some() && suspended.is_empty() && newest_runs {
             ran_again = Some(cut.elapsed());
@@ -351,14 +345,6 @@ fn hold_partition(run: &mut ClusterRun, victim: usize) -> anyhow::Result<Duratio
         human_duration(ran_again.unwrap_or_default())
     ));
     Ok(started.elapsed())
-}
-
-/// The active kube-apiserver checkpoints of a report.
-fn active_apiserver(report: &Inspect) -> Vec<String> {
-    active_control_plane(report)
-        .into_iter()
-        .filter(|pod| pod.starts_with(&format!("{NS}/{APISERVER}")))
-        .collect()
 }
 
 /// What the samples of a node's runtime showed of its kube-apiserver parent (the DaemonSet's

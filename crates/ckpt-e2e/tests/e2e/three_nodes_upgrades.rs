@@ -29,8 +29,8 @@ use crate::real_node_seed::{is_mirror, is_ready};
 use crate::self_hosted::patch_apiserver;
 use crate::three_nodes::ClusterRun;
 use crate::three_nodes_cut::{
-    NS, SAMPLE_EVERY, TIMEOUT, active_control_plane, agent_dirs, deploy, ensure_self_hosted, inspect_node,
-    parents_ready,
+    NS, SAMPLE_EVERY, TIMEOUT, active_apiserver, active_control_plane, agent_dirs, deploy,
+    ensure_self_hosted, inspect_node, is_apiserver, parents_ready,
 };
 
 /// What the good upgrade changes: an environment variable, which kube-apiserver ignores.
@@ -134,12 +134,11 @@ fn upgrades(run: &mut ClusterRun, self_hosted: &SelfHosted) -> anyhow::Result<()
         &format!("{bad_node}'s API server serving through its known-good checkpoint {known_good}"),
         Duration::from_secs(60),
         || {
-            let active = active_control_plane(&inspect_node(&run.nodes[index])?);
-            let apiservers: Vec<&String> = (active.iter())
-                .filter(|pod| pod.starts_with(&format!("{NS}/{APISERVER}")))
-                .collect();
+            let report = inspect_node(&run.nodes[index])?;
+            let active = active_control_plane(&report);
+            let apiservers = active_apiserver(&report);
             anyhow::ensure!(
-                apiservers.iter().all(|pod| **pod == known_good),
+                apiservers.iter().all(|pod| *pod == known_good),
                 "{bad_node}: a kube-apiserver checkpoint other than the known-good {known_good} is active: {apiservers:?}"
             );
             Ok(match (self_hosted.readyz_of(&url), apiservers.is_empty()) {
@@ -188,10 +187,7 @@ pub(crate) fn wait_rolled_out(
         let mut any_active = false;
         for node in &run.nodes {
             let active = active_control_plane(&inspect_node(node)?);
-            if active
-                .iter()
-                .any(|pod| pod.starts_with(&format!("{NS}/{APISERVER}")))
-            {
+            if active.iter().any(|pod| is_apiserver(pod)) {
                 handed_over.insert(node.name().to_owned());
             }
             any_active |= !active.is_empty();
